@@ -1,0 +1,23 @@
+# dpcompare: `make demo` (A/B comparison on digits) and `make test`; both set up everything first.
+VENV ?= .venv
+export OMPI_ALLOW_RUN_AS_ROOT ?= 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+
+.PHONY: setup demo test lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/dpcompare compare --np 1,2 --strategies ddp,horovod --repeats 2 \
+	    --model convnet --dataset digits --epochs 3 --out runs/demo
+
+test: setup
+	$(VENV)/bin/ruff check dpcompare tests bench
+	$(VENV)/bin/python -m pytest -q tests
+
+bench: setup
+	$(VENV)/bin/python bench/overhead.py
+
+clean:
+	rm -rf runs build *.egg-info

@@ -1,0 +1,149 @@
+"""The strategy interface: everything that differs between DDP, Horovod and one process lives here.
+
+The trainer calls only these methods, so one training loop serves every strategy. A strategy owns
+process-group set-up and teardown, model and optimizer wrapping, the initial broadcast and the
+collectives the trainer needs for metrics.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Literal
+
+import torch
+from torch import nn
+
+from dpcompare.launch.env import LaunchEnv, detect_launch_env
+
+ReduceOp = Literal["mean", "sum", "max", "min"]
+
+
+class Strategy(ABC):
+    """One way of running data-parallel training. Subclasses register themselves by ``name``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for --help and reports
+    #: how gradients are synchronised, for teaching material and reports
+    sync_mechanism: ClassVar[str] = ""
+
+    def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
+                 timeout_s: float = 300.0) -> None:
+        self.env = env or detect_launch_env()
+        self.requested_device = device
+        self.iface = iface
+        self.timeout_s = timeout_s
+        self._device: torch.device | None = None
+
+    # -- availability ---------------------------------------------------------------------------
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise :class:`StrategyUnavailable` with an install hint when the library is missing."""
+
+    @classmethod
+    def version(cls) -> str | None:
+        return None
+
+    # -- life cycle -----------------------------------------------------------------------------
+    @abstractmethod
+    def setup(self) -> None:
+        """Join the other processes. After this, rank/world_size/device are valid."""
+
+    def teardown(self) -> None:
+        """Leave the process group. Safe to call twice."""
+
+    def __enter__(self) -> Strategy:
+        self.setup()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    # -- who am I -------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.env.local_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        if self._device is None:
+            self._device = self._pick_device()
+        return self._device
+
+    def _pick_device(self) -> torch.device:
+        want = self.requested_device
+        if want == "auto":
+            want = "cuda" if torch.cuda.is_available() else "cpu"
+        if want == "cuda":
+            if not torch.cuda.is_available():
+                from dpcompare.errors import ConfigError
+                raise ConfigError("--device cuda but torch sees no GPU; use --device cpu")
+            dev = torch.device("cuda", self.local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(dev)
+            return dev
+        return torch.device(want)
+
+    # -- wrapping -------------------------------------------------------------------------------
+    def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        """Replace BatchNorm layers by this strategy's synchronised version."""
+        return model
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        """The plain module under any wrapper (its state_dict has no ``module.`` prefix)."""
+        return getattr(model, "module", model)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return optimizer
+
+    def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Make every rank start from rank 0's parameters, buffers and (if any) optimizer state.
+
+        Optimizer state is broadcast only when it exists (after a resume): broadcasting a fresh
+        optimizer's state would take an optimizer step on some libraries (see shared NOTES).
+        """
+
+    # -- collectives ----------------------------------------------------------------------------
+    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
+        """Reduce over ranks; returns a new CPU float64 tensor (the input is not modified)."""
+        return torch.as_tensor(value, dtype=torch.float64).clone()
+
+    def all_gather_floats(self, values: list[float]) -> list[list[float]]:
+        """Every rank's list of floats (same length on each rank), indexed by rank."""
+        table = torch.zeros(self.world_size, len(values), dtype=torch.float64)
+        table[self.rank] = torch.tensor(values, dtype=torch.float64)
+        return self.all_reduce(table, "sum").tolist()
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        """Copy rank 0's buffers (BatchNorm running statistics) to every rank."""
+
+    def broadcast_object(self, obj: object, src: int = 0) -> object:
+        return obj
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+
+    def describe(self) -> dict[str, object]:
+        return {"strategy": self.name, "world_size": self.world_size, "device": str(self.device),
+                "launcher": self.env.launcher}
+
+
+class StrategyUnavailable(Exception):
+    """The strategy's library is missing; the message says how to install it."""

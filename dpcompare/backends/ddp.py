@@ -1,0 +1,106 @@
+"""PyTorch DistributedDataParallel: gradients are synchronised by hooks on the *model*.
+
+During ``backward()`` autograd hooks on each parameter mark its gradient ready; DDP packs ready
+gradients into buckets (``bucket_cap_mb``) and starts an all-reduce per bucket while backward is
+still computing earlier layers, so communication overlaps computation. By ``optimizer.step()`` the
+gradients are already averaged; the optimizer itself is untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dpcompare.backends.base import ReduceOp, Strategy
+from dpcompare.backends.registry import register
+from dpcompare.launch.rendezvous import ensure_rendezvous
+
+_DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN}
+
+
+@register
+class DDPStrategy(Strategy):
+    name = "ddp"
+    summary = "torch DistributedDataParallel (gloo on CPU, nccl on CUDA)"
+    sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
+                      "during backward(), overlapping communication with computation")
+
+    bucket_cap_mb: float = 25.0
+
+    @classmethod
+    def version(cls) -> str | None:
+        return torch.__version__
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+    def setup(self) -> None:
+        if dist.is_initialized():
+            return
+        ensure_rendezvous(self.env, self.iface)
+        dist.init_process_group(self.backend, init_method="env://", rank=self.rank,
+                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
+
+    def teardown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        # The constructor broadcasts rank 0's parameters and buffers; buffers are re-synced before each forward.
+        sync = ({"forward_sync_buffers": True} if "forward_sync_buffers" in _DDP_ARGS
+                else {"broadcast_buffers": True})
+        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb, **sync)
+
+    def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        module = self.unwrap_model(model)
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                self._broadcast_(t)
+        for state in optimizer.state.values():  # empty unless resumed
+            for key in sorted(state):
+                if isinstance(state[key], torch.Tensor):
+                    self._broadcast_(state[key])
+
+    def _broadcast_(self, t: torch.Tensor, src: int = 0) -> None:
+        if t.device.type == self.device.type:
+            dist.broadcast(t, src)
+        else:  # e.g. a CPU step counter while the model is on CUDA under nccl
+            tmp = t.to(self.device)
+            dist.broadcast(tmp, src)
+            t.copy_(tmp)
+
+    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
+        dev = self.device if self.backend == "nccl" else torch.device("cpu")
+        t = torch.as_tensor(value, dtype=torch.float64).detach().clone().to(dev)
+        dist.all_reduce(t, _OPS[op])
+        if op == "mean":
+            t /= self.world_size
+        return t.cpu()
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        with torch.no_grad():
+            for b in self.unwrap_model(model).buffers():
+                self._broadcast_(b)
+
+    def broadcast_object(self, obj: object, src: int = 0) -> object:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, device=self.device if self.backend == "nccl" else None)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()

@@ -1,0 +1,91 @@
+"""``dpcompare doctor``: what this machine can run (torch, MPI, mpi4py, Horovod's build, torchvision, GPUs)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpcompare.versions import mpi_version, versions
+
+
+def _horovod() -> dict[str, Any]:
+    try:
+        import horovod.torch as hvd
+    except Exception as e:  # noqa: BLE001  (an ImportError, or a broken build raising anything)
+        return {"installed": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    checks = {"controllers": {"MPI": hvd.mpi_built, "Gloo": hvd.gloo_built},
+              "tensor_operations": {"NCCL": hvd.nccl_built, "DDL": hvd.ddl_built, "CCL": hvd.ccl_built,
+                                    "MPI": hvd.mpi_built, "Gloo": hvd.gloo_built},
+              "frameworks": {"PyTorch": lambda: True}}
+    out: dict[str, Any] = {"installed": True}
+    for group, items in checks.items():
+        out[group] = {name: bool(fn()) for name, fn in items.items()}
+    out["cuda_built"] = bool(hvd.cuda_built())
+    return out
+
+
+def _mpi4py() -> dict[str, Any]:
+    try:
+        import mpi4py
+    except ImportError as e:
+        return {"installed": False, "error": str(e)}
+    cfg = mpi4py.get_config() if hasattr(mpi4py, "get_config") else {}
+    return {"installed": True, "version": mpi4py.__version__, "mpicc": cfg.get("mpicc")}
+
+
+def _torchvision() -> str:
+    try:
+        import torchvision
+    except Exception as e:  # noqa: BLE001
+        return f"not usable ({type(e).__name__}); install with pip install 'dpcompare[vision]'"
+    return torchvision.__version__
+
+
+def report() -> dict[str, Any]:
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {
+        "versions": versions(),
+        "torch_distributed": {"available": dist.is_available(), "gloo": dist.is_gloo_available(),
+                              "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()},
+        "mpi": {"mpirun": shutil.which("mpirun"), "version": mpi_version()},
+        "mpi4py": _mpi4py(),
+        "horovod": _horovod(),
+        "torchvision": _torchvision(),
+        "gpus": gpus,
+    }
+
+
+def short() -> str:
+    v = versions()
+    return (f"dpcompare {v['dpcompare']} · torch {v['torch']} · horovod {v['horovod'] or 'absent'} · "
+            f"{v['mpi'] or 'no MPI'}")
+
+
+def render(info: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    yes = lambda b: "[green]yes[/]" if b else "[red]no[/]"  # noqa: E731
+    t = Table(title="dpcompare doctor", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    v = info["versions"]
+    t.add_row("python / torch", f"{v['python']} / {v['torch']}")
+    td = info["torch_distributed"]
+    t.add_row("torch.distributed", f"gloo {yes(td['gloo'])}  nccl {yes(td['nccl'])}  mpi {yes(td['mpi'])}")
+    t.add_row("MPI", f"{info['mpi']['version'] or '[red]mpirun not found[/]'}  ({info['mpi']['mpirun']})")
+    m = info["mpi4py"]
+    t.add_row("mpi4py", m["version"] if m["installed"] else f"[red]missing[/] ({m['error']})")
+    h = info["horovod"]
+    if h["installed"]:
+        t.add_row("horovod", v["horovod"] or "?")
+        t.add_row("  controllers", "  ".join(f"{k} {yes(b)}" for k, b in h["controllers"].items()))
+        t.add_row("  tensor operations", "  ".join(f"{k} {yes(b)}" for k, b in h["tensor_operations"].items()))
+    else:
+        t.add_row("horovod", f"[red]not usable[/] ({h['error']}); run make setup")
+    t.add_row("torchvision", info["torchvision"])
+    t.add_row("GPUs", ", ".join(info["gpus"]) or "none (CPU only: DDP uses gloo)")
+    Console().print(t)

@@ -1,0 +1,19 @@
+"""Errors that end a command with a one-line message and exit code 2 (never a traceback)."""
+
+
+class DpcompareError(Exception):
+    """A user-facing error: the message says what is wrong and what to do."""
+
+    exit_code = 2
+
+
+class LaunchError(DpcompareError):
+    """The launch environment is inconsistent (half a set of rank variables, bad values...)."""
+
+
+class ConfigError(DpcompareError):
+    """A flag or a combination of flags cannot work."""
+
+
+class CheckpointError(DpcompareError):
+    """A checkpoint cannot be read or does not fit this run."""

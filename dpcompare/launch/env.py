@@ -1,0 +1,111 @@
+"""Who am I? Rank, world size, local rank and local size from whichever launcher started us.
+
+Launchers are recognised by their variables, most specific first: torchrun (``RANK`` ...),
+horovodrun (``HOROVOD_RANK`` ...), Open MPI (``OMPI_COMM_WORLD_*``), MPICH / Intel MPI (``PMI_*``),
+Slurm's srun (``SLURM_PROCID`` ...). None of them means one process. A launcher whose variables are
+only partly set is an error, not a silent fall-back to one process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dpcompare.errors import LaunchError
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    launcher: str = "none"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_mpi(self) -> bool:
+        """True when the processes share an MPI world (mpi4py can talk to the others)."""
+        return self.launcher in ("openmpi", "mpich")
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    name: str
+    rank: str
+    size: str
+    local_rank: tuple[str, ...]
+    local_size: tuple[str, ...]
+    hint: str
+
+
+# Order matters: torchrun/horovodrun can run inside an MPI or Slurm job, and mpirun inside Slurm.
+LAUNCHERS: tuple[_Launcher, ...] = (
+    _Launcher("torchrun", "RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), "torchrun"),
+    _Launcher("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", ("HOROVOD_LOCAL_RANK",),
+              ("HOROVOD_LOCAL_SIZE",), "horovodrun"),
+    _Launcher("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",),
+              ("OMPI_COMM_WORLD_LOCAL_SIZE",), "Open MPI's mpirun"),
+    _Launcher("mpich", "PMI_RANK", "PMI_SIZE", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+              ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), "MPICH/Intel MPI's mpirun"),
+    _Launcher("slurm", "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",),
+              ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), "srun"),
+)
+
+
+# Step ids of Slurm's batch and extern steps (SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT), not srun tasks.
+_SLURM_NOT_A_TASK = {"4294967294", "4294967295", "batch", "extern"}
+
+
+def _int(env: Mapping[str, str], var: str, launcher: str) -> int:
+    raw = env[var]
+    try:
+        # Slurm writes per-node counts like "2(x3)" or "4,2": the first figure is this layout's.
+        return int(raw.split("(")[0].split(",")[0])
+    except ValueError:
+        raise LaunchError(f"{var}={raw!r} is not a whole number; check how {launcher} was started") from None
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if n in env), None)
+
+
+def detect_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Read the launcher's variables from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    for spec in LAUNCHERS:
+        required = {"rank": spec.rank, "size": spec.size}
+        present = {k: v for k, v in required.items() if v in env}
+        local_var = _first(env, spec.local_rank)
+        if not present:
+            continue
+        if spec.name == "slurm" and env.get("SLURM_STEP_ID", env.get("SLURM_STEPID")) in _SLURM_NOT_A_TASK:
+            # The batch script's own shell (or the extern step) is not an srun task.
+            continue
+        missing = [v for k, v in required.items() if k not in present]
+        if local_var is None:
+            missing.append(" or ".join(spec.local_rank))
+        if missing:
+            have = ", ".join(present.values())
+            raise LaunchError(
+                f"inconsistent launch environment: {have} set but {', '.join(missing)} missing; "
+                f"start all ranks with {spec.hint}, or unset {have} to run as one process"
+            )
+        rank = _int(env, spec.rank, spec.hint)
+        size = _int(env, spec.size, spec.hint)
+        if spec.name == "slurm" and "SLURM_STEP_NUM_TASKS" in env:
+            size = _int(env, "SLURM_STEP_NUM_TASKS", spec.hint)
+        local_rank = _int(env, local_var, spec.hint)
+        ls_var = _first(env, spec.local_size)
+        local_size = _int(env, ls_var, spec.hint) if ls_var else max(local_rank + 1, 1)
+        if size < 1 or not 0 <= rank < size:
+            raise LaunchError(f"inconsistent launch environment: rank {rank} with world size {size} "
+                              f"({spec.rank}, {spec.size}); check the {spec.hint} command line")
+        if not 0 <= local_rank < max(local_size, local_rank + 1):
+            raise LaunchError(f"inconsistent launch environment: local rank {local_rank} ({local_var})")
+        return LaunchEnv(rank, size, local_rank, max(local_size, local_rank + 1), spec.name)
+    return LaunchEnv()

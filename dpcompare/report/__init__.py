@@ -1,0 +1,1 @@
+"""Comparison reports: results.json, plots, HTML, terminal tables."""

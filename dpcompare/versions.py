@@ -1,0 +1,39 @@
+"""Library versions recorded in summaries and checkpoints."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+
+import torch
+
+import dpcompare
+
+
+def _dist(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def mpi_version() -> str | None:
+    """First line of ``mpirun --version`` (e.g. "mpirun (Open MPI) 4.1.4"), or None without MPI."""
+    exe = shutil.which("mpirun")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    return lines[0] if lines else None
+
+
+def versions() -> dict[str, str | None]:
+    return {"dpcompare": dpcompare.__version__, "python": platform.python_version(), "torch": torch.__version__,
+            "horovod": _dist("horovod"), "mpi": mpi_version(), "mpi4py": _dist("mpi4py"), "numpy": _dist("numpy")}
