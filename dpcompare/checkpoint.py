@@ -107,9 +107,11 @@ def _read(path: str | Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} holds pickled objects that weights_only loading refuses "
-                              f"({first[:120]}); re-save it as plain tensors") from None
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next((ln.split("error:", 1)[-1].strip() for ln in lines if "Unsupported" in ln), lines[0] if lines else "")
+        why = why.split(" was not an allowed global")[0]
+        raise CheckpointError(f"checkpoint {path} holds pickled objects that torch.load(weights_only=True) refuses "
+                              f"({why[:100]}); re-save it with plain tensors and containers only") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({msg[:120]}); "

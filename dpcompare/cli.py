@@ -87,6 +87,9 @@ def add_train_options(p: argparse.ArgumentParser, strategy: bool = True, out_def
                    help="auto: one GPU per process when CUDA is available, else CPU (default: auto)")
     g.add_argument("--threads", type=_nonneg, default=0,
                    help="torch CPU threads per process; 0: cores ÷ processes on the host (default: 0)")
+    g.add_argument("--max-steps", type=_nonneg, default=0,
+                   help="stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)")
+    g.add_argument("--record-step-loss", action="store_true", help=argparse.SUPPRESS)
     g.add_argument("--warmup-steps", type=_nonneg, default=d.warmup_steps,
                    help=f"first steps left out of timing (default: {d.warmup_steps})")
     c = p.add_argument_group("output and checkpoints")
@@ -94,6 +97,8 @@ def add_train_options(p: argparse.ArgumentParser, strategy: bool = True, out_def
                                                                           else " (default: runs/<strategy>-np<N>)"))
     c.add_argument("--checkpoint-every", type=_nonneg, default=0, metavar="N",
                    help="write OUT/checkpoints/epoch-<N>.pt every N epochs and at the end (default: 0, never)")
+    c.add_argument("--save-final", action="store_true",
+                   help="write a checkpoint after the last step even without --checkpoint-every")
     c.add_argument("--resume", metavar="PATH|auto",
                    help="continue from a checkpoint of any strategy and world size; auto: newest in OUT")
     c.add_argument("--init-from", metavar="PATH",
@@ -202,6 +207,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"dpcompare {args.command}: interrupted; files already written are kept\n")
         return 130
+    except Exception as e:  # a collective failed because another process died: one line, no traceback
+        from dpcompare.launch.failures import LOST_PEER_EXIT, lost_peer_message
+
+        msg = lost_peer_message(e)
+        if msg is None:
+            raise
+        sys.stderr.write(f"dpcompare {args.command}: error: {msg}\n")
+        return LOST_PEER_EXIT
 
 
 if __name__ == "__main__":

@@ -1,9 +1,165 @@
-"""Placeholder: sub-command not written yet."""
+"""``dpcompare parity``: prove that DDP and Horovod compute the same thing.
+
+Runs the same K steps under each strategy (and, where that is exact in arithmetic, one process with
+the global batch), then compares the final weights tensor by tensor and the loss curves step by step.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from dpcompare import checkpoint, models
+from dpcompare.config import TrainConfig, train_argv
+from dpcompare.data import build_dataset
+from dpcompare.errors import ConfigError
+from dpcompare.launch.mpirun import job_command
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    pass
+    from dpcompare.cli import _positive, add_train_options
+
+    p = sub.add_parser(
+        "parity", help="run ddp and horovod for K steps and compare weights and losses tensor by tensor",
+        description="Run the same K steps under each strategy at --np processes (and under `single` with the "
+                    "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
+                    "absolute difference per tensor of the final weights and between the loss curves. "
+                    "Exit code 0 only when everything agrees within the tolerances.",
+        epilog="example:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=_positive, default=2, help="processes per distributed run (default: 2)")
+    p.add_argument("--steps", type=_positive, default=100, help="optimizer steps per run (default: 100)")
+    p.add_argument("--strategies", default="ddp,horovod", help="strategies to compare (default: ddp,horovod)")
+    p.add_argument("--tolerance", type=float, default=1e-6,
+                   help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
+    p.add_argument("--single-tolerance", type=float, default=1e-5,
+                   help="largest allowed |difference| against one process with the global batch, whose batch "
+                        "mean is summed in another order (default: 1e-5)")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
+    add_train_options(p, strategy=False, out_default="runs/parity")
+    p.set_defaults(func=run_parity)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def _has_batchnorm(cfg: TrainConfig) -> bool:
+    data = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
+    return models.has_batchnorm(models.build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width))
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if not a.is_floating_point():
+        return float((a.to(torch.float64) - b.to(torch.float64)).abs().max()) if a.numel() else 0.0
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Per-tensor and loss-curve differences between two finished runs (``weights``, ``losses``)."""
+    per_tensor = {k: max_abs_diff(v, other["weights"][k]) if k in other["weights"] else float("inf")
+                  for k, v in ref["weights"].items()}
+    la, lb = ref["losses"], other["losses"]
+    loss = max((abs(x - y) for x, y in zip(la, lb, strict=False)), default=0.0) if len(la) == len(lb) else float("inf")
+    return {"per_tensor": per_tensor, "weights_max": max(per_tensor.values(), default=0.0), "loss_max": loss,
+            "steps": len(la)}
+
+
+def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "dpcompare", "train", *train_argv(cfg)]
+    cmd = job_command(np_, argv) if cfg.strategy != "single" else argv
+    console.print(f"[bold]{cfg.strategy}[/] at np={np_ if cfg.strategy != 'single' else 1} "
+                  f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
+    if p.returncode != 0:
+        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"{cfg.strategy} run failed (exit {p.returncode}):\n{tail}")
+    out = Path(cfg.out)
+    path = checkpoint.latest_checkpoint(out)
+    if path is None:
+        raise RuntimeError(f"{cfg.strategy} run wrote no checkpoint in {out}")
+    console.print(f"  done in {time.perf_counter() - t0:.1f} s")
+    return {"weights": checkpoint.load_checkpoint(path)["model"],
+            "losses": json.loads((out / "step_losses.json").read_text())}
+
+
+def run_parity(a: argparse.Namespace) -> int:
+    from dpcompare.cli import config_from_args
+
+    console = Console(highlight=False)
+    strategies = [s.strip() for s in a.strategies.split(",") if s.strip()]
+    if len(strategies) < 1:
+        raise ConfigError("--strategies needs at least one strategy")
+    out = Path(a.out)
+    if (out / "parity.json").exists() and not a.overwrite:
+        raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
+    base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
+                            checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
+                            resume=None, strategy=strategies[0])
+    runs: dict[str, TrainConfig] = {
+        s: dataclasses.replace(base, strategy=s, out=str(out / s)) for s in strategies}
+    single_note = None
+    if a.single:
+        if base.sync_bn or not _has_batchnorm(base):
+            runs["single"] = dataclasses.replace(
+                base, strategy="single", out=str(out / "single"), batch_size=base.batch_size * a.np,
+                lr=base.lr * a.np if base.scale_lr else base.lr, scale_lr=False, sync_bn=False)
+        else:
+            single_note = (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
+                           "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
+
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for name, cfg in runs.items():
+            results[name] = _run_one(cfg, a.np, console)
+    except RuntimeError as e:
+        console.print(f"[red]parity: {e}[/]")
+        return 1
+
+    ref = strategies[0]
+    others = [s for s in results if s != ref]
+    diffs = {s: compare_runs(results[ref], results[s]) for s in others}
+    tol = {s: (a.single_tolerance if s == "single" else a.tolerance) for s in others}
+
+    table = Table(title=f"parity after {a.steps} steps, np={a.np}: largest |difference| from {ref}")
+    table.add_column("tensor")
+    table.add_column("shape")
+    for s in others:
+        table.add_column(f"{s} (tol {tol[s]:g})", justify="right")
+    fmt = lambda v, t: f"[green]{v:.2e}[/]" if v <= t else f"[red]{v:.2e}[/]"  # noqa: E731
+    for k, v in results[ref]["weights"].items():
+        table.add_row(k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others))
+    table.add_section()
+    table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
+    table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
+    console.print(table)
+    if single_note:
+        console.print(single_note)
+
+    passed = all(diffs[s]["weights_max"] <= tol[s] and diffs[s]["loss_max"] <= tol[s] for s in others)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "parity.json").write_text(json.dumps({
+        "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
+        "config": base.to_dict(), "diffs": diffs}, indent=2) + "\n")
+    verdict = ("[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in others)
+               if passed else "[red]FAIL[/]: differences above tolerance (red above)")
+    console.print(f"{verdict} → {out / 'parity.json'}")
+    return 0 if passed else 1

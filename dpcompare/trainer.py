@@ -266,7 +266,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 sync()
                 t1 = time.perf_counter()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
                 loss = criterion(model(x), y)
                 sync()
                 t2 = time.perf_counter()
@@ -303,7 +303,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 if writer:
                     for k in ("train_loss", "test_accuracy", "samples_per_sec"):
                         writer.add_scalar(k, row[k], epoch)
-            if cfg.checkpoint_every and (epoch % cfg.checkpoint_every == 0 or epoch == last_epoch):
+            if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or (
+                    epoch == last_epoch and (cfg.checkpoint_every or cfg.save_final)):
                 save_checkpoint(strategy, model, optimizer, cfg, run_info, epoch, global_step, history, out)
 
     timing = _timing_summary(strategy, step_times, global_batch)

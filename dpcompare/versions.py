@@ -35,5 +35,5 @@ def mpi_version() -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    return {"dpcompare": dpcompare.__version__, "python": platform.python_version(), "torch": torch.__version__,
+    return {"dpcompare": dpcompare.__version__, "python": platform.python_version(), "torch": str(torch.__version__),
             "horovod": _dist("horovod"), "mpi": mpi_version(), "mpi4py": _dist("mpi4py"), "numpy": _dist("numpy")}

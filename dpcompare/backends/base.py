@@ -100,7 +100,7 @@ class Strategy(ABC):
 
     # -- wrapping -------------------------------------------------------------------------------
     def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
-        """Replace BatchNorm layers by this strategy's synchronised version."""
+        """Replace BatchNorm layers by this strategy's synchronised version (one process: nothing to sync)."""
         return model
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -143,6 +143,14 @@ class Strategy(ABC):
     def describe(self) -> dict[str, object]:
         return {"strategy": self.name, "world_size": self.world_size, "device": str(self.device),
                 "launcher": self.env.launcher}
+
+
+def require_gpu_for_sync_bn(device: torch.device, cls_name: str) -> None:
+    if device.type != "cuda":
+        from dpcompare.errors import ConfigError
+
+        raise ConfigError(f"--sync-bn uses {cls_name}, which runs on GPUs only; drop --sync-bn on CPU "
+                          "(or use a model without BatchNorm, such as mlp)")
 
 
 class StrategyUnavailable(Exception):

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import ReduceOp, Strategy
+from dpcompare.backends.base import ReduceOp, Strategy, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
 from dpcompare.launch.rendezvous import ensure_rendezvous
 
@@ -36,7 +36,7 @@ class DDPStrategy(Strategy):
 
     @classmethod
     def version(cls) -> str | None:
-        return torch.__version__
+        return str(torch.__version__)
 
     @property
     def backend(self) -> str:
@@ -54,6 +54,7 @@ class DDPStrategy(Strategy):
             dist.destroy_process_group()
 
     def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        require_gpu_for_sync_bn(self.device, "torch.nn.SyncBatchNorm")
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable
+from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
 from dpcompare.errors import LaunchError
 
@@ -64,6 +64,7 @@ class HorovodStrategy(Strategy):
             hvd.shutdown()
 
     def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
+        require_gpu_for_sync_bn(self.device, "hvd.SyncBatchNorm")
         return _convert_bn(model, self._hvd.SyncBatchNorm)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:

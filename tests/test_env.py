@@ -1,0 +1,62 @@
+"""Launch-environment discovery: each launcher's variables, precedence, half sets."""
+
+import pytest
+
+from dpcompare.errors import LaunchError
+from dpcompare.launch.env import LaunchEnv, detect_launch_env
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, LaunchEnv(0, 1, 0, 1, "none")),
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, LaunchEnv(3, 4, 1, 2, "openmpi")),
+    ({"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"},
+     LaunchEnv(2, 3, 0, 1, "mpich")),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)",
+      "SLURM_STEP_ID": "0"}, LaunchEnv(5, 8, 1, 4, "slurm")),
+    ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, LaunchEnv(1, 2, 1, 2, "torchrun")),
+    ({"HOROVOD_RANK": "0", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "2"},
+     LaunchEnv(0, 2, 0, 2, "horovodrun")),
+])
+def test_each_launcher(env, expected):
+    assert detect_launch_env(env) == expected
+
+
+def test_mpirun_inside_a_slurm_allocation_uses_mpi_ranks():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0",
+           "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    got = detect_launch_env(env)
+    assert (got.launcher, got.rank, got.world_size) == ("openmpi", 1, 2)
+
+
+def test_slurm_batch_shell_is_not_a_task():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "4294967294"}
+    assert detect_launch_env(env).world_size == 1
+
+
+def test_srun_step_task_count_wins_over_job_task_count():
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1"}
+    assert detect_launch_env(env).world_size == 2
+
+
+@pytest.mark.parametrize("env, missing", [
+    ({"RANK": "0"}, "WORLD_SIZE"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "LOCAL_RANK"),
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, "OMPI_COMM_WORLD_RANK"),
+    ({"PMI_RANK": "1", "MPI_LOCALRANKID": "0"}, "PMI_SIZE"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}, "SLURM_LOCALID"),
+])
+def test_half_a_set_is_an_error_naming_what_is_missing(env, missing):
+    with pytest.raises(LaunchError, match=missing) as e:
+        detect_launch_env(env)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("env", [
+    {"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+    {"RANK": "x", "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+    {"RANK": "0", "WORLD_SIZE": "0", "LOCAL_RANK": "0"},
+])
+def test_impossible_values_are_errors(env):
+    with pytest.raises(LaunchError):
+        detect_launch_env(env)

@@ -1,0 +1,137 @@
+"""Strategy registry, models and datasets (no processes started)."""
+
+import pytest
+import torch
+
+from dpcompare import backends, models
+from dpcompare.backends.base import Strategy, StrategyUnavailable
+from dpcompare.data import build_dataset, eval_loader, train_loader
+from dpcompare.errors import ConfigError
+from dpcompare.launch.rendezvous import Iface, choose_master_address, iface_for
+
+
+def test_registry_lists_the_three_strategies():
+    assert {"ddp", "horovod", "single"} <= set(backends.names())
+    assert all(issubclass(backends.get(n), Strategy) for n in backends.names())
+
+
+def test_unknown_strategy_is_a_config_error():
+    with pytest.raises(ConfigError, match="choose from"):
+        backends.get("nope")
+
+
+def test_missing_library_gives_the_install_command(monkeypatch):
+    cls = backends.get("horovod")
+
+    def missing() -> None:
+        raise StrategyUnavailable("--strategy horovod needs Horovod ... run `make setup`")
+
+    monkeypatch.setattr(cls, "check_available", staticmethod(missing))
+    with pytest.raises(ConfigError, match="make setup"):
+        backends.create("horovod")
+
+
+def test_single_strategy_is_a_no_op():
+    s = backends.create("single")
+    s.setup()
+    assert (s.rank, s.world_size, s.is_main, s.device.type) == (0, 1, True, "cpu")
+    m = torch.nn.Linear(2, 2)
+    assert s.wrap_model(m) is m
+    assert float(s.all_reduce(3.0, "sum")) == 3.0
+    assert s.all_gather_floats([1.0, 2.0]) == [[1.0, 2.0]]
+    s.teardown()
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32), (1, 28, 28)])
+def test_convnet_is_sized_to_its_input(shape):
+    m = models.build_model("convnet", shape, 10)
+    assert m(torch.zeros(2, *shape)).shape == (2, 10)
+    assert models.has_batchnorm(m)
+
+
+def test_mlp_width_sets_the_hidden_size():
+    m = models.build_model("mlp", (1, 8, 8), 10, width=32)
+    assert m(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    assert sum(p.numel() for p in m.parameters()) == 64 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10
+    assert not models.has_batchnorm(m)
+
+
+def test_same_seed_same_initial_weights():
+    torch.manual_seed(7)
+    a = models.build_model("convnet", (1, 8, 8), 10).state_dict()
+    torch.manual_seed(7)
+    b = models.build_model("convnet", (1, 8, 8), 10).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _torchvision_imports() -> bool:
+    try:
+        import torchvision  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+@pytest.mark.skipif(_torchvision_imports(), reason="torchvision imports here; this checks the error without it")
+@pytest.mark.parametrize("build", [lambda: models.build_model("resnet18", (3, 32, 32), 10),
+                                   lambda: build_dataset("mnist", "/nonexistent")])
+def test_vision_extra_missing_is_a_clear_error(build):
+    with pytest.raises(ConfigError, match=r"dpcompare\[vision\]"):
+        build()
+
+
+def test_unknown_model_and_dataset():
+    with pytest.raises(ConfigError, match="unknown model"):
+        models.build_model("nope", (1, 8, 8), 10)
+    with pytest.raises(ConfigError, match="unknown dataset"):
+        build_dataset("nope")
+
+
+def test_digits_split_is_fixed_and_real():
+    a, b = build_dataset("digits"), build_dataset("digits")
+    assert (len(a.train), len(a.test), a.input_shape, a.num_classes) == (1437, 360, (1, 8, 8), 10)
+    assert torch.equal(a.test.tensors[0], b.test.tensors[0])
+    assert float(a.train.tensors[0].max()) == 1.0
+
+
+def test_synthetic_has_the_requested_shape():
+    d = build_dataset("synthetic", shape=(2, 4, 4), samples=80)
+    assert d.input_shape == (2, 4, 4) and len(d.train) + len(d.test) == 80
+    assert d.train[0][0].shape == (2, 4, 4)
+
+
+def test_rank_batches_together_are_the_global_batch():
+    """The k-th batches of N ranks, taken together, are one process's k-th batch of N× the size."""
+    ds = build_dataset("digits").train
+    world, b = 2, 16
+    single, s_sampler = train_loader(ds, b * world, 0, 1, seed=3)
+    ranks = [train_loader(ds, b, r, world, seed=3) for r in range(world)]
+    for epoch in (0, 1):
+        s_sampler.set_epoch(epoch)
+        for _, sampler in ranks:
+            sampler.set_epoch(epoch)
+        assert len(single) == len(ranks[0][0])
+        for (xs, _), *per_rank in zip(single, *(loader for loader, _ in ranks), strict=True):
+            union = torch.cat([x for x, _ in per_rank])
+            key = lambda t: sorted(map(tuple, t.flatten(1).tolist()))  # noqa: E731
+            assert key(union) == key(xs)
+
+
+def test_eval_shards_cover_the_test_set_exactly_once():
+    ds = build_dataset("digits").test
+    seen = [y for r in range(3) for _, ys in eval_loader(ds, r, 3) for y in ys.tolist()]
+    assert sorted(seen) == sorted(ds.tensors[1].tolist())
+
+
+def test_batch_larger_than_the_shard_is_refused():
+    with pytest.raises(ConfigError, match="batch-size"):
+        train_loader(build_dataset("digits").train, 5000, 0, 2, seed=0)
+
+
+def test_master_address_choice():
+    a = [Iface("lo", "127.0.0.1", "255.0.0.0"), Iface("eth0", "10.250.0.1", "255.255.255.0")]
+    b = [Iface("lo", "127.0.0.1", "255.0.0.0"), Iface("veth1", "10.250.0.2", "255.255.255.0")]
+    assert choose_master_address([a, a]) == "127.0.0.1"  # one host
+    assert choose_master_address([a, b]) == "10.250.0.1"
+    assert iface_for("10.250.0.1", b) == "veth1"
+    assert iface_for("127.0.0.1", b) == "lo"
