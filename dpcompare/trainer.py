@@ -95,9 +95,9 @@ class _Reporter:
         if self.enabled:
             self.console.print(msg, soft_wrap=True)
 
-    def advance(self, info: str = "") -> None:
-        if self.progress:
-            self.progress.update(self.task, advance=1, info=info)
+    def advance(self, epoch: int, last_epoch: int, loss: torch.Tensor) -> None:
+        if self.progress:  # formatting the loss costs a little: only when a bar shows it
+            self.progress.update(self.task, advance=1, info=f"epoch {epoch}/{last_epoch} loss {float(loss):.4f}")
 
 
 def _peak_rss_mb() -> float:
@@ -105,9 +105,9 @@ def _peak_rss_mb() -> float:
 
 
 def _timing_summary(strategy: Strategy, steps: list[tuple[float, ...]], samples_per_step: int) -> dict[str, Any]:
-    """Per-step phase times of every rank → global throughput (slowest rank decides) and step statistics."""
-    totals = [sum(s) for s in steps] or [0.0]
-    ph = list(zip(*steps, strict=True)) if steps else [[0.0]] * len(PHASES)
+    """Per-step (phases..., total) of every rank → global throughput (slowest rank decides) and step statistics."""
+    totals = [s[-1] for s in steps] or [0.0]
+    ph = list(zip(*steps, strict=True))[: len(PHASES)] if steps else [[0.0]] * len(PHASES)
     mine = [statistics.median(totals) * 1e3, float(np.percentile(totals, 95)) * 1e3,
             *(statistics.median(p) * 1e3 for p in ph), sum(totals), float(len(steps)), _peak_rss_mb()]
     table = strategy.all_gather_floats(mine)
@@ -156,9 +156,12 @@ def _config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if k in old and old.get(k) != new.get(k)]
 
 
-def train(cfg: TrainConfig, env: LaunchEnv | None = None) -> dict[str, Any]:
-    """Run one training job under ``cfg.strategy``; return the summary (on every rank)."""
-    env = env or detect_launch_env()
+def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | None = None) -> dict[str, Any]:
+    """Run one training job under ``cfg.strategy``; return the summary (on every rank).
+
+    With ``strategy`` (already set up) the job runs inside that process group and leaves it up.
+    """
+    env = strategy.env if strategy else (env or detect_launch_env())
     out = Path(cfg.out)
     resume_path = resolve_resume(cfg)
     guard_out(cfg, resuming=resume_path is not None or cfg.resume == "auto")
@@ -178,6 +181,8 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None) -> dict[str, Any]:
         checkpoint.check_fits(model, weights, cfg.init_from)
         model.load_state_dict(weights)
 
+    if strategy is not None:
+        return _train(cfg, strategy, data, model, ckpt, resume_path, out)
     strategy = backends.create(cfg.strategy, env=env, device=cfg.device, iface=cfg.iface, timeout_s=cfg.timeout)
     strategy.setup()
     try:
@@ -278,14 +283,14 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 t4 = time.perf_counter()
                 global_step += 1
                 done_steps += 1
-                if done_steps > cfg.warmup_steps:
-                    step_times.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
                 lval = loss.detach().to(torch.float64).cpu()
                 loss_sum += lval * len(y)
                 seen += len(y)
                 if cfg.record_step_loss:
                     step_losses.append(float(strategy.all_reduce(lval, "mean")))
-                rep.advance(f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
+                rep.advance(epoch, last_epoch, lval)
+                if done_steps > cfg.warmup_steps:  # the step's total includes this loop's own bookkeeping
+                    step_times.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0))
             epoch_seconds = time.perf_counter() - t_epoch
             sums = strategy.all_reduce(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64)]), "sum")
             slowest = float(strategy.all_reduce(epoch_seconds, "max"))

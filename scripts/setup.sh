@@ -11,20 +11,24 @@ HOROVOD_VERSION=0.28.1
 CACHE=${DPCOMPARE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dpcompare}
 WITH_HOROVOD=${DPCOMPARE_WITH_HOROVOD:-1}
 
+APT_UPDATED=0
+apt_install() {  # apt_install PKG...: as root on Debian/Ubuntu; returns 1 elsewhere
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 1
+  [ "$APT_UPDATED" = 1 ] || { apt-get update -qq && APT_UPDATED=1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # 1. Open MPI (mpirun + mpicc are needed by mpi4py and Horovod's MPI controller).
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing Open MPI from the OS packages (libopenmpi-dev openmpi-bin)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin >/dev/null
-  else
+  say "installing Open MPI from the OS packages (libopenmpi-dev openmpi-bin)"
+  apt_install libopenmpi-dev openmpi-bin || \
     die "mpirun/mpicc not found: install Open MPI (Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin'; or 'module load openmpi' on a cluster) and re-run"
-  fi
 fi
-command -v cmake >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -qq cmake >/dev/null; } || die "cmake not found: install cmake (>= 3.13, < 4) and re-run"
+# iproute2 lets the multi-host test make network namespaces (skipped, with the reason, without it).
+command -v ip >/dev/null || apt_install iproute2 || true
+command -v cmake >/dev/null || apt_install cmake || die "cmake not found: install cmake (>= 3.13, < 4) and re-run"
 
 # 2. Virtual environment.
 if [ ! -x "$VENV/bin/python" ]; then
@@ -33,7 +37,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@"; }
+pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 
 # 3. torch (first, so nothing later pulls a different build), then the package itself.
 if ! "$VPY" -c 'import torch' 2>/dev/null; then

@@ -133,3 +133,15 @@ def test_parity_refuses_to_overwrite(tmp_path):
     (tmp_path / "p" / "parity.json").write_text("{}")
     p = dpcompare("parity", "--np", "2", *FAST, "--steps", "5", "--out", str(tmp_path / "p"), check=False)
     assert p.returncode == 2 and "--overwrite" in p.stderr
+
+
+def test_torchrun_launch_gives_the_same_numbers(runs, tmp_path):
+    from conftest import BIN, mpi_env, run
+
+    out = tmp_path / "tr"
+    run([str(BIN / "torchrun"), "--nproc-per-node", "2", "-m", "dpcompare", "train", "--strategy", "ddp", *FAST,
+         "--epochs", "1", "--out", str(out)], env=mpi_env())
+    s = summary(out)
+    assert (s["launcher"], s["world_size"]) == ("torchrun", 2)
+    first = json.loads((runs["ddp"] / "metrics.jsonl").read_text().splitlines()[0])
+    assert s["final_train_loss"] == pytest.approx(first["train_loss"], abs=1e-6)

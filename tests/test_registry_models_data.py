@@ -135,3 +135,5 @@ def test_master_address_choice():
     assert choose_master_address([a, b]) == "10.250.0.1"
     assert iface_for("10.250.0.1", b) == "veth1"
     assert iface_for("127.0.0.1", b) == "lo"
+    assert iface_for("localhost", b) == "lo"  # torchrun sets MASTER_ADDR=localhost
+    assert iface_for("no-such-host.invalid", b) is None

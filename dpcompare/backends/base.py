@@ -140,9 +140,6 @@ class Strategy(ABC):
     def barrier(self) -> None:
         """Wait for every rank."""
 
-    def describe(self) -> dict[str, object]:
-        return {"strategy": self.name, "world_size": self.world_size, "device": str(self.device),
-                "launcher": self.env.launcher}
 
 
 def require_gpu_for_sync_bn(device: torch.device, cls_name: str) -> None:

@@ -50,9 +50,17 @@ def local_ifaces() -> list[Iface]:
 
 
 def iface_for(address: str, ifaces: list[Iface] | None = None) -> str | None:
-    """The local interface that reaches ``address``: same subnet first, else the routing table's choice."""
+    """The local interface that reaches ``address`` (an IP or a host name): same subnet first, else the
+    routing table's choice; None when the name does not resolve."""
     ifaces = local_ifaces() if ifaces is None else ifaces
-    ip = ipaddress.ip_address(address)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        try:
+            ip = ipaddress.ip_address(socket.gethostbyname(address))
+        except OSError:
+            return None
+        address = str(ip)
     if ip.is_loopback:
         return next((i.name for i in ifaces if ipaddress.ip_address(i.address).is_loopback), "lo")
     for i in ifaces:
