@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -121,6 +122,39 @@ def config_from_args(a: argparse.Namespace, **override: object) -> TrainConfig:
     kw = {f.name: getattr(a, f.name) for f in fields(TrainConfig) if hasattr(a, f.name)}
     kw.update(override)
     return TrainConfig(**kw)
+
+
+def train_argv(cfg: TrainConfig, skip: Sequence[str] = ()) -> list[str]:
+    """``dpcompare train`` flags that rebuild ``cfg`` exactly (flags at the parser's default are left out).
+
+    The inverse of :func:`config_from_args`, driven by the train parser itself, so a flag added to ``cli.add_train_options`` is carried along.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_options(parser)
+    names = {f.name for f in dataclasses.fields(cfg)}
+    argv: list[str] = []
+    covered = set()
+    for action in parser._actions:
+        if action.dest not in names or not action.option_strings:
+            continue
+        covered.add(action.dest)
+        value = getattr(cfg, action.dest)
+        if action.dest in skip or value == action.default:
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            if bool(value) != (not action.default):
+                raise ValueError(f"{action.dest}={value!r} cannot be written as {flag}")
+            argv.append(flag)
+        elif value is None:
+            raise ValueError(f"{action.dest}=None cannot be written as {flag}")
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, tuple | list) else str(value)]
+    default = TrainConfig()
+    stray = [n for n in names - covered if n not in skip and getattr(cfg, n) != getattr(default, n)]
+    if stray:
+        raise ValueError(f"no `dpcompare train` flag for {', '.join(sorted(stray))}")
+    return argv
 
 
 def _cmd_train(a: argparse.Namespace) -> int:

@@ -1,9 +1,353 @@
-"""Placeholder: sub-command not written yet."""
+"""``dpcompare compare``: the same training job under several strategies and process counts, repeated.
+
+Every (strategy, np, repeat) is its own job (``mpirun -np N python -m dpcompare train ...``, or srun
+inside a Slurm allocation) with the same configuration and seed, written to
+``OUT/runs/<strategy>-np<N>-r<k>/``. Runs go repeat-major (every configuration once, then again),
+with the order reversed on odd repeats, so slow drifts of the machine hit every configuration alike.
+``OUT/results.json`` collects them (schema: docs/results-schema.md) and is rewritten after each run;
+the report (table, verdicts, plots, report.html) is rendered from it at the end.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpcompare.cli import train_argv
+from dpcompare.config import TrainConfig
+from dpcompare.errors import ConfigError
+
+RESULTS = "results.json"
+SCHEMA = 1
+REPORT_FILES = ("report.html", "plots")
+ERROR_TAIL_LINES = 40
+ERROR_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    strategy: str
+    np: int
+    repeat: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.strategy}-np{self.np}-r{self.repeat}"
+
+
+def plan(strategies: Sequence[str], nps: Sequence[int], repeats: int) -> list[RunSpec]:
+    """Repeat-major order: every (np, strategy) once per repeat; odd repeats run it backwards."""
+    configs = [(n, s) for n in nps for s in strategies]
+    out: list[RunSpec] = []
+    for r in range(repeats):
+        for n, s in (reversed(configs) if r % 2 else configs):
+            out.append(RunSpec(s, n, r))
+    return out
+
+
+def parse_np(text: str) -> list[int]:
+    """``1,2,4`` → [1, 2, 4] (duplicates dropped, ascending)."""
+    try:
+        nps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of process counts like 1,2,4") from None
+    if not nps or min(nps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of process counts like 1,2,4")
+    return sorted(set(nps))
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``ddp,horovod`` → ['ddp', 'horovod'], checked against the registered strategies (order kept)."""
+    from dpcompare import backends
+
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    unknown = [n for n in names if n not in backends.names()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(unknown) or repr(text)}; "
+                                         f"choose from {', '.join(backends.names())}")
+    return names
+
+
+def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
+    """The run's own configuration: the shared one with its strategy and folder."""
+    return dataclasses.replace(cfg, strategy=spec.strategy, out=str(run_dir), overwrite=True, progress="lines")
+
+
+def child_command(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> list[str]:
+    from dpcompare.launch.mpirun import job_command
+
+    return job_command(spec.np, [sys.executable, "-m", "dpcompare", "train",
+                                 *train_argv(child_config(cfg, spec, run_dir))])
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def tail(text: str, lines: int = ERROR_TAIL_LINES, chars: int = ERROR_TAIL_CHARS) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds: float,
+               summary: dict[str, Any] | None, metrics: list[dict[str, Any]], stderr: str,
+               stdout: str = "", command: Sequence[str] = ()) -> dict[str, Any]:
+    """One entry of results.json ``runs`` from what the job left behind."""
+    rec: dict[str, Any] = {
+        "strategy": spec.strategy, "np": spec.np, "repeat": spec.repeat, "status": "failed", "error": None,
+        "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
+        "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
+        "peak_rss_mb": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
+        "metrics": metrics,
+    }
+    if returncode == 0 and summary is not None:
+        t = summary.get("timing") or {}
+        rec.update(samples_per_sec=t.get("samples_per_sec", summary.get("samples_per_sec")),
+                   step_ms={"median": t.get("step_ms_median"), "p95": t.get("step_ms_p95")},
+                   phases_ms=t.get("phases_ms"), final_test_accuracy=summary.get("final_test_accuracy"),
+                   final_train_loss=summary.get("final_train_loss"), peak_rss_mb=t.get("peak_rss_mb"),
+                   measured_steps=t.get("measured_steps"), device=summary.get("device"))
+        if not t.get("measured_steps"):
+            rec["error"] = ("no step was timed: --warmup-steps is at least the number of steps the run took; "
+                            "lower it or train longer")
+        else:
+            rec["status"] = "ok"
+    elif returncode == 0:
+        rec["error"] = "the job exited 0 but wrote no summary.json\n" + tail(stderr or stdout)
+    elif returncode is None:
+        rec["error"] = f"timed out after {wall_seconds:.0f} s and was stopped\n" + tail(stderr or stdout)
+    else:
+        rec["error"] = tail(stderr or stdout) or f"exited with code {returncode} and printed nothing"
+    return rec
+
+
+def _launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int | None, float]:
+    """Run one job with its output in RUN/stdout.log and RUN/stderr.log; None as exit code on timeout."""
+    t0 = time.perf_counter()
+    with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+        try:
+            rc: int | None = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            _stop(p)
+        except BaseException:  # Ctrl-C: take the job's processes down with us
+            _stop(p)
+            raise
+    return rc, time.perf_counter() - t0
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(p.pid, sig)
+            p.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def environment() -> dict[str, Any]:
+    from dpcompare import backends
+    from dpcompare.versions import versions
+
+    return {**versions(), "platform": platform.platform(), "machine": platform.machine(),
+            "hostname": platform.node(), "cpus": os.cpu_count(),
+            "strategies": {n: {"summary": backends.get(n).summary, "sync_mechanism": backends.get(n).sync_mechanism}
+                           for n in backends.names()}}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare_out(out: Path, overwrite: bool) -> None:
+    """Refuse a folder holding results unless --overwrite; with it, remove only what compare wrote."""
+    if (out / RESULTS).exists() and not overwrite:
+        raise ConfigError(f"{out} already holds a comparison ({RESULTS}); pass --overwrite to replace it, "
+                          "or another --out")
+    if overwrite:
+        for name in ("runs", RESULTS, *REPORT_FILES):
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _under_launcher() -> bool:
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", "HOROVOD_SIZE"):
+        if os.environ.get(var, "1") not in ("", "1"):
+            return True
+    return False
+
+
+class _Progress:
+    """A rich bar on a terminal (with a line per finished run above it), a line per run otherwise."""
+
+    def __init__(self, console: Any, mode: str, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console, self.total, self.done = console, total, 0
+        self.quiet = mode == "none"
+        use_bar = mode == "bar" or (mode == "auto" and console.is_terminal)
+        self.bar = (Progress(TextColumn("[bold]compare[/]"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+                    if use_bar and not self.quiet else None)
+        self.task = self.bar.add_task("", total=total) if self.bar else None
+
+    def __enter__(self) -> _Progress:
+        if self.bar:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar:
+            self.bar.stop()
+
+    def start(self, spec: RunSpec) -> None:
+        if self.bar:
+            self.bar.update(self.task, description=f"running {spec.name}")
+
+    def finish(self, spec: RunSpec, rec: dict[str, Any]) -> None:
+        self.done += 1
+        if rec["status"] == "ok":
+            msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.1f} ms"
+                   f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
+        else:
+            from dpcompare.report.fmt import headline
+
+            msg = f"[red]FAILED[/] {headline(rec['error'])}"
+        line = f"[{self.done}/{self.total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"
+        if self.bar:
+            self.bar.update(self.task, advance=1)
+            self.bar.console.print(line, soft_wrap=True, markup=True, highlight=False)
+        elif not self.quiet:
+            self.console.print(line, soft_wrap=True, highlight=False)
+
+
+def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int], repeats: int, out: Path, *,
+                overwrite: bool = False, progress: str = "auto", run_timeout: float | None = None,
+                console: Any = None, launch: Callable[..., tuple[int | None, float]] = _launch) -> int:
+    """Run every job, write results.json, render the report; 0 when every run succeeded, else 1."""
+    from dpcompare.report import render
+    from dpcompare.report.table import console_for_report
+
+    if _under_launcher():
+        raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
+    console = console or console_for_report()
+    prepare_out(out, overwrite)
+    specs = plan(strategies, nps, repeats)
+    results: dict[str, Any] = {
+        "schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "complete": False,
+        "config": {"strategies": list(strategies), "np": list(nps), "repeats": repeats, "baseline": strategies[0],
+                   "order": [s.name for s in specs], "train": cfg.to_dict(),
+                   "train_flags": train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))},
+        "environment": environment(), "runs": [],
+    }
+    _write_json(out / RESULTS, results)
+    if progress != "none":
+        console.print(f"dpcompare compare: {len(specs)} runs ({', '.join(strategies)} × np "
+                      f"{','.join(map(str, nps))} × {repeats} repeat{'s' if repeats > 1 else ''}) → {out}",
+                      soft_wrap=True)
+    env = child_env()
+    with _Progress(console, progress, len(specs)) as bar:
+        for spec in specs:
+            run_dir = out / "runs" / spec.name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
+                (run_dir / stale).unlink(missing_ok=True)
+            cmd = child_command(cfg, spec, run_dir)
+            bar.start(spec)
+            rc, wall = launch(cmd, run_dir, env, run_timeout)
+            summary_path = run_dir / "summary.json"
+            try:
+                summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+                metrics = _read_jsonl(run_dir / "metrics.jsonl")
+            except (OSError, ValueError):
+                summary, metrics = None, []
+            rec = run_record(spec, f"runs/{spec.name}", rc, wall, summary, metrics,
+                             _read_text(run_dir / "stderr.log"), _read_text(run_dir / "stdout.log"), cmd)
+            results["runs"].append(rec)
+            _write_json(out / RESULTS, results)
+            bar.finish(spec, rec)
+    results["complete"] = True
+    _write_json(out / RESULTS, results)
+    render(out, console=console)
+    failed = [r for r in results["runs"] if r["status"] != "ok"]
+    if failed:
+        console.print(f"[red]{len(failed)} of {len(specs)} runs failed[/] (their stderr is in results.json "
+                      f"and {out}/runs/<run>/stderr.log)", soft_wrap=True)
+    return 1 if failed else 0
+
+
+def _cmd_compare(a: argparse.Namespace) -> int:
+    from dpcompare.cli import config_from_args
+
+    cfg = config_from_args(a, strategy=a.strategies[0], out=a.out)
+    timeout = a.run_timeout or None
+    return run_compare(cfg, a.strategies, a.np, a.repeats, Path(a.out), overwrite=a.overwrite,
+                       progress=a.progress, run_timeout=timeout)
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    pass
+    from dpcompare.cli import _positive, add_train_options
+
+    p = sub.add_parser(
+        "compare", help="A/B comparison: every strategy at every process count, repeated, with a report",
+        description="Run the same training job under each strategy at each process count, --repeats times "
+                    "(repeat-major, so machine noise spreads evenly), then print a table and a verdict per "
+                    "process count and write OUT/results.json, plots and a self-contained OUT/report.html. "
+                    "Every `dpcompare train` option applies to every run. Exit code 0 only when every run "
+                    "succeeded.",
+        epilog="examples:\n"
+               "  dpcompare compare --np 1,2 --strategies ddp,horovod --repeats 3 --out runs/ab\n"
+               "  dpcompare compare --np 2 --model resnet18 --dataset synthetic --epochs 1 --out runs/ab-resnet\n"
+               "  dpcompare report runs/ab      # re-render the report from results.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("comparison")
+    g.add_argument("--np", type=parse_np, default=[2], metavar="N[,N2,...]",
+                   help="process counts to run every strategy at (default: 2); include 1 for scaling efficiency")
+    g.add_argument("--strategies", type=parse_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
+                   help="strategies to compare; the first is the baseline of the verdicts (default: ddp,horovod)")
+    g.add_argument("--repeats", type=_positive, default=3,
+                   help="runs of every (strategy, np); confidence intervals need at least 2 (default: 3)")
+    g.add_argument("--run-timeout", type=float, default=0, metavar="SECONDS",
+                   help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--tensorboard", dest="tensorboard", action="store_true",
+                   help="let every run write TensorBoard events (default: off for compare)")
+    add_train_options(p, strategy=False, out_default="runs/compare")
+    p.set_defaults(func=_cmd_compare, tensorboard=False)

@@ -56,29 +56,6 @@ class TrainConfig:
         return cls(**kw)
 
 
-# Fields that are not `dpcompare train` flags, and flags whose spelling differs from the field name.
-_NOT_FLAGS = {"extra"}
-_NEGATED = {"tensorboard": "--no-tensorboard"}
-
-
-def train_argv(cfg: TrainConfig, skip: tuple[str, ...] = ()) -> list[str]:
-    """``dpcompare train`` flags that rebuild ``cfg`` (defaults left out); ``skip`` names fields to omit."""
-    default = TrainConfig()
-    argv: list[str] = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name in _NOT_FLAGS or f.name in skip or value == getattr(default, f.name) or value is None:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(_NEGATED.get(f.name, flag) if f.name in _NEGATED else flag)
-        elif isinstance(value, tuple):
-            argv += [flag, ",".join(map(str, value))]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 # Settings whose change on resume is worth a line (others, like --out or --resume, are expected to differ).
 RESUME_RELEVANT = ("strategy", "world_size", "model", "dataset", "batch_size", "lr", "scale_lr", "optimizer",
                    "momentum", "weight_decay", "seed", "width", "sync_bn", "device")

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare import checkpoint, models
-from dpcompare.config import TrainConfig, train_argv
+from dpcompare.config import TrainConfig
 from dpcompare.data import build_dataset
 from dpcompare.errors import ConfigError
 from dpcompare.launch.mpirun import job_command
@@ -83,6 +83,8 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
+    from dpcompare.cli import train_argv
+
     argv = [sys.executable, "-m", "dpcompare", "train", *train_argv(cfg)]
     cmd = job_command(np_, argv) if cfg.strategy != "single" else argv
     console.print(f"[bold]{cfg.strategy}[/] at np={np_ if cfg.strategy != 'single' else 1} "

@@ -1,1 +1,67 @@
-"""Comparison reports: results.json, plots, HTML, terminal tables."""
+"""Comparison reports from ``results.json``: terminal table and verdicts, PNG plots, a self-contained HTML.
+
+``render(dir)`` needs nothing but ``DIR/results.json`` (schema: docs/results-schema.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpcompare.errors import ConfigError
+
+RESULTS = "results.json"
+SCHEMA = 1
+_RUN_KEYS = {"strategy": str, "np": int, "repeat": int, "status": str}
+
+
+@dataclass
+class Rendered:
+    html: Path
+    plots: list[Path] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+
+
+def load_results(folder: str | Path) -> dict[str, Any]:
+    """``folder/results.json``, checked enough to render; ConfigError (one line) when it cannot be."""
+    path = Path(folder) / RESULTS
+    if not Path(folder).is_dir():
+        raise ConfigError(f"{folder} is not a folder; give the --out folder of a `dpcompare compare` run")
+    if not path.is_file():
+        raise ConfigError(f"{path} not found; give the --out folder of a `dpcompare compare` run")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict) or "runs" not in data:
+        raise ConfigError(f"{path} is not a dpcompare results file (no \"runs\")")
+    if data.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} has schema {data.get('schema')!r}; this dpcompare reads schema {SCHEMA}")
+    if not isinstance(data["runs"], list):
+        raise ConfigError(f"{path}: \"runs\" must be a list")
+    for i, r in enumerate(data["runs"]):
+        bad = [k for k, t in _RUN_KEYS.items() if not isinstance(r, dict) or not isinstance(r.get(k), t)]
+        if bad:
+            raise ConfigError(f"{path}: runs[{i}] lacks a valid {', '.join(bad)}")
+        if r["status"] not in ("ok", "failed"):
+            raise ConfigError(f"{path}: runs[{i}] has status {r['status']!r}; expected \"ok\" or \"failed\"")
+    return data
+
+
+def render(folder: str | Path, console: Any = None, quiet: bool = False) -> Rendered:
+    """Table and verdicts on the terminal, ``DIR/plots/*.png`` and ``DIR/report.html``, from results.json."""
+    from dpcompare.report import html, plots, stats, table
+
+    folder = Path(folder)
+    results = load_results(folder)
+    groups = stats.aggregate(results)
+    verdicts = stats.verdicts(groups, stats.strategy_order(results))
+    made = plots.make_all(results, groups, folder / "plots")
+    page = html.write_html(folder / "report.html", results, groups, verdicts, made)
+    if not quiet:
+        table.print_report(console or table.console_for_report(), results, groups, verdicts, str(page))
+    return Rendered(page, [p.path for p in made], [v.text for v in verdicts])

@@ -1,9 +1,22 @@
-"""Placeholder: sub-command not written yet."""
+"""``dpcompare report DIR``: re-render the table, plots and report.html from DIR/results.json alone."""
 
 from __future__ import annotations
 
 import argparse
 
 
+def _cmd_report(a: argparse.Namespace) -> int:
+    from dpcompare.report import render
+
+    render(a.dir, quiet=a.quiet)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    pass
+    p = sub.add_parser("report", help="re-render a comparison's table, plots and report.html from its results.json",
+                       description="Read DIR/results.json (written by `dpcompare compare --out DIR`) and write "
+                                   "DIR/plots/*.png and DIR/report.html again, printing the table and verdicts. "
+                                   "Needs no run folders, only results.json.")
+    p.add_argument("dir", metavar="DIR", help="the --out folder of a `dpcompare compare` run")
+    p.add_argument("--quiet", action="store_true", help="write the files without printing the table")
+    p.set_defaults(func=_cmd_report)

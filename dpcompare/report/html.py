@@ -1,0 +1,248 @@
+"""report.html: one self-contained file (figures as base64 data URIs, inline CSS, no external URL)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dpcompare.report import fmt
+from dpcompare.report.plots import Plot, colors
+from dpcompare.report.stats import PHASES, Group, Verdict, phase_shifts, strategy_order
+
+CSS = """
+:root { --fg:#1f2328; --muted:#626a73; --line:#e3e6ea; --bg:#f6f7f9; --ok:#1a7f37; --bad:#c0303a; --accent:#3b6fb6; }
+* { box-sizing: border-box; }
+body { margin:0; background:var(--bg); color:var(--fg);
+       font: 15px/1.55 -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+main { max-width: 1120px; margin: 0 auto; padding: 28px 24px 60px; }
+h1 { font-size: 28px; margin: 0 0 4px; letter-spacing: -0.01em; }
+h2 { font-size: 20px; margin: 36px 0 12px; padding-bottom: 6px; border-bottom: 1px solid var(--line); }
+h3 { font-size: 16px; margin: 22px 0 6px; }
+.sub { color: var(--muted); margin: 0 0 20px; }
+.card { background: #fff; border: 1px solid var(--line); border-radius: 10px; padding: 18px 22px; margin: 14px 0; }
+.verdict { border-left: 5px solid var(--accent); }
+.verdict ul { margin: 6px 0 0; padding-left: 20px; } .verdict li { margin: 6px 0; font-size: 16.5px; }
+.warn { border-left: 5px solid var(--bad); }
+table { border-collapse: collapse; width: 100%; font-size: 13.5px; font-variant-numeric: tabular-nums; }
+th, td { padding: 6px 9px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
+th { background: #fafbfc; font-weight: 600; color: #3a4047; vertical-align: bottom; }
+td:first-child, th:first-child { text-align: left; }
+td.l, th.l { text-align: left; white-space: normal; }
+.scroll { overflow-x: auto; }
+.swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:0; }
+.ok { color: var(--ok); font-weight: 600; } .failed { color: var(--bad); font-weight: 600; }
+figure { margin: 0; } figure img { width: 100%; height: auto; display: block; }
+figcaption { color: var(--muted); font-size: 13.5px; margin-top: 8px; }
+pre, code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
+pre { background: #f3f4f6; padding: 10px 12px; border-radius: 6px; overflow-x: auto; white-space: pre-wrap; }
+.cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+@media (max-width: 800px) { .cols { grid-template-columns: 1fr; } }
+.muted { color: var(--muted); } footer { color: var(--muted); font-size: 12.5px; margin-top: 40px; }
+dl.kv { display:grid; grid-template-columns: max-content 1fr; gap: 4px 18px; margin: 0; font-size: 13.5px; }
+dl.kv dt { color: var(--muted); } dl.kv dd { margin: 0; font-family: ui-monospace, Menlo, Consolas, monospace; }
+"""
+
+TEACHING = """
+<p>Both strategies average the gradients of all processes after every backward pass, and with the same
+seed, data order and averaging they compute the same model. They differ in <em>where</em> the
+synchronisation hooks sit and therefore <em>when</em> the communication happens in a step:</p>
+<div class="cols">
+<div class="card"><h3>PyTorch DDP: hooks on the model</h3>
+<p><code>DistributedDataParallel</code> wraps the <em>model</em>. It registers an autograd hook on every
+parameter; as soon as the gradients of a bucket (25&nbsp;MB by default) are ready during
+<code>loss.backward()</code>, that bucket is all-reduced asynchronously while autograd keeps computing the
+gradients of earlier layers. <code>backward()</code> returns only when every bucket is reduced, so the
+communication that did not overlap with computation is counted in the <strong>backward</strong> phase,
+and <code>optimizer.step()</code> is a purely local update.</p></div>
+<div class="card"><h3>Horovod: hooks in the optimizer</h3>
+<p><code>hvd.DistributedOptimizer</code> wraps the <em>optimizer</em>. Its per-parameter hooks enqueue an
+asynchronous all-reduce when a gradient is ready; Horovod's background thread negotiates which tensors are
+ready on every rank and fuses them into large buffers (tensor fusion, 128&nbsp;MB by default, on a
+cycle set by HOROVOD_CYCLE_TIME). <code>backward()</code> returns without waiting; <code>optimizer.step()</code> first calls
+<code>synchronize()</code>, which blocks until every all-reduce is done, so the waiting is counted in the
+<strong>optimizer</strong> phase.</p></div>
+</div>
+<p>The step-time breakdown is the evidence: compare the <strong>backward</strong> bar with the
+<strong>optimizer</strong> bar of each strategy, and their growth from np=1 to more processes. The sum
+(the time per step) is what decides throughput; which phase the communication hides in is how each
+library schedules it.</p>
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+
+def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
+    col = colors(strategies)
+    several_np = len({g.np for g in groups}) > 1
+    head = ["strategy", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
+            *(f"{p}<br>ms" for p in PHASES), "test accuracy", "final train loss", "peak RSS<br>MB"]
+    if several_np:
+        head.append("scaling<br>efficiency")
+    rows = []
+    for g in groups:
+        ok_cls = "ok" if g.ok == g.runs else "failed"
+        cells = [f'<span class="swatch" style="background:{col[g.strategy]}"></span>{_e(g.strategy)}', str(g.np),
+                 f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>', _e(fmt.sps(g.samples_per_sec)),
+                 f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
+                 *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
+                 "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}", fmt.mb(g.peak_rss_mb)]
+        if several_np:
+            cells.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+
+
+MEASURABLE_MS = 0.05
+
+
+def _signed_ms(v: float) -> str:
+    return f"{v:+.2f} ms".replace("-", "−")
+
+
+def _evidence(groups: Sequence[Group], strategies: Sequence[str]) -> str:
+    """Per strategy: backward vs optimizer time at the largest np, and their growth against np=1."""
+    items = []
+    for s in strategies:
+        gs = [g for g in groups if g.strategy == s and g.phases_ms]
+        if not gs:
+            continue
+        g = max(gs, key=lambda x: x.np)
+        text = (f"<strong>{_e(s)}</strong> at np={g.np}: backward {fmt.ms(g.phases_ms.get('backward'))} ms, "
+                f"optimizer {fmt.ms(g.phases_ms.get('optimizer'))} ms per step")
+        shift = phase_shifts(groups, s).get(g.np)
+        if shift:
+            b, o = shift.get("backward", 0.0), shift.get("optimizer", 0.0)
+            text += (f"; against np=1, backward {_signed_ms(b)} and optimizer {_signed_ms(o)} per step")
+            if max(b, o) >= MEASURABLE_MS:
+                text += f": the cost of going distributed sits in <strong>{'backward' if b >= o else 'optimizer'}</strong>"
+        items.append(f"<li>{text}.</li>")
+    if not items:
+        return ""
+    return "<h3>In this comparison</h3><ul>" + "".join(items) + "</ul>"
+
+
+def _mechanisms(results: dict[str, Any], strategies: Sequence[str]) -> str:
+    known = (results.get("environment") or {}).get("strategies") or {}
+    items = [f"<li><strong>{_e(s)}</strong>: {_e(known[s].get('sync_mechanism') or known[s].get('summary'))}</li>"
+             for s in strategies if s in known]
+    return "<h3>As recorded by each strategy</h3><ul>" + "".join(items) + "</ul>" if items else ""
+
+
+def _runs(results: dict[str, Any]) -> str:
+    rows = []
+    for r in results.get("runs", []):
+        ok = r.get("status") == "ok"
+        step = (r.get("step_ms") or {}).get("median")
+        cells = [f"{_e(r['strategy'])}-np{r['np']}-r{r['repeat']}",
+                 f'<span class="{"ok" if ok else "failed"}">{_e(r.get("status"))}</span>',
+                 "–" if r.get("samples_per_sec") is None else f"{r['samples_per_sec']:,.0f}",
+                 fmt.ms(step), "–" if r.get("final_test_accuracy") is None else f"{100 * r['final_test_accuracy']:.2f} %",
+                 "–" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f}",
+                 f'<code>{_e(r.get("dir", ""))}</code>']
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        if not ok and r.get("error"):
+            rows.append(f'<tr><td colspan="7" class="l"><details><summary class="failed">'
+                        f'{_e(fmt.headline(r["error"]))}</summary><pre>{_e(r["error"])}</pre></details></td></tr>')
+    head = ["run", "status", "samples/s", "step ms", "test acc", "wall s", "folder"]
+    return ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+
+
+def _kv(d: dict[str, Any]) -> str:
+    items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in d.items() if not isinstance(v, dict))
+    return f'<dl class="kv">{items}</dl>'
+
+
+def command_line(results: dict[str, Any]) -> str:
+    cfg = results.get("config") or {}
+    parts = ["dpcompare", "compare"]
+    if cfg.get("np"):
+        parts += ["--np", ",".join(map(str, cfg["np"]))]
+    if cfg.get("strategies"):
+        parts += ["--strategies", ",".join(cfg["strategies"])]
+    if cfg.get("repeats"):
+        parts += ["--repeats", str(cfg["repeats"])]
+    parts += list(cfg.get("train_flags") or [])
+    out = (cfg.get("train") or {}).get("out")
+    if out:
+        parts += ["--out", str(out)]
+    return " ".join(parts)
+
+
+def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
+                plots: Sequence[Plot]) -> str:
+    strategies = strategy_order(results)
+    cfg = results.get("config") or {}
+    train = cfg.get("train") or {}
+    title = " vs ".join(strategies) if strategies else "comparison"
+    devices = sorted({str(r["device"]) for r in results.get("runs", []) if r.get("device")})
+    sub = " · ".join(_e(x) for x in (
+        "/".join(devices), train.get("model"), train.get("dataset"), train.get("epochs") and f"{train['epochs']} epochs",
+        train.get("batch_size") and f"batch {train['batch_size']}/process",
+        cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
+        cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
+        results.get("created")) if x)
+
+    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{sub}</p>']
+    if verdicts:
+        body.append('<div class="card verdict"><strong>Verdict</strong><ul>'
+                    + "".join(f"<li>{_e(v.text)}</li>" for v in verdicts) + "</ul>"
+                    + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Throughput differences are relative '
+                      f'to {_e(strategies[0])} (the first strategy given); intervals are Welch t-intervals over '
+                      f'repeats, so with few repeats they are wide.</p></div>')
+    elif strategies:
+        body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
+    failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
+    if failed:
+        body.append(f'<div class="card warn"><strong class="failed">{len(failed)} of {len(results["runs"])} runs '
+                    f'failed.</strong> They are left out of every number below; their errors are listed under '
+                    f'<a href="#runs">Runs</a>.</div>')
+    if not results.get("complete", True):
+        body.append('<div class="card warn">results.json is incomplete: the comparison was interrupted.</div>')
+
+    body.append("<h2>Results</h2>")
+    if groups:
+        body.append('<div class="card">' + _table(groups, strategies)
+                    + '<p class="muted" style="font-size:13px;margin:10px 0 0">Step and phase times are medians '
+                      "over the timed steps (warm-up excluded): step times of the slowest rank, phases averaged "
+                      "over ranks, then averaged over repeats. Peak RSS is the largest resident memory of any "
+                      "rank.</p></div>")
+    for p in plots:
+        body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
+                    f"<figcaption><strong>{_e(p.title)}.</strong> {_e(p.caption)}</figcaption></figure></div>")
+
+    body.append("<h2>Why the phases differ</h2>" + TEACHING + _evidence(groups, strategies)
+                + _mechanisms(results, strategies))
+    body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
+    body.append("<h2>Configuration</h2>"
+                f'<div class="card"><p style="margin-top:0">Reproduce with:</p><pre>{_e(command_line(results))}</pre>'
+                + _kv({k: v for k, v in train.items() if k not in ("out", "overwrite", "progress", "strategy")})
+                + "</div>")
+    env = results.get("environment") or {}
+    body.append("<h2>Environment</h2><div class=\"card\">" + _kv(env) + "</div>")
+    body.append(f"<footer>Rendered by dpcompare {_e(env.get('dpcompare', ''))} from results.json (schema "
+                f"{_e(results.get('schema'))}); every number above can be recomputed from it with "
+                f"<code>dpcompare report DIR</code>.</footer>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>dpcompare: {_e(title)}</title><style>{CSS}</style></head>"
+            "<body><main>" + "\n".join(body) + "</main></body></html>\n")
+
+
+def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
+               plots: Sequence[Plot]) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render_html(results, groups, verdicts, plots), encoding="utf-8")
+    tmp.replace(path)
+    return path
+

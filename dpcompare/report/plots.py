@@ -1,0 +1,265 @@
+"""PNG figures of a comparison (matplotlib, Agg; no pyplot state, no display needed).
+
+Every figure is keyed by strategy name and np generically: colours follow the order of the
+strategies in results.json, line styles and markers the process counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+from dpcompare.report import fmt  # noqa: E402
+from dpcompare.report.stats import PHASES, Group, find, np_order, strategy_order  # noqa: E402
+
+STRATEGY_COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46", "#d46ea8", "#6f7782")
+PHASE_COLORS = {"data": "#b9c0c8", "forward": "#6fb7c9", "backward": "#f2a541", "optimizer": "#a05fa8"}
+PHASE_NAMES = {"data": "data wait", "forward": "forward", "backward": "backward (DDP's all-reduce overlaps here)",
+               "optimizer": "optimizer step (Horovod's synchronize waits here)"}
+NP_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
+DPI = 120
+RC = {
+    "font.size": 10, "axes.titlesize": 11.5, "axes.titleweight": "bold", "axes.titlelocation": "left",
+    "axes.labelsize": 10, "axes.labelcolor": "#333333", "axes.edgecolor": "#999999", "axes.linewidth": 0.8,
+    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.color": "#e6e6e6",
+    "grid.linewidth": 0.8, "axes.axisbelow": True, "xtick.color": "#555555", "ytick.color": "#555555",
+    "legend.frameon": False, "legend.fontsize": 9, "figure.facecolor": "white", "savefig.facecolor": "white",
+}
+
+
+@dataclass
+class Plot:
+    key: str
+    path: Path
+    title: str
+    caption: str
+
+
+def colors(strategies: Sequence[str]) -> dict[str, str]:
+    return {s: STRATEGY_COLORS[i % len(STRATEGY_COLORS)] for i, s in enumerate(strategies)}
+
+
+def _np_style(nps: Sequence[int], n: int) -> tuple[str, str]:
+    return NP_STYLES[list(nps).index(n) % len(NP_STYLES)]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
+    return path
+
+
+def _new(w: float, h: float, ncols: int = 1) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(w, h), layout="constrained")
+    axes = fig.subplots(1, ncols)
+    return fig, axes
+
+
+def curves(results: dict[str, Any], path: Path) -> Plot | None:
+    """Train loss and test accuracy per epoch; a line per (strategy, np), the mean over repeats (band: min–max)."""
+    runs = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("metrics")]
+    if not runs:
+        return None
+    strategies, nps = strategy_order(results), np_order(results)
+    col = colors(strategies)
+    with matplotlib.rc_context(RC):
+        fig, (ax_l, ax_a) = _new(10, 3.9, 2)
+        for si, s in enumerate(strategies):
+            for n in nps:
+                rs = [r for r in runs if r["strategy"] == s and r["np"] == n]
+                if not rs:
+                    continue
+                ls, mk = _np_style(nps, n)
+                # the first strategy is drawn wide and pale, the others narrow on top: identical curves stay visible
+                lw, alpha = (4.5, 0.45) if si == 0 and len(strategies) > 1 else (1.6, 0.95)
+                for ax, key, scale in ((ax_l, "train_loss", 1.0), (ax_a, "test_accuracy", 100.0)):
+                    by_epoch: dict[int, list[float]] = {}
+                    for r in rs:
+                        for row in r["metrics"]:
+                            if row.get(key) is not None:
+                                by_epoch.setdefault(int(row["epoch"]), []).append(scale * float(row[key]))
+                    if not by_epoch:
+                        continue
+                    ep = sorted(by_epoch)
+                    mean = [statistics.fmean(by_epoch[e]) for e in ep]
+                    ax.plot(ep, mean, ls=ls, marker=mk, ms=4 if lw < 2 else 0, lw=lw, alpha=alpha, color=col[s],
+                            label=f"{s} · np={n}", solid_capstyle="round")
+                    if len(rs) > 1:
+                        ax.fill_between(ep, [min(by_epoch[e]) for e in ep], [max(by_epoch[e]) for e in ep],
+                                        color=col[s], alpha=0.12, lw=0)
+        ax_l.set_title("Training loss")
+        ax_l.set_xlabel("epoch")
+        ax_l.set_ylabel("mean train loss (log scale)")
+        ax_l.set_yscale("log")
+        ax_a.set_title("Test accuracy")
+        ax_a.set_xlabel("epoch")
+        ax_a.set_ylabel("test accuracy (%)")
+        for ax in (ax_l, ax_a):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # one legend row per strategy, one column per np (the legend fills column by column)
+        entries = dict(zip(*reversed(ax_a.get_legend_handles_labels()), strict=True))
+        order = [f"{s} · np={n}" for n in nps for s in strategies if f"{s} · np={n}" in entries]
+        fig.legend([entries[k] for k in order], order, loc="outside lower center", handlelength=3.2,
+                   ncols=max(1, len(order) // max(1, len({k.split(" · ")[0] for k in order}))))
+        _save(fig, path)
+    return Plot("curves", path, "Loss and accuracy per epoch",
+                "Mean over repeats (shaded: min–max). Same seed and data order for every strategy, so matching "
+                "curves mean the strategies computed the same thing; the first strategy is drawn wide and pale "
+                "so that curves lying exactly on top of each other stay visible.")
+
+
+def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence[int], path: Path) -> Plot | None:
+    """Global samples/s per np (groups of bars) and strategy, with 95 % t-intervals and every repeat as a dot."""
+    if not any(g.samples_per_sec for g in groups):
+        return None
+    col = colors(strategies)
+    width = 0.8 / max(len(strategies), 1)
+    no_ci = False
+    with matplotlib.rc_context(RC):
+        fig, ax = _new(max(5.5, 1.6 + 1.5 * len(nps) * len(strategies) ** 0.5 * 1.3), 4.2)
+        # Whiskers far beyond every measurement (2 repeats on a noisy machine) would flatten the bars:
+        # the axis stops at 1.4 × the largest measurement and longer whiskers end in an arrow.
+        seen = max(max([g.samples_per_sec.mean, *g.throughputs]) for g in groups if g.samples_per_sec)
+        top = max(min(g.samples_per_sec.hi or 0.0, seen * 1.4) for g in groups if g.samples_per_sec)
+        top = max(top, seen) * 1.12
+        for si, s in enumerate(strategies):
+            for ni, n in enumerate(nps):
+                g = find(groups, s, n)
+                if g is None or g.samples_per_sec is None:
+                    continue
+                x = ni + (si - (len(strategies) - 1) / 2) * width
+                iv = g.samples_per_sec
+                ax.bar(x, iv.mean, width * 0.86, color=col[s], alpha=0.85, label=s if ni == 0 else None, zorder=2)
+                label_y, clipped = iv.mean, False
+                if iv.has_ci:
+                    lo, hi = max(iv.lo, 0.0), max(min(iv.hi, top / 1.12), iv.mean)  # type: ignore[type-var]
+                    clipped = hi < iv.hi  # type: ignore[operator]
+                    yerr = [[max(iv.mean - lo, 0.0)], [hi - iv.mean]]
+                    ax.errorbar(x, iv.mean, yerr=yerr, fmt="none", ecolor="#222222",
+                                elinewidth=1.3, capsize=0 if clipped else 5, capthick=1.3, zorder=4)
+                    if clipped:
+                        ax.annotate("", (x, hi * 1.035), (x, hi), zorder=4,
+                                    arrowprops={"arrowstyle": "-|>", "color": "#222222", "lw": 1.3})
+                        ax.annotate(f"CI to {iv.hi:,.0f}", (x, hi * 1.035), xytext=(5, 0),
+                                    textcoords="offset points", fontsize=7.5, color="#555555", va="center")
+                    else:
+                        label_y = hi
+                else:
+                    no_ci = True
+                k = len(g.throughputs)
+                offs = [(i - (k - 1) / 2) * min(0.5 * width / max(k, 1), 0.06) for i in range(k)]
+                ax.scatter([x + o for o in offs], g.throughputs, s=14, color="white", edgecolor="#222222",
+                           linewidth=0.8, zorder=5)
+                label = f"{iv.mean:,.0f}" + ("" if iv.has_ci else "\n(n=1, no CI)")
+                ax.annotate(label, (x, label_y), xytext=(0, 4), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=8.5, color="#333333", zorder=6,
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}
+                            if clipped else None)
+        ax.set_xticks(range(len(nps)), [f"np={n}" for n in nps])
+        ax.set_ylim(0, top)
+        ax.set_ylabel("samples / s (global, slowest rank decides)")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.grid(axis="x", visible=False)
+        ax.set_title("Throughput")
+        ax.legend(loc="upper left", ncols=len(strategies))
+        _save(fig, path)
+    cap = ("Bars: mean over repeats; whiskers: 95 % t-interval; dots: individual repeats. Throughput is the "
+           "global rate over the timed steps, decided by the slowest rank.")
+    if no_ci:
+        cap += " Configurations with a single successful repeat have no confidence interval (n=1, no CI)."
+    return Plot("throughput", path, "Throughput per strategy and process count", cap)
+
+
+def breakdown(groups: Sequence[Group], path: Path) -> Plot | None:
+    """Stacked median time per phase of a step, a bar per (strategy, np)."""
+    gs = [g for g in groups if g.phases_ms]
+    if not gs:
+        return None
+    with matplotlib.rc_context(RC):
+        fig, ax = _new(10, 1.3 + 0.55 * len(gs))
+        labels = [f"{g.strategy} · np={g.np}" for g in gs]
+        y = list(range(len(gs)))[::-1]
+        total = max(sum(g.phases_ms.values()) for g in gs)
+        left = [0.0] * len(gs)
+        for p in PHASES:
+            vals = [g.phases_ms.get(p, 0.0) for g in gs]
+            ax.barh(y, vals, 0.62, left=left, color=PHASE_COLORS[p], label=PHASE_NAMES[p], edgecolor="white",
+                    linewidth=0.8, zorder=2)
+            for yi, v, lft in zip(y, vals, left, strict=True):
+                if v >= 0.085 * total:
+                    ax.text(lft + v / 2, yi, fmt.ms(v), ha="center", va="center", fontsize=8.5, color="#1d1d1d")
+            left = [a + b for a, b in zip(left, vals, strict=True)]
+        for yi, tot in zip(y, left, strict=True):
+            ax.text(tot + total * 0.01, yi, f"{fmt.ms(tot)} ms", va="center", fontsize=8.5, color="#333333")
+        ax.set_yticks(y, labels)
+        ax.set_xlim(0, total * 1.12)
+        ax.set_xlabel("milliseconds per step (median per phase, mean over ranks and repeats)")
+        ax.grid(axis="y", visible=False)
+        ax.set_title("Where a step's time goes")
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02 + 0.02 * (8 - min(len(gs), 8)) / 8), ncols=2,
+                  fontsize=8.5)
+        ax.set_title("Where a step's time goes", pad=42)
+        _save(fig, path)
+    return Plot("breakdown", path, "Step-time breakdown",
+                "Medians per phase of a training step. DDP all-reduces gradient buckets from autograd hooks while "
+                "backward() still runs, so its communication lands in the backward bar; Horovod's "
+                "DistributedOptimizer waits for its all-reduces in optimizer.step(), so its communication lands "
+                "in the optimizer bar.")
+
+
+def scaling(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence[int], path: Path) -> Plot | None:
+    """Speed-up and scaling efficiency throughput(np) / (np · throughput(1)); needs np=1 and another np."""
+    if len(nps) < 2 or 1 not in nps or not any(g.efficiency is not None and g.np > 1 for g in groups):
+        return None
+    col = colors(strategies)
+    with matplotlib.rc_context(RC):
+        fig, (ax_s, ax_e) = _new(10, 3.9, 2)
+        ax_s.plot(nps, nps, color="#999999", ls="--", lw=1, label="ideal (linear)")
+        ax_e.axhline(100, color="#999999", ls="--", lw=1, label="ideal")
+        for si, s in enumerate(strategies):
+            pts = [(g.np, g.efficiency) for n in nps if (g := find(groups, s, n)) and g.efficiency is not None]
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            ax_s.plot(x, [n * e for n, e in pts], marker="o", color=col[s], lw=2, label=s)
+            ax_e.plot(x, [100 * e for _, e in pts], marker="o", color=col[s], lw=2, label=s)
+            for n, e in pts:
+                if n > 1:
+                    ax_e.annotate(f"{100 * e:.0f} %", (n, 100 * e), xytext=(0, 9 if si % 2 == 0 else -11),
+                                  textcoords="offset points", ha="center", va="center", fontsize=8.5,
+                                  color=col[s], fontweight="bold")
+        for ax in (ax_s, ax_e):
+            ax.set_xticks(list(nps))
+            ax.set_xlim(min(nps) - 0.25 * (max(nps) - min(nps)) / len(nps), max(nps) * 1.06)
+            ax.set_xlabel("processes (np)")
+        ax_s.set_title("Speed-up over np=1")
+        ax_s.set_ylabel("throughput(np) / throughput(1)")
+        ax_s.legend(loc="upper left")
+        ax_e.set_title("Scaling efficiency")
+        ax_e.set_ylabel("throughput(np) / (np · throughput(1))  %")
+        ax_e.set_ylim(0, max(110, *(100 * g.efficiency + 15 for g in groups if g.efficiency)))
+        _save(fig, path)
+    return Plot("scaling", path, "Scaling",
+                "Speed-up and efficiency against the same strategy at np=1 (means over repeats). Efficiency "
+                "below 100 % is time spent communicating or waiting; on a machine with fewer cores than "
+                "processes it also measures the processes competing for cores.")
+
+
+def make_all(results: dict[str, Any], groups: Sequence[Group], folder: Path) -> list[Plot]:
+    """Every figure that has data, written to ``folder``; in report order."""
+    strategies, nps = strategy_order(results), np_order(results)
+    made = [throughput(groups, strategies, nps, folder / "throughput.png"),
+            breakdown(groups, folder / "breakdown.png"),
+            scaling(groups, strategies, nps, folder / "scaling.png"),
+            curves(results, folder / "curves.png")]
+    return [p for p in made if p is not None]

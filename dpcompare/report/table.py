@@ -1,0 +1,80 @@
+"""The terminal side of a report: a rich table per (strategy, np) and a verdict per np."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from dpcompare.report import fmt
+from dpcompare.report.stats import PHASES, Group, Verdict
+
+PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+
+
+def next_strategy_differs(groups: Sequence[Group], g: Group) -> bool:
+    i = list(groups).index(g)
+    return i + 1 < len(groups) and groups[i + 1].strategy != g.strategy
+
+
+def console_for_report() -> Console:
+    """A console that does not squeeze the table to 80 columns when the output is a file or a pipe."""
+    c = Console(highlight=False)
+    return c if c.is_terminal else Console(highlight=False, width=max(c.width, 150))
+
+
+def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
+    several_np = len({g.np for g in groups}) > 1
+    t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("strategy", style="bold")
+    t.add_column("np", justify="right")
+    t.add_column("ok", justify="right")
+    t.add_column("samples/s\n± 95 % CI", justify="right")
+    t.add_column("step ms\nmed / p95", justify="right")
+    for p in PHASES:
+        t.add_column(f"{PHASE_LABELS[p]}\nms", justify="right")
+    t.add_column("test acc", justify="right")
+    t.add_column("peak RSS\nMB", justify="right")
+    if several_np:
+        t.add_column("scaling\neff.", justify="right")
+    prev = None
+    for g in groups:
+        ok = f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]"
+        row = [g.strategy if g.strategy != prev else "", str(g.np), ok, fmt.sps(g.samples_per_sec),
+               f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
+               *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), fmt.accuracy(g), fmt.mb(g.peak_rss_mb)]
+        if several_np:
+            row.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
+        t.add_row(*row, end_section=bool(next_strategy_differs(groups, g)))
+        prev = g.strategy
+    return t
+
+
+def print_report(console: Console, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
+                 html_path: str | None = None) -> None:
+    cfg = (results.get("config") or {}).get("train") or {}
+    desc = " · ".join(str(x) for x in (cfg.get("model"), cfg.get("dataset"),
+                                         cfg.get("epochs") and f"{cfg['epochs']} epochs",
+                                         cfg.get("batch_size") and f"batch {cfg['batch_size']}/process") if x)
+    console.print()
+    console.print(build_table(groups, title=f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]"))
+    console.print("[dim]times are per step, median over steps (slowest rank for step ms, mean over ranks for "
+                  "phases), averaged over repeats; warm-up steps excluded[/]", soft_wrap=True)
+    console.print()
+    if verdicts:
+        console.print("[bold]Verdict[/]")
+        for v in verdicts:
+            console.print(f"  • {v.text}", soft_wrap=True, highlight=False)
+    elif groups:
+        console.print("[bold]Verdict[/]: one strategy only, nothing to compare", soft_wrap=True)
+    failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
+    for r in failed:
+        console.print(f"  [red]failed[/] {r['strategy']}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
+                      soft_wrap=True, highlight=False)
+    if not results.get("complete", True):
+        console.print("[yellow]results.json is incomplete: the comparison was interrupted[/]")
+    if html_path:
+        console.print(f"report: [bold]{html_path}[/]", soft_wrap=True)
