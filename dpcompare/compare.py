@@ -29,6 +29,7 @@ from typing import Any
 from dpcompare.cli import train_argv
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.launch.mpirun import job_command, job_env
 
 RESULTS = "results.json"
 SCHEMA = 1
@@ -87,18 +88,10 @@ def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
 
 
 def child_command(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> list[str]:
-    from dpcompare.launch.mpirun import job_command
+
 
     return job_command(spec.np, [sys.executable, "-m", "dpcompare", "train",
                                  *train_argv(child_config(cfg, spec, run_dir))])
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env
 
 
 def tail(text: str, lines: int = ERROR_TAIL_LINES, chars: int = ERROR_TAIL_CHARS) -> str:
@@ -283,7 +276,7 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
         console.print(f"dpcompare compare: {len(specs)} runs ({', '.join(strategies)} × np "
                       f"{','.join(map(str, nps))} × {repeats} repeat{'s' if repeats > 1 else ''}) → {out}",
                       soft_wrap=True)
-    env = child_env()
+    env = job_env()
     with _Progress(console, progress, len(specs)) as bar:
         for spec in specs:
             run_dir = out / "runs" / spec.name

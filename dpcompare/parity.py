@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from dpcompare import checkpoint, models
 from dpcompare.config import TrainConfig
 from dpcompare.data import build_dataset
 from dpcompare.errors import ConfigError
-from dpcompare.launch.mpirun import job_command
+from dpcompare.launch.mpirun import job_command, job_env
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -49,14 +48,6 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
     add_train_options(p, strategy=False, out_default="runs/parity")
     p.set_defaults(func=run_parity)
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env
 
 
 def _has_batchnorm(cfg: TrainConfig) -> bool:
@@ -90,7 +81,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
     console.print(f"[bold]{cfg.strategy}[/] at np={np_ if cfg.strategy != 'single' else 1} "
                   f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
+    p = subprocess.run(cmd, capture_output=True, text=True, env=job_env())
     if p.returncode != 0:
         tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"{cfg.strategy} run failed (exit {p.returncode}):\n{tail}")

@@ -89,7 +89,7 @@ def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     if a.dry_run:
         return 0
     try:
-        rc = subprocess.run(cmd).returncode
+        rc = subprocess.run(cmd, env=mpirun.job_env()).returncode
     except FileNotFoundError:
         raise LaunchError(f"{cmd[0]} not found on PATH") from None
     return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention

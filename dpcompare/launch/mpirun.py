@@ -203,6 +203,16 @@ def local_cores() -> int:
         return os.cpu_count() or 1
 
 
+def job_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a job with: unbuffered output, and Open MPI's consent to run as root
+    (as in containers), which mpirun otherwise refuses."""
+    env = dict(os.environ if environ is None else environ, PYTHONUNBUFFERED="1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
 def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostfile: str | None = None,
                 use_srun: bool | None = None, flavor: str | None = None, mpi_net: str | None = None,
                 iface: str | None = None, environ: Mapping[str, str] | None = None,
