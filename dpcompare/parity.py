@@ -28,6 +28,7 @@ from dpcompare.launch.mpirun import job_command, job_env
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.cli import _positive, add_train_options
+    from dpcompare.compare import parse_strategies
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod for K steps and compare weights and losses tensor by tensor",
@@ -39,7 +40,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=_positive, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=_positive, default=100, help="optimizer steps per run (default: 100)")
-    p.add_argument("--strategies", default="ddp,horovod", help="strategies to compare (default: ddp,horovod)")
+    p.add_argument("--strategies", type=parse_strategies, default="ddp,horovod",
+                   help="strategies to compare, the first is the reference (default: ddp,horovod)")
     p.add_argument("--tolerance", type=float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
     p.add_argument("--single-tolerance", type=float, default=1e-5,
@@ -98,9 +100,9 @@ def run_parity(a: argparse.Namespace) -> int:
     from dpcompare.cli import config_from_args
 
     console = Console(highlight=False)
-    strategies = [s.strip() for s in a.strategies.split(",") if s.strip()]
-    if len(strategies) < 1:
-        raise ConfigError("--strategies needs at least one strategy")
+    strategies = [s for s in a.strategies if s != "single"]  # single is added below where it is exact
+    if not strategies:
+        raise ConfigError("--strategies needs a distributed strategy (ddp, horovod)")
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")

@@ -15,6 +15,8 @@ from conftest import DPCOMPARE, FAST, dpcompare, run
     (["train", "--batch-size", "0"], "at least 1"),
     (["train", "--input-shape", "a,b"], "not a shape"),
     (["nope"], "invalid choice"),
+    (["parity", "--strategies", "ddp,nope"], "unknown strategy nope"),
+    (["parity", "--strategies", "single"], "needs a distributed strategy"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
     p = run([DPCOMPARE, *args, "--out", str(tmp_path / "o")] if args[0] == "train" else [DPCOMPARE, *args],
