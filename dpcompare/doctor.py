@@ -1,4 +1,4 @@
-"""``dpcompare doctor``: what this machine can run (torch, MPI, mpi4py, Horovod's build, torchvision, GPUs)."""
+"""``dpcompare doctor``: what this machine can run (torch, MPI, mpi4py, each strategy's build, torchvision, GPUs)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpcompare import backends
 from dpcompare.versions import mpi_version, versions
-
-
-def _horovod() -> dict[str, Any]:
-    try:
-        import horovod.torch as hvd
-    except Exception as e:  # noqa: BLE001  (an ImportError, or a broken build raising anything)
-        return {"installed": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-    checks = {"controllers": {"MPI": hvd.mpi_built, "Gloo": hvd.gloo_built},
-              "tensor_operations": {"NCCL": hvd.nccl_built, "DDL": hvd.ddl_built, "CCL": hvd.ccl_built,
-                                    "MPI": hvd.mpi_built, "Gloo": hvd.gloo_built},
-              "frameworks": {"PyTorch": lambda: True}}
-    out: dict[str, Any] = {"installed": True}
-    for group, items in checks.items():
-        out[group] = {name: bool(fn()) for name, fn in items.items()}
-    out["cuda_built"] = bool(hvd.cuda_built())
-    return out
 
 
 def _mpi4py() -> dict[str, Any]:
@@ -52,7 +37,7 @@ def report() -> dict[str, Any]:
                               "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()},
         "mpi": {"mpirun": shutil.which("mpirun"), "version": mpi_version()},
         "mpi4py": _mpi4py(),
-        "horovod": _horovod(),
+        "strategies": {name: backends.get(name).build_info() for name in backends.names()},
         "torchvision": _torchvision(),
         "gpus": gpus,
     }
@@ -66,6 +51,7 @@ def short() -> str:
 
 def render(info: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     yes = lambda b: "[green]yes[/]" if b else "[red]no[/]"  # noqa: E731
@@ -78,14 +64,15 @@ def render(info: dict[str, Any]) -> None:
     t.add_row("torch.distributed", f"gloo {yes(td['gloo'])}  nccl {yes(td['nccl'])}  mpi {yes(td['mpi'])}")
     t.add_row("MPI", f"{info['mpi']['version'] or '[red]mpirun not found[/]'}  ({info['mpi']['mpirun']})")
     m = info["mpi4py"]
-    t.add_row("mpi4py", m["version"] if m["installed"] else f"[red]missing[/] ({m['error']})")
-    h = info["horovod"]
-    if h["installed"]:
-        t.add_row("horovod", v["horovod"] or "?")
-        t.add_row("  controllers", "  ".join(f"{k} {yes(b)}" for k, b in h["controllers"].items()))
-        t.add_row("  tensor operations", "  ".join(f"{k} {yes(b)}" for k, b in h["tensor_operations"].items()))
-    else:
-        t.add_row("horovod", f"[red]not usable[/] ({h['error']}); run make setup")
-    t.add_row("torchvision", info["torchvision"])
+    t.add_row("mpi4py", m["version"] if m["installed"] else f"[red]missing[/] ({escape(m['error'])})")
+    for name, h in info["strategies"].items():
+        if not h["installed"]:
+            t.add_row(f"strategy {name}", f"[red]not usable[/]: {escape(str(h['error']))}")
+            continue
+        t.add_row(f"strategy {name}", f"[green]ready[/] {h.get('version') or ''}")
+        for key in ("controllers", "tensor_operations"):
+            if key in h:
+                t.add_row(f"  {key.replace('_', ' ')}", "  ".join(f"{k} {yes(b)}" for k, b in h[key].items()))
+    t.add_row("torchvision", escape(info["torchvision"]))
     t.add_row("GPUs", ", ".join(info["gpus"]) or "none (CPU only: DDP uses gloo)")
     Console().print(t)

@@ -43,6 +43,17 @@ class Strategy(ABC):
     def version(cls) -> str | None:
         return None
 
+    @classmethod
+    def build_info(cls) -> dict[str, object]:
+        """What ``dpcompare doctor`` shows for this strategy: installed or not, version, build options."""
+        from dpcompare.errors import DpcompareError
+
+        try:
+            cls.check_available()
+        except (StrategyUnavailable, DpcompareError) as e:
+            return {"installed": False, "error": str(e)}
+        return {"installed": True, "version": cls.version()}
+
     # -- life cycle -----------------------------------------------------------------------------
     @abstractmethod
     def setup(self) -> None:

@@ -50,6 +50,20 @@ class HorovodStrategy(Strategy):
         except metadata.PackageNotFoundError:
             return None
 
+    @classmethod
+    def build_info(cls) -> dict[str, object]:
+        """Horovod's build, as ``horovodrun --check-build`` shows it."""
+        info = super().build_info()
+        if not info["installed"]:
+            return info
+        hvd = _hvd()
+        info["controllers"] = {"MPI": bool(hvd.mpi_built()), "Gloo": bool(hvd.gloo_built())}
+        info["tensor_operations"] = {name: bool(fn()) for name, fn in (
+            ("NCCL", hvd.nccl_built), ("DDL", hvd.ddl_built), ("CCL", hvd.ccl_built), ("MPI", hvd.mpi_built),
+            ("Gloo", hvd.gloo_built))}
+        info["cuda_built"] = bool(hvd.cuda_built())
+        return info
+
     def setup(self) -> None:
         hvd = _hvd()
         hvd.init()
