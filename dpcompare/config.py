@@ -47,13 +47,6 @@ class TrainConfig:
         d["input_shape"] = list(self.input_shape)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        if "input_shape" in kw:
-            kw["input_shape"] = tuple(kw["input_shape"])
-        return cls(**kw)
 
 
 # Settings whose change on resume is worth a line (others, like --out or --resume, are expected to differ).

@@ -24,10 +24,6 @@ class LaunchEnv:
     launcher: str = "none"
 
     @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
     def is_mpi(self) -> bool:
         """True when the processes share an MPI world (mpi4py can talk to the others)."""
         return self.launcher in ("openmpi", "mpich")
