@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
-# Idempotent set-up for dpcompare: Open MPI, .venv, torch, mpi4py, dpcompare (editable), Horovod.
-# Re-running it skips whatever is already in place; the Horovod wheel is cached outside the repo.
+# Idempotent set-up for dpcompare: Open MPI, .venv, torch (+ torchvision), mpi4py, dpcompare (editable),
+# Horovod. Re-running it skips whatever is already in place; the Horovod wheel is cached outside the repo.
+#
+# Flavours (DPCOMPARE_FLAVOUR):
+#   full (default)  torch 2.15.0 + torchvision 0.29.2 from PyPI (CUDA build; runs on CPU too), Horovod with
+#                   MPI + Gloo, and NCCL GPU operations when NCCL comes with torch. About 2.6 GB download,
+#                   5.5 GB venv, ~4 min for the first Horovod build.
+#   cpu             torch 2.13.0 CPU wheel, no torchvision (MNIST/CIFAR-10/ImageFolder/ResNet unavailable),
+#                   Horovod with MPI + Gloo. Small and fast: laptops and small CI.
+# DPCOMPARE_TORCH overrides the torch requirement(s) of either flavour (e.g. "torch==2.14.1 torchvision").
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${DPCOMPARE_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
-TORCH_SPEC=${DPCOMPARE_TORCH:-torch==2.13.0}     # any torch>=2.1 works; override on other machines
+FLAVOUR=${DPCOMPARE_FLAVOUR:-full}
+case "$FLAVOUR" in
+  full) DEFAULT_TORCH="torch==2.15.0 torchvision==0.29.2" ;;
+  cpu)  DEFAULT_TORCH="torch==2.13.0" ;;
+  *) echo "[setup] error: DPCOMPARE_FLAVOUR must be 'full' or 'cpu', not '$FLAVOUR'" >&2; exit 2 ;;
+esac
+TORCH_SPEC=${DPCOMPARE_TORCH:-$DEFAULT_TORCH}
 HOROVOD_VERSION=0.28.1
 CACHE=${DPCOMPARE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dpcompare}
 WITH_HOROVOD=${DPCOMPARE_WITH_HOROVOD:-1}
@@ -26,7 +40,7 @@ if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
   apt_install libopenmpi-dev openmpi-bin || \
     die "mpirun/mpicc not found: install Open MPI (Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin'; or 'module load openmpi' on a cluster) and re-run"
 fi
-# iproute2 lets the multi-host test make network namespaces (skipped, with the reason, without it).
+# iproute2: the multi-host test's network namespaces; cmake 3.x: Horovod's build.
 command -v ip >/dev/null || apt_install iproute2 || true
 command -v cmake >/dev/null || apt_install cmake || die "cmake not found: install cmake (>= 3.13, < 4) and re-run"
 
@@ -40,35 +54,74 @@ VPY="$VENV/bin/python"
 pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 
 # 3. torch (first, so nothing later pulls a different build), then the package itself.
-if ! "$VPY" -c 'import torch' 2>/dev/null; then
-  say "installing $TORCH_SPEC"
-  pipq "$TORCH_SPEC" || die "could not install $TORCH_SPEC; set DPCOMPARE_TORCH to a torch>=2.1 spec that your index has"
+# shellcheck disable=SC2086
+want_vision=0; case "$TORCH_SPEC" in *torchvision*) want_vision=1 ;; esac
+if ! "$VPY" -c 'import torch' 2>/dev/null || { [ "$want_vision" = 1 ] && ! "$VPY" -c 'import torchvision' 2>/dev/null; }; then
+  say "installing $TORCH_SPEC (flavour '$FLAVOUR')"
+  pipq $TORCH_SPEC || die "could not install '$TORCH_SPEC'; set DPCOMPARE_TORCH to torch>=2.1 specs that your index has"
 fi
-if ! "$VPY" -c 'import dpcompare, mpi4py, pytest, ruff' 2>/dev/null \
+if ! "$VPY" -c 'import dpcompare, mpi4py, pytest, ruff, scipy' 2>/dev/null \
    || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
   say "installing dpcompare (editable) with its dependencies"
   pipq -e "$ROOT[dev]"
   touch "$VENV/.dpcompare-installed"
 fi
 
-# 4. Horovod 0.28.1, built once per (python, torch) and cached.
+# 4. Horovod 0.28.1, built once per (python, torch, NCCL or not) and cached.
 if [ "$WITH_HOROVOD" = 1 ] && ! "$VPY" -c 'import horovod.torch' 2>/dev/null; then
-  key=$("$VPY" -c 'import sys, torch; print(f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}")')
-  wheeldir="$CACHE/wheels/horovod-$HOROVOD_VERSION-$key"
+  # What torch brings: its version, whether it is a CUDA build, and pip's NCCL package if any.
+  read -r key torch_cuda nccl_dir < <("$VPY" - <<'EOF'
+import os, sys, torch
+cuda = torch.version.cuda or ""
+nccl = ""
+try:
+    import nvidia.nccl as n
+    nccl = os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0]
+except ImportError:
+    pass
+print(f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}", cuda or "-", nccl or "-")
+EOF
+)
+  cuda_home=""
+  if [ "$torch_cuda" != "-" ]; then
+    for c in "${CUDA_HOME:-}" /usr/local/cuda; do
+      [ -n "$c" ] && [ -x "$c/bin/nvcc" ] && { cuda_home=$c; break; }
+    done
+  fi
+  gpu_ops="cpu"
+  [ -n "$cuda_home" ] && [ "$nccl_dir" != "-" ] && [ -e "$nccl_dir/include/nccl.h" ] && gpu_ops="nccl"
+  wheeldir="$CACHE/wheels/horovod-$HOROVOD_VERSION-$key-$gpu_ops"
   if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
-    say "building Horovod $HOROVOD_VERSION for $key (about 6 minutes on 2 cores; cached in $wheeldir)"
+    say "building Horovod $HOROVOD_VERSION for $key ($gpu_ops; about 4-6 minutes on 2 cores; cached in $wheeldir)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     pipq cloudpickle psutil pyyaml packaging setuptools wheel
     "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
-    # torch >= 2.1 headers need C++17; Horovod 0.28.1 asks for C++14.
+    # torch >= 2.1 headers need C++17 (Horovod 0.28.1 asks for C++14); torch >= 2.15's ATen needs C++20
+    # in the torch extension.
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+    if "$VPY" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 15))'; then
+      sed -i 's/set(CMAKE_CXX_STANDARD 17)/set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
+    fi
+    build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+               HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 "MAKEFLAGS=-j$(nproc)")
     # Use the system CMake (3.x): pip's CMake 4 rejects the bundled gloo.
-    PATH=$(echo "$PATH" | tr ':' '\n' | grep -v "^$VENV/bin\$" | paste -sd:) \
-    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+    path=$(echo "$PATH" | tr ':' '\n' | grep -v "^$VENV/bin\$" | paste -sd:)
+    if [ -n "$cuda_home" ]; then
+      # The nvcc on PATH may be a wrapper that makes torch guess CUDA_HOME wrongly: name the toolkit.
+      path="$cuda_home/bin:$path"
+      build_env+=("CUDA_HOME=$cuda_home")
+    fi
+    if [ "$gpu_ops" = nccl ]; then
+      # Horovod wants NCCL_HOME/{include,lib/libnccl.so}; pip's package ships libnccl.so.2 only.
+      mkdir -p "$work/nccl/lib"
+      ln -s "$nccl_dir/include" "$work/nccl/include"
+      ln -s "$nccl_dir/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so"
+      build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED "HOROVOD_NCCL_HOME=$work/nccl")
+    fi
+    env PATH="$path" "${build_env[@]}" \
       "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src" >"$work/build.log" 2>&1 \
       || { tail -30 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
     mkdir -p "$wheeldir"
