@@ -8,7 +8,6 @@ library versions. Rank 0 writes it atomically (temporary file, fsync, rename).
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 import zipfile
@@ -22,6 +21,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from dpcompare.errors import CheckpointError
+from dpcompare.files import atomic_write
 
 FORMAT = "dpcompare-checkpoint"
 FORMAT_VERSION = 1
@@ -74,23 +74,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 def atomic_save(obj: object, path: str | Path) -> Path:
     """Write ``obj`` with torch.save so that ``path`` is either absent, the old file, or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def plain_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpcompare.cli import train_argv
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import RESULTS, SCHEMA, atomic_write_json
+from dpcompare.launch.env import under_launcher
 from dpcompare.launch.mpirun import job_command, job_env
+from dpcompare.options import train_argv
+from dpcompare.progress import ProgressLine
 
-RESULTS = "results.json"
-SCHEMA = 1
 REPORT_FILES = ("report.html", "plots")
 ERROR_TAIL_LINES = 40
 ERROR_TAIL_CHARS = 4000
@@ -179,12 +180,6 @@ def environment() -> dict[str, Any]:
                            for n in backends.names()}}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def prepare_out(out: Path, overwrite: bool) -> None:
     """Refuse a folder holding results unless --overwrite; with it, remove only what compare wrote."""
     if (out / RESULTS).exists() and not overwrite:
@@ -200,55 +195,15 @@ def prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _under_launcher() -> bool:
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", "HOROVOD_SIZE"):
-        if os.environ.get(var, "1") not in ("", "1"):
-            return True
-    return False
+def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
+    if rec["status"] == "ok":
+        msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.1f} ms"
+               f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
+    else:
+        from dpcompare.report.fmt import headline
 
-
-class _Progress:
-    """A rich bar on a terminal (with a line per finished run above it), a line per run otherwise."""
-
-    def __init__(self, console: Any, mode: str, total: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.console, self.total, self.done = console, total, 0
-        self.quiet = mode == "none"
-        use_bar = mode == "bar" or (mode == "auto" and console.is_terminal)
-        self.bar = (Progress(TextColumn("[bold]compare[/]"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
-                    if use_bar and not self.quiet else None)
-        self.task = self.bar.add_task("", total=total) if self.bar else None
-
-    def __enter__(self) -> _Progress:
-        if self.bar:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar:
-            self.bar.stop()
-
-    def start(self, spec: RunSpec) -> None:
-        if self.bar:
-            self.bar.update(self.task, description=f"running {spec.name}")
-
-    def finish(self, spec: RunSpec, rec: dict[str, Any]) -> None:
-        self.done += 1
-        if rec["status"] == "ok":
-            msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.1f} ms"
-                   f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
-        else:
-            from dpcompare.report.fmt import headline
-
-            msg = f"[red]FAILED[/] {headline(rec['error'])}"
-        line = f"[{self.done}/{self.total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"
-        if self.bar:
-            self.bar.update(self.task, advance=1)
-            self.bar.console.print(line, soft_wrap=True, markup=True, highlight=False)
-        elif not self.quiet:
-            self.console.print(line, soft_wrap=True, highlight=False)
+        msg = f"[red]FAILED[/] {headline(rec['error'])}"
+    return f"[{done}/{total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"
 
 
 def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int], repeats: int, out: Path, *,
@@ -258,7 +213,7 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
     from dpcompare.report import render
     from dpcompare.report.table import console_for_report
 
-    if _under_launcher():
+    if under_launcher():
         raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
     console = console or console_for_report()
     prepare_out(out, overwrite)
@@ -271,20 +226,20 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
                    "train_flags": train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))},
         "environment": environment(), "runs": [],
     }
-    _write_json(out / RESULTS, results)
+    atomic_write_json(out / RESULTS, results)
     if progress != "none":
         console.print(f"dpcompare compare: {len(specs)} runs ({', '.join(strategies)} × np "
                       f"{','.join(map(str, nps))} × {repeats} repeat{'s' if repeats > 1 else ''}) → {out}",
                       soft_wrap=True)
     env = job_env()
-    with _Progress(console, progress, len(specs)) as bar:
-        for spec in specs:
+    with ProgressLine(len(specs), "[bold]compare[/]", progress, console=console) as bar:
+        for done, spec in enumerate(specs, 1):
             run_dir = out / "runs" / spec.name
             run_dir.mkdir(parents=True, exist_ok=True)
             for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
                 (run_dir / stale).unlink(missing_ok=True)
             cmd = child_command(cfg, spec, run_dir)
-            bar.start(spec)
+            bar.update(description=f"running {spec.name}")
             rc, wall = launch(cmd, run_dir, env, run_timeout)
             summary_path = run_dir / "summary.json"
             try:
@@ -295,10 +250,11 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
             rec = run_record(spec, f"runs/{spec.name}", rc, wall, summary, metrics,
                              _read_text(run_dir / "stderr.log"), _read_text(run_dir / "stdout.log"), cmd)
             results["runs"].append(rec)
-            _write_json(out / RESULTS, results)
-            bar.finish(spec, rec)
+            atomic_write_json(out / RESULTS, results)
+            bar.update(advance=1)
+            bar.print(_finished_line(done, len(specs), spec, rec), markup=True)
     results["complete"] = True
-    _write_json(out / RESULTS, results)
+    atomic_write_json(out / RESULTS, results)
     render(out, console=console)
     failed = [r for r in results["runs"] if r["status"] != "ok"]
     if failed:
@@ -308,7 +264,7 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
 
 
 def _cmd_compare(a: argparse.Namespace) -> int:
-    from dpcompare.cli import config_from_args
+    from dpcompare.options import config_from_args
 
     cfg = config_from_args(a, strategy=a.strategies[0], out=a.out)
     timeout = a.run_timeout or None
@@ -317,7 +273,8 @@ def _cmd_compare(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.cli import _positive, add_train_options
+    from dpcompare.argtypes import nonneg_float, positive_int
+    from dpcompare.options import add_config_options
 
     p = sub.add_parser(
         "compare", help="A/B comparison: every strategy at every process count, repeated, with a report",
@@ -336,11 +293,11 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="process counts to run every strategy at (default: 2); include 1 for scaling efficiency")
     g.add_argument("--strategies", type=parse_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
                    help="strategies to compare; the first is the baseline of the verdicts (default: ddp,horovod)")
-    g.add_argument("--repeats", type=_positive, default=3,
+    g.add_argument("--repeats", type=positive_int, default=3,
                    help="runs of every (strategy, np); confidence intervals need at least 2 (default: 3)")
-    g.add_argument("--run-timeout", type=float, default=0, metavar="SECONDS",
+    g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--tensorboard", dest="tensorboard", action="store_true",
                    help="let every run write TensorBoard events (default: off for compare)")
-    add_train_options(p, strategy=False, out_default="runs/compare")
+    add_config_options(p, exclude=("strategy", "tensorboard"), defaults={"out": "runs/compare"})
     p.set_defaults(func=_cmd_compare, tensorboard=False)

@@ -1,46 +1,112 @@
-"""The run configuration shared by ``train``, ``parity`` and ``compare``."""
+"""The run configuration shared by ``train``, ``parity`` and ``compare``: one source of truth for options.
+
+Each :class:`TrainConfig` field carries, in its metadata, the flag that sets it, its help, its argparse
+type or choices, its group in ``--help`` and whether a resume should report it as changed. The command
+line (:mod:`dpcompare.options`), the flags handed to child jobs (``train_argv``) and the resume report
+are all derived from these fields, so a new knob is one field here plus the backend code that honours it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from dpcompare import argtypes as t
+
+TRAINING, OUTPUT, NETWORK = "training", "output and checkpoints", "network"
+
+
+def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
+        choices: Callable[[], list[str]] | list[str] | None = None, group: str = TRAINING, resume: bool = False,
+        metavar: str | None = None, hidden: bool = False) -> Any:
+    """A config field with its command-line description.
+
+    ``flag`` defaults to ``--field-name``; a boolean field that defaults to True needs a ``--no-...`` flag.
+    ``resume=True``: a resumed run that changes this setting says so. ``help``/``choices`` may be callables
+    (evaluated when the parser is built) for lists that come from registries.
+    """
+    return field(default=default, metadata={"flag": flag, "help": help, "type": type, "choices": choices,
+                                            "group": group, "resume": resume, "metavar": metavar,
+                                            "hidden": hidden})
+
+
+def _strategy_help() -> str:
+    from dpcompare import backends
+
+    return "how gradients are synchronised: " + "; ".join(
+        f"{n}: {backends.get(n).summary}" for n in backends.names())
+
+
+def _names(module: str) -> Callable[[], list[str]]:
+    def names() -> list[str]:
+        import importlib
+
+        return importlib.import_module(module).names()
+    return names
+
+
+def _described(module: str, table: str) -> Callable[[], str]:
+    def text() -> str:
+        import importlib
+
+        return "; ".join(f"{n}: {h}" for n, (_, h) in getattr(importlib.import_module(module), table).items())
+    return text
 
 
 @dataclass
 class TrainConfig:
-    strategy: str = "single"
-    model: str = "convnet"
-    dataset: str = "digits"
-    epochs: int = 5
-    batch_size: int = 32  # per process
-    lr: float = 0.05
-    scale_lr: bool = False  # multiply lr by the world size (one policy, applied to every strategy)
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 42
-    out: str = "runs/latest"
-    data_dir: str | None = None
-    width: int = 256
-    input_shape: tuple[int, ...] = (3, 32, 32)
-    samples: int = 1024
-    device: str = "auto"
-    threads: int = 0  # 0: cores / processes on this host
-    sync_bn: bool = False
-    checkpoint_every: int = 0
-    save_final: bool = False
-    resume: str | None = None
-    init_from: str | None = None
-    overwrite: bool = False
-    max_steps: int = 0  # stop after this many optimizer steps (0: run all epochs)
-    warmup_steps: int = 5  # excluded from timing
-    record_step_loss: bool = False
-    tensorboard: bool = True
-    progress: str = "auto"
-    iface: str | None = None
-    timeout: float = 300.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    # -- training ---------------------------------------------------------------------------------
+    strategy: str = opt("single", _strategy_help, choices=_names("dpcompare.backends"), resume=True)
+    model: str = opt("convnet", _described("dpcompare.models", "MODELS"), choices=_names("dpcompare.models"),
+                     resume=True)
+    dataset: str = opt("digits", _described("dpcompare.data", "DATASETS"), choices=_names("dpcompare.data"),
+                       resume=True)
+    data_dir: str | None = opt(None, "folder holding mnist/cifar10/imagefolder data in torchvision's layout "
+                                     "(never downloaded)")
+    epochs: int = opt(5, "epochs to train", type=t.nonneg_int)
+    batch_size: int = opt(32, "batch size PER PROCESS; the global batch is this × processes", type=t.positive_int,
+                          resume=True)
+    lr: float = opt(0.05, "learning rate", type=t.positive_float, resume=True)
+    scale_lr: bool = opt(False, "multiply --lr by the number of processes (linear scaling), the same for every "
+                                "strategy", resume=True)
+    optimizer: str = opt("sgd", "optimizer", choices=["sgd", "adam"], resume=True)
+    momentum: float = opt(0.9, "SGD momentum", type=t.nonneg_float, resume=True)
+    weight_decay: float = opt(0.0, "weight decay", type=t.nonneg_float, resume=True)
+    seed: int = opt(42, "seeds weights and sampling", type=int, resume=True)
+    width: int = opt(256, "hidden units of mlp", type=t.positive_int, resume=True)
+    input_shape: tuple[int, ...] = opt((3, 32, 32), "shape of synthetic samples, C,H,W", type=t.shape)
+    samples: int = opt(1024, "synthetic dataset size", type=t.positive_int)
+    sync_bn: bool = opt(False, "synchronise BatchNorm statistics across processes (torch.nn.SyncBatchNorm / "
+                               "hvd.SyncBatchNorm; GPUs only)", resume=True)
+    device: str = opt("auto", "auto: one GPU per process when CUDA is available, else CPU",
+                      choices=["auto", "cpu", "cuda"], resume=True)
+    threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int)
+    max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
+                         type=t.nonneg_int)
+    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int)
+    record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
+    # -- output and checkpoints -------------------------------------------------------------------
+    out: str | None = opt(None, "output folder (default: runs/<strategy>-np<N>)", group=OUTPUT)
+    checkpoint_every: int = opt(0, "write OUT/checkpoints/epoch-<N>.pt every N epochs and at the end (0: never)",
+                                type=t.nonneg_int, group=OUTPUT, metavar="N")
+    save_final: bool = opt(False, "write a checkpoint after the last step even without --checkpoint-every",
+                           group=OUTPUT)
+    resume: str | None = opt(None, "continue from a checkpoint of any strategy and world size; auto: newest in OUT",
+                             group=OUTPUT, metavar="PATH|auto")
+    init_from: str | None = opt(None, "start from a state_dict (plain, or DDP's module.-prefixed keys) instead of "
+                                      "random weights", group=OUTPUT, metavar="PATH")
+    overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
+    tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard", flag="--no-tensorboard",
+                            group=OUTPUT)
+    progress: str = opt("auto", "auto: a progress bar on a terminal, one line per epoch otherwise",
+                        choices=["auto", "bar", "lines", "none"], group=OUTPUT)
+    # -- network ----------------------------------------------------------------------------------
+    iface: str | None = opt(None, "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME); "
+                                  "default: the one that reaches rank 0", group=NETWORK)
+    timeout: float = opt(300.0, "seconds a collective may wait for a lost process before failing",
+                         type=t.positive_float, group=NETWORK)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -48,7 +114,6 @@ class TrainConfig:
         return d
 
 
-
-# Settings whose change on resume is worth a line (others, like --out or --resume, are expected to differ).
-RESUME_RELEVANT = ("strategy", "world_size", "model", "dataset", "batch_size", "lr", "scale_lr", "optimizer",
-                   "momentum", "weight_decay", "seed", "width", "sync_bn", "device")
+def resume_relevant() -> tuple[str, ...]:
+    """Settings whose change on resume is worth a line (others, like --out, are expected to differ)."""
+    return ("world_size", *(f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("resume")))

@@ -76,3 +76,24 @@ def render(info: dict[str, Any]) -> None:
     t.add_row("torchvision", escape(info["torchvision"]))
     t.add_row("GPUs", ", ".join(info["gpus"]) or "none (CPU only: DDP uses gloo)")
     Console().print(t)
+
+
+def _cmd_doctor(a: Any) -> int:
+    if a.short:
+        print(short())
+        return 0
+    info = report()
+    if a.json:
+        import json
+
+        print(json.dumps(info, indent=2))
+    else:
+        render(info)
+    return 0
+
+
+def register(sub: Any, parser_class: type) -> None:
+    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs")
+    d.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    d.add_argument("--short", action="store_true", help="one line of versions")
+    d.set_defaults(func=_cmd_doctor)

@@ -5,6 +5,8 @@ class DpcompareError(Exception):
     """A user-facing error: the message says what is wrong and what to do."""
 
     exit_code = 2
+    #: True when only this process meets the error (its peers may not): every rank prints it then.
+    local = False
 
 
 class LaunchError(DpcompareError):

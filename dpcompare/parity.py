@@ -27,8 +27,9 @@ from dpcompare.launch.mpirun import job_command, job_env
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.cli import _positive, add_train_options
+    from dpcompare.argtypes import nonneg_float, positive_int
     from dpcompare.compare import parse_strategies
+    from dpcompare.options import add_config_options
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod for K steps and compare weights and losses tensor by tensor",
@@ -38,17 +39,17 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "Exit code 0 only when everything agrees within the tolerances.",
         epilog="example:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--np", type=_positive, default=2, help="processes per distributed run (default: 2)")
-    p.add_argument("--steps", type=_positive, default=100, help="optimizer steps per run (default: 100)")
+    p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
+    p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
     p.add_argument("--strategies", type=parse_strategies, default="ddp,horovod",
                    help="strategies to compare, the first is the reference (default: ddp,horovod)")
-    p.add_argument("--tolerance", type=float, default=1e-6,
+    p.add_argument("--tolerance", type=nonneg_float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
-    p.add_argument("--single-tolerance", type=float, default=1e-5,
+    p.add_argument("--single-tolerance", type=nonneg_float, default=1e-5,
                    help="largest allowed |difference| against one process with the global batch, whose batch "
                         "mean is summed in another order (default: 1e-5)")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
-    add_train_options(p, strategy=False, out_default="runs/parity")
+    add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
     p.set_defaults(func=run_parity)
 
 
@@ -76,7 +77,7 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
-    from dpcompare.cli import train_argv
+    from dpcompare.options import train_argv
 
     argv = [sys.executable, "-m", "dpcompare", "train", *train_argv(cfg)]
     cmd = job_command(np_, argv) if cfg.strategy != "single" else argv
@@ -97,7 +98,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
 
 
 def run_parity(a: argparse.Namespace) -> int:
-    from dpcompare.cli import config_from_args
+    from dpcompare.options import config_from_args
 
     console = Console(highlight=False)
     strategies = [s for s in a.strategies if s != "single"]  # single is added below where it is exact

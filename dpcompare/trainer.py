@@ -7,32 +7,31 @@ per epoch), ``summary.json``, checkpoints and TensorBoard events in ``OUT``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
 import resource
 import statistics
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch import nn
 
 from dpcompare import backends, checkpoint, models
 from dpcompare.backends.base import Strategy
-from dpcompare.config import RESUME_RELEVANT, TrainConfig
+from dpcompare.config import TrainConfig
 from dpcompare.data import build_dataset, eval_loader, train_loader
 from dpcompare.errors import ConfigError
+from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_text
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
+from dpcompare.options import changed_settings
+from dpcompare.progress import ProgressLine
 from dpcompare.versions import versions
-
-PHASES = ("data", "forward", "backward", "optimizer")
-RUN_FILES = ("metrics.jsonl", "summary.json")
 
 
 def effective_lr(cfg: TrainConfig, world_size: int) -> float:
@@ -69,52 +68,54 @@ def guard_out(cfg: TrainConfig, resuming: bool) -> None:
                           "--overwrite to replace it, or another --out")
 
 
-class _Reporter:
-    """Rank 0's progress: a rich bar on a terminal, one line per epoch otherwise."""
+class StepTiming(NamedTuple):
+    """Seconds one step spent in each phase (:data:`~dpcompare.files.PHASES`) and in all."""
 
-    def __init__(self, enabled: bool, mode: str, total_steps: int, single_process: bool) -> None:
-        self.console = Console(highlight=False)
-        self.enabled = enabled and mode != "none"
-        # mpirun gives every rank a pseudo-terminal even when its own output is a file: no bar there.
-        use_bar = mode == "bar" or (mode == "auto" and sys.stdout.isatty() and single_process)
-        self.progress = (Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=self.console)
-                         if self.enabled and use_bar else None)
-        self.task = self.progress.add_task("train", total=total_steps, info="") if self.progress else None
+    data: float
+    forward: float
+    backward: float
+    optimizer: float
+    total: float
 
-    def __enter__(self) -> _Reporter:
-        if self.progress:
-            self.progress.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.progress:
-            self.progress.stop()
+class PhaseTimer:
+    """Times the phases of one step; ``sync`` waits for the device so each phase holds its own work."""
 
-    def print(self, msg: str) -> None:
-        if self.enabled:
-            self.console.print(msg, soft_wrap=True)
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self.sync = sync
+        self.start = self.last = 0.0
+        self.laps: dict[str, float] = {}
 
-    def advance(self, epoch: int, last_epoch: int, loss: torch.Tensor) -> None:
-        if self.progress:  # formatting the loss costs a little: only when a bar shows it
-            self.progress.update(self.task, advance=1, info=f"epoch {epoch}/{last_epoch} loss {float(loss):.4f}")
+    def begin(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.laps = {}
+
+    def lap(self, phase: str) -> None:
+        self.sync()
+        now = time.perf_counter()
+        self.laps[phase] = now - self.last
+        self.last = now
+
+    def result(self) -> StepTiming:
+        """The step so far; its total includes the loop's own bookkeeping since ``begin``."""
+        return StepTiming(**self.laps, total=time.perf_counter() - self.start)
 
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def _timing_summary(strategy: Strategy, steps: list[tuple[float, ...]], samples_per_step: int) -> dict[str, Any]:
-    """Per-step (phases..., total) of every rank → global throughput (slowest rank decides) and step statistics."""
-    totals = [s[-1] for s in steps] or [0.0]
-    ph = list(zip(*steps, strict=True))[: len(PHASES)] if steps else [[0.0]] * len(PHASES)
-    mine = [statistics.median(totals) * 1e3, float(np.percentile(totals, 95)) * 1e3,
-            *(statistics.median(p) * 1e3 for p in ph), sum(totals), float(len(steps)), _peak_rss_mb()]
-    table = strategy.all_gather_floats(mine)
-    per_rank = [{"rank": r, "step_ms_median": row[0], "step_ms_p95": row[1],
-                 **{f"{p}_ms": row[2 + i] for i, p in enumerate(PHASES)},
-                 "measured_seconds": row[6], "measured_steps": int(row[7]), "peak_rss_mb": row[8]}
-                for r, row in enumerate(table)]
+def _timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step: int) -> dict[str, Any]:
+    """Every rank's timed steps → global throughput (the slowest rank decides) and step statistics."""
+    totals = [s.total for s in steps] or [0.0]
+    mine = {"step_ms_median": statistics.median(totals) * 1e3, "step_ms_p95": float(np.percentile(totals, 95)) * 1e3,
+            **{f"{p}_ms": statistics.median([getattr(s, p) for s in steps] or [0.0]) * 1e3 for p in PHASES},
+            "measured_seconds": sum(s.total for s in steps), "measured_steps": float(len(steps)),
+            "peak_rss_mb": _peak_rss_mb()}
+    table = strategy.all_gather_floats(list(mine.values()))
+    per_rank = [{"rank": r, **dict(zip(mine, row, strict=True))} for r, row in enumerate(table)]
+    for r in per_rank:
+        r["measured_steps"] = int(r["measured_steps"])
     slowest = max(per_rank, key=lambda r: r["measured_seconds"])
     measured = slowest["measured_steps"]
     sps = samples_per_step * measured / slowest["measured_seconds"] if slowest["measured_seconds"] > 0 else 0.0
@@ -146,14 +147,7 @@ def evaluate(model: nn.Module, strategy: Strategy, loader: Any) -> float:
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-
-
-def _config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return [f"{k} {old.get(k)!r} → {new.get(k)!r}" for k in RESUME_RELEVANT
-            if k in old and old.get(k) != new.get(k)]
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | None = None) -> dict[str, Any]:
@@ -162,6 +156,8 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     With ``strategy`` (already set up) the job runs inside that process group and leaves it up.
     """
     env = strategy.env if strategy else (env or detect_launch_env())
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=f"runs/{cfg.strategy}-np{env.world_size}")
     out = Path(cfg.out)
     resume_path = resolve_resume(cfg)
     guard_out(cfg, resuming=resume_path is not None or cfg.resume == "auto")
@@ -218,7 +214,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         history = [h for h in ckpt.get("history", []) if h["epoch"] <= start_epoch]
         notes.append(f"resuming from {resume_path} (epoch {start_epoch}, step {global_step}, written by "
                      f"{ckpt['strategy']} at np={ckpt['world_size']})")
-        changes = _config_changes(ckpt["config"], run_info)
+        changes = changed_settings(ckpt["config"], run_info)
         if changes:
             notes.append("differs from the checkpoint's run: " + ", ".join(changes))
     strategy.broadcast_initial_state(model, optimizer)
@@ -243,7 +239,9 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             writer = SummaryWriter(str(out / "tensorboard"))
 
     n_params = sum(p.numel() for p in strategy.unwrap_model(model).parameters())
-    rep = _Reporter(main, cfg.progress, max(total_steps - global_step, 0), strategy.env.launcher == "none")
+    # mpirun gives every rank a pseudo-terminal even when its output is a file: a bar only for one process.
+    rep = ProgressLine(max(total_steps - global_step, 0), "train", cfg.progress, enabled=main,
+                       bar_allowed=strategy.env.launcher == "none")
     rep.print(f"dpcompare: {strategy.name} · {world} process{'es' if world > 1 else ''} ({strategy.env.launcher}) "
               f"· {device} · {cfg.model} ({n_params:,} parameters) · {cfg.dataset} "
               f"({len(data.train)} train / {len(data.test)} test) · batch {cfg.batch_size}/process, "
@@ -251,8 +249,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     for n in notes:
         rep.print(n)
 
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    step_times: list[tuple[float, ...]] = []
+    timer = PhaseTimer(torch.cuda.synchronize if device.type == "cuda" else (lambda: None))
+    step_times: list[StepTiming] = []
     step_losses: list[float] = []
     done_steps = 0
     model.train()
@@ -266,21 +264,17 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             for _ in range(steps_per_epoch):
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
-                t0 = time.perf_counter()
+                timer.begin()
                 x, y = next(it)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                sync()
-                t1 = time.perf_counter()
+                timer.lap("data")
                 optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
                 loss = criterion(model(x), y)
-                sync()
-                t2 = time.perf_counter()
+                timer.lap("forward")
                 loss.backward()
-                sync()
-                t3 = time.perf_counter()
+                timer.lap("backward")
                 optimizer.step()
-                sync()
-                t4 = time.perf_counter()
+                timer.lap("optimizer")
                 global_step += 1
                 done_steps += 1
                 lval = loss.detach().to(torch.float64).cpu()
@@ -288,9 +282,10 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 seen += len(y)
                 if cfg.record_step_loss:
                     step_losses.append(float(strategy.all_reduce(lval, "mean")))
-                rep.advance(epoch, last_epoch, lval)
-                if done_steps > cfg.warmup_steps:  # the step's total includes this loop's own bookkeeping
-                    step_times.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, time.perf_counter() - t0))
+                if rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
+                    rep.update(1, f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
+                if done_steps > cfg.warmup_steps:
+                    step_times.append(timer.result())
             epoch_seconds = time.perf_counter() - t_epoch
             sums = strategy.all_reduce(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64)]), "sum")
             slowest = float(strategy.all_reduce(epoch_seconds, "max"))
@@ -326,7 +321,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     if main:
         if cfg.record_step_loss:
             (out / "step_losses.json").write_text(json.dumps(step_losses))
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_json(out / "summary.json", summary)
         if writer:
             writer.close()
         rep.print(f"done: final test accuracy {summary['final_test_accuracy']:.4f}, "

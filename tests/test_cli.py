@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import DPCOMPARE, FAST, dpcompare, run
+from conftest import DPCOMPARE, FAST, dpcompare, needs_mpi, run
 
 
 @pytest.mark.parametrize("args, words", [
@@ -54,7 +54,24 @@ def test_single_trains_and_refuses_to_overwrite(tmp_path):
     assert set(rows[0]) >= {"epoch", "train_loss", "test_accuracy", "samples_per_sec", "epoch_seconds"}
 
 
-def test_sync_bn_on_cpu_says_it_needs_a_gpu(tmp_path):
-    p = dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "1", "--sync-bn", "--device", "cpu",
-                  "--out", str(tmp_path / "o"), np=1, check=False)
-    assert p.returncode != 0 and "GPUs only" in p.stderr and "Traceback" not in p.stderr
+def _error_lines(stderr: str) -> list[str]:
+    """dpcompare's own error lines (mpirun adds a banner of its own after a non-zero exit)."""
+    return [ln for ln in stderr.splitlines() if ln.startswith("dpcompare")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("case, args, words", [
+    ("missing checkpoint", ["--resume", "/nonexistent.pt"], "does not exist"),
+    ("corrupt checkpoint", ["--resume", "{tmp}/corrupt.pt"], "corrupt.pt"),
+    ("sync-bn on CPU", ["--sync-bn", "--device", "cpu"], "GPUs only"),
+    ("single under mpirun", ["--strategy", "single"], "runs one process"),
+])
+def test_refusals_print_one_line_at_np2(tmp_path, case, args, words):
+    (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    strategy = [] if "--strategy" in args else ["--strategy", "ddp"]
+    p = dpcompare("train", *strategy, *FAST, "--epochs", "1", *args, "--out", str(tmp_path / "o"), np=2,
+                  check=False)
+    assert p.returncode == 2, p.stderr
+    lines = _error_lines(p.stderr)
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -11,37 +10,15 @@ from typing import Any
 import pytest
 
 from dpcompare import cli, compare
-from dpcompare.cli import train_argv
 from dpcompare.config import TrainConfig
+from dpcompare.options import config_from_args
 from dpcompare.report import render
 
 from conftest import dpcompare, needs_horovod, needs_mpi
 
-# -- flags -------------------------------------------------------------------------------------------
-
 
 def _parse_train(argv: list[str]) -> TrainConfig:
-    return cli.config_from_args(cli.build_parser().parse_args(["train", *argv]))
-
-
-@pytest.mark.parametrize("cfg", [
-    TrainConfig(),
-    TrainConfig(strategy="horovod", model="mlp", dataset="synthetic", epochs=0, batch_size=7, lr=1e-05,
-                scale_lr=True, optimizer="adam", momentum=0.5, weight_decay=0.0001, seed=-3, out="runs/x y",
-                data_dir="/d", width=33, input_shape=(1, 9, 9), samples=100, device="cpu", threads=1, sync_bn=True,
-                checkpoint_every=2, resume="auto", init_from="w.pt", overwrite=True, max_steps=17, warmup_steps=0,
-                tensorboard=False, progress="none", iface="lo", timeout=12.5),
-], ids=["defaults", "everything-changed"])
-def test_train_argv_round_trips_through_the_train_parser(cfg: TrainConfig) -> None:
-    back = _parse_train(train_argv(cfg))
-    assert dataclasses.asdict(back) == dataclasses.asdict(cfg)
-
-
-def test_train_argv_leaves_defaults_out_and_refuses_what_has_no_flag() -> None:
-    assert train_argv(TrainConfig(out=None)) == []  # type: ignore[arg-type]
-    assert train_argv(TrainConfig(epochs=2, out=None), skip=("epochs",)) == []  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="extra"):
-        train_argv(TrainConfig(extra={"x": 1}))
+    return config_from_args(cli.build_parser().parse_args(["train", *argv]))
 
 
 def test_child_command_is_mpirun_python_m_dpcompare_train(tmp_path: Path) -> None:

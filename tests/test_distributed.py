@@ -7,7 +7,8 @@ import torch
 
 from conftest import FAST, dpcompare, needs_horovod, needs_mpi, summary
 
-pytestmark = [needs_mpi, needs_horovod, pytest.mark.mpi]
+pytestmark = [needs_mpi]
+HOROVOD = pytest.param("horovod", marks=needs_horovod)
 
 SUMMARY_KEYS = {"strategy", "world_size", "model", "dataset", "epochs", "batch_size", "global_batch_size", "lr",
                 "seed", "final_train_loss", "final_test_accuracy", "samples_per_sec", "versions"}
@@ -25,22 +26,31 @@ def _tensors(ck):
     return out
 
 
+class Trained:
+    """One 4-epoch np=2 run per strategy, trained the first time a test asks for it (so a missing Horovod
+    skips, or under CI fails, only the tests that need Horovod)."""
+
+    def __init__(self, base):
+        self.base = base
+        self.stdout: dict[str, str] = {}
+
+    def __call__(self, strategy: str):
+        out = self.base / strategy
+        if strategy not in self.stdout:
+            p = dpcompare("train", "--strategy", strategy, *FAST, "--epochs", "4", "--checkpoint-every", "2",
+                          "--out", str(out), np=2)
+            self.stdout[strategy] = p.stdout
+        return out
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("dist")
-    outs = {}
-    for strategy in ("ddp", "horovod"):
-        outs[strategy] = base / strategy
-        p = dpcompare("train", "--strategy", strategy, *FAST, "--epochs", "4", "--checkpoint-every", "2",
-                      "--out", str(outs[strategy]), np=2)
-        outs[strategy + ".stdout"] = p.stdout
-    outs["base"] = base
-    return outs
+def trained(tmp_path_factory):
+    return Trained(tmp_path_factory.mktemp("dist"))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "horovod"])
-def test_each_strategy_writes_its_files_and_learns(runs, strategy):
-    out = runs[strategy]
+@pytest.mark.parametrize("strategy", ["ddp", HOROVOD])
+def test_each_strategy_writes_its_files_and_learns(trained, strategy):
+    out = trained(strategy)
     s = summary(out)
     assert set(s) >= SUMMARY_KEYS
     assert (s["strategy"], s["world_size"], s["global_batch_size"], s["launcher"]) == (strategy, 2, 64, "openmpi")
@@ -49,48 +59,51 @@ def test_each_strategy_writes_its_files_and_learns(runs, strategy):
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4] and rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert s["timing"]["samples_per_sec"] > 0 and len(s["timing"]["per_rank"]) == 2
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-2.pt", "epoch-4.pt"]
-    assert "global 64" in runs[strategy + ".stdout"]  # the global batch is printed
+    assert "global 64" in trained.stdout[strategy]  # the global batch is printed
 
 
-def test_same_seed_same_numbers_under_both_strategies(runs):
-    a, b = summary(runs["ddp"]), summary(runs["horovod"])
-    assert abs(a["final_train_loss"] - b["final_train_loss"]) <= 1e-5
-    ta, tb = _tensors(_ckpt(runs["ddp"], 4)), _tensors(_ckpt(runs["horovod"], 4))
+@needs_horovod
+def test_same_seed_same_numbers_under_both_strategies(trained):
+    """The README claims exact equality (0.0) on CPU: assert exactly that."""
+    a, b = summary(trained("ddp")), summary(trained("horovod"))
+    assert a["final_train_loss"] == b["final_train_loss"]
+    ta, tb = _tensors(_ckpt(trained("ddp"), 4)), _tensors(_ckpt(trained("horovod"), 4))
     assert ta.keys() == tb.keys()
-    worst = max(float((ta[k].double() - tb[k].double()).abs().max()) for k in ta)
-    assert worst <= 1e-6
+    assert all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
-def test_stopped_and_resumed_ends_bit_identical(runs):
-    out = runs["base"] / "ddp-stopped"
+def test_stopped_and_resumed_ends_bit_identical(trained):
+    out = trained.base / "ddp-stopped"
     dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "2", "--checkpoint-every", "2", "--out", str(out), np=2)
     dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume", "auto",
               "--out", str(out), np=2)
-    ta, tb = _tensors(_ckpt(runs["ddp"], 4)), _tensors(_ckpt(out, 4))
+    ta, tb = _tensors(_ckpt(trained("ddp"), 4)), _tensors(_ckpt(out, 4))
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
-def test_horovod_resume_is_bit_identical(runs):
-    out = runs["base"] / "hvd-resumed"
+@needs_horovod
+def test_horovod_resume_is_bit_identical(trained):
+    out = trained.base / "hvd-resumed"
     dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume",
-              str(runs["horovod"] / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=2)
-    ta, tb = _tensors(_ckpt(runs["horovod"], 4)), _tensors(_ckpt(out, 4))
+              str(trained("horovod") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=2)
+    ta, tb = _tensors(_ckpt(trained("horovod"), 4)), _tensors(_ckpt(out, 4))
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
 @pytest.fixture(scope="module")
-def ddp_to_horovod_np1(runs):
-    out = runs["base"] / "ddp2-to-hvd1"
+def ddp_to_horovod_np1(trained):
+    out = trained.base / "ddp2-to-hvd1"
     p = dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--save-final", "--resume",
-                  str(runs["ddp"] / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=1)
+                  str(trained("ddp") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=1)
     return out, p.stdout
 
 
-def test_ddp_checkpoint_resumes_under_horovod_at_np1(runs, ddp_to_horovod_np1):
+@needs_horovod
+def test_ddp_checkpoint_resumes_under_horovod_at_np1(trained, ddp_to_horovod_np1):
     out, stdout = ddp_to_horovod_np1
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    first_ddp = json.loads((runs["ddp"] / "metrics.jsonl").read_text().splitlines()[0])
+    first_ddp = json.loads((trained("ddp") / "metrics.jsonl").read_text().splitlines()[0])
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]  # epochs 1-2 from the checkpoint's history
     assert rows[2]["train_loss"] < first_ddp["train_loss"] / 3  # continues, no fall back to the initial loss
     assert summary(out)["final_test_accuracy"] >= 0.9
@@ -99,9 +112,10 @@ def test_ddp_checkpoint_resumes_under_horovod_at_np1(runs, ddp_to_horovod_np1):
     assert "strategy 'ddp' → 'horovod'" in diff_lines[0] and "world_size 2 → 1" in diff_lines[0]
 
 
-def test_np1_checkpoint_resumes_under_ddp_at_np2(runs, ddp_to_horovod_np1):
+@needs_horovod
+def test_np1_checkpoint_resumes_under_ddp_at_np2(trained, ddp_to_horovod_np1):
     src, _ = ddp_to_horovod_np1
-    out = runs["base"] / "hvd1-to-ddp2"
+    out = trained.base / "hvd1-to-ddp2"
     p = dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "5", "--resume",
                   str(src / "checkpoints" / "epoch-4.pt"), "--out", str(out), np=2)
     assert "world_size 1 → 2" in p.stdout
@@ -109,14 +123,16 @@ def test_np1_checkpoint_resumes_under_ddp_at_np2(runs, ddp_to_horovod_np1):
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5] and summary(out)["final_test_accuracy"] >= 0.9
 
 
+@needs_horovod
 def test_parity_command_passes_for_convnet(tmp_path):
     p = dpcompare("parity", "--np", "2", *FAST, "--steps", "30", "--out", str(tmp_path / "p"))
     res = json.loads((tmp_path / "p" / "parity.json").read_text())
-    assert res["passed"] and res["diffs"]["horovod"]["weights_max"] <= 1e-6
+    assert res["passed"] and res["diffs"]["horovod"]["weights_max"] == 0.0  # exact on CPU, as the README says
     assert "single" not in res["diffs"] and "BatchNorm" in res["note"]  # skipped, and it says why
     assert "PASS" in p.stdout and "fc.weight" in p.stdout
 
 
+@needs_horovod
 def test_parity_includes_single_for_mlp_and_fails_when_too_strict(tmp_path):
     args = ("parity", "--np", "2", "--model", "mlp", "--width", "64", "--dataset", "digits", "--threads", "1",
             "--steps", "30")
@@ -135,7 +151,7 @@ def test_parity_refuses_to_overwrite(tmp_path):
     assert p.returncode == 2 and "--overwrite" in p.stderr
 
 
-def test_torchrun_launch_gives_the_same_numbers(runs, tmp_path):
+def test_torchrun_launch_gives_the_same_numbers(trained, tmp_path):
     from conftest import BIN, mpi_env, run
 
     out = tmp_path / "tr"
@@ -143,5 +159,5 @@ def test_torchrun_launch_gives_the_same_numbers(runs, tmp_path):
          "--epochs", "1", "--out", str(out)], env=mpi_env())
     s = summary(out)
     assert (s["launcher"], s["world_size"]) == ("torchrun", 2)
-    first = json.loads((runs["ddp"] / "metrics.jsonl").read_text().splitlines()[0])
+    first = json.loads((trained("ddp") / "metrics.jsonl").read_text().splitlines()[0])
     assert s["final_train_loss"] == pytest.approx(first["train_loss"], abs=1e-6)

@@ -63,7 +63,7 @@ def test_other_errors_are_not_lost_peers(exc: BaseException) -> None:
 
 
 def test_main_reports_a_lost_peer_in_one_line(monkeypatch, capsys) -> None:
-    import dpcompare.cli as cli
+    import dpcompare.train_command as cli
 
     def boom(a: object) -> int:
         try:
@@ -170,12 +170,12 @@ def test_mpirun_job_ends_when_a_rank_is_killed(tmp_path: Path, strategy: str) ->
         text = out.rest()
     finally:
         _kill_group(p)
-    assert rc != 0, text[-3000:]
-    assert elapsed < END_WITHIN_S
-    assert re.search(r"\brank 1\b", text), text[-3000:]  # mpirun's "process rank 1 ... signal 9" or ours
+    assert rc == 128 + signal.SIGKILL, text[-3000:]  # mpirun passes the victim's signal on
+    # mpirun names the lost rank ("... process rank 1 with PID ... exited on signal 9")
+    assert re.search(r"rank 1 with PID \d+ .*signal 9", text, re.S), text[-3000:]
     assert "Traceback" not in text, text[-3000:]
-    assert all(ln.startswith("dpcompare train: error: lost contact") for ln in text.splitlines()
-               if "lost contact" in ln)
+    lost = [ln for ln in text.splitlines() if "lost contact" in ln]
+    assert all(ln.startswith("dpcompare train: error: lost contact") for ln in lost) and len(lost) <= 1
     print(f"{strategy}: mpirun ended {elapsed:.2f} s after rank 1 was killed, exit {rc}")
 
 

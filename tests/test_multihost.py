@@ -23,7 +23,7 @@ import pytest
 
 from dpcompare.launch.mpirun import job_command
 
-from conftest import DPCOMPARE, FAST, dpcompare, mpi_env, needs_horovod, needs_mpi, run, summary
+from conftest import DPCOMPARE, FAST, dpcompare, missing, mpi_env, needs_horovod, needs_mpi, run, summary
 
 pytestmark = [needs_mpi, pytest.mark.mpi, pytest.mark.netns]
 
@@ -91,11 +91,11 @@ def _remove_namespace(ns: str) -> None:
 @pytest.fixture(scope="module")
 def two_hosts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TwoHosts:
     if sys.platform != "linux":
-        pytest.skip("network namespaces are Linux only")
+        missing("network namespaces are Linux only")
     if shutil.which("ip") is None:
-        pytest.skip("iproute2's `ip` is not installed (apt-get install iproute2)")
+        missing("iproute2's `ip` is not installed (apt-get install iproute2)")
     if os.geteuid() != 0:
-        pytest.skip("creating network namespaces needs root")
+        missing("creating network namespaces needs root")
     tag = secrets.token_hex(3)  # unique per run; interface names stay within 15 characters
     hosts = TwoHosts(f"dpc-{tag}-a", f"dpc-{tag}-b", f"dpc{tag}a", f"dpc{tag}b",
                      tmp_path_factory.mktemp("netns") / "agent.sh")
@@ -106,7 +106,7 @@ def two_hosts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     try:
         _ip("netns", "add", hosts.ns_a)
     except RuntimeError as e:
-        pytest.skip(f"cannot create a network namespace here ({e})")
+        missing(f"cannot create a network namespace here ({e})")
     _ip("netns", "add", hosts.ns_b)
     _ip("link", "add", hosts.veth_a, "type", "veth", "peer", "name", hosts.veth_b)
     for ns, veth, addr in ((hosts.ns_a, hosts.veth_a, HOST_A), (hosts.ns_b, hosts.veth_b, HOST_B)):

@@ -38,6 +38,7 @@ class Strategy(ABC):
     @classmethod
     def check_available(cls) -> None:
         """Raise :class:`StrategyUnavailable` with an install hint when the library is missing."""
+        return None  # torch's own strategies are always available
 
     @classmethod
     def version(cls) -> str | None:
@@ -59,6 +60,7 @@ class Strategy(ABC):
     def setup(self) -> None:
         """Join the other processes. After this, rank/world_size/device are valid."""
 
+    @abstractmethod
     def teardown(self) -> None:
         """Leave the process group. Safe to call twice."""
 
@@ -124,6 +126,7 @@ class Strategy(ABC):
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         return optimizer
 
+    @abstractmethod
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Make every rank start from rank 0's parameters, buffers and (if any) optimizer state.
 
@@ -131,10 +134,10 @@ class Strategy(ABC):
         optimizer's state would take an optimizer step on some libraries (see shared NOTES).
         """
 
-    # -- collectives ----------------------------------------------------------------------------
+    # -- collectives (every strategy implements them; `single` holds the one-process versions) ----------
+    @abstractmethod
     def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
         """Reduce over ranks; returns a new CPU float64 tensor (the input is not modified)."""
-        return torch.as_tensor(value, dtype=torch.float64).clone()
 
     def all_gather_floats(self, values: list[float]) -> list[list[float]]:
         """Every rank's list of floats (same length on each rank), indexed by rank."""
@@ -142,12 +145,11 @@ class Strategy(ABC):
         table[self.rank] = torch.tensor(values, dtype=torch.float64)
         return self.all_reduce(table, "sum").tolist()
 
+    @abstractmethod
     def broadcast_buffers(self, model: nn.Module) -> None:
         """Copy rank 0's buffers (BatchNorm running statistics) to every rank."""
 
-    def broadcast_object(self, obj: object, src: int = 0) -> object:
-        return obj
-
+    @abstractmethod
     def barrier(self) -> None:
         """Wait for every rank."""
 

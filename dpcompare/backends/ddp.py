@@ -95,11 +95,6 @@ class DDPStrategy(Strategy):
             for b in self.unwrap_model(model).buffers():
                 self._broadcast_(b)
 
-    def broadcast_object(self, obj: object, src: int = 0) -> object:
-        box = [obj]
-        dist.broadcast_object_list(box, src=src, device=self.device if self.backend == "nccl" else None)
-        return box[0]
-
     def barrier(self) -> None:
         if self.backend == "nccl":
             dist.barrier(device_ids=[self.device.index])

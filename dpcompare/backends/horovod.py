@@ -104,9 +104,6 @@ class HorovodStrategy(Strategy):
             for name, b in self.unwrap_model(model).named_buffers():
                 self._hvd.broadcast_(b, root_rank=0, name=f"dpcompare.buffer.{name}")
 
-    def broadcast_object(self, obj: object, src: int = 0) -> object:
-        return self._hvd.broadcast_object(obj, root_rank=src)
-
     def barrier(self) -> None:
         self._hvd.barrier()
 

@@ -1,8 +1,16 @@
-"""One process, no communication: the baseline every distributed run is compared with."""
+"""One process, no communication: the baseline every distributed run is compared with.
+
+It also holds the one-process versions of the collectives (the serial computation model): every
+strategy must implement them, so a new strategy that forgets one fails loudly instead of reporting
+rank-local metrics.
+"""
 
 from __future__ import annotations
 
-from dpcompare.backends.base import Strategy
+import torch
+from torch import nn
+
+from dpcompare.backends.base import ReduceOp, Strategy
 from dpcompare.backends.registry import register
 from dpcompare.errors import LaunchError
 
@@ -18,3 +26,18 @@ class SingleStrategy(Strategy):
             raise LaunchError(f"--strategy single runs one process but {self.env.launcher} started "
                               f"{self.env.world_size}; drop mpirun/srun or use --strategy ddp|horovod")
         _ = self.device
+
+    def teardown(self) -> None:
+        """No process group to leave."""
+
+    def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Nothing to agree on: one process."""
+
+    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
+        return torch.as_tensor(value, dtype=torch.float64).detach().clone().cpu()
+
+    def broadcast_buffers(self, model: nn.Module) -> None:
+        """One process: its buffers are rank 0's."""
+
+    def barrier(self) -> None:
+        """Nobody to wait for."""

@@ -120,7 +120,8 @@ def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.cli import _nonneg, _positive
+    from dpcompare.argtypes import nonneg_int as _nonneg
+    from dpcompare.argtypes import positive_int as _positive
 
     p = sub.add_parser("launch", help="print and run the mpirun (or srun) line that starts N processes",
                        description=LAUNCH_DESCRIPTION, epilog=LAUNCH_EPILOG,

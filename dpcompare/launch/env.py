@@ -105,3 +105,27 @@ def detect_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
             raise LaunchError(f"inconsistent launch environment: local rank {local_rank} ({local_var})")
         return LaunchEnv(rank, size, local_rank, max(local_size, local_rank + 1), spec.name)
     return LaunchEnv()
+
+
+def launcher_rank_size(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(rank, size) from the first launcher whose variables are set, without validating them; None if none."""
+    env = os.environ if env is None else env
+    for spec in LAUNCHERS:
+        if spec.rank in env or spec.size in env:
+            try:
+                return int(env.get(spec.rank, "0").split("(")[0]), int(env.get(spec.size, "1").split("(")[0].split(",")[0])
+            except ValueError:
+                return 0, 1
+    return None
+
+
+def reporting_rank(env: Mapping[str, str] | None = None) -> bool:
+    """True on the one process that prints what every rank would print alike (rank 0, or a lone process)."""
+    rs = launcher_rank_size(env)
+    return rs is None or rs[0] == 0
+
+
+def under_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """True when a launcher started this process as one of several."""
+    rs = launcher_rank_size(env)
+    return rs is not None and rs[1] > 1

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.errors import ConfigError
+from dpcompare.files import RESULTS, SCHEMA
 
-RESULTS = "results.json"
-SCHEMA = 1
 _RUN_KEYS = {"strategy": str, "np": int, "repeat": int, "status": str}
 
 

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dpcompare.files import PHASES
 from dpcompare.report import fmt
 from dpcompare.report.plots import Plot, colors
-from dpcompare.report.stats import PHASES, Group, Verdict, phase_shifts, strategy_order
+from dpcompare.report.stats import Group, Verdict, phase_shifts, strategy_order
 
 CSS = """
 :root { --fg:#1f2328; --muted:#626a73; --line:#e3e6ea; --bg:#f6f7f9; --ok:#1a7f37; --bad:#c0303a; --accent:#3b6fb6; }

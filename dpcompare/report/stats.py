@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-PHASES = ("data", "forward", "backward", "optimizer")
+from dpcompare.files import PHASES
+
 CONFIDENCE = 0.95
 
 

@@ -9,8 +9,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.stats import PHASES, Group, Verdict
+from dpcompare.report.stats import Group, Verdict
 
 PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 

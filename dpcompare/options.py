@@ -1,0 +1,90 @@
+"""Command-line options derived from :class:`~dpcompare.config.TrainConfig`'s field metadata.
+
+``add_config_options`` adds one flag per field, ``config_from_args`` reads them back, and ``train_argv``
+is the inverse: the ``dpcompare train`` flags that rebuild a config, for the child jobs that ``compare``,
+``parity`` and ``launch`` start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from dpcompare.config import TrainConfig
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def flag_of(name: str) -> str:
+    return _FIELDS[name].metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = (),
+                       defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
+    """One flag per TrainConfig field (but ``exclude``), grouped as in ``--help``.
+
+    ``defaults`` replaces a field's default in this parser (e.g. ``compare``'s own ``--out``); ``helps``
+    replaces its help text.
+    """
+    defaults, helps = defaults or {}, helps or {}
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, f in _FIELDS.items():
+        if name in exclude:
+            continue
+        md = f.metadata
+        g = groups.get(md["group"]) or groups.setdefault(md["group"], p.add_argument_group(md["group"]))
+        default = defaults.get(name, f.default)
+        text = helps.get(name) or md["help"]
+        text = text() if callable(text) else text
+        kw: dict[str, Any] = {"dest": name, "default": default}
+        if isinstance(f.default, bool):
+            kw["action"] = "store_false" if f.default else "store_true"
+        else:
+            if md["type"]:
+                kw["type"] = md["type"]
+            if md["choices"] is not None:
+                kw["choices"] = md["choices"]() if callable(md["choices"]) else md["choices"]
+            if md["metavar"]:
+                kw["metavar"] = md["metavar"]
+            if default is not None and "default:" not in text:
+                text += f" (default: {_default_text(default)})"
+        kw["help"] = argparse.SUPPRESS if md["hidden"] else text
+        g.add_argument(flag_of(name), **kw)
+
+
+def config_from_args(a: argparse.Namespace, **override: Any) -> TrainConfig:
+    kw = {name: getattr(a, name) for name in _FIELDS if hasattr(a, name)}
+    kw.update(override)
+    return TrainConfig(**kw)
+
+
+def train_argv(cfg: TrainConfig, skip: Sequence[str] = ()) -> list[str]:
+    """``dpcompare train`` flags that rebuild ``cfg`` exactly; settings at their default are left out."""
+    argv: list[str] = []
+    for name, f in _FIELDS.items():
+        value = getattr(cfg, name)
+        if name in skip or value == f.default:
+            continue
+        flag = flag_of(name)
+        if isinstance(f.default, bool):
+            argv.append(flag)  # the flag flips the default, and value != default
+        elif value is None:
+            raise ValueError(f"{name}=None cannot be written as {flag}")
+        else:
+            argv += [flag, _default_text(value) if isinstance(value, tuple | list) else str(value)]
+    return argv
+
+
+def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Resume-relevant settings that differ between a checkpoint's run and this one, as ``k old → new``."""
+    from dpcompare.config import resume_relevant
+
+    return [f"{k} {old.get(k)!r} → {new.get(k)!r}" for k in resume_relevant() if k in old and old.get(k) != new.get(k)]

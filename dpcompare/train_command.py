@@ -1,0 +1,33 @@
+"""``dpcompare train``: one training job under one strategy, in every process the launcher starts."""
+
+from __future__ import annotations
+
+import argparse
+
+from dpcompare.options import add_config_options, config_from_args
+
+EPILOG = """examples:
+  dpcompare train --strategy single --epochs 5
+  mpirun -np 2 dpcompare train --strategy ddp --out runs/ddp
+  mpirun -np 2 dpcompare train --strategy horovod --out runs/hvd
+  mpirun -np 2 dpcompare train --strategy ddp --resume auto --out runs/ddp"""
+
+
+def _cmd_train(a: argparse.Namespace) -> int:
+    from dpcompare.launch.env import detect_launch_env
+    from dpcompare.trainer import train
+
+    env = detect_launch_env()
+    if a.out is None:
+        a.out = f"runs/{a.strategy}-np{env.world_size}"
+    train(config_from_args(a), env)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    t = sub.add_parser("train", help="train one model under one strategy (run it under mpirun/srun/torchrun)",
+                       description="Train one model under one strategy. Every process runs this same command; "
+                                   "the launcher (mpirun, srun, torchrun) decides how many there are.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_options(t)
+    t.set_defaults(func=_cmd_train)
