@@ -45,8 +45,9 @@ def report() -> dict[str, Any]:
 
 def short() -> str:
     v = versions()
-    return (f"dpcompare {v['dpcompare']} · torch {v['torch']} · horovod {v['horovod'] or 'absent'} · "
-            f"{v['mpi'] or 'no MPI'}")
+    tv = _torchvision()
+    return (f"dpcompare {v['dpcompare']} · torch {v['torch']} · torchvision {tv if tv[0].isdigit() else 'absent'} "
+            f"· horovod {v['horovod'] or 'absent'} · {v['mpi'] or 'no MPI'}")
 
 
 def render(info: dict[str, Any]) -> None:
@@ -59,7 +60,8 @@ def render(info: dict[str, Any]) -> None:
     t.add_column(style="bold")
     t.add_column()
     v = info["versions"]
-    t.add_row("python / torch", f"{v['python']} / {v['torch']}")
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    t.add_row("python / torch", f"{v['python']} / {v['torch']} ({build})")
     td = info["torch_distributed"]
     t.add_row("torch.distributed", f"gloo {yes(td['gloo'])}  nccl {yes(td['nccl'])}  mpi {yes(td['mpi'])}")
     t.add_row("MPI", f"{info['mpi']['version'] or '[red]mpirun not found[/]'}  ({info['mpi']['mpirun']})")
