@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from dpcompare.cli import main
+
 from conftest import DPCOMPARE, FAST, dpcompare, needs_mpi, run
 
 
@@ -18,13 +20,19 @@ from conftest import DPCOMPARE, FAST, dpcompare, needs_mpi, run
     (["parity", "--strategies", "ddp,nope"], "unknown strategy nope"),
     (["parity", "--strategies", "single"], "needs a distributed strategy"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
-    p = run([DPCOMPARE, *args, "--out", str(tmp_path / "o")] if args[0] == "train" else [DPCOMPARE, *args],
-            check=False, cwd=tmp_path)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1, p.stderr
-    assert words in lines[0] and "Traceback" not in p.stderr
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, words):
+    """In-process (no subprocess needed): the same main() the console script calls."""
+    monkeypatch.chdir(tmp_path)
+    argv = [*args, "--out", str(tmp_path / "o")] if args[0] == "train" else args
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse refusals
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert words in lines[0] and "Traceback" not in err
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
