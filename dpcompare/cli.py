@@ -67,7 +67,8 @@ def add_train_options(p: argparse.ArgumentParser, strategy: bool = True, out_def
                    help="; ".join(f"{n}: {h}" for n, (_, h) in models.MODELS.items()) + f" (default: {d.model})")
     g.add_argument("--dataset", choices=data.names(), default=d.dataset,
                    help="; ".join(f"{n}: {h}" for n, (_, h) in data.DATASETS.items()) + f" (default: {d.dataset})")
-    g.add_argument("--data-dir", help="folder holding mnist/cifar10 in torchvision's layout (never downloaded)")
+    g.add_argument("--data-dir", help="folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
+                                      "train/<class>/ and val/<class>/ image folders (never downloaded)")
     g.add_argument("--epochs", type=_nonneg, default=d.epochs, help=f"epochs to train (default: {d.epochs})")
     g.add_argument("--batch-size", type=_positive, default=d.batch_size,
                    help=f"batch size PER PROCESS; the global batch is this × processes (default: {d.batch_size})")
@@ -80,8 +81,11 @@ def add_train_options(p: argparse.ArgumentParser, strategy: bool = True, out_def
     g.add_argument("--seed", type=int, default=d.seed, help=f"seeds weights and sampling (default: {d.seed})")
     g.add_argument("--width", type=_positive, default=d.width, help=f"hidden units of mlp (default: {d.width})")
     g.add_argument("--input-shape", type=_shape, default=d.input_shape,
-                   help="shape of synthetic samples, C,H,W (default: 3,32,32)")
+                   help="C,H,W of synthetic samples; imagefolder resizes images to H,W, C 1 (grayscale) or 3 "
+                        "(RGB) (default: 3,32,32)")
     g.add_argument("--samples", type=_positive, default=d.samples, help="synthetic dataset size (default: 1024)")
+    g.add_argument("--augment", action="store_true", help="cifar10/imagefolder: random crop (pad 4) + horizontal "
+                   "flip, the same for every strategy (seeded by --seed, epoch and sample)")
     g.add_argument("--sync-bn", action="store_true",
                    help="synchronise BatchNorm statistics across processes (torch.nn.SyncBatchNorm / hvd.SyncBatchNorm)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

@@ -25,6 +25,7 @@ class TrainConfig:
     width: int = 256
     input_shape: tuple[int, ...] = (3, 32, 32)
     samples: int = 1024
+    augment: bool = False  # random crop + flip of cifar10/imagefolder, seeded by (seed, epoch, index)
     device: str = "auto"
     threads: int = 0  # 0: cores / processes on this host
     sync_bn: bool = False
