@@ -66,9 +66,10 @@ AUGMENTABLE = ("cifar10", "imagefolder")
 class SeededAugment(Dataset):
     """Random crop (padding 4) and horizontal flip whose randomness depends on (seed, epoch, index) only.
 
-    torchvision's ``RandomCrop``/``RandomHorizontalFlip`` draw from the global RNG, which DDP and Horovod
-    consume differently; here every sample gets its own generator, so the batches are the same bit for bit
-    under every strategy and world size. ``train_loader``'s sampler calls :meth:`set_epoch`.
+    torchvision's ``RandomCrop``/``RandomHorizontalFlip`` draw from the global RNG, whose state depends on
+    whatever drew from it before (a strategy's setup, a resume); here every sample gets its own generator, so
+    the batches are the same bit for bit under every strategy and world size. ``train_loader``'s sampler
+    calls :meth:`set_epoch`.
     """
 
     def __init__(self, base: Dataset, finish: Callable[[Any], torch.Tensor], pad: int = CROP_PAD) -> None:
