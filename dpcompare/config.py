@@ -63,8 +63,8 @@ class TrainConfig:
                      resume=True)
     dataset: str = opt("digits", _described("dpcompare.data", "DATASETS"), choices=_names("dpcompare.data"),
                        resume=True)
-    data_dir: str | None = opt(None, "folder holding mnist/cifar10/imagefolder data in torchvision's layout "
-                                     "(never downloaded)")
+    data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
+                                     "train/<class>/ and val/<class>/ image folders (never downloaded)")
     epochs: int = opt(5, "epochs to train", type=t.nonneg_int)
     batch_size: int = opt(32, "batch size PER PROCESS; the global batch is this × processes", type=t.positive_int,
                           resume=True)
@@ -76,8 +76,11 @@ class TrainConfig:
     weight_decay: float = opt(0.0, "weight decay", type=t.nonneg_float, resume=True)
     seed: int = opt(42, "seeds weights and sampling", type=int, resume=True)
     width: int = opt(256, "hidden units of mlp", type=t.positive_int, resume=True)
-    input_shape: tuple[int, ...] = opt((3, 32, 32), "shape of synthetic samples, C,H,W", type=t.shape)
+    input_shape: tuple[int, ...] = opt((3, 32, 32), "C,H,W of synthetic samples; imagefolder resizes images to H,W, "
+                                                    "C 1 (grayscale) or 3 (RGB)", type=t.shape, resume=True)
     samples: int = opt(1024, "synthetic dataset size", type=t.positive_int)
+    augment: bool = opt(False, "cifar10/imagefolder: random crop (pad 4) + horizontal flip, the same for every "
+                               "strategy (seeded by --seed, epoch and sample)", resume=True)
     sync_bn: bool = opt(False, "synchronise BatchNorm statistics across processes (torch.nn.SyncBatchNorm / "
                                "hvd.SyncBatchNorm; GPUs only)", resume=True)
     device: str = opt("auto", "auto: one GPU per process when CUDA is available, else CPU",

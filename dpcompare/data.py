@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,32 +52,201 @@ def _synthetic(shape: tuple[int, ...] = (3, 32, 32), samples: int = 1024, num_cl
                       tuple(shape), num_classes)
 
 
-def _torchvision(name: str, data_dir: str | None, **_: object) -> DataBundle:
+# Mean and std per channel, as the tutorials normalise (ImageNet's for users' own images).
+_NORM = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)),
+    "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "imagefolder-gray": ((0.449,), (0.226,)),
+}
+CROP_PAD = 4
+AUGMENTABLE = ("cifar10", "imagefolder")
+
+
+class SeededAugment(Dataset):
+    """Random crop (padding 4) and horizontal flip whose randomness depends on (seed, epoch, index) only.
+
+    torchvision's ``RandomCrop``/``RandomHorizontalFlip`` draw from the global RNG, whose state depends on
+    whatever drew from it before (a strategy's setup, a resume); here every sample gets its own generator, so
+    the batches are the same bit for bit under every strategy and world size. ``train_loader``'s sampler
+    calls :meth:`set_epoch`.
+    """
+
+    def __init__(self, base: Dataset, finish: Callable[[Any], torch.Tensor], pad: int = CROP_PAD) -> None:
+        self.base, self.finish, self.pad = base, finish, pad
+        self.seed = self.epoch = 0
+
+    def set_epoch(self, seed: int, epoch: int) -> None:
+        self.seed, self.epoch = seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
+        from torchvision.transforms import functional as F
+
+        img, y = self.base[index]
+        state = np.random.SeedSequence([self.seed % 2**63, self.epoch, index]).generate_state(1, np.uint64)[0]
+        g = torch.Generator().manual_seed(int(state) >> 1)
+        top, left = torch.randint(0, 2 * self.pad + 1, (2,), generator=g).tolist()
+        flip = bool(torch.rand((), generator=g) < 0.5)
+        w, h = img.size  # a PIL image, like the tutorials' RandomCrop(size, padding=4) sees
+        img = F.crop(F.pad(img, [self.pad]), top, left, h, w)
+        return self.finish(F.hflip(img) if flip else img), y
+
+
+def _bundle(name: str, tv: Any, make: Callable[[bool, Any], Dataset], prep: list[Any],
+            norm: tuple[tuple[float, ...], tuple[float, ...]], augment: bool, shape: tuple[int, ...],
+            num_classes: int) -> DataBundle:
+    """Train and test sets from ``make(train, transform)``; the train set wrapped in SeededAugment if asked."""
+    T = tv.transforms
+    finish = T.Compose([T.ToTensor(), T.Normalize(*norm)])
+    full = T.Compose([*prep, finish])
+    train = (SeededAugment(make(True, T.Compose(prep) if prep else None), finish) if augment
+             else make(True, full))
+    return DataBundle(name, train, make(False, full), shape, num_classes)
+
+
+def _where(data_dir: str | None) -> str:
+    if not data_dir:
+        return "under --data-dir DIR (none given)"
+    return f"under --data-dir {data_dir}" + ("" if Path(data_dir).is_dir() else " (no such folder)")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())
+
+
+def _mnist(data_dir: str | None, **_: object) -> DataBundle:
+    tv = _import_tv("mnist")
+    cls = tv.datasets.MNIST
+    names = [Path(url).stem for url, _ in cls.resources]  # torchvision reads the uncompressed files
+    expected = f"{cls.__name__}/raw/{{{', '.join(names)}}}"
+    raw = Path(data_dir or ".") / cls.__name__ / "raw"
+    missing = [n for n in names if not (raw / n).is_file()]
+    legacy = all((raw.parent / "processed" / f).is_file() for f in (cls.training_file, cls.test_file))
+    if not data_dir or (missing and not legacy):
+        gz = [n for n in missing if (raw / f"{n}.gz").is_file()]
+        hint = (f"; {', '.join(n + '.gz' for n in gz)} must be gunzipped (torchvision does not read .gz)"
+                if gz else "; fetch them once with torchvision.datasets.MNIST(DIR, download=True) where there is "
+                           "network access")
+        raise ConfigError(f"--dataset mnist expects the uncompressed idx files {expected} {_where(data_dir)}"
+                          f"{'; missing ' + ', '.join(missing) if data_dir else ''}{hint}")
+
+    def make(train: bool, tf: Any) -> Dataset:
+        ds = cls(data_dir, train=train, download=False, transform=tf)
+        if len(ds.data) != len(ds.targets) or tuple(ds.data.shape[1:]) != (28, 28):
+            raise ValueError(f"{len(ds.data)} images of {tuple(ds.data.shape[1:])} but {len(ds.targets)} labels")
+        return ds
+
+    try:
+        return _check(_bundle("mnist", tv, make, [], _NORM["mnist"], False, (1, 28, 28), 10))
+    except Exception as e:  # noqa: BLE001  (torchvision's idx reader fails with AssertionError, RuntimeError...)
+        raise ConfigError(f"--dataset mnist: cannot read {expected} {_where(data_dir)} as MNIST idx files "
+                          f"(big-endian magic 2051/2049, 28x28 uint8 images, as many labels): {_one_line(e)}"
+                          ) from None
+
+
+def _cifar10(data_dir: str | None, augment: bool = False, **_: object) -> DataBundle:
+    tv = _import_tv("cifar10")
+    cls = tv.datasets.CIFAR10
+    entries = [*cls.train_list, *cls.test_list, [cls.meta["filename"], cls.meta["md5"]]]
+    expected = f"{cls.base_folder}/{{{', '.join(n for n, _ in entries)}}}"
+    folder = Path(data_dir or ".") / cls.base_folder
+    missing = [n for n, _ in entries if not (folder / n).is_file()]
+    if not data_dir or missing:
+        raise ConfigError(f"--dataset cifar10 expects the CIFAR-10 python version {expected} {_where(data_dir)}"
+                          f"{'; missing ' + ', '.join(missing) if data_dir else ''}; fetch it once with "
+                          "torchvision.datasets.CIFAR10(DIR, download=True) where there is network access")
+    # torchvision verifies every file's md5 against the official release, even with download=False.
+    from torchvision.datasets.utils import check_integrity
+
+    def make(train: bool, tf: Any) -> Dataset:
+        try:
+            return cls(data_dir, train=train, download=False, transform=tf)
+        except RuntimeError:
+            bad = [n for n, md5 in entries if not check_integrity(str(folder / n), md5)]
+            if not bad:
+                raise
+            raise ConfigError(f"--dataset cifar10: {', '.join(bad)} in {folder} differ from the official CIFAR-10 "
+                              f"python version (torchvision checks their md5); expected {expected}") from None
+
+    try:
+        return _check(_bundle("cifar10", tv, make, [], _NORM["cifar10"], augment, (3, 32, 32), 10))
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"--dataset cifar10: cannot read {expected} {_where(data_dir)}: {_one_line(e)}") from None
+
+
+IMAGE_SPLITS = (("train",), ("val", "test"))
+
+
+def _imagefolder(data_dir: str | None, shape: tuple[int, ...] = (3, 32, 32), augment: bool = False,
+                 **_: object) -> DataBundle:
+    tv = _import_tv("imagefolder")
+    exts = "|".join(tv.datasets.folder.IMG_EXTENSIONS)
+    expected = f"train/<class>/<image> and val/<class>/<image> (or test/<class>/<image>), images {exts}"
+    if len(shape) != 3 or shape[0] not in (1, 3):
+        raise ConfigError(f"--dataset imagefolder needs --input-shape C,H,W with C 1 (grayscale) or 3 (RGB); "
+                          f"got {','.join(map(str, shape))}")
+    root = Path(data_dir or ".")
+    dirs = [next((root / s for s in split if (root / s).is_dir()), None) for split in IMAGE_SPLITS]
+    if not data_dir or None in dirs:
+        raise ConfigError(f"--dataset imagefolder expects {expected} {_where(data_dir)}"
+                          + (f"; no {' or '.join(s + '/' for s in IMAGE_SPLITS[dirs.index(None)])} there"
+                             if data_dir else ""))
+    T = tv.transforms
+    prep = [T.Grayscale(1)] if shape[0] == 1 else []
+    prep.append(T.Resize(tuple(shape[1:])))
+    norm = _NORM["imagefolder" if shape[0] == 3 else "imagefolder-gray"]
+    folders: dict[bool, Any] = {}
+
+    def make(train: bool, tf: Any) -> Dataset:
+        ds = tv.datasets.ImageFolder(str(dirs[0 if train else 1]), transform=tf)
+        folders[train] = ds
+        return ds
+
+    try:
+        bundle = _bundle("imagefolder", tv, make, prep, norm, augment, tuple(shape), 0)
+    except OSError as e:  # FileNotFoundError: no class folder, or no image in one
+        raise ConfigError(f"--dataset imagefolder expects {expected} {_where(data_dir)}: {_one_line(e)}") from None
+    classes = folders[True].classes
+    if folders[False].classes != classes:
+        raise ConfigError(f"--dataset imagefolder: {dirs[1].name}/ has the classes {folders[False].classes} but "
+                          f"train/ has {classes} {_where(data_dir)}; both need the same class folders")
+    bundle.num_classes = len(classes)
+    try:
+        return _check(bundle)
+    except Exception as e:  # noqa: BLE001  (PIL cannot read an image)
+        raise ConfigError(f"--dataset imagefolder: cannot read the first images of {expected} "
+                          f"{_where(data_dir)}: {_one_line(e)}") from None
+
+
+def _import_tv(name: str) -> Any:
     from dpcompare.models.resnet import import_torchvision
 
-    tv = import_torchvision(f"--dataset {name}")
-    if not data_dir or not Path(data_dir).is_dir():
-        raise ConfigError(f"--dataset {name} needs --data-dir pointing at a folder that holds it "
-                          f"(torchvision layout; got {data_dir!r}); fetch it once with torchvision on a "
-                          "machine with network access")
-    cls, shape, mean, std = {
-        "mnist": (tv.datasets.MNIST, (1, 28, 28), (0.1307,), (0.3081,)),
-        "cifar10": (tv.datasets.CIFAR10, (3, 32, 32), (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)),
-    }[name]
-    tf = tv.transforms.Compose([tv.transforms.ToTensor(), tv.transforms.Normalize(mean, std)])
-    try:
-        train = cls(data_dir, train=True, download=False, transform=tf)
-        test = cls(data_dir, train=False, download=False, transform=tf)
-    except RuntimeError as e:
-        raise ConfigError(f"--dataset {name}: no usable data in {data_dir} ({e})") from None
-    return DataBundle(name, train, test, shape, 10)
+    return import_torchvision(f"--dataset {name}")
+
+
+def _check(bundle: DataBundle) -> DataBundle:
+    """Read one sample of each split now, so a broken file is a clear error before training starts."""
+    for ds in (bundle.train, bundle.test):
+        if len(ds) == 0:  # type: ignore[arg-type]
+            raise ValueError("a split holds no samples")
+        x, _ = ds[0]
+        if tuple(x.shape) != bundle.input_shape:
+            raise ValueError(f"samples of shape {tuple(x.shape)}, expected {bundle.input_shape}")
+    return bundle
 
 
 DATASETS: dict[str, tuple[Callable[..., DataBundle], str]] = {
     "digits": (_digits, "scikit-learn's bundled 8x8 digits (1437 train / 360 test), offline"),
     "synthetic": (_synthetic, "fixed random tensors of --input-shape, like Horovod's synthetic benchmark"),
-    "mnist": (lambda **kw: _torchvision("mnist", **kw), "MNIST from --data-dir (needs [vision])"),
-    "cifar10": (lambda **kw: _torchvision("cifar10", **kw), "CIFAR-10 from --data-dir (needs [vision])"),
+    "mnist": (_mnist, "MNIST from --data-dir/MNIST/raw (torchvision's layout, uncompressed idx files)"),
+    "cifar10": (_cifar10, "CIFAR-10 from --data-dir/cifar-10-batches-py (torchvision's layout)"),
+    "imagefolder": (_imagefolder, "your images in --data-dir/train/<class>/ and val/<class>/ (or test/), "
+                                  "resized to --input-shape H,W"),
 }
 
 
@@ -85,15 +255,31 @@ def names() -> list[str]:
 
 
 def build_dataset(name: str, data_dir: str | None = None, shape: tuple[int, ...] = (3, 32, 32),
-                  samples: int = 1024) -> DataBundle:
+                  samples: int = 1024, augment: bool = False) -> DataBundle:
     if name not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
-    return DATASETS[name][0](data_dir=data_dir, shape=shape, samples=samples)
+    if augment and name not in AUGMENTABLE:
+        raise ConfigError(f"--augment (random crop + horizontal flip) is for {' and '.join(AUGMENTABLE)}, "
+                          f"not --dataset {name}")
+    return DATASETS[name][0](data_dir=data_dir, shape=shape, samples=samples, augment=augment)
+
+
+class _EpochSampler(DistributedSampler):
+    """A DistributedSampler that also passes (seed, epoch) to a :class:`SeededAugment` dataset."""
+
+    def __init__(self, ds: Dataset, **kw: Any) -> None:
+        super().__init__(ds, **kw)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if isinstance(self.dataset, SeededAugment):
+            self.dataset.set_epoch(self.seed, epoch)
 
 
 def train_loader(ds: Dataset, batch_size: int, rank: int, world_size: int, seed: int,
                  workers: int = 0) -> tuple[DataLoader, DistributedSampler]:
-    sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = _EpochSampler(ds, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
     if len(sampler) < batch_size:
         raise ConfigError(f"--batch-size {batch_size} is larger than the {len(sampler)} training samples each of "
                           f"the {world_size} processes gets; use a smaller batch")

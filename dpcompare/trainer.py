@@ -164,7 +164,7 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
 
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_size))
     seed_everything(cfg.seed)
-    data = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
+    data = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples, cfg.augment)
     model = models.build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width)
 
     # Read everything that can be refused before joining the other processes.

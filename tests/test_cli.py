@@ -12,8 +12,10 @@ from conftest import DPCOMPARE, FAST, dpcompare, needs_mpi, run
 @pytest.mark.parametrize("args, words", [
     (["train", "--strategy", "nope"], "invalid choice: 'nope'"),
     (["train", "--model", "nope"], "invalid choice: 'nope'"),
-    (["train", "--dataset", "mnist"], "--dataset mnist"),
-    (["train", "--dataset", "mnist", "--data-dir", "/nonexistent"], "mnist"),
+    (["train", "--dataset", "mnist"], "MNIST/raw/{train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                                      "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte} under --data-dir DIR (none given)"),
+    (["train", "--dataset", "mnist", "--data-dir", "/nonexistent"],
+     "under --data-dir /nonexistent (no such folder); missing train-images-idx3-ubyte"),
     (["train", "--batch-size", "0"], "at least 1"),
     (["train", "--input-shape", "a,b"], "not a shape"),
     (["nope"], "invalid choice"),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dpcompare import backends, models
-from dpcompare.backends.base import Strategy, StrategyUnavailable
+from dpcompare.backends.base import Strategy
 from dpcompare.data import build_dataset, eval_loader, train_loader
 from dpcompare.errors import ConfigError
 from dpcompare.launch.rendezvous import Iface, choose_master_address, iface_for
@@ -21,14 +21,16 @@ def test_unknown_strategy_is_a_config_error():
 
 
 def test_missing_library_gives_the_install_command(monkeypatch):
-    cls = backends.get("horovod")
+    from dpcompare.backends import horovod
 
-    def missing() -> None:
-        raise StrategyUnavailable("--strategy horovod needs Horovod ... run `make setup`")
+    def no_horovod() -> None:
+        raise ImportError("No module named 'horovod'")
 
-    monkeypatch.setattr(cls, "check_available", staticmethod(missing))
-    with pytest.raises(ConfigError, match="make setup"):
+    monkeypatch.setattr(horovod, "_hvd", no_horovod)  # as if `import horovod.torch` failed
+    with pytest.raises(ConfigError) as e:
         backends.create("horovod")
+    assert horovod.INSTALL_HINT in str(e.value) and "make setup" in str(e.value)
+    assert "No module named 'horovod'" in str(e.value)
 
 
 def test_single_strategy_is_a_no_op():
