@@ -27,7 +27,7 @@ from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
 from dpcompare.data import build_dataset, eval_loader, train_loader
 from dpcompare.errors import ConfigError, DivergedError
-from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_text
+from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
@@ -178,6 +178,9 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     out = Path(cfg.out)
     resume_path = resolve_resume(cfg)
     guard_out(cfg, resuming=resume_path is not None or cfg.resume == "auto")
+    if env.rank == 0:  # what killed writes of an earlier run in OUT left behind
+        for folder in (out, out / checkpoint.CKPT_DIR):
+            remove_stale_temporaries(folder)
 
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_size))
     seed_everything(cfg.seed)
@@ -366,6 +369,7 @@ def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim
             "world_size": strategy.world_size, "versions": versions(), "history": list(history),
         }
         path = checkpoint.atomic_save(state, checkpoint.checkpoint_path(out, epoch))
+        checkpoint.prune_checkpoints(out, cfg.keep_last, cfg.keep_every, keep=(path,))
     strategy.barrier()
     return path
 
