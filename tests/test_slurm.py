@@ -118,3 +118,25 @@ def test_killed_task_ends_the_job_non_zero_naming_the_task(slurm_cluster: None, 
     state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     assert re.search(r"JobState=(FAILED|CANCELLED|NODE_FAIL)", state), state
     assert re.search(r"task 1: Killed", _log(tmp_path)), _log(tmp_path)[-3000:]
+
+
+# -- which --mpi the generated lines carry (a fake srun; no cluster needed) -------------------------------
+
+
+def test_srun_mpi_defaults_to_pmix_where_srun_lists_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nprintf 'MPI plugin types are...\\n\\tpmix\\n\\tnone\\n\\tpmi2\\n"
+                               "specific pmix plugin versions available: pmix_v4\\n'\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_MPI_TYPE", raising=False)
+    assert slurm.srun_mpi_types() == ("pmix", "none", "pmi2")
+    assert slurm.resolve_srun_mpi("auto") == "pmix" and slurm.resolve_srun_mpi("pmi2") == "pmi2"
+    assert slurm.resolve_srun_mpi(slurm.CLUSTER_DEFAULT) is None
+    from dpcompare.launch.mpirun import job_command
+
+    cmd = job_command(2, ["x"], environ={**os.environ, "SLURM_JOB_ID": "1"})
+    assert cmd[:4] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--mpi=pmix"]
+    monkeypatch.setenv("SLURM_MPI_TYPE", "pmi2")  # the user's choice: srun reads it itself
+    assert slurm.resolve_srun_mpi("auto") is None
