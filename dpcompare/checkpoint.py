@@ -43,6 +43,27 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def prune_checkpoints(out: str | Path, keep_last: int, keep_every: int = 0,
+                      keep: tuple[Path, ...] = ()) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints of ``OUT/checkpoints`` (0: delete none).
+
+    Epochs that are multiples of ``keep_every`` and the paths in ``keep`` (the one just written, the
+    final one) stay. The newest checkpoint, which ``--resume auto`` reads, always stays. Call it only
+    after the new checkpoint is completely written. Returns what was deleted.
+    """
+    found = list_checkpoints(out)
+    if keep_last <= 0 or len(found) <= keep_last:
+        return []
+    kept = {p for _, p in found[-keep_last:]} | set(keep)
+    deleted = []
+    for epoch, p in found[:-keep_last]:
+        if p in kept or (keep_every and epoch % keep_every == 0):
+            continue
+        p.unlink(missing_ok=True)
+        deleted.append(p)
+    return deleted
+
+
 def latest_checkpoint(out: str | Path) -> Path | None:
     found = list_checkpoints(out)
     return found[-1][1] if found else None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.config import TrainConfig
-from dpcompare.errors import ConfigError
+from dpcompare.errors import DIVERGED_EXIT, ConfigError
 from dpcompare.files import RESULTS, SCHEMA, atomic_write_json
 from dpcompare.launch.env import under_launcher
 from dpcompare.launch.mpirun import job_command, job_env
@@ -132,6 +132,9 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                             "lower it or train longer")
         else:
             rec["status"] = "ok"
+    elif returncode == DIVERGED_EXIT:
+        rec["status"] = "diverged"
+        rec["error"] = tail(stderr or stdout) or "the loss or the gradients stopped being finite (exit code 3)"
     elif returncode == 0:
         rec["error"] = "the job exited 0 but wrote no summary.json\n" + tail(stderr or stdout)
     elif returncode is None:
@@ -195,8 +198,53 @@ def prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+#: what must match between a stored comparison and its resumption
+PLAN_KEYS = ("strategies", "np", "repeats", "order", "train_flags")
+
+
+def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The stored results of the comparison in ``out`` to continue, and its runs that are ``ok`` by name.
+
+    ``fresh`` is the results object this invocation would start with; its plan and configuration must
+    be the stored ones (else one line saying what differs).
+    """
+    path = out / RESULTS
+    try:
+        stored = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume {out}: {path} cannot be read ({e})") from None
+    if not isinstance(stored, dict) or stored.get("schema") != SCHEMA or not isinstance(stored.get("runs"), list):
+        raise ConfigError(f"--resume {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
+    old, new = stored.get("config") or {}, fresh["config"]
+    for key in PLAN_KEYS:
+        if old.get(key) != new.get(key):
+            raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
+                              f"({_short(new.get(key))} here, {_short(old.get(key))} stored); pass the same "
+                              f"options, or start a new comparison with another --out")
+    names = {s for s in old.get("order", [])}
+    kept = {}
+    for rec in stored["runs"]:
+        name = Path(str(rec.get("dir", ""))).name
+        if rec.get("status") == "ok" and name in names and (out / str(rec["dir"]) / "summary.json").exists():
+            kept[name] = rec
+    resumed = {**stored, "complete": False, "runs": [],
+               "resumed": [*stored.get("resumed", []), fresh["created"]]}
+    return resumed, kept
+
+
+def _short(value: Any) -> str:
+    text = " ".join(value) if isinstance(value, list) and all(isinstance(v, str) for v in value) else str(value)
+    return (text or "none") if len(text) <= 80 else text[:77] + "..."
+
+
 def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
-    if rec["status"] == "ok":
+    if rec["status"] == "diverged":
+        from dpcompare.report.fmt import headline
+
+        msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
+    elif rec["status"] == "ok":
         msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.1f} ms"
                f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
     else:
@@ -208,15 +256,21 @@ def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) ->
 
 def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int], repeats: int, out: Path, *,
                 overwrite: bool = False, progress: str = "auto", run_timeout: float | None = None,
-                console: Any = None, launch: Callable[..., tuple[int | None, float]] = _launch) -> int:
-    """Run every job, write results.json, render the report; 0 when every run succeeded, else 1."""
+                console: Any = None, launch: Callable[..., tuple[int | None, float]] = _launch,
+                resume: bool = False) -> int:
+    """Run every job, write results.json, render the report; 0 when every run succeeded, else 1.
+
+    ``resume``: continue the comparison in ``out`` (its results.json must hold the same plan and
+    configuration): runs recorded ``ok`` are kept, the others run.
+    """
     from dpcompare.report import render
     from dpcompare.report.table import console_for_report
 
     if under_launcher():
         raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
     console = console or console_for_report()
-    prepare_out(out, overwrite)
+    if not resume:
+        prepare_out(out, overwrite)
     specs = plan(strategies, nps, repeats)
     results: dict[str, Any] = {
         "schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -226,21 +280,38 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
                    "train_flags": train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))},
         "environment": environment(), "runs": [],
     }
+    kept: dict[str, dict[str, Any]] = {}
+    if resume:
+        results, kept = resume_state(out, results)
     atomic_write_json(out / RESULTS, results)
     if progress != "none":
+        if resume:
+            console.print(f"resuming {out}: {len(kept)} of {len(specs)} runs already ok, "
+                          f"{len(specs) - len(kept)} to run", soft_wrap=True)
         console.print(f"dpcompare compare: {len(specs)} runs ({', '.join(strategies)} × np "
                       f"{','.join(map(str, nps))} × {repeats} repeat{'s' if repeats > 1 else ''}) → {out}",
                       soft_wrap=True)
     env = job_env()
     with ProgressLine(len(specs), "[bold]compare[/]", progress, console=console) as bar:
         for done, spec in enumerate(specs, 1):
+            if spec.name in kept:
+                results["runs"].append(kept[spec.name])
+                bar.update(advance=1)
+                continue
             run_dir = out / "runs" / spec.name
             run_dir.mkdir(parents=True, exist_ok=True)
             for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
                 (run_dir / stale).unlink(missing_ok=True)
             cmd = child_command(cfg, spec, run_dir)
             bar.update(description=f"running {spec.name}")
-            rc, wall = launch(cmd, run_dir, env, run_timeout)
+            try:
+                rc, wall = launch(cmd, run_dir, env, run_timeout)
+            except KeyboardInterrupt:
+                atomic_write_json(out / RESULTS, results)  # valid, complete: false; this run is not in it
+                console.print(f"interrupted during {spec.name}: {len(results['runs'])} of {len(specs)} runs "
+                              f"recorded in {out / RESULTS}; continue with: dpcompare compare --resume {out}",
+                              soft_wrap=True)
+                raise
             summary_path = run_dir / "summary.json"
             try:
                 summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
@@ -258,18 +329,56 @@ def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int],
     render(out, console=console)
     failed = [r for r in results["runs"] if r["status"] != "ok"]
     if failed:
-        console.print(f"[red]{len(failed)} of {len(specs)} runs failed[/] (their stderr is in results.json "
-                      f"and {out}/runs/<run>/stderr.log)", soft_wrap=True)
+        diverged = sum(r["status"] == "diverged" for r in failed)
+        what = f" ({diverged} diverged)" if diverged else ""
+        console.print(f"[red]{len(failed)} of {len(specs)} runs failed{what}[/] (their stderr is in results.json "
+                      f"and {out}/runs/<run>/stderr.log; `dpcompare compare --resume {out}` reruns them)",
+                      soft_wrap=True)
     return 1 if failed else 0
 
 
-def _cmd_compare(a: argparse.Namespace) -> int:
+def resumed_args(a: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
+    """``a`` with the plan and training options of the comparison stored in ``a.resume_dir``.
+
+    Options left at their default take the stored value; an option given here that differs from the
+    stored one is refused with one line.
+    """
+    out = Path(a.resume_dir)
+    try:
+        stored = json.loads((out / RESULTS).read_text())["config"]
+        train = dict(stored["train"])
+        plan_values = {"strategies": stored["strategies"], "np": stored["np"], "repeats": stored["repeats"]}
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--resume {out}: {out / RESULTS} holds no comparison plan ({e})") from None
+    if "input_shape" in train:
+        train["input_shape"] = tuple(train["input_shape"])
+    merged = argparse.Namespace(**vars(a))
+    for name, value in {**plan_values, **train}.items():
+        if not hasattr(a, name) or name in ("out", "overwrite", "progress", "strategy"):
+            continue
+        given, default = getattr(a, name), getattr(defaults, name, None)
+        if given != default and given != value:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"--resume {out}: {flag} {_short(given)} differs from the stored comparison's "
+                              f"{_short(value)}; leave it out to continue, or start a new comparison with another --out")
+        setattr(merged, name, value)
+    merged.out = str(out)
+    return merged
+
+
+def _cmd_compare(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from dpcompare.options import config_from_args
 
+    if a.resume_dir:
+        if a.overwrite:
+            raise ConfigError("--resume continues a comparison and --overwrite replaces it; pass one of them")
+        a = resumed_args(a, parser.parse_args([]))
     cfg = config_from_args(a, strategy=a.strategies[0], out=a.out)
     timeout = a.run_timeout or None
     return run_compare(cfg, a.strategies, a.np, a.repeats, Path(a.out), overwrite=a.overwrite,
-                       progress=a.progress, run_timeout=timeout)
+                       progress=a.progress, run_timeout=timeout, resume=bool(a.resume_dir))
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -286,7 +395,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         epilog="examples:\n"
                "  dpcompare compare --np 1,2 --strategies ddp,horovod --repeats 3 --out runs/ab\n"
                "  dpcompare compare --np 2 --model resnet18 --dataset synthetic --epochs 1 --out runs/ab-resnet\n"
-               "  dpcompare report runs/ab      # re-render the report from results.json",
+               "  dpcompare report runs/ab      # re-render the report from results.json\n"
+               "  dpcompare compare --resume runs/ab   # continue an interrupted comparison",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("comparison")
     g.add_argument("--np", type=parse_np, default=[2], metavar="N[,N2,...]",
@@ -297,7 +407,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="runs of every (strategy, np); confidence intervals need at least 2 (default: 3)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--resume", dest="resume_dir", metavar="DIR",
+                   help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
+                        "failed ones run; its plan and options are reused (any given must match them)")
     g.add_argument("--tensorboard", dest="tensorboard", action="store_true",
                    help="let every run write TensorBoard events (default: off for compare)")
-    add_config_options(p, exclude=("strategy", "tensorboard"), defaults={"out": "runs/compare"})
-    p.set_defaults(func=_cmd_compare, tensorboard=False)
+    add_config_options(p, exclude=("strategy", "tensorboard", "resume"), defaults={"out": "runs/compare"})
+    p.set_defaults(func=lambda a: _cmd_compare(a, p), tensorboard=False)

@@ -94,6 +94,11 @@ class TrainConfig:
     out: str | None = opt(None, "output folder (default: runs/<strategy>-np<N>)", group=OUTPUT)
     checkpoint_every: int = opt(0, "write OUT/checkpoints/epoch-<N>.pt every N epochs and at the end (0: never)",
                                 type=t.nonneg_int, group=OUTPUT, metavar="N")
+    keep_last: int = opt(3, "keep the newest N checkpoints in OUT/checkpoints and delete older ones after each write "
+                            "(the final one and --keep-every multiples are kept too; 0: keep all) (default: 3)",
+                         type=t.nonneg_int, group=OUTPUT, metavar="N")
+    keep_every: int = opt(0, "also keep every checkpoint whose epoch is a multiple of M (0: none) (default: 0)",
+                          type=t.nonneg_int, group=OUTPUT, metavar="M")
     save_final: bool = opt(False, "write a checkpoint after the last step even without --checkpoint-every",
                            group=OUTPUT)
     resume: str | None = opt(None, "continue from a checkpoint of any strategy and world size; auto: newest in OUT",

@@ -19,3 +19,13 @@ class ConfigError(DpcompareError):
 
 class CheckpointError(DpcompareError):
     """A checkpoint cannot be read or does not fit this run."""
+
+
+#: exit code of a run stopped because its loss or gradients stopped being finite
+DIVERGED_EXIT = 3
+
+
+class DivergedError(DpcompareError):
+    """Training diverged (a non-finite loss or gradient); every rank raises it at the same step."""
+
+    exit_code = DIVERGED_EXIT

@@ -51,3 +51,32 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Delete the temporary files (``.NAME.tmp-PID``) that killed atomic writes left in ``folder``.
+
+    Only files of processes that no longer run go (another live process may be writing one now).
+    Returns what was removed.
+    """
+    removed = []
+    for p in Path(folder).glob(f"{TMP_PREFIX}*{TMP_MARK}*"):
+        pid = p.name.rsplit(TMP_MARK, 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -26,8 +26,8 @@ from dpcompare import backends, checkpoint, models
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
 from dpcompare.data import build_dataset, eval_loader, train_loader
-from dpcompare.errors import ConfigError
-from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_text
+from dpcompare.errors import ConfigError, DivergedError
+from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
@@ -146,6 +146,23 @@ def evaluate(model: nn.Module, strategy: Strategy, loader: Any) -> float:
     return float(c[0] / c[1])
 
 
+def all_finite(strategy: Strategy, loss: torch.Tensor, model: nn.Module) -> bool:
+    """True when the loss and the (already all-reduced) gradients are finite on every rank.
+
+    Every rank gets the same answer (a max all-reduce of a flag), so all of them stop at the same step.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    ok = bool(torch.isfinite(loss).all()) and all(bool(torch.isfinite(g).all()) for g in grads)
+    return float(strategy.all_reduce(0.0 if ok else 1.0, "max")) == 0.0
+
+
+def diverged_message(strategy: Strategy, epoch: int, step: int, last_good: Path | None) -> str:
+    where = (f"last good checkpoint: {last_good} (--resume {last_good} with a lower --lr continues from it)"
+             if last_good else "no checkpoint was written before it (--checkpoint-every N keeps one)")
+    return (f"training diverged at step {step} (epoch {epoch}) under {strategy.name}: the loss or the gradients "
+            f"are not finite (NaN/inf); {where}")
+
+
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
@@ -161,6 +178,9 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     out = Path(cfg.out)
     resume_path = resolve_resume(cfg)
     guard_out(cfg, resuming=resume_path is not None or cfg.resume == "auto")
+    if env.rank == 0:  # what killed writes of an earlier run in OUT left behind
+        for folder in (out, out / checkpoint.CKPT_DIR):
+            remove_stale_temporaries(folder)
 
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_size))
     seed_everything(cfg.seed)
@@ -253,6 +273,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     step_times: list[StepTiming] = []
     step_losses: list[float] = []
     done_steps = 0
+    last_good = resume_path  # the newest checkpoint this run could continue from
     model.train()
     with rep:
         for epoch in range(start_epoch + 1, last_epoch + 1):
@@ -286,6 +307,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                     rep.update(1, f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
                 if done_steps > cfg.warmup_steps:
                     step_times.append(timer.result())
+                if not all_finite(strategy, lval, model):  # after the timing: the check is not a phase
+                    raise DivergedError(diverged_message(strategy, epoch, global_step, last_good))
             epoch_seconds = time.perf_counter() - t_epoch
             sums = strategy.all_reduce(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64)]), "sum")
             slowest = float(strategy.all_reduce(epoch_seconds, "max"))
@@ -306,6 +329,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or (
                     epoch == last_epoch and (cfg.checkpoint_every or cfg.save_final)):
                 save_checkpoint(strategy, model, optimizer, cfg, run_info, epoch, global_step, history, out)
+                last_good = checkpoint.checkpoint_path(out, epoch)
 
     timing = _timing_summary(strategy, step_times, global_batch)
     summary = {
@@ -345,6 +369,7 @@ def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim
             "world_size": strategy.world_size, "versions": versions(), "history": list(history),
         }
         path = checkpoint.atomic_save(state, checkpoint.checkpoint_path(out, epoch))
+        checkpoint.prune_checkpoints(out, cfg.keep_last, cfg.keep_every, keep=(path,))
     strategy.barrier()
     return path
 

@@ -87,8 +87,10 @@ def test_run_record_failures() -> None:
     err = "\n".join(f"line {i}" for i in range(100))
     rec = compare.run_record(spec, "d", 1, 1.0, None, [], err)
     assert rec["status"] == "failed" and rec["error"].startswith("line 60\n") and rec["error"].endswith("line 99")
-    assert compare.run_record(spec, "d", 3, 1.0, None, [], "", stdout="oops")["error"] == "oops"
-    assert "exited with code 3" in compare.run_record(spec, "d", 3, 1.0, None, [], "")["error"]
+    assert compare.run_record(spec, "d", 4, 1.0, None, [], "", stdout="oops")["error"] == "oops"
+    assert "exited with code 4" in compare.run_record(spec, "d", 4, 1.0, None, [], "")["error"]
+    diverged = compare.run_record(spec, "d", 3, 1.0, None, [], "dpcompare train: error: training diverged at step 3")
+    assert diverged["status"] == "diverged" and "step 3" in diverged["error"]
     assert "timed out" in compare.run_record(spec, "d", None, 60.0, None, [], "")["error"]
     no_steps = compare.run_record(spec, "d", 0, 1.0, fake_summary(steps=0), [], "")
     assert no_steps["status"] == "failed" and "--warmup-steps" in no_steps["error"]

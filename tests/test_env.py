@@ -60,3 +60,12 @@ def test_half_a_set_is_an_error_naming_what_is_missing(env, missing):
 def test_impossible_values_are_errors(env):
     with pytest.raises(LaunchError):
         detect_launch_env(env)
+
+
+def test_an_allocation_without_a_step_is_not_a_launcher() -> None:
+    """salloc's shell and the sbatch script's own shell set SLURM_NTASKS: compare may run there."""
+    from dpcompare.launch.env import under_launcher
+
+    assert not under_launcher({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2"})
+    assert not under_launcher({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "batch"})
+    assert under_launcher({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_ID": "0"})

@@ -43,8 +43,9 @@ SLURM_DESCRIPTION = """\
 Write an sbatch script that runs a dpcompare command on every task of a Slurm job with srun, using
 this Python environment (activated on every node) and OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK. The
 script is the same for every --strategy: dpcompare reads its rank from SLURM_PROCID/SLURM_NTASKS/
-SLURM_LOCALID, DDP meets on the job's first node, Horovod initialises MPI through srun (--srun-mpi
-pmix where the cluster's default MPI plugin is none). Submit it with `sbatch FILE`.
+SLURM_LOCALID, DDP meets on the job's first node, Horovod initialises MPI through srun's PMI plugin:
+srun --mpi=pmix whenever `srun --mpi=list` here lists pmix (Open MPI aborts in MPI_Init under a plain
+srun when the cluster's MpiDefault is none). Submit it with `sbatch FILE`.
 """
 
 SLURM_EPILOG = """\
@@ -103,7 +104,8 @@ def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     spec = slurm.SbatchSpec(nodes=a.nodes, tasks_per_node=a.tasks_per_node, cpus_per_task=a.cpus_per_task,
                             time=a.time, gpus_per_node=a.gpus_per_node, partition=a.partition,
                             account=a.account, job_name=a.job_name, log=a.log,
-                            chdir=a.chdir or os.getcwd(), srun_mpi=a.srun_mpi)
+                            chdir=a.chdir or os.getcwd(),
+                            srun_mpi=slurm.resolve_srun_mpi(a.srun_mpi))
     venv = mpirun.current_venv()
     text = slurm.sbatch_script(spec, [*mpirun.dpcompare_argv(), *words], venv, str(Path(sys.executable).parent),
                                name=str(out))
@@ -161,7 +163,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="#SBATCH --output: the job's log, %%x job name, %%j job id (default: %%x-%%j.out)")
     s.add_argument("--chdir", metavar="DIR",
                    help="folder the job runs in; relative paths of the command start there (default: this one)")
-    s.add_argument("--srun-mpi", metavar="TYPE", help="srun --mpi=TYPE, e.g. pmix (default: the cluster's)")
+    s.add_argument("--srun-mpi", metavar="TYPE", default="auto",
+                   help="srun --mpi=TYPE (pmix, pmi2, ...); auto: pmix when `srun --mpi=list` lists it, else "
+                        f"no --mpi; {slurm.CLUSTER_DEFAULT}: never pass --mpi (the cluster's MpiDefault) "
+                        "(default: auto)")
     s.add_argument("--out", required=True, metavar="FILE", help="the sbatch script to write")
     s.add_argument("--force", action="store_true", help="replace FILE when it exists")
     s.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",

@@ -111,6 +111,9 @@ def launcher_rank_size(env: Mapping[str, str] | None = None) -> tuple[int, int] 
     """(rank, size) from the first launcher whose variables are set, without validating them; None if none."""
     env = os.environ if env is None else env
     for spec in LAUNCHERS:
+        if spec.name == "slurm" and (spec.rank not in env or env.get(
+                "SLURM_STEP_ID", env.get("SLURM_STEPID")) in _SLURM_NOT_A_TASK):
+            continue  # an allocation (salloc, the sbatch script's shell) sets SLURM_NTASKS but is no srun task
         if spec.rank in env or spec.size in env:
             try:
                 return int(env.get(spec.rank, "0").split("(")[0]), int(env.get(spec.size, "1").split("(")[0].split(",")[0])

@@ -176,14 +176,17 @@ def mpich_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hos
 
 
 def srun_command(np: int | None, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 environ: Mapping[str, str] | None = None) -> list[str]:
-    """``srun`` that ends the whole step when any task fails (``--kill-on-bad-exit=1``).
+                 environ: Mapping[str, str] | None = None, mpi: str | None = None) -> list[str]:
+    """``srun`` that ends the whole step when any task fails (``--kill-on-bad-exit=1``), with
+    ``--mpi=MPI`` when given (Horovod's Open MPI needs a PMI plugin: see :mod:`dpcompare.launch.slurm`).
 
     srun passes its whole environment on; only variables of ``env`` that differ from ``environ``
     are added, through ``--export=ALL,NAME=VALUE``.
     """
     environ = os.environ if environ is None else environ
     cmd = ["srun"] + ([f"--ntasks={np}"] if np else []) + ["--kill-on-bad-exit=1"]
+    if mpi:
+        cmd.append(f"--mpi={mpi}")
     extra = [f"{k}={v}" for k, v in (env or {}).items() if environ.get(k) != v]
     if extra:
         cmd.append("--export=" + ",".join(["ALL", *extra]))
@@ -231,7 +234,9 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
         if hosts or hostfile or mpi_net:
             raise ConfigError("--hosts, --hostfile and --mpi-net are mpirun's; under srun the Slurm allocation "
                               "decides where processes run (or use --launcher mpirun)")
-        return srun_command(np, argv, env=env, environ=environ)
+        from dpcompare.launch.slurm import default_srun_mpi
+
+        return srun_command(np, argv, env=env, environ=environ, mpi=default_srun_mpi(dict(environ)))
     if hosts:
         check_slots(np, parse_hosts(hosts))
     flavor = flavor or mpi_flavor(mpirun)

@@ -2,14 +2,21 @@
 
 srun starts one task per process; dpcompare reads its rank from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID
 (env.py), DDP meets on the first node of the step (rendezvous.py) and Horovod initialises MPI through
-srun's PMI plugin (``--mpi``; the cluster's MpiDefault when not given). The script is the same for
-every strategy.
+srun's PMI plugin. Open MPI (which Horovod runs on here) starts under srun only through a PMI plugin
+both sides know: with Slurm 22.05's ``MpiDefault=none`` a plain ``srun`` makes MPI_Init abort ("install
+PMI-2 ... build Open MPI using --with-pmi"), while ``srun --mpi=pmix`` works. So ``--mpi=pmix`` is used
+by default wherever ``srun --mpi=list`` lists pmix (:func:`default_srun_mpi`). The script is the same
+for every strategy.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +35,46 @@ def parse_time(text: str) -> str:
     if not any(int(v) for v in m.groupdict(default="0").values()):
         raise ValueError(f"{text!r}: the time limit must be longer than zero")
     return text.strip()
+
+
+#: ``--srun-mpi`` value that leaves ``--mpi`` out (the cluster's MpiDefault, or SLURM_MPI_TYPE, decides)
+CLUSTER_DEFAULT = "cluster"
+#: the PMI plugins Open MPI (and so Horovod) starts with under srun, best first
+PREFERRED_MPI = ("pmix",)
+
+
+def srun_mpi_types(srun: str = "srun") -> tuple[str, ...]:
+    """The MPI plugin types ``srun --mpi=list`` names (pmix, pmi2, none, ...); () without a working srun."""
+    path = shutil.which(srun)
+    return _mpi_types(path) if path else ()
+
+
+@functools.lru_cache(maxsize=8)
+def _mpi_types(path: str) -> tuple[str, ...]:
+    try:
+        p = subprocess.run([path, "--mpi=list"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    words = re.findall(r"[A-Za-z0-9_]+", (p.stdout + p.stderr).split("specific", 1)[0])
+    skip = {"MPI", "plugin", "types", "are", "srun"}
+    return tuple(w for w in words if w not in skip)
+
+
+def default_srun_mpi(environ: dict[str, str] | None = None) -> str | None:
+    """``pmix`` when srun offers it and nothing else was chosen (SLURM_MPI_TYPE), else None (no --mpi)."""
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get("SLURM_MPI_TYPE"):
+        return None
+    types = srun_mpi_types()
+    return next((t for t in PREFERRED_MPI if t in types), None)
+
+
+def resolve_srun_mpi(choice: str | None) -> str | None:
+    """``--srun-mpi`` → the ``--mpi`` value to put on srun lines: None/auto → :func:`default_srun_mpi`,
+    ``cluster`` → none at all, anything else as given."""
+    if choice in (None, "auto"):
+        return default_srun_mpi()
+    return None if choice == CLUSTER_DEFAULT else choice
 
 
 @dataclass(frozen=True)
@@ -95,8 +142,8 @@ def sbatch_script(spec: SbatchSpec, argv: Sequence[str], venv: str | None, bin_d
         'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
         "",
         "# One task per process; dpcompare reads SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID. DDP meets on",
-        "# the first node of the step; Horovod initialises MPI through srun's PMI plugin (--mpi, or the",
-        "# cluster's MpiDefault). --kill-on-bad-exit ends every task when one fails, instead of waiting.",
+        "# the first node of the step; Horovod initialises MPI through srun's PMI plugin (--mpi; Open MPI",
+        "# aborts in MPI_Init under --mpi=none). --kill-on-bad-exit ends every task when one fails.",
         " ".join(srun) + " " + shlex.join(argv),
         "",
     ]

@@ -13,6 +13,8 @@ from typing import Any
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, SCHEMA
 
+#: a run's outcome: ok, failed (non-zero exit, time-out, no summary) or diverged (non-finite loss, exit 3)
+STATUSES = ("ok", "failed", "diverged")
 _RUN_KEYS = {"strategy": str, "np": int, "repeat": int, "status": str}
 
 
@@ -46,8 +48,9 @@ def load_results(folder: str | Path) -> dict[str, Any]:
         bad = [k for k, t in _RUN_KEYS.items() if not isinstance(r, dict) or not isinstance(r.get(k), t)]
         if bad:
             raise ConfigError(f"{path}: runs[{i}] lacks a valid {', '.join(bad)}")
-        if r["status"] not in ("ok", "failed"):
-            raise ConfigError(f"{path}: runs[{i}] has status {r['status']!r}; expected \"ok\" or \"failed\"")
+        if r["status"] not in STATUSES:
+            raise ConfigError(f"{path}: runs[{i}] has status {r['status']!r}; expected one of "
+                              + ", ".join(f'"{s}"' for s in STATUSES))
     return data
 
 

@@ -73,9 +73,10 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
         console.print("[bold]Verdict[/]: one strategy only, nothing to compare", soft_wrap=True)
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     for r in failed:
-        console.print(f"  [red]failed[/] {r['strategy']}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
+        console.print(f"  [red]{r.get('status', 'failed')}[/] {r['strategy']}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
                       soft_wrap=True, highlight=False)
     if not results.get("complete", True):
-        console.print("[yellow]results.json is incomplete: the comparison was interrupted[/]")
+        console.print("[yellow]results.json is incomplete: the comparison was interrupted[/] "
+                      "(`dpcompare compare --resume DIR` continues it)")
     if html_path:
         console.print(f"report: [bold]{html_path}[/]", soft_wrap=True)
