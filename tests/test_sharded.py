@@ -115,3 +115,27 @@ def test_parity_command_covers_zero_and_fsdp_with_batchnorm(tmp_path):
     res = json.loads((tmp_path / "p" / "parity.json").read_text())
     assert res["passed"] and set(res["diffs"]) == {"zero", "fsdp"}
     assert all(res["diffs"][s]["weights_max"] <= 1e-6 for s in ("zero", "fsdp"))
+
+
+def test_compare_record_and_table_carry_memory():
+    from rich.console import Console
+
+    from dpcompare.compare import RunSpec, run_record
+    from dpcompare.report.stats import aggregate
+    from dpcompare.report.table import build_table
+
+    def rec(strategy, total):
+        mem = {"params_mb": 1.0, "grads_mb": 1.0, "optimizer_state_mb": 2.0, "total_mb": total, "peak_rss_mb": 9.0,
+               "per_rank": [{"rank": 0, "params_bytes": 2**20, "grads_bytes": 2**20, "optimizer_state_bytes": 2**21,
+                             "total_bytes": int(total * 2**20), "peak_rss_mb": 9.0}]}
+        s = {"timing": {"samples_per_sec": 10.0, "measured_steps": 3}, "memory": mem}
+        return run_record(RunSpec(strategy, 2, 0), f"runs/{strategy}", 0, 1.0, s, [], "")
+
+    runs = [rec("ddp", 4.0), rec("fsdp", 2.0)]
+    assert runs[1]["memory_mb"]["total"] == 2.0 and runs[1]["memory_mb"]["per_rank"][0]["optimizer_state"] == 2.0
+    groups = aggregate({"config": {"strategies": ["ddp", "fsdp"], "np": [2]}, "runs": runs})
+    assert [g.memory_mb["total"] for g in groups] == [4.0, 2.0]
+    console = Console(width=250, record=True)
+    console.print(build_table(groups))
+    text = console.export_text()
+    assert "opt state" in text and "4.00" in text and "2.00" in text
