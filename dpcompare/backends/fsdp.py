@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from dpcompare.backends.ddp import DDPStrategy
@@ -90,7 +89,6 @@ class FSDPStrategy(DDPStrategy):
             for m in units:
                 m.set_reshard_after_forward(True, recurse=False)
                 m.reshard()
-            dist.barrier()
 
 
 def _fqn_to_ids(sd: dict[str, Any]) -> dict[str, Any]:
