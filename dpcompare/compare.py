@@ -117,7 +117,7 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
         "strategy": spec.strategy, "np": spec.np, "repeat": spec.repeat, "status": "failed", "error": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
-        "peak_rss_mb": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
+        "peak_rss_mb": None, "memory_mb": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
         "metrics": metrics,
     }
     if returncode == 0 and summary is not None:
@@ -126,7 +126,8 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                    step_ms={"median": t.get("step_ms_median"), "p95": t.get("step_ms_p95")},
                    phases_ms=t.get("phases_ms"), final_test_accuracy=summary.get("final_test_accuracy"),
                    final_train_loss=summary.get("final_train_loss"), peak_rss_mb=t.get("peak_rss_mb"),
-                   measured_steps=t.get("measured_steps"), device=summary.get("device"))
+                   measured_steps=t.get("measured_steps"), device=summary.get("device"),
+                   memory_mb=_memory_mb(summary.get("memory")))
         if not t.get("measured_steps"):
             rec["error"] = ("no step was timed: --warmup-steps is at least the number of steps the run took; "
                             "lower it or train longer")
@@ -142,6 +143,15 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
     else:
         rec["error"] = tail(stderr or stdout) or f"exited with code {returncode} and printed nothing"
     return rec
+
+
+def _memory_mb(memory: dict[str, Any] | None) -> dict[str, Any] | None:
+    """summary.json's tensor accounting: the largest rank's MB per kind, and every rank's."""
+    if not memory:
+        return None
+    kinds = ("params", "grads", "optimizer_state", "total")
+    return {**{k: memory.get(f"{k}_mb") for k in kinds},
+            "per_rank": [{k: r[f"{k}_bytes"] / 2**20 for k in kinds} for r in memory.get("per_rank", [])]}
 
 
 def _launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int | None, float]:

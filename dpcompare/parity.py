@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     from dpcompare.options import add_config_options
 
     p = sub.add_parser(
-        "parity", help="run ddp and horovod for K steps and compare weights and losses tensor by tensor",
+        "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
         description="Run the same K steps under each strategy at --np processes (and under `single` with the "
                     "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
                     "absolute difference per tensor of the final weights and between the loss curves. "
@@ -103,7 +103,7 @@ def run_parity(a: argparse.Namespace) -> int:
     console = Console(highlight=False)
     strategies = [s for s in a.strategies if s != "single"]  # single is added below where it is exact
     if not strategies:
-        raise ConfigError("--strategies needs a distributed strategy (ddp, horovod)")
+        raise ConfigError("--strategies needs a distributed strategy (ddp, horovod, zero, fsdp)")
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")

@@ -130,18 +130,31 @@ def _timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_ste
     }
 
 
+MEMORY_KINDS = ("params", "grads", "optimizer_state")
+
+
+def _memory_summary(strategy: Strategy, mine: dict[str, int], timing: dict[str, Any]) -> dict[str, Any]:
+    """Bytes of parameters, gradients and optimizer state on every rank (tensor accounting, at the end of
+    training) with each rank's peak RSS; the top-level figures are the largest rank's, in MB."""
+    values = [float(mine[k]) for k in MEMORY_KINDS]
+    table = strategy.all_gather_floats([*values, float(sum(values))])
+    per_rank = [{"rank": r, **{f"{k}_bytes": int(v) for k, v in zip((*MEMORY_KINDS, "total"), row, strict=True)},
+                 "peak_rss_mb": timing["per_rank"][r]["peak_rss_mb"]} for r, row in enumerate(table)]
+    return {**{f"{k}_mb": max(r[f"{k}_bytes"] for r in per_rank) / 2**20 for k in (*MEMORY_KINDS, "total")},
+            "peak_rss_mb": timing["peak_rss_mb"], "per_rank": per_rank}
+
+
 def evaluate(model: nn.Module, strategy: Strategy, loader: Any) -> float:
     """Test accuracy over the whole test set; every rank evaluates with rank 0's BatchNorm statistics."""
     strategy.broadcast_buffers(model)
-    module = strategy.unwrap_model(model)
-    module.eval()
     correct = total = 0
-    with torch.no_grad():
+    with strategy.evaluating(model) as module, torch.no_grad():
+        module.eval()
         for x, y in loader:
             pred = module(x.to(strategy.device)).argmax(1).cpu()
             correct += int((pred == y).sum())
             total += len(y)
-    module.train()
+        module.train()
     c = strategy.all_reduce(torch.tensor([correct, total], dtype=torch.float64), "sum")
     return float(c[0] / c[1])
 
@@ -223,7 +236,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     start_epoch, global_step, history = 0, 0, []
     notes: list[str] = []
     if ckpt is not None:
-        optimizer.load_state_dict(ckpt["optimizer"])
+        strategy.load_full_optimizer_state(model, optimizer, ckpt["optimizer"])
         for g in optimizer.param_groups:  # the current run's hyper-parameters win over the checkpoint's
             g["lr"] = lr
             if "momentum" in g:
@@ -332,13 +345,14 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 last_good = checkpoint.checkpoint_path(out, epoch)
 
     timing = _timing_summary(strategy, step_times, global_batch)
+    memory = _memory_summary(strategy, strategy.memory_bytes(model, optimizer), timing)
     summary = {
         "strategy": strategy.name, "world_size": world, "launcher": strategy.env.launcher,
         "device": str(device), "model": cfg.model, "dataset": cfg.dataset, "epochs": last_epoch,
         "steps": global_step, "batch_size": cfg.batch_size, "global_batch_size": global_batch, "lr": lr,
         "seed": cfg.seed, "final_train_loss": history[-1]["train_loss"] if history else None,
         "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
-        "samples_per_sec": timing["samples_per_sec"], "timing": timing,
+        "samples_per_sec": timing["samples_per_sec"], "timing": timing, "memory": memory,
         "resumed_from": str(resume_path) if resume_path else None,
         "sync_mechanism": strategy.sync_mechanism, "config": run_info, "versions": versions(),
     }
@@ -359,11 +373,11 @@ def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim
                     out: Path) -> Path | None:
     """Rank 0 writes ``OUT/checkpoints/epoch-<N>.pt``; every rank waits for it."""
     path = None
+    model_state, optimizer_state = strategy.full_state_dicts(model, optimizer)  # every rank: may gather
     if strategy.is_main:
         state = {
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
-            "model": checkpoint.plain_state_dict(strategy.unwrap_model(model).state_dict()),
-            "optimizer": optimizer.state_dict(), "epoch": epoch, "global_step": global_step,
+            "model": model_state, "optimizer": optimizer_state, "epoch": epoch, "global_step": global_step,
             "sampler": {"seed": cfg.seed, "epoch": epoch, "position": 0},
             "rng": checkpoint.rng_state(), "config": run_info, "strategy": strategy.name,
             "world_size": strategy.world_size, "versions": versions(), "history": list(history),

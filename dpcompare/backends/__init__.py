@@ -1,6 +1,6 @@
 """Data-parallel strategies behind one interface. Importing this package registers all of them."""
 
-from dpcompare.backends import ddp, horovod, single  # noqa: F401  (registration side effect)
+from dpcompare.backends import ddp, fsdp, horovod, single, zero  # noqa: F401  (registration side effect)
 from dpcompare.backends.base import Strategy, StrategyUnavailable
 from dpcompare.backends.registry import create, get, names, register
 

@@ -8,7 +8,9 @@ collectives the trainer needs for metrics.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Literal
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -134,6 +136,41 @@ class Strategy(ABC):
         optimizer's state would take an optimizer step on some libraries (see shared NOTES).
         """
 
+    # -- full state for checkpoints, evaluation, memory ----------------------------------------------
+    def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The plain model state_dict and the plain ``torch.optim`` optimizer state (param ids 0..n-1).
+
+        Called on every rank (sharding strategies gather here); only rank 0's result is complete.
+        """
+        from dpcompare.checkpoint import plain_state_dict
+
+        return plain_state_dict(self.unwrap_model(model).state_dict()), optimizer.state_dict()
+
+    def load_full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None:
+        """Load a plain optimizer state (as :meth:`full_state_dicts` returns it) on every rank.
+
+        The model's weights are loaded into the plain module before :meth:`wrap_model`.
+        """
+        optimizer.load_state_dict(state)
+
+    @contextmanager
+    def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The module each rank evaluates its share of the test set with (no collectives in its forward)."""
+        yield self.unwrap_model(model)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
+        """The optimizer state this rank holds, one dict per parameter."""
+        return optimizer.state.values()
+
+    def memory_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held by this rank (local shards only)."""
+        params = list(self.unwrap_model(model).parameters())
+        state = [v for s in self.optimizer_state(optimizer) if s for v in s.values()]
+        return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
+                "optimizer_state": tensor_bytes(state)}
+
     # -- collectives (every strategy implements them; `single` holds the one-process versions) ----------
     @abstractmethod
     def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
@@ -153,6 +190,19 @@ class Strategy(ABC):
     def barrier(self) -> None:
         """Wait for every rank."""
 
+
+
+def tensor_bytes(tensors: Iterable[object]) -> int:
+    """Bytes held on this rank by the tensors in ``tensors`` (a DTensor counts its local shard; others skipped)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        if isinstance(t, DTensor):
+            t = t.to_local()
+        if isinstance(t, torch.Tensor):
+            total += t.numel() * t.element_size()
+    return total
 
 
 def require_gpu_for_sync_bn(device: torch.device, cls_name: str) -> None:

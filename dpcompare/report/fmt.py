@@ -36,6 +36,13 @@ def mb(v: float | None) -> str:
     return "–" if v is None else f"{v:,.0f}"
 
 
+def size_mb(v: float | None) -> str:
+    """Tensor memory in MB, with decimals for small models."""
+    if v is None:
+        return "–"
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:,.0f}"
+
+
 def headline(error: str | None, limit: int = 160) -> str:
     """The telling line of a stderr tail: the first one saying "error", else the last non-banner line."""
     if not error:

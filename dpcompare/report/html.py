@@ -11,7 +11,7 @@ from typing import Any
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
 from dpcompare.report.plots import Plot, colors
-from dpcompare.report.stats import Group, Verdict, phase_shifts, strategy_order
+from dpcompare.report.stats import MEMORY_KINDS, MEMORY_LABELS, Group, Verdict, phase_shifts, strategy_order
 
 CSS = """
 :root { --fg:#1f2328; --muted:#626a73; --line:#e3e6ea; --bg:#f6f7f9; --ok:#1a7f37; --bad:#c0303a; --accent:#3b6fb6; }
@@ -86,6 +86,9 @@ def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
     several_np = len({g.np for g in groups}) > 1
     head = ["strategy", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
             *(f"{p}<br>ms" for p in PHASES), "test accuracy", "final train loss", "peak RSS<br>MB"]
+    memory = any(g.memory_mb for g in groups)
+    if memory:
+        head += [f"{MEMORY_LABELS[k]}<br>MB/rank" for k in MEMORY_KINDS]
     if several_np:
         head.append("scaling<br>efficiency")
     rows = []
@@ -96,6 +99,8 @@ def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
                  f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                  *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
                  "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}", fmt.mb(g.peak_rss_mb)]
+        if memory:
+            cells += [fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS]
         if several_np:
             cells.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

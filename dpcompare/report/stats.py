@@ -147,6 +147,10 @@ def scaling_efficiency(throughput_np: float, np: int, throughput_1: float) -> fl
 
 
 # -- per-configuration aggregates ----------------------------------------------------------------------
+MEMORY_KINDS = ("params", "grads", "optimizer_state", "total")
+MEMORY_LABELS = {"params": "params", "grads": "grads", "optimizer_state": "opt state", "total": "total"}
+
+
 @dataclass
 class Group:
     """All repeats of one (strategy, np)."""
@@ -164,6 +168,8 @@ class Group:
     accuracies: list[float] = field(default_factory=list)
     final_train_loss: float | None = None
     peak_rss_mb: float | None = None
+    #: MB of parameters / gradients / optimizer state (and their total) on the largest rank, mean over repeats
+    memory_mb: dict[str, float] = field(default_factory=dict)
     wall_seconds: float | None = None
     efficiency: float | None = None  # scaling efficiency against the same strategy at np=1
 
@@ -209,6 +215,10 @@ def aggregate(results: dict[str, Any], confidence: float = CONFIDENCE) -> list[G
             g.final_train_loss = _mean(r.get("final_train_loss") for r in ok)
             rss = [float(r["peak_rss_mb"]) for r in ok if r.get("peak_rss_mb") is not None]
             g.peak_rss_mb = max(rss) if rss else None
+            for k in MEMORY_KINDS:
+                v = _mean((r.get("memory_mb") or {}).get(k) for r in ok)
+                if v is not None:
+                    g.memory_mb[k] = v
             g.wall_seconds = _mean(r.get("wall_seconds") for r in ok)
             groups.append(g)
     for g in groups:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.stats import Group, Verdict
+from dpcompare.report.stats import MEMORY_KINDS, MEMORY_LABELS, Group, Verdict
 
 PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
@@ -39,6 +39,10 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
         t.add_column(f"{PHASE_LABELS[p]}\nms", justify="right")
     t.add_column("test acc", justify="right")
     t.add_column("peak RSS\nMB", justify="right")
+    memory = any(g.memory_mb for g in groups)
+    if memory:  # tensor accounting per rank: what sharding saves
+        for k in MEMORY_KINDS:
+            t.add_column(f"{MEMORY_LABELS[k]}\nMB/rank", justify="right")
     if several_np:
         t.add_column("scaling\neff.", justify="right")
     prev = None
@@ -47,6 +51,8 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
         row = [g.strategy if g.strategy != prev else "", str(g.np), ok, fmt.sps(g.samples_per_sec),
                f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), fmt.accuracy(g), fmt.mb(g.peak_rss_mb)]
+        if memory:
+            row += [fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS]
         if several_np:
             row.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
         t.add_row(*row, end_section=bool(next_strategy_differs(groups, g)))

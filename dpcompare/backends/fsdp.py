@@ -1,0 +1,108 @@
+"""FSDP2: ``fully_shard`` shards parameters, gradients and optimizer state over the processes.
+
+Every module that owns parameters (each Linear, Conv, BatchNorm) and the root are wrapped by
+``torch.distributed.fsdp.fully_shard`` on a 1-D device mesh (gloo on CPU, nccl on CUDA). Each rank
+stores 1/N of every parameter (a DTensor shard); the optimizer, built on those shards, holds 1/N of
+the state. Per step each layer's parameters are all-gathered before its forward (and again before its
+backward), and its gradients are reduce-scattered after backward, so every rank receives the averaged
+gradient of its own shard only. Checkpoints gather the full model and optimizer state on rank 0 with
+``torch.distributed.checkpoint.state_dict`` and are written in the plain format every strategy reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpcompare.backends.ddp import DDPStrategy
+from dpcompare.backends.registry import register
+
+
+def _full_options(**kw: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+@register
+class FSDPStrategy(DDPStrategy):
+    name = "fsdp"
+    summary = "FSDP2 fully_shard per layer and the root (parameters, gradients, optimizer state sharded)"
+    sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
+                      "backward; its gradients are reduce-scattered, so each process updates only its shard")
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        # fully_shard shards each rank's own tensors: start every rank from rank 0's (as DDP's constructor does).
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                self._broadcast_(t)
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
+        for m in units:
+            fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return model  # fully_shard changes the module in place; its state_dict holds DTensor shards
+
+    def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Parameters were made equal before sharding; on resume every rank loaded the same optimizer state."""
+        self.broadcast_buffers(model)
+
+    def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        opts = _full_options(cpu_offload=True)  # only rank 0 receives the gathered tensors
+        model_sd = get_model_state_dict(model, options=opts)
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+        if not self.is_main:
+            return {}, {}
+        return model_sd, _fqn_to_ids(optim_sd)
+
+    def load_full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, _ids_to_fqn(model, optimizer, state), options=_full_options())
+
+    @contextmanager
+    def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
+        """Gather every layer once, so that ranks may run different numbers of forward passes."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for m in units:
+            m.unshard()
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield model
+        finally:
+            for m in units:
+                m.set_reshard_after_forward(True, recurse=False)
+                m.reshard()
+
+
+def _fqn_to_ids(sd: dict[str, Any]) -> dict[str, Any]:
+    """torch.distributed.checkpoint's optimizer state (keyed by parameter name) → plain torch.optim ids."""
+    ids: dict[str, int] = {}
+    groups = []
+    for g in sd["param_groups"]:
+        groups.append({**g, "params": [ids.setdefault(n, len(ids)) for n in g["params"]]})
+    return {"state": {ids[n]: s for n, s in sd["state"].items()}, "param_groups": groups}
+
+
+def _ids_to_fqn(model: nn.Module, optimizer: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[str, Any]:
+    """Plain torch.optim ids (the order of the optimizer's parameters) → parameter names."""
+    names = {p: n for n, p in model.named_parameters()}
+    order = [names[p] for g in optimizer.param_groups for p in g["params"]]
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {order[int(i)]: s for i, s in sd["state"].items()}, "param_groups": groups}
