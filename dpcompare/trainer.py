@@ -334,7 +334,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
         "samples_per_sec": timing["samples_per_sec"], "timing": timing,
         "resumed_from": str(resume_path) if resume_path else None,
-        "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg), "comm": strategy.comm_report(),
+        "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg), "comm": {**strategy.comm_report(), "optimizer_steps": done_steps,
+                                                                "micro_batches": done_steps * accumulate},
         "config": run_info, "versions": versions(),
     }
     if main:

@@ -50,6 +50,9 @@ class HorovodStrategy(Strategy):
             raise ConfigError(f"--adasum needs a power-of-two number of processes (Horovod supports no other), not "
                               f"{world_size}; use -np {1 << (world_size.bit_length() - 1)} or "
                               f"{1 << world_size.bit_length()}, or drop --adasum")
+        if cfg.grad_compression == "bf16" and not _allreduces_bf16():
+            raise ConfigError(f"--grad-compression bf16: Horovod {cls.version()}'s torch binding cannot all-reduce "
+                              "bfloat16 tensors; only --strategy ddp can (fp16 works under both)")
         gloo_controller = _gloo_controller()
         if cfg.horovod_ops == "gloo" and not gloo_controller:
             raise ConfigError("--horovod-ops gloo needs Horovod's gloo controller: launch with `horovodrun --gloo "
@@ -178,6 +181,15 @@ class HorovodStrategy(Strategy):
 def _gloo_controller() -> bool:
     """True when the job was started by ``horovodrun --gloo`` (Horovod's gloo rendezvous is set)."""
     return bool(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")) or os.environ.get("HOROVOD_CONTROLLER") == "gloo"
+
+
+def _allreduces_bf16() -> bool:
+    """Whether this Horovod's torch binding has bfloat16 all-reduce kernels (0.28.1 has none)."""
+    try:
+        from horovod.torch import mpi_ops
+    except ImportError:
+        return True  # the missing library is reported by check_available
+    return hasattr(mpi_ops.mpi_lib, "horovod_torch_allreduce_async_torch_BFloat16Tensor")
 
 
 _BF16: Any = None
