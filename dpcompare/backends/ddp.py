@@ -91,11 +91,10 @@ class DDPStrategy(Strategy):
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
                                                 start_powerSGD_iter=2)
             hook, name = powerSGD_hook.powerSGD_hook, "powerSGD_hook"
-        if cfg.count_allreduces:
-            hook = self._counted(hook)
-        if cfg.count_allreduces or name != "allreduce_hook":  # else DDP's built-in all-reduce, no Python hook
-            ddp.register_comm_hook(state, hook)
-        self._installed = {"comm_hook": name if name != "allreduce_hook" else "built-in all-reduce", "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
+        registered = cfg.count_allreduces or name != "allreduce_hook"  # else DDP's built-in all-reduce
+        if registered:
+            ddp.register_comm_hook(state, self._counted(hook) if cfg.count_allreduces else hook)
+        self._installed = {"comm_hook": name if registered else "built-in all-reduce", "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
                            "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression,
                                                                                      "float32"),
                            "powersgd_rank": cfg.powersgd_rank}
