@@ -142,6 +142,9 @@ def run_parity(a: argparse.Namespace) -> int:
     unsupported = [k for k in knobs.active(base) if k not in backends.get("single").knobs]
     if a.single and unsupported:
         single_note = f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
+    elif a.single and base.amp != "none":
+        single_note = (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
+                       "from per-process ones")
     elif a.single:
         if base.sync_bn or not _has_batchnorm(base):
             runs["single"] = dataclasses.replace(
