@@ -146,8 +146,8 @@ def test_ddp_knobs_take_effect(ddp_fp16):
     n_params = sum(t.numel() for t in torch.load(ddp_fp16 / "checkpoints" / "epoch-1.pt",
                                                  weights_only=True)["model"].values())
     assert c["grad_allreduce_elements"] == n_params * c["optimizer_steps"]  # every gradient, once per step
-    buckets = c["grad_allreduces"] / c["optimizer_steps"]
-    assert buckets == int(buckets) and buckets >= 3  # 0.05 MB buckets: several (25 MB: one for this mlp)
+    # 0.05 MB buckets: several per step once DDP rebuilds them after step 1 (25 MB: one for this mlp)
+    assert c["grad_allreduces"] >= 1 + 2 * (c["optimizer_steps"] - 1)
     assert s["knobs"] == {"grad_compression": "fp16", "bucket_mb": 0.05, "static_graph": True, "amp": "bf16"}
 
 
@@ -155,7 +155,8 @@ def test_ddp_knobs_take_effect(ddp_fp16):
 @needs_horovod
 def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_take_effect(ddp_fp16, tmp_path):
     out = tmp_path / "hvd"
-    p = dpcompare("train", "--strategy", "horovod", *MLP, "--max-steps", "8", "--resume",
+    # 11 steps of 2 micro-batches per epoch: the checkpoint ends epoch 1, so epoch 2 runs steps 5-12
+    p = dpcompare("train", "--strategy", "horovod", *MLP, "--max-steps", "12", "--resume",
                   str(ddp_fp16 / "checkpoints" / "epoch-1.pt"), "--accumulate", "2", "--grad-compression", "fp16",
                   "--bucket-mb", "0.05", "--horovod-cycle-ms", "2", "--horovod-ops", "mpi", "--amp", "fp16",
                   "--out", str(out), np=2)
@@ -164,7 +165,7 @@ def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_t
     for k in ("strategy 'ddp' → 'horovod'", "accumulate 1 → 2", "amp 'bf16' → 'fp16'", "static_graph True → False"):
         assert k in changed[0], changed[0]
     s = summary(out)
-    assert s["steps"] == 8 and s["global_batch_size"] == 32 * 2 * 2 and "global 128" in p.stdout
+    assert s["steps"] == 12 and s["comm"]["optimizer_steps"] == 8 and s["global_batch_size"] == 32 * 2 * 2 and "global 128" in p.stdout
     c = s["comm"]
     assert (c["compression"], c["wire_dtype"], c["backward_passes_per_step"], c["op"]) == (
         "FP16Compressor", "float16", 2, "Average")
