@@ -159,7 +159,7 @@ def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_t
     p = dpcompare("train", "--strategy", "horovod", *MLP, "--max-steps", "12", "--resume",
                   str(ddp_fp16 / "checkpoints" / "epoch-1.pt"), "--accumulate", "2", "--grad-compression", "fp16",
                   "--bucket-mb", "0.05", "--horovod-cycle-ms", "2", "--horovod-ops", "mpi", "--amp", "fp16",
-                  "--out", str(out), np=2)
+                  "--progress", "lines", "--out", str(out), np=2)
     changed = [x for x in p.stdout.splitlines() if "differs from the checkpoint's run" in x]
     assert len(changed) == 1
     for k in ("strategy 'ddp' → 'horovod'", "accumulate 1 → 2", "amp 'bf16' → 'fp16'", "static_graph True → False"):
