@@ -16,6 +16,7 @@ from typing import Any
 from dpcompare import argtypes as t
 
 TRAINING, OUTPUT, NETWORK = "training", "output and checkpoints", "network"
+KNOBS = "communication knobs (each strategy refuses the ones it cannot honour)"
 
 
 def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
@@ -90,6 +91,33 @@ class TrainConfig:
                          type=t.nonneg_int)
     warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int)
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
+    count_allreduces: bool = opt(False, "count gradient all-reduces into summary.json's comm (tests; may add a "
+                                        "Python hook)", hidden=True)
+    # -- communication knobs (translated by the strategy plugins; see dpcompare.knobs) --------------
+    grad_compression: str = opt("none", "gradients on the wire: fp16/bf16 cast before the all-reduce (ddp: "
+                                        "fp16_compress_hook or dpcompare's bf16 hook; horovod: Compression.fp16 or "
+                                        "dpcompare's bf16 Compressor)", choices=["none", "fp16", "bf16"],
+                                group=KNOBS, resume=True)
+    accumulate: int = opt(1, "micro-batches per optimizer step (gradient accumulation; ddp: no_sync() for K-1 of "
+                             "them, horovod: backward_passes_per_step=K); the global batch is batch × processes × K",
+                          type=t.positive_int, group=KNOBS, resume=True, metavar="K")
+    bucket_mb: float = opt(0.0, "gradient bucket size in MB (ddp: bucket_cap_mb, library default 25; horovod: "
+                                "HOROVOD_FUSION_THRESHOLD, library default 128 MiB); 0: the library's default",
+                           type=t.nonneg_float, group=KNOBS, resume=True, metavar="MB")
+    horovod_cycle_ms: float = opt(0.0, "horovod only: HOROVOD_CYCLE_TIME, ms between fusion cycles; 0: Horovod's "
+                                       "default", type=t.nonneg_float, group=KNOBS, resume=True, metavar="MS")
+    horovod_ops: str = opt("default", "horovod only: HOROVOD_CPU_OPERATIONS, the CPU all-reduce implementation "
+                                      "(gloo needs `horovodrun --gloo`)", choices=["default", "mpi", "gloo"],
+                           group=KNOBS, resume=True)
+    adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "
+                              "needs a power-of-two number of processes", group=KNOBS, resume=True)
+    powersgd_rank: int = opt(0, "ddp only: PowerSGD low-rank gradient compression of this rank (powerSGD_hook, "
+                                "lossy, from the second step); 0: off", type=t.nonneg_int, group=KNOBS, resume=True,
+                             metavar="R")
+    static_graph: bool = opt(False, "ddp only: DistributedDataParallel(static_graph=True)", group=KNOBS,
+                             resume=True)
+    amp: str = opt("none", "autocast forward and loss in bf16 or fp16 (fp16 with a gradient scaler on GPU)",
+                   choices=["none", "bf16", "fp16"], group=KNOBS, resume=True)
     # -- output and checkpoints -------------------------------------------------------------------
     out: str | None = opt(None, "output folder (default: runs/<strategy>-np<N>)", group=OUTPUT)
     checkpoint_every: int = opt(0, "write OUT/checkpoints/epoch-<N>.pt every N epochs and at the end (0: never)",

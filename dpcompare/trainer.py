@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpcompare import backends, checkpoint, models
+from dpcompare import backends, checkpoint, knobs, models
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
 from dpcompare.data import build_dataset, eval_loader, train_loader
@@ -93,7 +93,7 @@ class PhaseTimer:
     def lap(self, phase: str) -> None:
         self.sync()
         now = time.perf_counter()
-        self.laps[phase] = now - self.last
+        self.laps[phase] = self.laps.get(phase, 0.0) + now - self.last  # summed over micro-batches
         self.last = now
 
     def result(self) -> StepTiming:
@@ -210,9 +210,12 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
         checkpoint.check_fits(model, weights, cfg.init_from)
         model.load_state_dict(weights)
 
+    backends.get(cfg.strategy).check_config(cfg, env.world_size)  # refuse a knob before joining anyone
     if strategy is not None:
+        strategy.configure(cfg)
         return _train(cfg, strategy, data, model, ckpt, resume_path, out)
     strategy = backends.create(cfg.strategy, env=env, device=cfg.device, iface=cfg.iface, timeout_s=cfg.timeout)
+    strategy.configure(cfg)
     strategy.setup()
     try:
         return _train(cfg, strategy, data, model, ckpt, resume_path, out)
@@ -254,13 +257,19 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
 
     loader, sampler = train_loader(data.train, cfg.batch_size, strategy.rank, world, cfg.seed)
     test_loader = eval_loader(data.test, strategy.rank, world)
-    steps_per_epoch = len(loader)
+    accumulate = cfg.accumulate
+    steps_per_epoch = len(loader) // accumulate
+    if steps_per_epoch == 0:
+        raise ConfigError(f"--accumulate {accumulate} needs {accumulate} batches per optimizer step but each process "
+                          f"has {len(loader)} per epoch; use a smaller --accumulate or --batch-size")
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps) if cfg.epochs else cfg.max_steps
     last_epoch = cfg.epochs if not cfg.max_steps else min(cfg.epochs or 10**9, -(-cfg.max_steps // steps_per_epoch))
     criterion = nn.CrossEntropyLoss()
-    global_batch = cfg.batch_size * world
+    global_batch = cfg.batch_size * world * accumulate
+    amp_dtype = knobs.amp_dtype(cfg.amp)
+    scaler = strategy.make_grad_scaler()
 
     writer = None
     if main:
@@ -277,8 +286,11 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                        bar_allowed=strategy.env.launcher == "none")
     rep.print(f"dpcompare: {strategy.name} · {world} process{'es' if world > 1 else ''} ({strategy.env.launcher}) "
               f"· {device} · {cfg.model} ({n_params:,} parameters) · {cfg.dataset} "
-              f"({len(data.train)} train / {len(data.test)} test) · batch {cfg.batch_size}/process, "
+              f"({len(data.train)} train / {len(data.test)} test) · batch {cfg.batch_size}/process"
+              f"{f' × {accumulate} micro-batches' if accumulate > 1 else ''}, "
               f"global {global_batch} · lr {lr:g} · {steps_per_epoch} steps/epoch")
+    if knobs.active(cfg):
+        rep.print("knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.active(cfg).items()))
     for n in notes:
         rep.print(n)
 
@@ -299,21 +311,27 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
                 timer.begin()
-                x, y = next(it)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                timer.lap("data")
                 optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
-                loss = criterion(model(x), y)
-                timer.lap("forward")
-                loss.backward()
-                timer.lap("backward")
-                optimizer.step()
+                lval = torch.zeros((), dtype=torch.float64)
+                for micro in range(accumulate):  # gradients summed locally, exchanged after the last
+                    x, y = next(it)
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    timer.lap("data")
+                    with strategy.accumulation_context(model, micro):  # DDP's no_sync covers forward and backward
+                        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                            loss = criterion(model(x), y)
+                        timer.lap("forward")
+                        scaled = loss / accumulate if accumulate > 1 else loss
+                        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                        timer.lap("backward")
+                    micro_loss = loss.detach().to(torch.float64).cpu()
+                    lval += micro_loss / accumulate
+                    loss_sum += micro_loss * len(y)
+                    seen += len(y)
+                strategy.optimizer_step(optimizer, scaler)
                 timer.lap("optimizer")
                 global_step += 1
                 done_steps += 1
-                lval = loss.detach().to(torch.float64).cpu()
-                loss_sum += lval * len(y)
-                seen += len(y)
                 if cfg.record_step_loss:
                     step_losses.append(float(strategy.all_reduce(lval, "mean")))
                 if rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
@@ -354,7 +372,9 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
         "samples_per_sec": timing["samples_per_sec"], "timing": timing, "memory": memory,
         "resumed_from": str(resume_path) if resume_path else None,
-        "sync_mechanism": strategy.sync_mechanism, "config": run_info, "versions": versions(),
+        "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg), "comm": {**strategy.comm_report(), "optimizer_steps": done_steps,
+                                                                "micro_batches": done_steps * accumulate},
+        "config": run_info, "versions": versions(),
     }
     if main:
         if cfg.record_step_loss:

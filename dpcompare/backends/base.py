@@ -7,15 +7,19 @@ collectives the trainer needs for metrics.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 
@@ -27,6 +31,8 @@ class Strategy(ABC):
     summary: ClassVar[str]  # one line for --help and reports
     #: how gradients are synchronised, for teaching material and reports
     sync_mechanism: ClassVar[str] = ""
+    #: the communication knobs (TrainConfig fields, see dpcompare.knobs) this strategy honours
+    knobs: ClassVar[frozenset[str]] = frozenset({"accumulate", "amp"})
 
     def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
                  timeout_s: float = 300.0) -> None:
@@ -35,6 +41,11 @@ class Strategy(ABC):
         self.iface = iface
         self.timeout_s = timeout_s
         self._device: torch.device | None = None
+        from dpcompare.config import TrainConfig
+
+        self.cfg = TrainConfig()
+        #: what the strategy installed and counted, for summary.json["comm"]
+        self.counters: dict[str, int] = {"grad_allreduces": 0, "grad_allreduce_elements": 0}
 
     # -- availability ---------------------------------------------------------------------------
     @classmethod
@@ -56,6 +67,57 @@ class Strategy(ABC):
         except (StrategyUnavailable, DpcompareError) as e:
             return {"installed": False, "error": str(e)}
         return {"installed": True, "version": cls.version()}
+
+    # -- knobs ----------------------------------------------------------------------------------
+    @classmethod
+    def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
+        """Refuse, before any process group work, a knob this strategy cannot honour or a value it cannot take.
+
+        The base version refuses the knobs other strategies own, naming who can; subclasses add their own
+        value checks (and call this).
+        """
+        from dpcompare import backends, knobs
+        from dpcompare.errors import ConfigError
+        from dpcompare.options import flag_of
+
+        for name, value in knobs.active(cfg).items():
+            if name not in cls.knobs:
+                who = [n for n in backends.names() if name in backends.get(n).knobs]
+                shown = flag_of(name) if isinstance(value, bool) else f"{flag_of(name)} {value}"
+                raise ConfigError(f"{shown}: --strategy {cls.name} cannot honour it; only "
+                                  f"{' or '.join('--strategy ' + w for w in who) or 'no strategy'} can")
+        if cfg.amp != "none":
+            want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+            knobs.check_amp(cfg.amp, want)
+
+    def configure(self, cfg: TrainConfig) -> None:
+        """Take the run's knobs; called before :meth:`setup` (Horovod reads some of them at init)."""
+        self.cfg = cfg
+
+    def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
+        """Context for the backward pass of micro-batch ``micro_step`` (0-based) of ``cfg.accumulate``.
+
+        Gradients are summed locally over the micro-batches and exchanged once, after the last one.
+        """
+        return contextlib.nullcontext()
+
+    def make_grad_scaler(self) -> Any:
+        """A gradient scaler for fp16 autocast on GPU, else None."""
+        if self.cfg.amp == "fp16" and self.device.type == "cuda":
+            return torch.amp.GradScaler("cuda")
+        return None
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        """One optimizer step (through the gradient scaler when there is one)."""
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
+    def comm_report(self) -> dict[str, Any]:
+        """What this strategy installed for gradient exchange (hooks, compressor, sizes) and counted."""
+        return dict(self.counters)
 
     # -- life cycle -----------------------------------------------------------------------------
     @abstractmethod

@@ -8,17 +8,24 @@ gradients are already averaged; the optimizer itself is untouched.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcompare.backends.base import ReduceOp, Strategy, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
+from dpcompare.errors import ConfigError
 from dpcompare.launch.rendezvous import ensure_rendezvous
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
@@ -32,7 +39,15 @@ class DDPStrategy(Strategy):
     sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
                       "during backward(), overlapping communication with computation")
 
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float = 25.0  # torch's default
+    knobs = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "powersgd_rank", "static_graph"})
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
+        super().check_config(cfg, world_size)
+        if cfg.powersgd_rank and cfg.grad_compression != "none":
+            raise ConfigError(f"--powersgd-rank and --grad-compression {cfg.grad_compression} both replace DDP's "
+                              "communication hook; choose one")
 
     @classmethod
     def version(cls) -> str | None:
@@ -62,7 +77,44 @@ class DDPStrategy(Strategy):
         # The constructor broadcasts rank 0's parameters and buffers; buffers are re-synced before each forward.
         sync = ({"forward_sync_buffers": True} if "forward_sync_buffers" in _DDP_ARGS
                 else {"broadcast_buffers": True})
-        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb, **sync)
+        cfg = self.cfg
+        bucket = cfg.bucket_mb or self.bucket_cap_mb
+        ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket, static_graph=cfg.static_graph,
+                                      **sync)
+        state, hook, name = None, default_hooks.allreduce_hook, "allreduce_hook"
+        if cfg.grad_compression == "fp16":
+            hook, name = default_hooks.fp16_compress_hook, "fp16_compress_hook"
+        elif cfg.grad_compression == "bf16":
+            hook, name = bf16_compress_hook, "dpcompare.backends.ddp.bf16_compress_hook"
+        elif cfg.powersgd_rank:
+            # from the second step on (torch's default waits 1000 steps, longer than most comparisons)
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+                                                start_powerSGD_iter=2)
+            hook, name = powerSGD_hook.powerSGD_hook, "powerSGD_hook"
+        registered = cfg.count_allreduces or name != "allreduce_hook"  # else DDP's built-in all-reduce
+        if registered:
+            ddp.register_comm_hook(state, self._counted(hook) if cfg.count_allreduces else hook)
+        self._installed = {"comm_hook": name if registered else "built-in all-reduce", "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
+                           "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression,
+                                                                                     "float32"),
+                           "powersgd_rank": cfg.powersgd_rank}
+        return ddp
+
+    def _counted(self, hook: Any) -> Any:
+        """``hook`` that also counts the buckets it exchanges (one all-reduce per bucket)."""
+        def counted(state, bucket):  # type: ignore[no-untyped-def]  (DDP rejects string annotations)
+            self.counters["grad_allreduces"] += 1
+            self.counters["grad_allreduce_elements"] += bucket.buffer().numel()
+            return hook(state, bucket)
+        return counted
+
+    def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
+        if micro_step < self.cfg.accumulate - 1:
+            return model.no_sync()  # type: ignore[operator]
+        return contextlib.nullcontext()
+
+    def comm_report(self) -> dict[str, Any]:
+        return {**getattr(self, "_installed", {}), **self.counters}
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         module = self.unwrap_model(model)
@@ -100,3 +152,22 @@ class DDPStrategy(Strategy):
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
+
+
+def bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]  (DDP rejects string annotations)
+    """torch's ``fp16_compress_hook`` with bfloat16: cast the bucket, divide, sum in bf16, copy back.
+
+    torch's own ``bf16_compress_hook`` refuses anything but CUDA 11+ with NCCL 2.10+; gloo all-reduces
+    bfloat16 tensors, so the same recipe works on CPU.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    world = group.size()  # type: ignore[union-attr]
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(world)
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(f):  # type: ignore[no-untyped-def]
+        buffer.copy_(f.value()[0])
+        return buffer
+
+    return fut.then(decompress)

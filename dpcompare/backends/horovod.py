@@ -9,15 +9,19 @@ outstanding all-reduce, then applies the update. The model is not wrapped.
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
-from dpcompare.errors import LaunchError
+from dpcompare.errors import ConfigError, LaunchError
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
 
 INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in this Python: run `make setup` "
                 "(builds horovod 0.28.1 with the C++17 fix) or `pip install 'dpcompare[horovod]'`")
@@ -35,6 +39,37 @@ class HorovodStrategy(Strategy):
     summary = "Horovod DistributedOptimizer (MPI or gloo controller)"
     sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
                       "thread fuses; optimizer.step() waits for them (synchronize) before updating")
+
+    knobs = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "horovod_cycle_ms", "horovod_ops",
+                       "adasum"})
+
+    @classmethod
+    def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
+        super().check_config(cfg, world_size)
+        if cfg.adasum and world_size & (world_size - 1):
+            raise ConfigError(f"--adasum needs a power-of-two number of processes (Horovod supports no other), not "
+                              f"{world_size}; use -np {1 << (world_size.bit_length() - 1)} or "
+                              f"{1 << world_size.bit_length()}, or drop --adasum")
+        if cfg.grad_compression == "bf16" and not _allreduces_bf16():
+            raise ConfigError(f"--grad-compression bf16: Horovod {cls.version()}'s torch binding cannot all-reduce "
+                              "bfloat16 tensors; only --strategy ddp can (fp16 works under both)")
+        gloo_controller = _gloo_controller()
+        if cfg.horovod_ops == "gloo" and not gloo_controller:
+            raise ConfigError("--horovod-ops gloo needs Horovod's gloo controller: launch with `horovodrun --gloo "
+                              "-np N dpcompare train ...` (under mpirun Horovod's gloo operations crash)")
+        if cfg.horovod_ops == "mpi" and gloo_controller:
+            raise ConfigError("--horovod-ops mpi needs Horovod's MPI controller: launch with mpirun (or horovodrun "
+                              "--mpi), not horovodrun --gloo")
+
+    def configure(self, cfg: TrainConfig) -> None:
+        """Horovod reads its fusion threshold, cycle time and CPU operations from the environment at init."""
+        super().configure(cfg)
+        if cfg.bucket_mb:
+            os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.bucket_mb * 1024 * 1024))
+        if cfg.horovod_cycle_ms:
+            os.environ["HOROVOD_CYCLE_TIME"] = f"{cfg.horovod_cycle_ms:g}"
+        if cfg.horovod_ops != "default":
+            os.environ["HOROVOD_CPU_OPERATIONS"] = cfg.horovod_ops
 
     @classmethod
     def check_available(cls) -> None:
@@ -82,10 +117,45 @@ class HorovodStrategy(Strategy):
         return _convert_bn(model, self._hvd.SyncBatchNorm)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        hvd = self._hvd
-        # Pre-divide by the world size before summing, as DDP does, so both average identically.
-        return hvd.DistributedOptimizer(optimizer, named_parameters=self.unwrap_model(model).named_parameters(),
-                                        op=hvd.Average, gradient_predivide_factor=float(hvd.size()))
+        hvd, cfg = self._hvd, self.cfg
+        compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+                       "bf16": bf16_compressor()}[cfg.grad_compression]
+        if cfg.adasum:
+            op, kw = hvd.Adasum, {}
+        else:  # pre-divide by the world size before summing, as DDP does, so both average identically
+            op, kw = hvd.Average, {"gradient_predivide_factor": float(hvd.size())}
+        opt = hvd.DistributedOptimizer(optimizer, named_parameters=self.unwrap_model(model).named_parameters(),
+                                       op=op, compression=compression, backward_passes_per_step=cfg.accumulate, **kw)
+        if cfg.count_allreduces:
+            send = opt._allreduce_grad_async
+
+            def counted(p: torch.Tensor) -> Any:
+                self.counters["grad_allreduces"] += 1
+                self.counters["grad_allreduce_elements"] += p.numel()
+                return send(p)
+
+            opt._allreduce_grad_async = counted
+        self._installed = {
+            "compression": getattr(compression, "__name__", type(compression).__name__),
+            "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression, "float32"),
+            "op": "Adasum" if cfg.adasum else "Average", "backward_passes_per_step": cfg.accumulate,
+            **{k: os.environ[k] for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS")
+               if k in os.environ}}
+        return opt
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        if scaler is None:
+            optimizer.step()
+            return
+        # The scaler must see averaged gradients: wait for the all-reduces, unscale, then step without waiting again.
+        optimizer.synchronize()  # type: ignore[attr-defined]
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():  # type: ignore[attr-defined]
+            scaler.step(optimizer)
+        scaler.update()
+
+    def comm_report(self) -> dict[str, Any]:
+        return {**getattr(self, "_installed", {}), **self.counters}
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         hvd = self._hvd
@@ -106,6 +176,47 @@ class HorovodStrategy(Strategy):
 
     def barrier(self) -> None:
         self._hvd.barrier()
+
+
+def _gloo_controller() -> bool:
+    """True when the job was started by ``horovodrun --gloo`` (Horovod's gloo rendezvous is set)."""
+    return bool(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")) or os.environ.get("HOROVOD_CONTROLLER") == "gloo"
+
+
+def _allreduces_bf16() -> bool:
+    """Whether this Horovod's torch binding has bfloat16 all-reduce kernels (0.28.1 has none)."""
+    try:
+        from horovod.torch import mpi_ops
+    except ImportError:
+        return True  # the missing library is reported by check_available
+    return hasattr(mpi_ops.mpi_lib, "horovod_torch_allreduce_async_torch_BFloat16Tensor")
+
+
+_BF16: Any = None
+
+
+def bf16_compressor() -> Any:
+    """A Horovod ``Compressor`` that sends bfloat16 (Horovod 0.28.1 ships fp16 only), built on first use."""
+    global _BF16
+    if _BF16 is None:
+        from horovod.torch.compression import Compressor
+
+        class BF16Compressor(Compressor):
+            """Cast floating-point tensors to bfloat16 for the all-reduce and back afterwards."""
+
+            @staticmethod
+            def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+                ctx = tensor.dtype
+                if tensor.dtype.is_floating_point:
+                    tensor = tensor.type(torch.bfloat16)
+                return tensor, ctx
+
+            @staticmethod
+            def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+                return tensor.type(ctx) if ctx.is_floating_point else tensor
+
+        _BF16 = BF16Compressor
+    return _BF16
 
 
 def _convert_bn(module: nn.Module, sync_cls: type[nn.Module]) -> nn.Module:
