@@ -122,12 +122,33 @@ def _timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_ste
     return {
         "samples_per_sec": sps,
         "measured_steps": measured,
+        "measured_seconds": slowest["measured_seconds"],
         "step_ms_median": max(r["step_ms_median"] for r in per_rank),
         "step_ms_p95": max(r["step_ms_p95"] for r in per_rank),
         "phases_ms": {p: statistics.fmean(r[f"{p}_ms"] for r in per_rank) for p in PHASES},
         "peak_rss_mb": max(r["peak_rss_mb"] for r in per_rank),
         "per_rank": per_rank,
     }
+
+
+def timing_only_steps(cfg: TrainConfig, strategy: Strategy, loader: Any, sampler: Any, last_epoch: int,
+                      step_times: list[StepTiming], one_step: Callable[[Any], Any]) -> int:
+    """Step on through further epochs' batches until ``cfg.min_timed_steps`` steps are timed; the count.
+
+    These steps come after the last evaluation and write no metrics or checkpoints: they only lengthen
+    the timing. Every rank times the same steps, so every rank takes the same number of extra steps.
+    """
+    extra, epoch = 0, last_epoch
+    while len(step_times) < cfg.min_timed_steps:
+        sampler.set_epoch(epoch)
+        epoch += 1
+        it = iter(loader)
+        for _ in range(len(loader)):
+            one_step(it)
+            extra += 1
+            if len(step_times) >= cfg.min_timed_steps:
+                break
+    return extra
 
 
 def evaluate(model: nn.Module, strategy: Strategy, loader: Any) -> float:
@@ -253,6 +274,26 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     step_times: list[StepTiming] = []
     step_losses: list[float] = []
     done_steps = 0
+
+    def one_step(it: Any) -> tuple[torch.Tensor, int]:
+        """One optimizer step on the next batch of ``it``, timed by phase once past warm-up."""
+        nonlocal done_steps
+        timer.begin()
+        x, y = next(it)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        timer.lap("data")
+        optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
+        loss = criterion(model(x), y)
+        timer.lap("forward")
+        loss.backward()
+        timer.lap("backward")
+        optimizer.step()
+        timer.lap("optimizer")
+        done_steps += 1
+        if done_steps > cfg.warmup_steps:
+            step_times.append(timer.result())
+        return loss.detach().to(torch.float64).cpu(), len(y)
+
     model.train()
     with rep:
         for epoch in range(start_epoch + 1, last_epoch + 1):
@@ -264,28 +305,14 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             for _ in range(steps_per_epoch):
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
-                timer.begin()
-                x, y = next(it)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                timer.lap("data")
-                optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
-                loss = criterion(model(x), y)
-                timer.lap("forward")
-                loss.backward()
-                timer.lap("backward")
-                optimizer.step()
-                timer.lap("optimizer")
+                lval, n = one_step(it)
                 global_step += 1
-                done_steps += 1
-                lval = loss.detach().to(torch.float64).cpu()
-                loss_sum += lval * len(y)
-                seen += len(y)
+                loss_sum += lval * n
+                seen += n
                 if cfg.record_step_loss:
                     step_losses.append(float(strategy.all_reduce(lval, "mean")))
                 if rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
                     rep.update(1, f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
-                if done_steps > cfg.warmup_steps:
-                    step_times.append(timer.result())
             epoch_seconds = time.perf_counter() - t_epoch
             sums = strategy.all_reduce(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64)]), "sum")
             slowest = float(strategy.all_reduce(epoch_seconds, "max"))
@@ -307,7 +334,13 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                     epoch == last_epoch and (cfg.checkpoint_every or cfg.save_final)):
                 save_checkpoint(strategy, model, optimizer, cfg, run_info, epoch, global_step, history, out)
 
+        timing_only = timing_only_steps(cfg, strategy, loader, sampler, last_epoch, step_times, one_step)
+        if timing_only:
+            rep.print(f"timed {timing_only} more steps after the last epoch, for timing only "
+                      f"(--min-steps {cfg.min_timed_steps}; accuracy and loss above are final)")
+
     timing = _timing_summary(strategy, step_times, global_batch)
+    timing["timing_only_steps"] = timing_only
     summary = {
         "strategy": strategy.name, "world_size": world, "launcher": strategy.env.launcher,
         "device": str(device), "model": cfg.model, "dataset": cfg.dataset, "epochs": last_epoch,
