@@ -247,9 +247,9 @@ def measured_share(results: dict[str, Any]) -> float | None:
 
 
 # -- verdicts ----------------------------------------------------------------------------------------
-def _pct(x: float, signed: bool = False) -> str:
-    v = 100.0 * x
-    digits = 0 if abs(v) >= 10 else 1
+def _pct(x: float, signed: bool = False, digits: int | None = None) -> str:
+    v = round(100.0 * x, 9)
+    digits = (0 if abs(v) >= 10 else 1) if digits is None else digits
     return f"{v:+.{digits}f}".replace("-", "−") if signed else f"{v:.{digits}f}"
 
 
@@ -333,13 +333,14 @@ def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | N
                              "no interval; run at least 3 repeats")
     lo, hi = math.exp(log_iv.lo), math.exp(log_iv.hi)  # type: ignore[arg-type]
     outcome = decide(lo, hi, equivalence)
+    dg = 1 if hi - lo < 0.1 else 0  # one decimal for the whole verdict when the interval is narrower than 10 %
     if outcome == "faster":
-        return outcome, (f"{other} {_pct(ratio - 1)} % faster than {baseline} at np={np_} "
-                         f"({conf} {_pct(lo - 1)}–{_pct(hi - 1)} %)")
+        return outcome, (f"{other} {_pct(ratio - 1, digits=dg)} % faster than {baseline} at np={np_} "
+                         f"({conf} {_pct(lo - 1, digits=dg)}–{_pct(hi - 1, digits=dg)} %)")
     if outcome == "slower":
-        return outcome, (f"{other} {_pct(1 - ratio)} % slower than {baseline} at np={np_} "
-                         f"({conf} {_pct(1 - hi)}–{_pct(1 - lo)} %)")
-    span = f"{_pct(lo - 1, True)} … {_pct(hi - 1, True)} %"
+        return outcome, (f"{other} {_pct(1 - ratio, digits=dg)} % slower than {baseline} at np={np_} "
+                         f"({conf} {_pct(1 - hi, digits=dg)}–{_pct(1 - lo, digits=dg)} %)")
+    span = f"{_pct(lo - 1, True, dg)} … {_pct(hi - 1, True, dg)} %"
     if outcome == "equal":
         return outcome, (f"{other} equal to {baseline} within ±{_pct(equivalence)} % at np={np_} "
                          f"({conf} {span})")
