@@ -292,6 +292,9 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
                 if v.ci_low is not None and v.ci_high is not None:
                     ax_b.axhspan(v.ci_low, v.ci_high, color=c, alpha=0.22, lw=0)
                     ax_b.axhline(v.ratio, color=c, lw=1.6, ls=ls)
+            seen = [x for v in shown for x in v.block_ratios] + [1 - eq, 1 + eq]
+            pad = 0.15 * (max(seen) - min(seen))
+            ax_b.set_ylim(min(seen) - pad, max(seen) + pad)  # a very wide interval fills the axis, clipped
             ax_b.set_title("Ratio within each block, and the verdict")
             ax_b.set_xlabel("block (repeat)")
             ax_b.set_ylabel("throughput ratio other / baseline")
