@@ -169,7 +169,7 @@ def _kv(d: dict[str, Any]) -> str:
 def command_line(results: dict[str, Any]) -> str:
     cfg = results.get("config") or {}
     parts = ["dpcompare", "compare"]
-    if cfg.get("np"):
+    if cfg.get("np") and not cfg.get("cli"):
         parts += ["--np", ",".join(map(str, cfg["np"]))]
     if cfg.get("cli"):
         parts += list(cfg["cli"])
@@ -178,7 +178,7 @@ def command_line(results: dict[str, Any]) -> str:
             parts += ["--strategies", ",".join(cfg["strategies"])]
         if cfg.get("repeats"):
             parts += ["--repeats", str(cfg["repeats"])]
-    parts += list(cfg.get("train_flags") or [])
+    parts += [f for f in cfg.get("train_flags") or [] if f != "--no-tensorboard"]  # compare's default
     out = (cfg.get("train") or {}).get("out")
     if out:
         parts += ["--out", str(out)]
@@ -208,7 +208,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + "".join(f"<li><strong>{_e(v.outcome)}</strong>: {_e(v.full_text)}"
                               + (f'<br><span class="muted" style="font-size:13px">{_e(v.other)}/{_e(v.baseline)} '
                                  f"throughput per block: {' '.join(f'{x:.3f}' for x in v.block_ratios)} "
-                                 f"({_e(v.method)} interval over {v.blocks} blocks)</span>" if v.block_ratios else "")
+                                 + (f"({_e(v.method)} interval over {v.blocks} blocks)" if v.ci_low is not None else "")
+                                 + "</span>" if v.block_ratios else "")
                               + "</li>" for v in verdicts) + "</ul>"
                     + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
                       f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
@@ -219,7 +220,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                       f'<em>faster</em>/<em>slower</em>: it excludes no difference; otherwise <em>undecided</em>, with '
                       f'an estimate of the repeats that would decide.'
                     + (f" Timed steps were {100 * share:.0f} % of the runs' wall time." if share is not None else "")
-                    + (f" {_e(stop.get('blocks'))} blocks: {_e(stop.get('reason'))}." if stop else "")
+                    + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
+                       f"{_e(stop.get('reason'))}." if stop else "")
                     + "</p></div>")
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
