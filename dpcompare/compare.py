@@ -116,12 +116,17 @@ def _check_strategy(name: str) -> str:
     return name
 
 
-def parse_strategies(text: str) -> list[str]:
+def parse_arm_strategies(text: str) -> list[str]:
     """``ddp,horovod`` → ['ddp', 'horovod'] (order kept; a repeated name is an A/A control, kept too)."""
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names:
         raise argparse.ArgumentTypeError(f"unknown strategy {text!r}; give names like ddp,horovod")
     return [_check_strategy(n) for n in names]
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``ddp,horovod`` → ['ddp', 'horovod'], checked against the registered strategies (order kept, no repeats)."""
+    return list(dict.fromkeys(parse_arm_strategies(text)))
 
 
 #: train settings an arm may not change: compare sets them for every run itself
@@ -553,7 +558,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     g = p.add_argument_group("comparison")
     g.add_argument("--np", type=parse_np, default=[2], metavar="N[,N2,...]",
                    help="process counts to run every arm at (default: 2); include 1 for scaling efficiency")
-    g.add_argument("--strategies", type=parse_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
+    g.add_argument("--strategies", type=parse_arm_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
                    help="strategies to compare, one arm each; the first is the baseline of the verdicts; the same "
                         "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
