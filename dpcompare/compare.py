@@ -139,7 +139,7 @@ def parse_setting(name: str, text: str) -> Any:
 
     f = _FIELDS.get(name)
     if f is None or name in NOT_ARM_SETTINGS:
-        known = ", ".join(n for n in _FIELDS if n not in NOT_ARM_SETTINGS and not f_hidden(n))
+        known = ", ".join(n for n, g in _FIELDS.items() if n not in NOT_ARM_SETTINGS and not g.metadata.get("hidden"))
         raise argparse.ArgumentTypeError(f"unknown train setting {name!r}; choose from {known}")
     md = f.metadata
     if isinstance(f.default, bool):
@@ -157,12 +157,6 @@ def parse_setting(name: str, text: str) -> Any:
     if choices is not None and value not in choices:
         raise argparse.ArgumentTypeError(f"{name}={text!r} is not one of {', '.join(map(str, choices))}")
     return value
-
-
-def f_hidden(name: str) -> bool:
-    from dpcompare.options import _FIELDS
-
-    return bool(_FIELDS[name].metadata.get("hidden"))
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:
