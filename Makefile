@@ -9,8 +9,8 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/dpcompare compare --np 1,2 --strategies ddp,horovod --repeats 3 \
-	    --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
+	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 \
+	    --max-repeats 40 --time-budget 270 --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
 	@echo "open runs/demo/report.html (one self-contained file; dpcompare report runs/demo re-renders it)"
 
 test: setup

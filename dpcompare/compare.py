@@ -1,11 +1,13 @@
-"""``dpcompare compare``: the same training job under several strategies and process counts, repeated.
+"""``dpcompare compare``: the same training job under several arms and process counts, repeated.
 
-Every (strategy, np, repeat) is its own job (``mpirun -np N python -m dpcompare train ...``, or srun
-inside a Slurm allocation) with the same configuration and seed, written to
-``OUT/runs/<strategy>-np<N>-r<k>/``. Runs go repeat-major (every configuration once, then again),
-with the order reversed on odd repeats, so slow drifts of the machine hit every configuration alike.
-``OUT/results.json`` collects them (schema: docs/results-schema.md) and is rewritten after each run;
-the report (table, verdicts, plots, report.html) is rendered from it at the end.
+An *arm* is a label, a strategy and train settings that differ from the shared ones (``--strategies``,
+``--variants``, ``--sweep``). Every (arm, np, repeat) is its own job (``mpirun -np N python -m dpcompare
+train ...``, or srun inside a Slurm allocation) with the same configuration and seed, written to
+``OUT/runs/<arm>-np<N>-r<k>/``. Runs go in blocks: a repeat runs every (np, arm) once, with the order
+reversed on odd repeats, so slow drifts of the machine hit every arm of a block alike and the verdicts
+pair the arms within blocks. ``--repeats auto`` adds blocks until the verdicts' intervals are narrow
+enough. ``OUT/results.json`` collects the runs (schema: docs/results-schema.md) and is rewritten after
+each run; the report (table, verdicts, plots, report.html) is rendered from it at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -35,29 +38,62 @@ from dpcompare.options import train_argv
 from dpcompare.progress import ProgressLine
 
 REPORT_FILES = ("report.html", "plots")
+#: compare's default --min-steps: about 1 s of timed steps for the demo's few-ms steps
+DEFAULT_MIN_STEPS = 200
 ERROR_TAIL_LINES = 40
 ERROR_TAIL_CHARS = 4000
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class Arm:
+    """One side of a comparison: a label, a strategy, and train settings that differ from the shared ones."""
+
+    label: str
     strategy: str
+    knobs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def slug(self) -> str:
+        """The label as a folder name (``ddp#1`` → ``ddp-1``, ``ddp/k=v`` → ``ddp-k-v``)."""
+        return re.sub(r"[^A-Za-z0-9_.]+", "-", self.label).strip("-") or "arm"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "strategy": self.strategy, "knobs": _jsonable(dict(self.knobs))}
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: Arm
     np: int
     repeat: int
 
+    def __post_init__(self) -> None:
+        if isinstance(self.arm, str):  # a bare strategy name is the arm of that strategy
+            object.__setattr__(self, "arm", Arm(self.arm, self.arm))
+
+    @property
+    def strategy(self) -> str:
+        return self.arm.strategy
+
     @property
     def name(self) -> str:
-        return f"{self.strategy}-np{self.np}-r{self.repeat}"
+        return f"{self.arm.slug}-np{self.np}-r{self.repeat}"
 
 
-def plan(strategies: Sequence[str], nps: Sequence[int], repeats: int) -> list[RunSpec]:
-    """Repeat-major order: every (np, strategy) once per repeat; odd repeats run it backwards."""
-    configs = [(n, s) for n in nps for s in strategies]
-    out: list[RunSpec] = []
-    for r in range(repeats):
-        for n, s in (reversed(configs) if r % 2 else configs):
-            out.append(RunSpec(s, n, r))
-    return out
+def block(arms: Sequence[Arm], nps: Sequence[int], repeat: int) -> list[RunSpec]:
+    """One block: every (np, arm) once; odd repeats run it backwards."""
+    configs = [(n, a) for n in nps for a in arms]
+    return [RunSpec(a, n, repeat) for n, a in (reversed(configs) if repeat % 2 else configs)]
+
+
+def plan(arms: Sequence[Arm | str], nps: Sequence[int], repeats: int) -> list[RunSpec]:
+    """Repeat-major order: every (np, arm) once per repeat; odd repeats run it backwards."""
+    arms_ = as_arms(arms)
+    return [spec for r in range(repeats) for spec in block(arms_, nps, r)]
 
 
 def parse_np(text: str) -> list[int]:
@@ -71,26 +107,137 @@ def parse_np(text: str) -> list[int]:
     return sorted(set(nps))
 
 
-def parse_strategies(text: str) -> list[str]:
-    """``ddp,horovod`` → ['ddp', 'horovod'], checked against the registered strategies (order kept)."""
+def _check_strategy(name: str) -> str:
     from dpcompare import backends
 
-    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    unknown = [n for n in names if n not in backends.names()]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown strategy {', '.join(unknown) or repr(text)}; "
-                                         f"choose from {', '.join(backends.names())}")
-    return names
+    if name not in backends.names():
+        raise argparse.ArgumentTypeError(f"unknown strategy {name or '(empty)'}; choose from "
+                                         f"{', '.join(backends.names())}")
+    return name
+
+
+def parse_arm_strategies(text: str) -> list[str]:
+    """``ddp,horovod`` → ['ddp', 'horovod'] (order kept; a repeated name is an A/A control, kept too)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"unknown strategy {text!r}; give names like ddp,horovod")
+    return [_check_strategy(n) for n in names]
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``ddp,horovod`` → ['ddp', 'horovod'], checked against the registered strategies (order kept, no repeats)."""
+    return list(dict.fromkeys(parse_arm_strategies(text)))
+
+
+#: train settings an arm may not change: compare sets them for every run itself
+NOT_ARM_SETTINGS = ("strategy", "out", "overwrite", "progress", "resume")
+
+
+def parse_setting(name: str, text: str) -> Any:
+    """``text`` as the value of TrainConfig field ``name``, with the field's own type and choices."""
+    from dpcompare.options import _FIELDS, flag_of
+
+    f = _FIELDS.get(name)
+    if f is None or name in NOT_ARM_SETTINGS:
+        known = ", ".join(n for n, g in _FIELDS.items() if n not in NOT_ARM_SETTINGS and not g.metadata.get("hidden"))
+        raise argparse.ArgumentTypeError(f"unknown train setting {name!r}; choose from {known}")
+    md = f.metadata
+    if isinstance(f.default, bool):
+        low = text.strip().lower()
+        if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise argparse.ArgumentTypeError(f"{name}={text!r}: expected true or false")
+        return low in ("true", "1", "yes", "on")
+    conv = md.get("type") or (type(f.default) if isinstance(f.default, int | float) else str)
+    try:
+        value = conv(text)
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"{name} ({flag_of(name)}) {text!r}: {e}") from None
+    choices = md.get("choices")
+    choices = choices() if callable(choices) else choices
+    if choices is not None and value not in choices:
+        raise argparse.ArgumentTypeError(f"{name}={text!r} is not one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """``a=1,b=x,y`` → [('a', '1'), ('b', 'x,y')]: a piece without ``=`` continues the previous value."""
+    out: list[tuple[str, str]] = []
+    for piece in text.split(","):
+        if "=" in piece:
+            k, v = piece.split("=", 1)
+            out.append((k.strip(), v.strip()))
+        elif out:
+            out[-1] = (out[-1][0], f"{out[-1][1]},{piece.strip()}")
+        elif piece.strip():
+            raise argparse.ArgumentTypeError(f"{text!r}: expected KNOB=VALUE pairs")
+    return out
+
+
+def parse_variant(text: str) -> Arm:
+    """``NAME=STRATEGY[:knob=value,...]`` → an arm labelled NAME."""
+    label, sep, rest = text.partition("=")
+    if not sep or not label.strip() or not rest.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=STRATEGY[:knob=value,...]")
+    strategy, _, knobs = rest.partition(":")
+    _check_strategy(strategy.strip())
+    values = tuple((k.replace("-", "_"), parse_setting(k.replace("-", "_"), v)) for k, v in _pairs(knobs))
+    return Arm(label.strip(), strategy.strip(), values)
+
+
+def parse_sweep(text: str) -> tuple[str, list[Any]]:
+    """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type."""
+    name, sep, values = text.partition("=")
+    name = name.strip().replace("-", "_").lstrip("_")
+    if not sep or not values.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE1,VALUE2")
+    vals = [parse_setting(name, v.strip()) for v in values.split(",") if v.strip()]
+    return name, list(dict.fromkeys(vals))
+
+
+def _text(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple | list) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def as_arms(arms: Sequence[Arm | str]) -> list[Arm]:
+    return [a if isinstance(a, Arm) else Arm(a, a) for a in arms]
+
+
+def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
+               sweeps: Sequence[tuple[str, list[Any]]] = ()) -> list[Arm]:
+    """The arms of a comparison: the variants (else one per strategy), crossed with every swept value.
+
+    A label that occurs more than once (``--strategies ddp,ddp``, the A/A control) gets ``#1``, ``#2``...
+    """
+    base = list(variants) or [Arm(s, s) for s in strategies]
+    for name, values in sweeps:
+        base = [Arm(f"{a.label}/{name}={_text(v)}" if "/" not in a.label else f"{a.label},{name}={_text(v)}",
+                    a.strategy, (*[kv for kv in a.knobs if kv[0] != name], (name, v)))
+                for a in base for v in values]
+    counts: dict[str, int] = {}
+    for a in base:
+        counts[a.label] = counts.get(a.label, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for a in base:
+        if counts[a.label] > 1:
+            seen[a.label] = seen.get(a.label, 0) + 1
+            a = Arm(f"{a.label}#{seen[a.label]}", a.strategy, a.knobs)
+        out.append(a)
+    slugs = [a.slug for a in out]
+    clash = next((a.label for a in out if slugs.count(a.slug) > 1), None)
+    if clash:
+        raise ConfigError(f"arm labels {', '.join(a.label for a in out if a.slug == Arm(clash, '').slug)} "
+                          "would share a run folder; give them labels that differ in letters or digits")
+    return out
 
 
 def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
-    """The run's own configuration: the shared one with its strategy and folder."""
-    return dataclasses.replace(cfg, strategy=spec.strategy, out=str(run_dir), overwrite=True, progress="lines")
+    """The run's own configuration: the shared one with its arm's strategy and settings, and its folder."""
+    return dataclasses.replace(cfg, **dict(spec.arm.knobs), strategy=spec.strategy, out=str(run_dir), overwrite=True,
+                               progress="lines")
 
 
 def child_command(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> list[str]:
-
-
     return job_command(spec.np, [sys.executable, "-m", "dpcompare", "train",
                                  *train_argv(child_config(cfg, spec, run_dir))])
 
@@ -114,7 +261,8 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                stdout: str = "", command: Sequence[str] = ()) -> dict[str, Any]:
     """One entry of results.json ``runs`` from what the job left behind."""
     rec: dict[str, Any] = {
-        "strategy": spec.strategy, "np": spec.np, "repeat": spec.repeat, "status": "failed", "error": None,
+        "arm": spec.arm.label, "strategy": spec.strategy, "knobs": _jsonable(dict(spec.arm.knobs)), "np": spec.np,
+        "repeat": spec.repeat, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
         "peak_rss_mb": None, "memory_mb": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
@@ -127,7 +275,9 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                    phases_ms=t.get("phases_ms"), final_test_accuracy=summary.get("final_test_accuracy"),
                    final_train_loss=summary.get("final_train_loss"), peak_rss_mb=t.get("peak_rss_mb"),
                    measured_steps=t.get("measured_steps"), device=summary.get("device"),
-                   memory_mb=_memory_mb(summary.get("memory")))
+                   memory_mb=_memory_mb(summary.get("memory")),
+                   global_batch=summary.get("global_batch_size"), measured_seconds=t.get("measured_seconds"),
+                   timing_only_steps=t.get("timing_only_steps"))
         if not t.get("measured_steps"):
             rec["error"] = ("no step was timed: --warmup-steps is at least the number of steps the run took; "
                             "lower it or train longer")
@@ -183,14 +333,14 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def environment() -> dict[str, Any]:
+def environment(strategies: Sequence[str] | None = None) -> dict[str, Any]:
     from dpcompare import backends
     from dpcompare.versions import versions
 
     return {**versions(), "platform": platform.platform(), "machine": platform.machine(),
             "hostname": platform.node(), "cpus": os.cpu_count(),
             "strategies": {n: {"summary": backends.get(n).summary, "sync_mechanism": backends.get(n).sync_mechanism}
-                           for n in backends.names()}}
+                           for n in (strategies or backends.names())}}
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
@@ -209,7 +359,7 @@ def prepare_out(out: Path, overwrite: bool) -> None:
 
 
 #: what must match between a stored comparison and its resumption
-PLAN_KEYS = ("strategies", "np", "repeats", "order", "train_flags")
+PLAN_KEYS = ("arms", "np", "repeats", "target_ci", "max_repeats", "time_budget", "equivalence", "train_flags")
 
 
 def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -233,13 +383,12 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
             raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
                               f"({_short(new.get(key))} here, {_short(old.get(key))} stored); pass the same "
                               f"options, or start a new comparison with another --out")
-    names = {s for s in old.get("order", [])}
     kept = {}
     for rec in stored["runs"]:
         name = Path(str(rec.get("dir", ""))).name
-        if rec.get("status") == "ok" and name in names and (out / str(rec["dir"]) / "summary.json").exists():
+        if rec.get("status") == "ok" and (out / str(rec["dir"]) / "summary.json").exists():
             kept[name] = rec
-    resumed = {**stored, "complete": False, "runs": [],
+    resumed = {**stored, "config": {**old, "order": []}, "complete": False, "runs": [], "verdicts": [],
                "resumed": [*stored.get("resumed", []), fresh["created"]]}
     return resumed, kept
 
@@ -255,7 +404,7 @@ def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) ->
 
         msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
     elif rec["status"] == "ok":
-        msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.1f} ms"
+        msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
                f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
     else:
         from dpcompare.report.fmt import headline
@@ -264,91 +413,180 @@ def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) ->
     return f"[{done}/{total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"
 
 
-def run_compare(cfg: TrainConfig, strategies: Sequence[str], nps: Sequence[int], repeats: int, out: Path, *,
-                overwrite: bool = False, progress: str = "auto", run_timeout: float | None = None,
+@dataclass(frozen=True)
+class Schedule:
+    """How many blocks: ``repeats`` of them, or (``repeats`` None) blocks until every verdict's interval
+    half-width is at most ``target_ci`` (a fraction), ``max_repeats`` blocks were run, or another block
+    would overrun ``time_budget`` seconds."""
+
+    repeats: int | None = 3
+    target_ci: float = 0.05
+    max_repeats: int = 30
+    time_budget: float = 0.0
+    equivalence: float = 0.05
+    min_blocks: int = 3
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repeats": "auto" if self.repeats is None else self.repeats, "target_ci": self.target_ci,
+                "max_repeats": self.max_repeats, "time_budget": self.time_budget or None,
+                "equivalence": self.equivalence}
+
+
+def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapsed: float) -> str | None:
+    """Why no further block should run, or None to run another."""
+    if schedule.repeats is not None:
+        return f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''} as asked" if (
+            blocks >= schedule.repeats) else None
+    if blocks >= schedule.min_blocks:
+        from dpcompare.report import stats
+
+        vs = stats.verdicts(results, equivalence=schedule.equivalence)
+        widths = [v.half_width for v in vs]
+        if vs and all(w is not None and w <= schedule.target_ci for w in widths):
+            worst = max(w for w in widths if w is not None)
+            return (f"every verdict's 95 % interval is within ±{100 * schedule.target_ci:g} % "
+                    f"(widest ±{100 * worst:.1f} %; --target-ci)")
+    if blocks >= schedule.max_repeats:
+        return f"reached --max-repeats {schedule.max_repeats} before every interval was within " \
+               f"±{100 * schedule.target_ci:g} %"
+    if schedule.time_budget and blocks and elapsed + elapsed / blocks > schedule.time_budget:
+        return (f"another block (≈{elapsed / blocks:.0f} s) would overrun --time-budget "
+                f"{schedule.time_budget:g} s")
+    return None
+
+
+def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int], repeats: int | Schedule,
+                out: Path, *, overwrite: bool = False, progress: str = "auto", run_timeout: float | None = None,
                 console: Any = None, launch: Callable[..., tuple[int | None, float]] = _launch,
-                resume: bool = False) -> int:
+                cli_args: Sequence[str] | None = None, resume: bool = False) -> int:
     """Run every job, write results.json, render the report; 0 when every run succeeded, else 1.
 
-    ``resume``: continue the comparison in ``out`` (its results.json must hold the same plan and
-    configuration): runs recorded ``ok`` are kept, the others run.
+    ``resume``: continue the comparison in ``out`` (its plan and configuration must be the stored ones):
+    runs recorded ``ok`` are reused, the others run.
     """
     from dpcompare.report import render
     from dpcompare.report.table import console_for_report
 
     if under_launcher():
         raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
+    schedule = repeats if isinstance(repeats, Schedule) else Schedule(repeats=repeats)
+    arms_ = as_arms(arms)
+    if len({a.label for a in arms_}) != len(arms_):
+        arms_ = build_arms([], arms_)  # the same label twice: an A/A control, labelled apart
     console = console or console_for_report()
     if not resume:
         prepare_out(out, overwrite)
-    specs = plan(strategies, nps, repeats)
+    t_start = time.perf_counter()
+    per_block = len(arms_) * len(nps)
+    strategies = list(dict.fromkeys(a.strategy for a in arms_))
     results: dict[str, Any] = {
         "schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
-        "config": {"strategies": list(strategies), "np": list(nps), "repeats": repeats, "baseline": strategies[0],
-                   "order": [s.name for s in specs], "train": cfg.to_dict(),
-                   "train_flags": train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))},
-        "environment": environment(), "runs": [],
+        "config": {"arms": [a.to_json() for a in arms_], "strategies": [a.strategy for a in arms_],
+                   "np": list(nps), "repeats": schedule.to_json()["repeats"], "baseline": arms_[0].label,
+                   **{k: v for k, v in schedule.to_json().items() if k != "repeats"},
+                   "order": [], "train": cfg.to_dict(),
+                   "train_flags": train_argv(cfg, skip=("strategy", "out", "overwrite", "progress")),
+                   "cli": list(cli_args) if cli_args is not None else _plan_flags(arms_, nps, schedule)},
+        "environment": environment(strategies), "runs": [], "verdicts": [],
     }
     kept: dict[str, dict[str, Any]] = {}
     if resume:
         results, kept = resume_state(out, results)
-    atomic_write_json(out / RESULTS, results)
+
+    def save() -> None:
+        """results.json as it stands, with the kept runs not reused yet (so an interruption loses none)."""
+        used = {r["dir"] for r in results["runs"]}
+        atomic_write_json(out / RESULTS, {**results, "runs": [*results["runs"], *(
+            r for r in kept.values() if r["dir"] not in used)]})
+
+    save()
+    planned = schedule.repeats if schedule.repeats is not None else schedule.max_repeats
     if progress != "none":
+        how = (f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}" if schedule.repeats is not None
+               else f"blocks until ±{100 * schedule.target_ci:g} %, at most {schedule.max_repeats}"
+               + (f" or {schedule.time_budget:g} s" if schedule.time_budget else ""))
+        console.print(f"dpcompare compare: {', '.join(a.label for a in arms_)} × np {','.join(map(str, nps))} × "
+                      f"{how} ({per_block} runs per block) → {out}", soft_wrap=True)
         if resume:
-            console.print(f"resuming {out}: {len(kept)} of {len(specs)} runs already ok, "
-                          f"{len(specs) - len(kept)} to run", soft_wrap=True)
-        console.print(f"dpcompare compare: {len(specs)} runs ({', '.join(strategies)} × np "
-                      f"{','.join(map(str, nps))} × {repeats} repeat{'s' if repeats > 1 else ''}) → {out}",
-                      soft_wrap=True)
+            console.print(f"resuming {out}: {len(kept)} finished runs are kept; the others run", soft_wrap=True)
     env = job_env()
-    with ProgressLine(len(specs), "[bold]compare[/]", progress, console=console) as bar:
-        for done, spec in enumerate(specs, 1):
-            if spec.name in kept:
-                results["runs"].append(kept[spec.name])
+    done = blocks = 0
+    with ProgressLine(per_block * planned, "[bold]compare[/]", progress, console=console) as bar:
+        while (reason := stop_reason(results, schedule, blocks, time.perf_counter() - t_start)) is None:
+            for spec in block(arms_, nps, blocks):
+                done += 1
+                results["config"]["order"].append(spec.name)
+                if spec.name in kept:
+                    results["runs"].append(kept[spec.name])
+                    bar.update(advance=1)
+                    continue
+                try:
+                    rec = _run_one(cfg, spec, out, env, run_timeout, launch, bar)
+                except KeyboardInterrupt:
+                    save()  # valid, complete: false; this run is not in it
+                    console.print(f"interrupted during {spec.name}: {len(results['runs'])} runs recorded in "
+                                  f"{out / RESULTS}; continue with: dpcompare compare --resume {out}", soft_wrap=True)
+                    raise
+                results["runs"].append(rec)
+                save()
                 bar.update(advance=1)
-                continue
-            run_dir = out / "runs" / spec.name
-            run_dir.mkdir(parents=True, exist_ok=True)
-            for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
-                (run_dir / stale).unlink(missing_ok=True)
-            cmd = child_command(cfg, spec, run_dir)
-            bar.update(description=f"running {spec.name}")
-            try:
-                rc, wall = launch(cmd, run_dir, env, run_timeout)
-            except KeyboardInterrupt:
-                atomic_write_json(out / RESULTS, results)  # valid, complete: false; this run is not in it
-                console.print(f"interrupted during {spec.name}: {len(results['runs'])} of {len(specs)} runs "
-                              f"recorded in {out / RESULTS}; continue with: dpcompare compare --resume {out}",
-                              soft_wrap=True)
-                raise
-            summary_path = run_dir / "summary.json"
-            try:
-                summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-                metrics = _read_jsonl(run_dir / "metrics.jsonl")
-            except (OSError, ValueError):
-                summary, metrics = None, []
-            rec = run_record(spec, f"runs/{spec.name}", rc, wall, summary, metrics,
-                             _read_text(run_dir / "stderr.log"), _read_text(run_dir / "stdout.log"), cmd)
-            results["runs"].append(rec)
-            atomic_write_json(out / RESULTS, results)
-            bar.update(advance=1)
-            bar.print(_finished_line(done, len(specs), spec, rec), markup=True)
+                bar.print(_finished_line(done, per_block * max(planned, blocks + 1), spec, rec), markup=True)
+            blocks += 1
+    from dpcompare.report import stats
+
+    elapsed = time.perf_counter() - t_start
+    results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
+    results["verdicts"] = [v.to_json() for v in stats.verdicts(results, equivalence=schedule.equivalence)]
     results["complete"] = True
     atomic_write_json(out / RESULTS, results)
     render(out, console=console)
+    if progress != "none":
+        console.print(f"compare: {blocks} block{'s' if blocks != 1 else ''} in {elapsed:.0f} s; stopped: {reason}",
+                      soft_wrap=True)
     failed = [r for r in results["runs"] if r["status"] != "ok"]
     if failed:
         diverged = sum(r["status"] == "diverged" for r in failed)
         what = f" ({diverged} diverged)" if diverged else ""
-        console.print(f"[red]{len(failed)} of {len(specs)} runs failed{what}[/] (their stderr is in results.json "
-                      f"and {out}/runs/<run>/stderr.log; `dpcompare compare --resume {out}` reruns them)",
-                      soft_wrap=True)
+        console.print(f"[red]{len(failed)} of {len(results['runs'])} runs failed{what}[/] (their stderr is in "
+                      f"results.json and {out}/runs/<run>/stderr.log; `dpcompare compare --resume {out}` reruns "
+                      "the failed ones)", soft_wrap=True)
     return 1 if failed else 0
 
 
-def resumed_args(a: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
-    """``a`` with the plan and training options of the comparison stored in ``a.resume_dir``.
+def _run_one(cfg: TrainConfig, spec: RunSpec, out: Path, env: dict[str, str], run_timeout: float | None,
+             launch: Callable[..., tuple[int | None, float]], bar: Any) -> dict[str, Any]:
+    run_dir = out / "runs" / spec.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
+        (run_dir / stale).unlink(missing_ok=True)
+    cmd = child_command(cfg, spec, run_dir)
+    bar.update(description=f"running {spec.name}")
+    rc, wall = launch(cmd, run_dir, env, run_timeout)
+    summary_path = run_dir / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    except (OSError, ValueError):
+        summary, metrics = None, []
+    return run_record(spec, f"runs/{spec.name}", rc, wall, summary, metrics, _read_text(run_dir / "stderr.log"),
+                      _read_text(run_dir / "stdout.log"), cmd)
+
+
+def parse_repeats(text: str) -> int | None:
+    """A number of blocks, or ``auto`` (None): add blocks until the verdicts are precise enough."""
+    if text.strip().lower() == "auto":
+        return None
+    from dpcompare.argtypes import positive_int
+
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or auto)") from None
+
+
+def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
+    """The stored comparison's arguments (its plan and train flags, re-parsed), checked against ``a``.
 
     Options left at their default take the stored value; an option given here that differs from the
     stored one is refused with one line.
@@ -356,65 +594,127 @@ def resumed_args(a: argparse.Namespace, defaults: argparse.Namespace) -> argpars
     out = Path(a.resume_dir)
     try:
         stored = json.loads((out / RESULTS).read_text())["config"]
-        train = dict(stored["train"])
-        plan_values = {"strategies": stored["strategies"], "np": stored["np"], "repeats": stored["repeats"]}
+        argv = [*stored["cli"], *stored["train_flags"]]
     except FileNotFoundError:
         raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"--resume {out}: {out / RESULTS} holds no comparison plan ({e})") from None
-    if "input_shape" in train:
-        train["input_shape"] = tuple(train["input_shape"])
-    merged = argparse.Namespace(**vars(a))
-    for name, value in {**plan_values, **train}.items():
-        if not hasattr(a, name) or name in ("out", "overwrite", "progress", "strategy"):
-            continue
-        given, default = getattr(a, name), getattr(defaults, name, None)
-        if given != default and given != value:
+    from dpcompare.cli import build_parser
+
+    parser = build_parser()
+    merged = parser.parse_args(["compare", *argv])
+    defaults = parser.parse_args(["compare"])
+    for name, given in vars(a).items():
+        if name in ("out", "overwrite", "progress", "resume_dir", "func") or not hasattr(defaults, name):
+            continue  # not a comparison setting (e.g. the top-level parser's `command`)
+        value = getattr(merged, name, None)
+        if given != getattr(defaults, name, None) and given != value:
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"--resume {out}: {flag} {_short(given)} differs from the stored comparison's "
                               f"{_short(value)}; leave it out to continue, or start a new comparison with another --out")
-        setattr(merged, name, value)
-    merged.out = str(out)
+    for name, value in vars(a).items():  # what the comparison's own parser does not set
+        if not hasattr(merged, name):
+            setattr(merged, name, value)
+    merged.out, merged.progress, merged.resume_dir, merged.overwrite = str(out), a.progress, a.resume_dir, False
     return merged
 
 
-def _cmd_compare(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _cmd_compare(a: argparse.Namespace) -> int:
     from dpcompare.options import config_from_args
 
     if a.resume_dir:
         if a.overwrite:
             raise ConfigError("--resume continues a comparison and --overwrite replaces it; pass one of them")
-        a = resumed_args(a, parser.parse_args([]))
-    cfg = config_from_args(a, strategy=a.strategies[0], out=a.out)
-    timeout = a.run_timeout or None
-    return run_compare(cfg, a.strategies, a.np, a.repeats, Path(a.out), overwrite=a.overwrite,
-                       progress=a.progress, run_timeout=timeout, resume=bool(a.resume_dir))
+        a = resumed_args(a)
+    arms = build_arms(a.strategies, a.variants or (), a.sweep or ())
+    cfg = config_from_args(a, strategy=arms[0].strategy, out=a.out)
+    schedule = Schedule(repeats=a.repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
+                        time_budget=a.time_budget, equivalence=a.equivalence / 100.0)
+    return run_compare(cfg, arms, a.np, schedule, Path(a.out), overwrite=a.overwrite, progress=a.progress,
+                       run_timeout=a.run_timeout or None, cli_args=comparison_flags(a), resume=bool(a.resume_dir))
+
+
+def _plan_flags(arms: Sequence[Arm], nps: Sequence[int], schedule: Schedule) -> list[str]:
+    """Flags that rebuild a plan given through the API rather than the command line (for --resume)."""
+    if any(a.knobs for a in arms):
+        how = ["--variants", *(f"{a.slug}={a.strategy}" + (":" + ",".join(f"{k}={_text(v)}" for k, v in a.knobs)
+                                                            if a.knobs else "") for a in arms)]
+    else:
+        how = ["--strategies", ",".join(a.strategy for a in arms)]
+    flags = ["--np", ",".join(map(str, nps)), *how,
+             "--repeats", "auto" if schedule.repeats is None else str(schedule.repeats)]
+    if schedule.repeats is None:
+        flags += ["--target-ci", f"{100 * schedule.target_ci:g}", "--max-repeats", str(schedule.max_repeats)]
+        if schedule.time_budget:
+            flags += ["--time-budget", f"{schedule.time_budget:g}"]
+    return [*flags, "--equivalence", f"{100 * schedule.equivalence:g}"]
+
+
+def comparison_flags(a: argparse.Namespace) -> list[str]:
+    """The comparison's own flags (not the train settings), to print how to reproduce it."""
+    flags = ["--np", ",".join(map(str, a.np))]
+    if a.variants:
+        flags += ["--variants", *(f"{v.label}={v.strategy}" + (":" + ",".join(f"{k}={_text(x)}" for k, x in v.knobs)
+                                                               if v.knobs else "") for v in a.variants)]
+    else:
+        flags += ["--strategies", ",".join(a.strategies)]
+    for name, values in a.sweep or ():
+        flags += ["--sweep", f"{name}={','.join(map(_text, values))}"]
+    flags += ["--repeats", "auto" if a.repeats is None else str(a.repeats)]
+    if a.repeats is None:
+        flags += ["--target-ci", f"{a.target_ci:g}", "--max-repeats", str(a.max_repeats)]
+        if a.time_budget:
+            flags += ["--time-budget", f"{a.time_budget:g}"]
+    if a.equivalence != 5.0:
+        flags += ["--equivalence", f"{a.equivalence:g}"]
+    return flags
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_float, positive_int
+    from dpcompare.argtypes import nonneg_float, positive_float, positive_int
     from dpcompare.options import add_config_options
 
     p = sub.add_parser(
-        "compare", help="A/B comparison: every strategy at every process count, repeated, with a report",
-        description="Run the same training job under each strategy at each process count, --repeats times "
-                    "(repeat-major, so machine noise spreads evenly), then print a table and a verdict per "
-                    "process count and write OUT/results.json, plots and a self-contained OUT/report.html. "
-                    "Every `dpcompare train` option applies to every run. Exit code 0 only when every run "
-                    "succeeded.",
+        "compare", help="A/B comparison: every arm (strategy or variant) at every process count, in paired blocks",
+        description="Run the same training job under each arm (a strategy, or a labelled strategy with its own "
+                    "train settings) at each process count, in blocks: a block runs every arm once, side by side, "
+                    "and the verdict pairs the arms within blocks so the machine's drift cancels. Prints a table "
+                    "and a verdict per process count (faster, slower, equal within ±--equivalence, or undecided "
+                    "with the repeats it would need) and writes OUT/results.json, plots and a self-contained "
+                    "OUT/report.html. Every `dpcompare train` option applies to every run. Exit code 0 only when "
+                    "every run succeeded.",
         epilog="examples:\n"
-               "  dpcompare compare --np 1,2 --strategies ddp,horovod --repeats 3 --out runs/ab\n"
-               "  dpcompare compare --np 2 --model resnet18 --dataset synthetic --epochs 1 --out runs/ab-resnet\n"
+               "  dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 --out runs/ab\n"
+               "  dpcompare compare --np 2 --strategies ddp,ddp --repeats auto --out runs/aa   # A/A control\n"
+               "  dpcompare compare --variants base=ddp small=ddp:batch_size=16 --out runs/batch\n"
+               "  dpcompare compare --strategies ddp,horovod --sweep batch_size=16,64 --out runs/sweep\n"
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
                "  dpcompare compare --resume runs/ab   # continue an interrupted comparison",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("comparison")
     g.add_argument("--np", type=parse_np, default=[2], metavar="N[,N2,...]",
-                   help="process counts to run every strategy at (default: 2); include 1 for scaling efficiency")
-    g.add_argument("--strategies", type=parse_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
-                   help="strategies to compare; the first is the baseline of the verdicts (default: ddp,horovod)")
-    g.add_argument("--repeats", type=positive_int, default=3,
-                   help="runs of every (strategy, np); confidence intervals need at least 2 (default: 3)")
+                   help="process counts to run every arm at (default: 2); include 1 for scaling efficiency")
+    g.add_argument("--strategies", type=parse_arm_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
+                   help="strategies to compare, one arm each; the first is the baseline of the verdicts; the same "
+                        "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
+    g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
+                   help="arms with their own train settings instead of --strategies, e.g. base=ddp "
+                        "fp16=horovod:grad_compression=fp16 (knobs are TrainConfig field names)")
+    g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
+                   help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
+                        "repeat the flag to cross several")
+    g.add_argument("--repeats", type=parse_repeats, default=3, metavar="N|auto",
+                   help="blocks to run (a block runs every arm once at every np); auto: add blocks until every "
+                        "verdict's 95 %% interval is within ±--target-ci (default: 3)")
+    g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
+                   help="with --repeats auto: the interval half-width to reach, in %% (default: 5)")
+    g.add_argument("--max-repeats", type=positive_int, default=30, metavar="N",
+                   help="with --repeats auto: stop after this many blocks (default: 30)")
+    g.add_argument("--time-budget", type=nonneg_float, default=0, metavar="SECONDS",
+                   help="with --repeats auto: start no block that would end after this many seconds "
+                        "(default: 0, no limit)")
+    g.add_argument("--equivalence", type=positive_float, default=5.0, metavar="PCT",
+                   help="arms whose throughput ratio's interval lies inside ±PCT %% are reported equal (default: 5)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--resume", dest="resume_dir", metavar="DIR",
@@ -422,5 +722,6 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "failed ones run; its plan and options are reused (any given must match them)")
     g.add_argument("--tensorboard", dest="tensorboard", action="store_true",
                    help="let every run write TensorBoard events (default: off for compare)")
-    add_config_options(p, exclude=("strategy", "tensorboard", "resume"), defaults={"out": "runs/compare"})
-    p.set_defaults(func=lambda a: _cmd_compare(a, p), tensorboard=False)
+    add_config_options(p, exclude=("strategy", "tensorboard", "resume"),
+                       defaults={"out": "runs/compare", "min_timed_steps": DEFAULT_MIN_STEPS})
+    p.set_defaults(func=_cmd_compare, tensorboard=False)

@@ -90,6 +90,10 @@ class TrainConfig:
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
                          type=t.nonneg_int)
     warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int)
+    min_timed_steps: int = opt(0, "time at least N steps after warm-up: when the epochs give fewer, keep stepping "
+                                  "through further batches after the last epoch, for timing only (accuracy and "
+                                  "loss stay those of the epochs)", flag="--min-steps", type=t.nonneg_int,
+                               metavar="N")
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
     count_allreduces: bool = opt(False, "count gradient all-reduces into summary.json's comm (tests; may add a "
                                         "Python hook)", hidden=True)

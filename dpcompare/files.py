@@ -14,7 +14,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 RUN_FILES = ("metrics.jsonl", "summary.json")
 #: a comparison's results, and the version of their schema (docs/results-schema.md)
 RESULTS = "results.json"
-SCHEMA = 1
+SCHEMA = 2
 #: prefix of the temporary files an atomic write leaves behind when it is killed
 TMP_PREFIX = "."
 TMP_MARK = ".tmp-"

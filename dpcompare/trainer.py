@@ -122,6 +122,7 @@ def _timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_ste
     return {
         "samples_per_sec": sps,
         "measured_steps": measured,
+        "measured_seconds": slowest["measured_seconds"],
         "step_ms_median": max(r["step_ms_median"] for r in per_rank),
         "step_ms_p95": max(r["step_ms_p95"] for r in per_rank),
         "phases_ms": {p: statistics.fmean(r[f"{p}_ms"] for r in per_rank) for p in PHASES},
@@ -142,6 +143,26 @@ def _memory_summary(strategy: Strategy, mine: dict[str, int], timing: dict[str, 
                  "peak_rss_mb": timing["per_rank"][r]["peak_rss_mb"]} for r, row in enumerate(table)]
     return {**{f"{k}_mb": max(r[f"{k}_bytes"] for r in per_rank) / 2**20 for k in (*MEMORY_KINDS, "total")},
             "peak_rss_mb": timing["peak_rss_mb"], "per_rank": per_rank}
+
+
+def timing_only_steps(cfg: TrainConfig, strategy: Strategy, loader: Any, sampler: Any, last_epoch: int,
+                      step_times: list[StepTiming], one_step: Callable[[Any], Any]) -> int:
+    """Step on through further epochs' batches until ``cfg.min_timed_steps`` steps are timed; the count.
+
+    These steps come after the last evaluation and write no metrics or checkpoints: they only lengthen
+    the timing. Every rank times the same steps, so every rank takes the same number of extra steps.
+    """
+    extra, epoch = 0, last_epoch
+    while len(step_times) < cfg.min_timed_steps:
+        sampler.set_epoch(epoch)
+        epoch += 1
+        it = iter(loader)
+        for _ in range(len(loader)):
+            one_step(it)
+            extra += 1
+            if len(step_times) >= cfg.min_timed_steps:
+                break
+    return extra
 
 
 def evaluate(model: nn.Module, strategy: Strategy, loader: Any) -> float:
@@ -299,6 +320,40 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     step_losses: list[float] = []
     done_steps = 0
     last_good = resume_path  # the newest checkpoint this run could continue from
+
+    def one_step(it: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One optimizer step (``accumulate`` micro-batches from ``it``), timed by phase once past warm-up.
+
+        Returns the step's mean loss, the sum of its samples' losses and the number of samples.
+        """
+        nonlocal done_steps
+        timer.begin()
+        optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
+        lval = torch.zeros((), dtype=torch.float64)
+        total = torch.zeros((), dtype=torch.float64)
+        n = 0
+        for micro in range(accumulate):  # gradients summed locally, exchanged after the last
+            x, y = next(it)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            timer.lap("data")
+            with strategy.accumulation_context(model, micro):  # DDP's no_sync covers forward and backward
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss = criterion(model(x), y)
+                timer.lap("forward")
+                scaled = loss / accumulate if accumulate > 1 else loss
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                timer.lap("backward")
+            micro_loss = loss.detach().to(torch.float64).cpu()
+            lval += micro_loss / accumulate
+            total += micro_loss * len(y)
+            n += len(y)
+        strategy.optimizer_step(optimizer, scaler)
+        timer.lap("optimizer")
+        done_steps += 1
+        if done_steps > cfg.warmup_steps:
+            step_times.append(timer.result())
+        return lval, total, n
+
     model.train()
     with rep:
         for epoch in range(start_epoch + 1, last_epoch + 1):
@@ -310,34 +365,14 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             for _ in range(steps_per_epoch):
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
-                timer.begin()
-                optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
-                lval = torch.zeros((), dtype=torch.float64)
-                for micro in range(accumulate):  # gradients summed locally, exchanged after the last
-                    x, y = next(it)
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    timer.lap("data")
-                    with strategy.accumulation_context(model, micro):  # DDP's no_sync covers forward and backward
-                        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                            loss = criterion(model(x), y)
-                        timer.lap("forward")
-                        scaled = loss / accumulate if accumulate > 1 else loss
-                        (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                        timer.lap("backward")
-                    micro_loss = loss.detach().to(torch.float64).cpu()
-                    lval += micro_loss / accumulate
-                    loss_sum += micro_loss * len(y)
-                    seen += len(y)
-                strategy.optimizer_step(optimizer, scaler)
-                timer.lap("optimizer")
+                lval, total, n = one_step(it)
                 global_step += 1
-                done_steps += 1
+                loss_sum += total
+                seen += n
                 if cfg.record_step_loss:
                     step_losses.append(float(strategy.all_reduce(lval, "mean")))
                 if rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
                     rep.update(1, f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
-                if done_steps > cfg.warmup_steps:
-                    step_times.append(timer.result())
                 if not all_finite(strategy, lval, model):  # after the timing: the check is not a phase
                     raise DivergedError(diverged_message(strategy, epoch, global_step, last_good))
             epoch_seconds = time.perf_counter() - t_epoch
@@ -362,7 +397,13 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 save_checkpoint(strategy, model, optimizer, cfg, run_info, epoch, global_step, history, out)
                 last_good = checkpoint.checkpoint_path(out, epoch)
 
+        timing_only = timing_only_steps(cfg, strategy, loader, sampler, last_epoch, step_times, one_step)
+        if timing_only:
+            rep.print(f"timed {timing_only} more steps after the last epoch, for timing only "
+                      f"(--min-steps {cfg.min_timed_steps}; accuracy and loss above are final)")
+
     timing = _timing_summary(strategy, step_times, global_batch)
+    timing["timing_only_steps"] = timing_only
     memory = _memory_summary(strategy, strategy.memory_bytes(model, optimizer), timing)
     summary = {
         "strategy": strategy.name, "world_size": world, "launcher": strategy.env.launcher,
@@ -372,8 +413,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
         "samples_per_sec": timing["samples_per_sec"], "timing": timing, "memory": memory,
         "resumed_from": str(resume_path) if resume_path else None,
-        "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg), "comm": {**strategy.comm_report(), "optimizer_steps": done_steps,
-                                                                "micro_batches": done_steps * accumulate},
+        "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg),
+        "comm": {**strategy.comm_report(), "optimizer_steps": done_steps, "micro_batches": done_steps * accumulate},
         "config": run_info, "versions": versions(),
     }
     if main:

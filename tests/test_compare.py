@@ -11,6 +11,8 @@ import pytest
 
 from dpcompare import cli, compare
 from dpcompare.config import TrainConfig
+from dpcompare.errors import ConfigError
+from dpcompare.files import SCHEMA
 from dpcompare.options import config_from_args
 from dpcompare.report import render
 
@@ -98,14 +100,16 @@ def test_run_record_failures() -> None:
 
 def fake_launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int, float]:
     """Stands in for mpirun: strategy 'single' at np>1 fails, the others write a run's files."""
-    strategy = _parse_train(cmd[cmd.index("train") + 1:]).strategy
+    child = _parse_train(cmd[cmd.index("train") + 1:])
+    strategy = child.strategy
     np = int(run_dir.name.split("-np")[1].split("-r")[0])  # runs/<strategy>-np<N>-r<k>
     fake_launch.calls.append(f"{strategy}-np{np}")  # type: ignore[attr-defined]
     if strategy == "single" and np > 1:
         (run_dir / "stderr.log").write_text("dpcompare train: error: --strategy single runs one process\n" * 2
                                             + "-----\nmpirun detected that one or more processes exited\n")
         return 2, 0.5
-    (run_dir / "summary.json").write_text(json.dumps(fake_summary(1000.0 * np)))
+    sps = getattr(fake_launch, "sps", lambda c, n, d: 1000.0 * n)(child, np, run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(fake_summary(sps)))
     (run_dir / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 0.5, "test_accuracy": 0.9}) + "\n")
     return 0, 1.0
 
@@ -119,14 +123,14 @@ def test_compare_records_failures_and_goes_on(tmp_path: Path) -> None:
     assert fake_launch.calls == ["ddp-np1", "single-np1", "ddp-np2", "single-np2",  # type: ignore[attr-defined]
                                  "single-np2", "ddp-np2", "single-np1", "ddp-np1"]
     res = json.loads((out / "results.json").read_text())
-    assert res["schema"] == 1 and res["complete"] and res["config"]["strategies"] == ["ddp", "single"]
+    assert res["schema"] == SCHEMA and res["complete"] and res["config"]["strategies"] == ["ddp", "single"]
     assert len(res["runs"]) == 8 and {"torch", "python"} <= set(res["environment"])
     failed = [r for r in res["runs"] if r["status"] == "failed"]
     assert [(r["strategy"], r["np"]) for r in failed] == [("single", 2), ("single", 2)]
     assert "single runs one process" in failed[0]["error"] and failed[0]["dir"] == "runs/single-np2-r0"
     assert (out / "report.html").is_file()
     # a folder holding results is refused without --overwrite, replaced with it
-    with pytest.raises(Exception, match="--overwrite"):
+    with pytest.raises(ConfigError, match="--overwrite"):
         compare.run_compare(TrainConfig(), ["ddp"], [1], 1, out, progress="none", launch=fake_launch)
     assert compare.run_compare(TrainConfig(), ["ddp"], [1], 1, out, overwrite=True, progress="none",
                                launch=fake_launch) == 0
@@ -164,10 +168,16 @@ def test_compare_ddp_vs_horovod_end_to_end(tmp_path: Path) -> None:
     a, b = res["runs"]
     assert abs(a["final_train_loss"] - b["final_train_loss"]) < 1e-5
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3  # throughput, breakdown, curves (one np: no scaling)
-    assert "horovod" in p.stdout and "at np=2" in p.stdout and "report.html" in p.stdout
+    assert page.count("data:image/png;base64,") == 4  # throughput, drift, breakdown, curves (one np: no scaling)
     assert "[2/2] horovod-np2-r0" in p.stdout  # a line per run when not on a terminal
-    assert render(out, quiet=True).verdicts[0].startswith(("horovod ", "horovod vs ddp"))
+    # one block: a ratio from the two runs' median step times, but no interval, so undecided
+    (v,) = res["verdicts"]
+    ratio = (a["step_ms"]["median"] / b["step_ms"]["median"])
+    assert (v["np"], v["baseline"], v["other"], v["blocks"], v["outcome"]) == (2, "ddp", "horovod", 1, "undecided")
+    assert v["ratio"] == pytest.approx(ratio, rel=1e-4) and v["ci_low"] is None and v["ci_high"] is None
+    assert v["text"].startswith(f"horovod vs ddp at np=2 undecided: {100 * (ratio - 1):+.{0 if abs(ratio - 1) >= 0.1 else 1}f}"
+                                .replace("-", "−"))
+    assert v["text"] in p.stdout and render(out, quiet=True).verdicts == [v["text"]]
 
 
 @needs_mpi
@@ -183,3 +193,105 @@ def test_failed_run_is_recorded_and_exit_code_is_1(tmp_path: Path) -> None:
     assert "--strategy single runs one process" in runs["single"]["error"]
     assert "FAILED" in p.stdout and "1 of 2 runs failed" in p.stdout
     assert "no comparison" in (out / "report.html").read_text()
+
+
+# -- arms, blocks and stopping (no training) ---------------------------------------------------------
+
+
+def test_a_a_arms_are_labelled_apart_and_run_in_their_own_folders(tmp_path: Path) -> None:
+    a = cli.build_parser().parse_args(["compare", "--strategies", "ddp,ddp"])
+    arms = compare.build_arms(a.strategies, a.variants or (), a.sweep or ())
+    assert [(x.label, x.strategy, x.slug) for x in arms] == [("ddp#1", "ddp", "ddp-1"), ("ddp#2", "ddp", "ddp-2")]
+    assert [s.name for s in compare.plan(arms, [2], 2)] == ["ddp-1-np2-r0", "ddp-2-np2-r0", "ddp-2-np2-r1",
+                                                          "ddp-1-np2-r1"]
+
+
+def test_variants_and_sweep_parse_with_the_fields_own_types() -> None:
+    a = cli.build_parser().parse_args(["compare", "--variants", "base=ddp", "small=horovod:batch_size=16,lr=0.1",
+                                       "--sweep", "optimizer=sgd,adam"])
+    arms = compare.build_arms(a.strategies, a.variants, a.sweep)
+    assert [(x.label, x.strategy, dict(x.knobs)) for x in arms] == [
+        ("base/optimizer=sgd", "ddp", {"optimizer": "sgd"}), ("base/optimizer=adam", "ddp", {"optimizer": "adam"}),
+        ("small/optimizer=sgd", "horovod", {"batch_size": 16, "lr": 0.1, "optimizer": "sgd"}),
+        ("small/optimizer=adam", "horovod", {"batch_size": 16, "lr": 0.1, "optimizer": "adam"})]
+    cmd = compare.child_command(TrainConfig(), compare.RunSpec(arms[3], 2, 0), Path("/x"))
+    child = _parse_train(cmd[cmd.index("train") + 1:])
+    assert (child.strategy, child.batch_size, child.lr, child.optimizer) == ("horovod", 16, 0.1, "adam")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--sweep", "nope=1,2"], "unknown train setting 'nope'"), (["--sweep", "batch_size=16,x"], "'x' is not a whole"),
+    (["--sweep", "optimizer=sgd,lamb"], "'lamb' is not one of sgd, adam"),
+    (["--variants", "a=nccl"], "unknown strategy nccl"), (["--variants", "a=ddp:out=x"], "unknown train setting 'out'"),
+    (["--variants", "nostrategy"], "NAME=STRATEGY"), (["--repeats", "often"], "(or auto)"),
+])
+def test_bad_arm_flags_are_one_line(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compare", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and err.count("\n") == 1
+
+
+def _sps_by_arm(rates: dict[str, float], jitter: float = 0.0):  # noqa: ANN202
+    """Throughput per arm (by the child's batch size or optimizer) with a deterministic zig-zag per run."""
+    count = {"n": 0}
+
+    def sps(child: TrainConfig, np: int, run_dir: Path) -> float:
+        count["n"] += 1
+        wobble = 1.0 + (jitter if (count["n"] - 1) // 2 % 2 else -jitter)  # both arms of a block drift alike
+        key = "adam" if child.optimizer == "adam" else child.strategy
+        return rates[key] * wobble
+    return sps
+
+
+def test_repeats_auto_stops_at_the_target_and_records_verdicts_and_arms(tmp_path: Path) -> None:
+    fake_launch.calls = []  # type: ignore[attr-defined]
+    fake_launch.sps = _sps_by_arm({"ddp": 1000.0, "adam": 1250.0}, jitter=0.2)  # type: ignore[attr-defined]
+    try:
+        arms = compare.build_arms(["ddp"], (), [("optimizer", ["sgd", "adam"])])
+        sched = compare.Schedule(repeats=None, target_ci=0.05, max_repeats=10)
+        rc = compare.run_compare(TrainConfig(epochs=1), arms, [2], sched, tmp_path, progress="none",
+                                 launch=fake_launch)
+    finally:
+        del fake_launch.sps  # type: ignore[attr-defined]
+    assert rc == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    stop = res["config"]["stop"]
+    assert stop["blocks"] == 3 and "within ±5 %" in stop["reason"]  # the minimum of 3 blocks, then exact ratios
+    assert res["config"]["arms"][1] == {"label": "ddp/optimizer=adam", "strategy": "ddp", "knobs": {"optimizer": "adam"}}
+    assert {(r["arm"], r["dir"]) for r in res["runs"]} >= {("ddp/optimizer=adam", "runs/ddp-optimizer-adam-np2-r0")}
+    (v,) = res["verdicts"]
+    assert (v["baseline"], v["other"], v["outcome"], v["blocks"]) == ("ddp/optimizer=sgd", "ddp/optimizer=adam",
+                                                                      "faster", 3)
+    assert v["ratio"] == pytest.approx(1.25) and v["metric"] == "throughput"
+
+
+def test_repeats_auto_stops_at_max_repeats_or_the_time_budget(tmp_path: Path) -> None:
+    noisy = iter([1000, 1300, 800, 1000, 1000, 1250, 700, 1000] * 3)  # blocks alternate ddp,horovod / horovod,ddp
+    fake_launch.sps = lambda child, np, d: float(next(noisy))  # type: ignore[attr-defined]
+    try:
+        sched = compare.Schedule(repeats=None, target_ci=0.01, max_repeats=4)
+        compare.run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "a", progress="none",
+                            launch=fake_launch)
+        sched = compare.Schedule(repeats=None, target_ci=0.01, max_repeats=10, time_budget=1e-9)
+        compare.run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "b", progress="none",
+                            launch=fake_launch)
+    finally:
+        del fake_launch.sps  # type: ignore[attr-defined]
+    a = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert a["config"]["stop"]["blocks"] == 4 and "--max-repeats 4" in a["config"]["stop"]["reason"]
+    assert a["verdicts"][0]["outcome"] == "undecided" and "more repeat" in a["verdicts"][0]["text"]
+    b = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert b["config"]["stop"]["blocks"] == 1 and "--time-budget" in b["config"]["stop"]["reason"]
+
+
+def test_min_steps_times_extra_steps_after_the_epochs_without_touching_accuracy(tmp_path: Path) -> None:
+    from conftest import FAST, summary
+
+    out = tmp_path / "t"
+    dpcompare("train", "--strategy", "single", *FAST, "--epochs", "1", "--min-steps", "60", "--out", str(out))
+    s = summary(out)
+    assert s["steps"] == 1437 // 32 and s["timing"]["measured_steps"] == 60  # 42 timed in the epoch + 18 after
+    assert s["timing"]["timing_only_steps"] == 60 - (1437 // 32 - 2)
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1437 // 32] and rows[0]["test_accuracy"] == s["final_test_accuracy"]

@@ -68,6 +68,6 @@ def test_resume_refuses_another_plan_or_configuration(tmp_path: Path, capsys: py
     assert "no results.json" in capsys.readouterr().err
     p = cli.build_parser()
     a = p.parse_args(["compare", "--resume", str(out)])
-    merged = compare.resumed_args(a, p.parse_args(["compare"]))
+    merged = compare.resumed_args(a)
     assert (merged.lr, merged.epochs, merged.strategies, merged.repeats, merged.out) == (
         0.02, 1, ["ddp", "single"], 2, str(out))

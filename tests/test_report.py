@@ -7,26 +7,19 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from dpcompare import cli
+from dpcompare.errors import ConfigError
+from dpcompare.files import SCHEMA
 from dpcompare.report import load_results, render, stats
 from dpcompare.report.stats import Interval
 
 from conftest import dpcompare
 
-# -- statistics on known inputs (reference values from scipy.stats) ------------------------------------
-
-
-@pytest.mark.parametrize(("df", "expected"), [(1, 12.706204736), (2, 4.302652730), (2.5, 3.574654842),
-                                              (4, 2.776445105), (10, 2.228138852), (30, 2.042272456)])
-def test_t_quantile_matches_tables(df: float, expected: float) -> None:
-    assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-8)
-    assert stats.t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-8)
-
-
-def test_t_quantile_one_sided_fractional_df() -> None:
-    assert stats.t_quantile(0.95, 3.7) == pytest.approx(2.182493804, abs=1e-8)
+# -- statistics on known inputs (reference values computed independently with scipy.stats) -----------
 
 
 def test_mean_ci() -> None:
@@ -38,56 +31,114 @@ def test_mean_ci() -> None:
     assert stats.mean_ci([]) is None
 
 
-def test_welch_and_relative_difference() -> None:
+def test_welch_difference() -> None:
     d = stats.welch_diff_ci([10, 12, 14], [8, 9, 10])  # scipy: ttest_ind(equal_var=False).confidence_interval()
     assert d is not None
     assert (d.mean, d.lo, d.hi) == pytest.approx((-3.0, -7.155399503, 1.155399503))
     assert d.spans_zero()
-    r = stats.relative_diff_ci([10, 12, 14], [8, 9, 10])
-    assert r is not None
-    assert (r.mean, r.lo, r.hi) == pytest.approx((-0.25, -7.155399503 / 12, 1.155399503 / 12))
     exact = stats.welch_diff_ci([3.0, 3.0], [4.0, 4.0])  # no spread at all: the difference is exact
     assert exact is not None and (exact.lo, exact.hi) == (1.0, 1.0) and not exact.spans_zero()
-    assert not stats.relative_diff_ci([10.0], [9.0]).has_ci  # type: ignore[union-attr]
 
 
-def test_scaling_efficiency() -> None:
-    assert stats.scaling_efficiency(1800.0, 2, 1000.0) == pytest.approx(0.9)
+BASE = [1000.0, 980.0, 1010.0, 950.0, 990.0]
+OTHER = [1290.0, 1300.0, 1250.0, 1240.0, 1330.0]
 
 
-# -- verdict wording ---------------------------------------------------------------------------------
+def test_paired_t_interval_matches_scipy() -> None:
+    iv, method = stats.paired_log_ratio_ci(BASE, OTHER)
+    ref = scipy_stats.ttest_1samp(np.log(np.array(OTHER) / np.array(BASE)), 0.0).confidence_interval(0.95)
+    assert method == "t" and iv is not None and iv.n == 5
+    assert (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high), rel=1e-12)
+    assert iv.mean == pytest.approx(np.mean(np.log(np.array(OTHER) / np.array(BASE))))
+    # the same by hand from scipy's t quantile: mean ± t(0.975, 4) · sd / √5
+    d = np.log(np.array(OTHER) / np.array(BASE))
+    half = scipy_stats.t.ppf(0.975, 4) * d.std(ddof=1) / np.sqrt(5)
+    assert iv.hi - iv.mean == pytest.approx(half)
+
+
+def test_paired_bootstrap_from_ten_blocks_matches_scipy() -> None:
+    rng = np.random.default_rng(7)
+    base = 1000.0 * (1 + 0.2 * rng.random(12))
+    other = base * np.exp(0.1 + 0.03 * rng.standard_normal(12))
+    iv, method = stats.paired_log_ratio_ci(base, other)
+    ref = scipy_stats.bootstrap((np.log(other / base),), np.mean, confidence_level=0.95, method="BCa",
+                                n_resamples=9999, rng=np.random.default_rng(0)).confidence_interval
+    assert method == "bootstrap" and iv is not None
+    assert (iv.lo, iv.hi) == pytest.approx((ref.low, ref.high))
+    assert iv.lo < iv.mean < iv.hi  # type: ignore[operator]
+
+
+def test_paired_interval_edge_cases() -> None:
+    assert stats.paired_log_ratio_ci([], []) == (None, "none")
+    one, m1 = stats.paired_log_ratio_ci([100.0], [110.0])
+    assert m1 == "none" and one is not None and not one.has_ci
+    exact, m2 = stats.paired_log_ratio_ci([100.0, 200.0], [110.0, 220.0])
+    assert m2 == "exact" and exact is not None and exact.lo == exact.hi == pytest.approx(np.log(1.1))
+
+
+def test_blocks_needed_from_the_observed_spread() -> None:
+    d = [0.02, -0.03, 0.04, 0.01]  # mean 0.01, sd ≈ 0.0294: fits inside ±5 % once the half-width < 0.0388
+    n = stats.blocks_needed(d, 0.05)
+    sd, target = np.std(d, ddof=1), np.log(1.05) - 0.01
+    assert n is not None and scipy_stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n) < target
+    assert scipy_stats.t.ppf(0.975, n - 2) * sd / np.sqrt(n - 1) >= target
+    assert stats.blocks_needed([0.1], 0.05) is None
+
+
+@pytest.mark.parametrize(("lo", "hi", "outcome"), [(1.21, 1.37, "faster"), (0.80, 0.95, "slower"),
+                                                   (0.97, 1.04, "equal"), (1.01, 1.03, "equal"),
+                                                   (0.97, 1.12, "undecided"), (0.90, 1.02, "undecided")])
+def test_decide(lo: float, hi: float, outcome: str) -> None:
+    assert stats.decide(lo, hi, 0.05) == outcome
+
+
+def _log_iv(ratio: float, lo: float, hi: float, n: int = 6) -> Interval:
+    return Interval(float(np.log(ratio)), float(np.log(lo)), float(np.log(hi)), n)
 
 
 def test_throughput_verdict_wording() -> None:
-    slower = stats.throughput_verdict("horovod", "ddp", 2, Interval(-0.083, -0.112, -0.051, 3))
-    assert slower == "horovod 8.3 % slower than ddp at np=2 (95 % CI 5.1–11.2 %)"
-    faster = stats.throughput_verdict("horovod", "ddp", 4, Interval(0.12, 0.05, 0.19, 3))
-    assert faster == "horovod 12.0 % faster than ddp at np=4 (95 % CI 5.0–19.0 %)"
-    same = stats.throughput_verdict("horovod", "ddp", 2, Interval(-0.012, -0.04, 0.016, 3))
-    assert same == ("horovod vs ddp at np=2: no significant difference in throughput "
-                    "(−1.2 %, 95 % CI −4.0 to +1.6 %)")
-    noisy = stats.throughput_verdict("horovod", "ddp", 2, Interval(0.1, -0.9, 1.1, 2))
-    assert "no significant difference" in noisy and "too noisy to tell" in noisy
-    single = stats.throughput_verdict("horovod", "ddp", 2, Interval(-0.05, None, None, 1))
-    assert single == "horovod 5.0 % slower than ddp at np=2 (1 repeat: no CI, noise unknown)"
+    assert stats.throughput_verdict("horovod", "ddp", 2, _log_iv(1.29, 1.21, 1.37)) == (
+        "faster", "horovod 29 % faster than ddp at np=2 (95 % CI 21–37 %)")
+    assert stats.throughput_verdict("horovod", "ddp", 4, _log_iv(0.917, 0.888, 0.949)) == (
+        "slower", "horovod 8.3 % slower than ddp at np=4 (95 % CI 5.1–11.2 %)")
+    assert stats.throughput_verdict("ddp#2", "ddp#1", 2, _log_iv(1.005, 0.98, 1.03)) == (
+        "equal", "ddp#2 equal to ddp#1 within ±5.0 % at np=2 (95 % CI −2.0 … +3.0 %)")
+    assert stats.throughput_verdict("horovod", "ddp", 2, _log_iv(1.04, 0.97, 1.12), needed=14) == (
+        "undecided", "horovod vs ddp at np=2 undecided: interval −3 … +12 %, needs about 8 more repeats")
+    outcome, text = stats.throughput_verdict("horovod", "ddp", 2, Interval(0.05, None, None, 1))
+    assert outcome == "undecided" and "1 block, no interval" in text
 
 
-def test_accuracy_verdict_wording() -> None:
-    assert stats.accuracy_verdict("b", "a", [0.9639, 0.9639], [0.9639]) == "test accuracy identical (96.39 %)"
-    assert stats.accuracy_verdict("b", "a", [0.95, 0.97], [0.96, 0.965]) == "test accuracy equal within noise"
-    differs = stats.accuracy_verdict("b", "a", [0.96, 0.9602], [0.90, 0.9002])
-    assert differs == "test accuracy 6.00 points lower for b (90.01 % vs 96.01 %)"
-    one = stats.accuracy_verdict("b", "a", [0.96], [0.95])
-    assert one == "test accuracy 1.00 points lower for b (95.00 % vs 96.00 %; 1 repeat: spread unknown)"
+def test_verdicts_are_paired_over_blocks() -> None:
+    # ddp drifts down 30 % over the repeats; horovod is 10 % slower within every block: unpaired intervals
+    # would overlap, the paired one decides
+    results = make_results({("ddp", 2): [1000, 850, 700, 900], ("horovod", 2): [900, 766, 629, 811]})
+    (v,) = stats.verdicts(results)
+    assert (v.outcome, v.blocks, v.method, v.baseline, v.other, v.np) == ("slower", 4, "t", "ddp", "horovod", 2)
+    assert v.ratio == pytest.approx(0.9, abs=0.002) and v.ci_low < 0.9 < v.ci_high  # type: ignore[operator]
+    assert v.ci_high < 0.905 and v.ci_low > 0.895  # type: ignore[operator]
+    assert v.block_ratios == pytest.approx([0.9, 766 / 850, 629 / 700, 811 / 900])
+    assert v.text.startswith("horovod 10.0 % slower than ddp at np=2 (95 % CI 9.8–10.2 %)")
+    assert v.accuracy == "test accuracy identical (96.39 %)"
+    js = v.to_json()
+    assert (js["metric"], js["outcome"], js["blocks"]) == ("throughput", "slower", 4)
+    assert js["ci_low"] <= js["ratio"] <= js["ci_high"]
 
 
-def test_verdicts_from_groups() -> None:
-    results = make_results({("ddp", 2): [1000, 1010, 990], ("horovod", 2): [900, 905, 895]})
-    groups = stats.aggregate(results)
-    (v,) = stats.verdicts(groups, ["ddp", "horovod"])
-    assert v.text.startswith("horovod 10.0 % slower than ddp at np=2 (95 % CI ")
-    assert v.text.endswith("; test accuracy identical (96.39 %)")
-    assert v.throughput is not None and v.throughput.hi < 0  # type: ignore[operator]
+def test_a_a_control_is_equal() -> None:
+    results = make_results({("ddp#1", 2): [1000, 900, 950, 1010], ("ddp#2", 2): [1010, 895, 948, 1000]})
+    for r in results["runs"]:
+        r["arm"], r["strategy"] = r["strategy"], "ddp"
+    (v,) = stats.verdicts(results)
+    assert v.outcome == "equal" and v.ci_low < 1.0 < v.ci_high  # type: ignore[operator]
+    assert v.text.startswith("ddp#2 equal to ddp#1 within ±5.0 % at np=2")
+
+
+def test_undecided_says_how_many_more_repeats() -> None:
+    results = make_results({("ddp", 2): [1000, 1000, 1000], ("horovod", 2): [1100, 950, 1120]})
+    (v,) = stats.verdicts(results)
+    assert v.outcome == "undecided" and v.blocks_needed is not None and v.blocks_needed > 3
+    assert f"needs about {v.blocks_needed - 3} more repeats" in v.text
 
 
 def test_aggregate_ignores_failed_runs_and_computes_efficiency() -> None:
@@ -106,7 +157,8 @@ def test_no_comparison_when_a_side_failed() -> None:
     results = make_results({("ddp", 2): [1000]})
     results["runs"].append(failed_run("horovod", 2, 0))
     results["config"]["strategies"] = ["ddp", "horovod"]
-    (v,) = stats.verdicts(stats.aggregate(results), ["ddp", "horovod"])
+    (v,) = stats.verdicts(results)
+    assert (v.outcome, v.ratio, v.blocks) == ("undecided", None, 0)
     assert v.text == "horovod vs ddp at np=2: no comparison (horovod: 0 of 1 runs succeeded)"
 
 
@@ -117,7 +169,7 @@ COMM_PHASE = {"ddp": "backward", "horovod": "optimizer"}
 
 
 def run_entry(strategy: str, np: int, repeat: int, sps: float, acc: float = 0.9639) -> dict[str, Any]:
-    comm = {COMM_PHASE[strategy]: 2.0 * (np - 1)}  # where each strategy's communication lands
+    comm = {COMM_PHASE[strategy.split("#")[0]]: 2.0 * (np - 1)}  # where each strategy's communication lands
     return {
         "strategy": strategy, "np": np, "repeat": repeat, "status": "ok", "error": None,
         "dir": f"runs/{strategy}-np{np}-r{repeat}", "samples_per_sec": sps,
@@ -139,7 +191,7 @@ def failed_run(strategy: str, np: int, repeat: int) -> dict[str, Any]:
 
 def make_results(throughputs: dict[tuple[str, int], list[float]]) -> dict[str, Any]:
     runs = [run_entry(s, n, k, v) for (s, n), vs in throughputs.items() for k, v in enumerate(vs)]
-    return {"schema": 1, "created": "2025-01-01T00:00:00+00:00", "complete": True,
+    return {"schema": SCHEMA, "created": "2025-01-01T00:00:00+00:00", "complete": True,
             "config": {"strategies": list(dict.fromkeys(s for s, _ in throughputs)),
                        "np": sorted({n for _, n in throughputs}), "repeats": 3,
                        "train": {"model": "convnet", "dataset": "digits", "epochs": 3, "batch_size": 32},
@@ -158,16 +210,19 @@ def handmade(tmp_path: Path) -> Path:
 
 def test_render_from_handmade_results(handmade: Path) -> None:
     out = render(handmade, quiet=True)
-    for name in ("throughput", "breakdown", "scaling", "curves"):
+    for name in ("throughput", "drift", "breakdown", "scaling", "curves"):
         png = handmade / "plots" / f"{name}.png"
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (handmade / "report.html").read_text()
     assert out.html == handmade / "report.html"
-    assert page.count("data:image/png;base64,") == 4
+    assert page.count("data:image/png;base64,") == 5  # throughput, drift, breakdown, scaling, curves
     assert not re.search(r"(?:https?:)?//[a-z0-9.-]+\.[a-z]{2,}", page, re.I), "report.html must not reach out"
     assert "<script" not in page and "<link" not in page
     assert "horovod" in page and "&lt;boom&gt; &amp; friends" in page  # failed run's error, escaped
-    assert "no significant difference" in page or "slower than ddp at np=2" in page
+    # ddp/horovod per block at np=2: 3600/4000, 3700/4100, 3650/3900 → horovod about 9 % slower
+    assert out.details[1].outcome == "slower" and out.details[1].np == 2
+    assert out.verdicts[1].startswith("horovod 8.7 % slower than ddp at np=2 (95 % CI 3.6–13.6 %)")
+    assert "<strong>slower</strong>: horovod 8.7 % slower than ddp at np=2" in page
     assert "synchronize" in page and "backward" in page  # the teaching section
     assert any("at np=2" in v for v in out.verdicts)
 
@@ -185,8 +240,8 @@ def test_render_prints_table_and_verdict(handmade: Path) -> None:
 def test_one_repeat_says_no_ci(tmp_path: Path) -> None:
     (tmp_path / "results.json").write_text(json.dumps(make_results({("ddp", 2): [4000], ("horovod", 2): [3600]})))
     out = render(tmp_path, quiet=True)
-    assert out.verdicts == ["horovod 10.0 % slower than ddp at np=2 (1 repeat: no CI, noise unknown); "
-                            "test accuracy identical (96.39 %)"]
+    assert out.verdicts == ["horovod vs ddp at np=2 undecided: −10 % from 1 block, no interval; run at least "
+                            "3 repeats; test accuracy identical (96.39 %)"]
     assert not (tmp_path / "plots" / "scaling.png").exists()  # one np: no scaling plot
 
 
@@ -196,8 +251,8 @@ def test_report_command_rerenders(handmade: Path, capsys: pytest.CaptureFixture[
     assert (handmade / "report.html").is_file()
 
 
-@pytest.mark.parametrize("content", [None, "{not json", '{"schema": 99, "runs": []}', '{"schema": 1}',
-                                     '{"schema": 1, "runs": [{"strategy": "ddp"}]}'])
+@pytest.mark.parametrize("content", [None, "{not json", '{"schema": 99, "runs": []}', '{"schema": 2}',
+                                     '{"schema": 2, "runs": [{"strategy": "ddp"}]}'])
 def test_report_refuses_missing_or_invalid(tmp_path: Path, content: str | None,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     if content is not None:
@@ -205,7 +260,7 @@ def test_report_refuses_missing_or_invalid(tmp_path: Path, content: str | None,
     assert cli.main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dpcompare report: error: ") and err.count("\n") == 1
-    with pytest.raises(Exception):  # noqa: B017
+    with pytest.raises(ConfigError, match="results.json"):
         load_results(tmp_path)
 
 

@@ -23,6 +23,7 @@ class Rendered:
     html: Path
     plots: list[Path] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
+    details: list[Any] = field(default_factory=list)  # stats.Verdict objects
 
 
 def load_results(folder: str | Path) -> dict[str, Any]:
@@ -61,9 +62,9 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False) -> Rend
     folder = Path(folder)
     results = load_results(folder)
     groups = stats.aggregate(results)
-    verdicts = stats.verdicts(groups, stats.strategy_order(results))
-    made = plots.make_all(results, groups, folder / "plots")
+    verdicts = stats.verdicts(results, groups)
+    made = plots.make_all(results, groups, folder / "plots", verdicts)
     page = html.write_html(folder / "report.html", results, groups, verdicts, made)
     if not quiet:
         table.print_report(console or table.console_for_report(), results, groups, verdicts, str(page))
-    return Rendered(page, [p.path for p in made], [v.text for v in verdicts])
+    return Rendered(page, [p.path for p in made], [v.full_text for v in verdicts], verdicts)

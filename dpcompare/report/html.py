@@ -11,7 +11,16 @@ from typing import Any
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
 from dpcompare.report.plots import Plot, colors
-from dpcompare.report.stats import MEMORY_KINDS, MEMORY_LABELS, Group, Verdict, phase_shifts, strategy_order
+from dpcompare.report.stats import (
+    MEMORY_KINDS,
+    MEMORY_LABELS,
+    Group,
+    Verdict,
+    arm_of,
+    measured_share,
+    phase_shifts,
+    strategy_order,
+)
 
 CSS = """
 :root { --fg:#1f2328; --muted:#626a73; --line:#e3e6ea; --bg:#f6f7f9; --ok:#1a7f37; --bad:#c0303a; --accent:#3b6fb6; }
@@ -84,7 +93,7 @@ def data_uri(path: Path) -> str:
 def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
     col = colors(strategies)
     several_np = len({g.np for g in groups}) > 1
-    head = ["strategy", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
+    head = ["arm", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
             *(f"{p}<br>ms" for p in PHASES), "test accuracy", "final train loss", "peak RSS<br>MB"]
     memory = any(g.memory_mb for g in groups)
     if memory:
@@ -94,7 +103,7 @@ def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
     rows = []
     for g in groups:
         ok_cls = "ok" if g.ok == g.runs else "failed"
-        cells = [f'<span class="swatch" style="background:{col[g.strategy]}"></span>{_e(g.strategy)}', str(g.np),
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm)}', str(g.np),
                  f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>', _e(fmt.sps(g.samples_per_sec)),
                  f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                  *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
@@ -119,7 +128,7 @@ def _evidence(groups: Sequence[Group], strategies: Sequence[str]) -> str:
     """Per strategy: backward vs optimizer time at the largest np, and their growth against np=1."""
     items = []
     for s in strategies:
-        gs = [g for g in groups if g.strategy == s and g.phases_ms]
+        gs = [g for g in groups if g.arm == s and g.phases_ms]
         if not gs:
             continue
         g = max(gs, key=lambda x: x.np)
@@ -137,8 +146,10 @@ def _evidence(groups: Sequence[Group], strategies: Sequence[str]) -> str:
     return "<h3>In this comparison</h3><ul>" + "".join(items) + "</ul>"
 
 
-def _mechanisms(results: dict[str, Any], strategies: Sequence[str]) -> str:
+def _mechanisms(results: dict[str, Any], arms: Sequence[str]) -> str:
     known = (results.get("environment") or {}).get("strategies") or {}
+    by_arm = {arm_of(r): r["strategy"] for r in results.get("runs", [])}
+    strategies = list(dict.fromkeys(by_arm.get(a, a) for a in arms))
     items = [f"<li><strong>{_e(s)}</strong>: {_e(known[s].get('sync_mechanism') or known[s].get('summary'))}</li>"
              for s in strategies if s in known]
     return "<h3>As recorded by each strategy</h3><ul>" + "".join(items) + "</ul>" if items else ""
@@ -149,7 +160,7 @@ def _runs(results: dict[str, Any]) -> str:
     for r in results.get("runs", []):
         ok = r.get("status") == "ok"
         step = (r.get("step_ms") or {}).get("median")
-        cells = [f"{_e(r['strategy'])}-np{r['np']}-r{r['repeat']}",
+        cells = [f"{_e(arm_of(r))}-np{r['np']}-r{r['repeat']}",
                  f'<span class="{"ok" if ok else "failed"}">{_e(r.get("status"))}</span>',
                  "–" if r.get("samples_per_sec") is None else f"{r['samples_per_sec']:,.0f}",
                  fmt.ms(step), "–" if r.get("final_test_accuracy") is None else f"{100 * r['final_test_accuracy']:.2f} %",
@@ -172,13 +183,16 @@ def _kv(d: dict[str, Any]) -> str:
 def command_line(results: dict[str, Any]) -> str:
     cfg = results.get("config") or {}
     parts = ["dpcompare", "compare"]
-    if cfg.get("np"):
+    if cfg.get("np") and not cfg.get("cli"):
         parts += ["--np", ",".join(map(str, cfg["np"]))]
-    if cfg.get("strategies"):
-        parts += ["--strategies", ",".join(cfg["strategies"])]
-    if cfg.get("repeats"):
-        parts += ["--repeats", str(cfg["repeats"])]
-    parts += list(cfg.get("train_flags") or [])
+    if cfg.get("cli"):
+        parts += list(cfg["cli"])
+    else:
+        if cfg.get("strategies"):
+            parts += ["--strategies", ",".join(cfg["strategies"])]
+        if cfg.get("repeats"):
+            parts += ["--repeats", str(cfg["repeats"])]
+    parts += [f for f in cfg.get("train_flags") or [] if f != "--no-tensorboard"]  # compare's default
     out = (cfg.get("train") or {}).get("out")
     if out:
         parts += ["--out", str(out)]
@@ -201,11 +215,28 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
 
     body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{sub}</p>']
     if verdicts:
+        eq = verdicts[0].equivalence
+        share = measured_share(results)
+        stop = cfg.get("stop") or {}
         body.append('<div class="card verdict"><strong>Verdict</strong><ul>'
-                    + "".join(f"<li>{_e(v.text)}</li>" for v in verdicts) + "</ul>"
-                    + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Throughput differences are relative '
-                      f'to {_e(strategies[0])} (the first strategy given); intervals are Welch t-intervals over '
-                      f'repeats, so with few repeats they are wide.</p></div>')
+                    + "".join(f"<li><strong>{_e(v.outcome)}</strong>: {_e(v.full_text)}"
+                              + (f'<br><span class="muted" style="font-size:13px">{_e(v.other)}/{_e(v.baseline)} '
+                                 f"throughput per block: {' '.join(f'{x:.3f}' for x in v.block_ratios)} "
+                                 + (f"({_e(v.method)} interval over {v.blocks} blocks)" if v.ci_low is not None else "")
+                                 + "</span>" if v.block_ratios else "")
+                              + "</li>" for v in verdicts) + "</ul>"
+                    + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
+                      f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
+                      f'of the two arms within a block. Throughput per run is the global batch over the slowest '
+                      f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
+                      f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
+                      f'bootstrap from 10 blocks on). <em>equal</em>: the interval lies inside ±{100 * eq:g} %; '
+                      f'<em>faster</em>/<em>slower</em>: it excludes no difference; otherwise <em>undecided</em>, with '
+                      f'an estimate of the repeats that would decide.'
+                    + (f" Timed steps were {100 * share:.0f} % of the runs' wall time." if share is not None else "")
+                    + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
+                       f"{_e(stop.get('reason'))}." if stop else "")
+                    + "</p></div>")
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]

@@ -21,7 +21,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt  # noqa: E402
-from dpcompare.report.stats import Group, find, np_order, strategy_order  # noqa: E402
+from dpcompare.report.stats import Group, Verdict, arm_of, find, np_order, run_throughput, strategy_order  # noqa: E402
 
 STRATEGY_COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46", "#d46ea8", "#6f7782")
 PHASE_COLORS = {"data": "#b9c0c8", "forward": "#6fb7c9", "backward": "#f2a541", "optimizer": "#a05fa8"}
@@ -77,7 +77,7 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
         fig, (ax_l, ax_a) = _new(10, 3.9, 2)
         for si, s in enumerate(strategies):
             for n in nps:
-                rs = [r for r in runs if r["strategy"] == s and r["np"] == n]
+                rs = [r for r in runs if arm_of(r) == s and r["np"] == n]
                 if not rs:
                     continue
                 ls, mk = _np_style(nps, n)
@@ -188,7 +188,7 @@ def breakdown(groups: Sequence[Group], path: Path) -> Plot | None:
         return None
     with matplotlib.rc_context(RC):
         fig, ax = _new(10, 1.3 + 0.55 * len(gs))
-        labels = [f"{g.strategy} · np={g.np}" for g in gs]
+        labels = [f"{g.arm} · np={g.np}" for g in gs]
         y = list(range(len(gs)))[::-1]
         total = max(sum(g.phases_ms.values()) for g in gs)
         left = [0.0] * len(gs)
@@ -256,10 +256,63 @@ def scaling(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence[in
                 "processes it also measures the processes competing for cores.")
 
 
-def make_all(results: dict[str, Any], groups: Sequence[Group], folder: Path) -> list[Plot]:
+def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> Plot | None:
+    """Per-run throughput in the order the runs ran, and the per-block ratios behind each verdict."""
+    runs = [(i, r, v) for i, r in enumerate(results.get("runs", []))
+            if r.get("status") == "ok" and (v := run_throughput(r)) is not None]
+    if len(runs) < 2:
+        return None
+    arms, nps = strategy_order(results), np_order(results)
+    col = colors(arms)
+    shown = [v for v in verdicts if v.block_ratios]
+    with matplotlib.rc_context(RC):
+        fig, axes = _new(10, 3.9, 2 if shown else 1)
+        ax_r, ax_b = (axes[0], axes[1]) if shown else (axes, None)
+        for s in arms:
+            for n in nps:
+                pts = [(i, v) for i, r, v in runs if arm_of(r) == s and int(r["np"]) == n]
+                if pts:
+                    ax_r.plot([p[0] + 1 for p in pts], [p[1] for p in pts], ls="none", marker=_np_style(nps, n)[1],
+                              ms=5, color=col[s], label=f"{s} · np={n}")
+        ax_r.set_title("Throughput per run, in run order")
+        ax_r.set_xlabel("run (in the order it ran)")
+        ax_r.set_ylabel("samples / s (global batch ÷ median step)")
+        ax_r.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax_r.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax_r.legend(loc="best", fontsize=8)
+        if ax_b is not None:
+            eq = shown[0].equivalence
+            ax_b.axhline(1.0, color="#999999", lw=1)
+            ax_b.axhspan(1 - eq, 1 + eq, color="#999999", alpha=0.10, lw=0, label=f"±{100 * eq:g} % (equal)")
+            for k, v in enumerate(shown):
+                c = col.get(v.other, STRATEGY_COLORS[k % len(STRATEGY_COLORS)])
+                ls = _np_style(nps, v.np)[0] if v.np in nps else "-"
+                ax_b.plot([r + 1 for r in v.block_repeats], v.block_ratios, marker="o", ms=4, lw=0.8, ls=ls, color=c,
+                          label=f"{v.other}/{v.baseline} · np={v.np}: {v.outcome}")
+                if v.ci_low is not None and v.ci_high is not None:
+                    ax_b.axhspan(v.ci_low, v.ci_high, color=c, alpha=0.22, lw=0)
+                    ax_b.axhline(v.ratio, color=c, lw=1.6, ls=ls)
+            seen = [x for v in shown for x in v.block_ratios] + [1 - eq, 1 + eq]
+            pad = 0.15 * (max(seen) - min(seen))
+            ax_b.set_ylim(min(seen) - pad, max(seen) + pad)  # a very wide interval fills the axis, clipped
+            ax_b.set_title("Ratio within each block, and the verdict")
+            ax_b.set_xlabel("block (repeat)")
+            ax_b.set_ylabel("throughput ratio other / baseline")
+            ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax_b.legend(loc="best", fontsize=8)
+        _save(fig, path)
+    return Plot("drift", path, "Drift and pairing",
+                "Left: every run's throughput in the order the runs ran; a shared machine drifts, and both arms of a "
+                "block drift together. Right: the ratio of the two arms within each block (dots), the verdict's "
+                "ratio (line) and its 95 % interval (band); the grey band is the equivalence margin.")
+
+
+def make_all(results: dict[str, Any], groups: Sequence[Group], folder: Path,
+             verdicts: Sequence[Verdict] = ()) -> list[Plot]:
     """Every figure that has data, written to ``folder``; in report order."""
     strategies, nps = strategy_order(results), np_order(results)
     made = [throughput(groups, strategies, nps, folder / "throughput.png"),
+            drift(results, verdicts, folder / "drift.png"),
             breakdown(groups, folder / "breakdown.png"),
             scaling(groups, strategies, nps, folder / "scaling.png"),
             curves(results, folder / "curves.png")]

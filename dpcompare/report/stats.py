@@ -1,9 +1,15 @@
-"""Statistics of a comparison: confidence intervals, per-configuration aggregates and verdicts.
+"""Statistics of a comparison: per-arm aggregates, and paired verdicts with calibrated intervals.
 
-Pure functions on plain data (the ``runs`` of results.json); no I/O, no plotting. Intervals are
-Student-t intervals over repeats; the relative difference of two strategies uses Welch's t-interval
-on the difference of mean throughputs, divided by the baseline's mean (the baseline mean's own
-uncertainty is left out of the denominator, a small effect next to the difference's).
+Pure functions on plain data (the ``runs`` of results.json); no I/O, no plotting; distributions come
+from :mod:`scipy.stats`.
+
+The verdict rests on a *paired* design. A repeat is a block that runs every arm once, next to each
+other in time, so the slow drift of a shared machine hits both arms of a block alike. The per-run
+statistic is throughput from the slowest rank's median step time (global batch ÷ median step), which
+ignores the odd slow step; the effect in a block is the log of the ratio other ÷ baseline; the
+verdict is the mean over blocks with a 95 % interval (Student t on the log ratios, BCa bootstrap once
+there are :data:`BOOTSTRAP_MIN_BLOCKS` blocks), turned back into a ratio. Unpaired per-arm figures
+(mean ± t-interval over repeats) remain for the table.
 """
 
 from __future__ import annotations
@@ -14,67 +20,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from scipy import stats as sps
+
 from dpcompare.files import PHASES
 
 CONFIDENCE = 0.95
-
-
-# -- Student t ---------------------------------------------------------------------------------------
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T ≤ t) for Student's t with ``df`` (possibly fractional) degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t (e.g. p=0.975 for a two-sided 95 % interval)."""
-    if not 0.0 < p < 1.0 or df <= 0:
-        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0 (got p={p}, df={df})")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return (lo + hi) / 2.0
+#: default equivalence margin: two arms whose throughput ratio lies inside 1 ± this are "equal"
+EQUIVALENCE = 0.05
+#: from this many blocks on the verdict's interval is a BCa bootstrap of the mean log ratio
+BOOTSTRAP_MIN_BLOCKS = 10
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 0  # fixed: the same results.json always renders the same verdict
+OUTCOMES = ("faster", "slower", "equal", "undecided")
 
 
 # -- intervals ---------------------------------------------------------------------------------------
@@ -99,6 +57,11 @@ class Interval:
         return self.has_ci and self.lo <= 0.0 <= self.hi  # type: ignore[operator]
 
 
+def t_half_width(sd: float, n: int | np.ndarray, confidence: float = CONFIDENCE) -> Any:
+    """Half-width of the two-sided Student-t interval of a mean of ``n`` values with spread ``sd``."""
+    return sps.t.ppf(0.5 + confidence / 2.0, np.asarray(n) - 1) * sd / np.sqrt(n)
+
+
 def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
     """Mean and two-sided t-interval of ``values``; no CI with one value, None with none."""
     xs = [float(v) for v in values]
@@ -107,7 +70,7 @@ def mean_ci(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval
     m = statistics.fmean(xs)
     if len(xs) < 2:
         return Interval(m, None, None, len(xs))
-    half = t_quantile(0.5 + confidence / 2.0, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    half = float(t_half_width(statistics.stdev(xs), len(xs), confidence))
     return Interval(m, m - half, m + half, len(xs))
 
 
@@ -115,50 +78,116 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = CO
     """mean(b) − mean(a) with Welch's t-interval (unequal variances); no CI unless both have ≥ 2 values."""
     if not a or not b:
         return None
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    d = mb - ma
+    d = statistics.fmean(b) - statistics.fmean(a)
+    n = min(len(a), len(b))
     if len(a) < 2 or len(b) < 2:
-        return Interval(d, None, None, min(len(a), len(b)))
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0.0:  # identical values within each group: the difference is exact
-        return Interval(d, d, d, min(len(a), len(b)))
-    df = (va + vb) ** 2 / ((va * va / (len(a) - 1) if va else 0.0) + (vb * vb / (len(b) - 1) if vb else 0.0))
-    half = t_quantile(0.5 + confidence / 2.0, df) * se
-    return Interval(d, d - half, d + half, min(len(a), len(b)))
+        return Interval(d, None, None, n)
+    if statistics.variance(a) == 0.0 and statistics.variance(b) == 0.0:  # no spread: the difference is exact
+        return Interval(d, d, d, n)
+    ci = sps.ttest_ind(b, a, equal_var=False).confidence_interval(confidence)
+    return Interval(d, float(ci.low), float(ci.high), n)
 
 
-def relative_diff_ci(baseline: Sequence[float], other: Sequence[float],
-                     confidence: float = CONFIDENCE) -> Interval | None:
-    """(mean(other) − mean(baseline)) / mean(baseline), with the Welch interval scaled the same way."""
-    d = welch_diff_ci(baseline, other, confidence)
-    if d is None:
+def paired_log_ratio_ci(baseline: Sequence[float], other: Sequence[float],
+                        confidence: float = CONFIDENCE) -> tuple[Interval | None, str]:
+    """Mean of log(other/baseline) over paired blocks with its interval, and the method that made it.
+
+    Student t below :data:`BOOTSTRAP_MIN_BLOCKS` blocks, a seeded BCa bootstrap of the mean from there
+    on; no CI with one block; exact when every block has the same ratio.
+    """
+    d = np.log(np.asarray(other, dtype=float) / np.asarray(baseline, dtype=float))
+    if d.size == 0:
+        return None, "none"
+    m = float(d.mean())
+    if d.size < 2:
+        return Interval(m, None, None, 1), "none"
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:
+        return Interval(m, m, m, int(d.size)), "exact"
+    if d.size < BOOTSTRAP_MIN_BLOCKS:
+        h = float(t_half_width(sd, d.size, confidence))
+        return Interval(m, m - h, m + h, int(d.size)), "t"
+    res = sps.bootstrap((d,), np.mean, confidence_level=confidence, method="BCa", n_resamples=BOOTSTRAP_RESAMPLES,
+                        rng=np.random.default_rng(BOOTSTRAP_SEED))
+    return Interval(m, float(res.confidence_interval.low), float(res.confidence_interval.high), int(d.size)), "bootstrap"
+
+
+def blocks_needed(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE, confidence: float = CONFIDENCE,
+                  limit: int = 10_000) -> int | None:
+    """About how many blocks in all would decide, if the spread and the mean stayed as observed.
+
+    Deciding means the interval leaves 0 (half-width < |mean|) or fits inside ±equivalence; whichever
+    needs fewer blocks. None with fewer than 2 blocks (no spread known) or beyond ``limit``.
+    """
+    d = np.asarray(log_ratios, dtype=float)
+    if d.size < 2:
         return None
-    base = statistics.fmean(baseline)
-    if base == 0.0:
+    m, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0.0:
+        return int(d.size)
+    inside = min(math.log1p(equivalence) - m, m - math.log1p(-equivalence))
+    target = max(abs(m), inside)
+    if target <= 0.0:
         return None
-    s = lambda v: None if v is None else v / base  # noqa: E731
-    return Interval(d.mean / base, s(d.lo), s(d.hi), d.n)
+    ns = np.arange(2, limit + 1)
+    ok = np.nonzero(t_half_width(sd, ns, confidence) < target)[0]
+    return int(ns[ok[0]]) if ok.size else None
 
 
-def scaling_efficiency(throughput_np: float, np: int, throughput_1: float) -> float:
+def scaling_efficiency(throughput_np: float, np_: int, throughput_1: float) -> float:
     """throughput(np) / (np · throughput(1)): 1.0 is perfect linear scaling."""
-    return throughput_np / (np * throughput_1) if throughput_1 > 0 and np > 0 else float("nan")
+    return throughput_np / (np_ * throughput_1) if throughput_1 > 0 and np_ > 0 else float("nan")
 
 
-# -- per-configuration aggregates ----------------------------------------------------------------------
+# -- runs and arms -----------------------------------------------------------------------------------
+def arm_of(run: dict[str, Any]) -> str:
+    """The arm a run belongs to (its label); results without arms use the strategy name."""
+    return str(run.get("arm") or run["strategy"])
+
+
+def run_throughput(run: dict[str, Any]) -> float | None:
+    """The per-run statistic of the verdicts: global batch ÷ the slowest rank's median step time (samples/s).
+
+    Falls back to the run's samples/s (timed steps ÷ timed seconds) when the global batch is not recorded.
+    """
+    step = (run.get("step_ms") or {}).get("median")
+    batch = run.get("global_batch")
+    if step and batch:
+        return float(batch) * 1000.0 / float(step)
+    v = run.get("samples_per_sec")
+    return None if v is None else float(v)
+
+
+def arm_order(results: dict[str, Any]) -> list[str]:
+    """Arm labels in the order given (the first is the baseline), then any other arm the runs name."""
+    cfg = results.get("config") or {}
+    given = [a["label"] for a in cfg.get("arms") or []] or list(cfg.get("strategies") or [])
+    return list(dict.fromkeys([*given, *(arm_of(r) for r in results.get("runs", []))]))
+
+
+strategy_order = arm_order  # the name the report used before runs were generalised to arms
+
+
+def np_order(results: dict[str, Any]) -> list[int]:
+    given = [int(n) for n in (results.get("config") or {}).get("np") or []]
+    return sorted(set(given) | {int(r["np"]) for r in results.get("runs", [])})
+
+
 MEMORY_KINDS = ("params", "grads", "optimizer_state", "total")
 MEMORY_LABELS = {"params": "params", "grads": "grads", "optimizer_state": "opt state", "total": "total"}
 
 
+# -- per-arm aggregates ------------------------------------------------------------------------------
 @dataclass
 class Group:
-    """All repeats of one (strategy, np)."""
+    """All repeats of one (arm, np)."""
 
-    strategy: str
+    arm: str
     np: int
     runs: int
     ok: int
+    strategy: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
     samples_per_sec: Interval | None = None
     throughputs: list[float] = field(default_factory=list)
     step_ms_median: float | None = None
@@ -171,7 +200,7 @@ class Group:
     #: MB of parameters / gradients / optimizer state (and their total) on the largest rank, mean over repeats
     memory_mb: dict[str, float] = field(default_factory=dict)
     wall_seconds: float | None = None
-    efficiency: float | None = None  # scaling efficiency against the same strategy at np=1
+    efficiency: float | None = None  # scaling efficiency against the same arm at np=1
 
 
 def _mean(xs: Iterable[Any]) -> float | None:
@@ -179,29 +208,17 @@ def _mean(xs: Iterable[Any]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def strategy_order(results: dict[str, Any]) -> list[str]:
-    """Strategies in the order the user gave them (the first is the baseline)."""
-    given = list((results.get("config") or {}).get("strategies") or [])
-    seen = [r["strategy"] for r in results.get("runs", [])]
-    return list(dict.fromkeys([*given, *seen]))
-
-
-def np_order(results: dict[str, Any]) -> list[int]:
-    given = [int(n) for n in (results.get("config") or {}).get("np") or []]
-    return sorted(set(given) | {int(r["np"]) for r in results.get("runs", [])})
-
-
 def aggregate(results: dict[str, Any], confidence: float = CONFIDENCE) -> list[Group]:
-    """One :class:`Group` per (strategy, np), strategies in the given order, np ascending."""
+    """One :class:`Group` per (arm, np), arms in the given order, np ascending (unpaired figures)."""
     runs = results.get("runs", [])
     groups: list[Group] = []
-    for s in strategy_order(results):
+    for s in arm_order(results):
         for n in np_order(results):
-            rs = [r for r in runs if r["strategy"] == s and int(r["np"]) == n]
+            rs = [r for r in runs if arm_of(r) == s and int(r["np"]) == n]
             if not rs:
                 continue
             ok = [r for r in rs if r.get("status") == "ok"]
-            g = Group(s, n, len(rs), len(ok))
+            g = Group(s, n, len(rs), len(ok), strategy=str(rs[0]["strategy"]), knobs=dict(rs[0].get("knobs") or {}))
             g.throughputs = [float(r["samples_per_sec"]) for r in ok if r.get("samples_per_sec") is not None]
             g.samples_per_sec = mean_ci(g.throughputs, confidence)
             g.step_ms_median = _mean((r.get("step_ms") or {}).get("median") for r in ok)
@@ -222,47 +239,31 @@ def aggregate(results: dict[str, Any], confidence: float = CONFIDENCE) -> list[G
             g.wall_seconds = _mean(r.get("wall_seconds") for r in ok)
             groups.append(g)
     for g in groups:
-        one = find(groups, g.strategy, 1)
+        one = find(groups, g.arm, 1)
         if one and one.samples_per_sec and g.samples_per_sec:
             g.efficiency = scaling_efficiency(g.samples_per_sec.mean, g.np, one.samples_per_sec.mean)
     return groups
 
 
-def find(groups: Sequence[Group], strategy: str, np: int) -> Group | None:
-    return next((g for g in groups if g.strategy == strategy and g.np == np), None)
+def find(groups: Sequence[Group], arm: str, np_: int) -> Group | None:
+    return next((g for g in groups if g.arm == arm and g.np == np_), None)
+
+
+def measured_share(results: dict[str, Any]) -> float | None:
+    """Share of the runs' wall time (launcher start-up included) spent in timed steps."""
+    ok = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("measured_seconds")]
+    wall = sum(float(r.get("wall_seconds") or 0.0) for r in ok)
+    return sum(float(r["measured_seconds"]) for r in ok) / wall if wall > 0 else None
 
 
 # -- verdicts ----------------------------------------------------------------------------------------
-NOISY_HALF_WIDTH = 0.5  # a relative CI wider than ±50 % says more about the machine than the strategies
-
-
-def _pct(x: float, signed: bool = False) -> str:
-    v = 100.0 * x
-    digits = 0 if abs(v) >= 100 else 1
+def _pct(x: float, signed: bool = False, digits: int | None = None) -> str:
+    v = round(100.0 * x, 9)
+    digits = (0 if abs(v) >= 10 else 1) if digits is None else digits
     return f"{v:+.{digits}f}".replace("-", "−") if signed else f"{v:.{digits}f}"
 
 
-def throughput_verdict(strategy: str, baseline: str, np: int, rel: Interval | None,
-                       confidence: float = CONFIDENCE) -> str:
-    """Plain words for the relative throughput of ``strategy`` against ``baseline`` at one np."""
-    conf = f"{100 * confidence:g} % CI"
-    if rel is None:
-        return f"{strategy} vs {baseline} at np={np}: no comparison (a side has no successful run)"
-    if rel.has_ci and rel.spans_zero():
-        noisy = ": too noisy to tell, add --repeats or quiet the machine" if (
-            rel.half_width or 0.0) > NOISY_HALF_WIDTH else ""
-        return (f"{strategy} vs {baseline} at np={np}: no significant difference in throughput "
-                f"({_pct(rel.mean, True)} %, {conf} {_pct(rel.lo, True)} to {_pct(rel.hi, True)} %{noisy})")  # type: ignore[arg-type]
-    word = "slower" if rel.mean < 0 else "faster"
-    sign = -1.0 if rel.mean < 0 else 1.0
-    head = f"{strategy} {_pct(sign * rel.mean)} % {word} than {baseline} at np={np}"
-    if not rel.has_ci:
-        return f"{head} ({rel.n} repeat{'s' if rel.n != 1 else ''}: no CI, noise unknown)"
-    lo, hi = sorted((sign * rel.lo, sign * rel.hi))  # type: ignore[operator]
-    return f"{head} ({conf} {_pct(lo)}–{_pct(hi)} %)"
-
-
-def accuracy_verdict(strategy: str, baseline: str, base_acc: Sequence[float], other_acc: Sequence[float],
+def accuracy_verdict(other: str, baseline: str, base_acc: Sequence[float], other_acc: Sequence[float],
                      confidence: float = CONFIDENCE) -> str:
     """Test accuracy: identical, equal within noise (Welch CI spans 0), or the difference stated."""
     if not base_acc or not other_acc:
@@ -276,46 +277,144 @@ def accuracy_verdict(strategy: str, baseline: str, base_acc: Sequence[float], ot
     ma, mb = statistics.fmean(base_acc), statistics.fmean(other_acc)
     word = "higher" if d.mean > 0 else "lower"
     tail = "" if d.has_ci else f"; {min(len(base_acc), len(other_acc))} repeat: spread unknown"
-    return (f"test accuracy {100 * abs(d.mean):.2f} points {word} for {strategy} "
+    return (f"test accuracy {100 * abs(d.mean):.2f} points {word} for {other} "
             f"({100 * mb:.2f} % vs {100 * ma:.2f} %{tail})")
 
 
 @dataclass
 class Verdict:
-    strategy: str
-    baseline: str
+    """The paired throughput verdict of ``other`` against ``baseline`` at one np (results.json ``verdicts``)."""
+
     np: int
-    throughput: Interval | None  # relative difference, other vs baseline
-    text: str
+    baseline: str
+    other: str
+    outcome: str  # one of OUTCOMES
+    ratio: float | None  # other's throughput / baseline's (geometric mean over blocks)
+    ci_low: float | None
+    ci_high: float | None
+    blocks: int
+    text: str  # the throughput verdict in words
+    accuracy: str = ""
+    method: str = "none"  # t, bootstrap, exact, none
+    block_ratios: list[float] = field(default_factory=list)
+    block_repeats: list[int] = field(default_factory=list)
+    samples_per_sec_ratio: float | None = None  # the same, from each run's samples/s (timed steps ÷ seconds)
+    blocks_needed: int | None = None  # undecided: about how many blocks in all would decide
+    equivalence: float = EQUIVALENCE
+
+    @property
+    def half_width(self) -> float | None:
+        """Half the interval's width, as a fraction of the ratio (0.05: ±5 %)."""
+        return None if self.ci_low is None or self.ci_high is None else (self.ci_high - self.ci_low) / 2.0
+
+    @property
+    def full_text(self) -> str:
+        return self.text + (f"; {self.accuracy}" if self.accuracy else "")
+
+    def to_json(self) -> dict[str, Any]:
+        r = lambda v: None if v is None else round(v, 6)  # noqa: E731
+        return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": "throughput",
+                "ratio": r(self.ratio), "ci_low": r(self.ci_low), "ci_high": r(self.ci_high), "blocks": self.blocks,
+                "outcome": self.outcome, "text": self.full_text, "method": self.method,
+                "equivalence": self.equivalence, "block_ratios": [r(x) for x in self.block_ratios],
+                "samples_per_sec_ratio": r(self.samples_per_sec_ratio), "blocks_needed": self.blocks_needed}
 
 
-def verdicts(groups: Sequence[Group], strategies: Sequence[str], confidence: float = CONFIDENCE) -> list[Verdict]:
-    """Every strategy after the first against the first (the baseline), at every np both ran."""
-    if not strategies:
+def decide(lo: float, hi: float, equivalence: float) -> str:
+    """equal when the ratio interval lies inside 1 ± equivalence; else faster/slower when it leaves 1."""
+    if 1.0 - equivalence <= lo and hi <= 1.0 + equivalence:
+        return "equal"
+    if lo > 1.0:
+        return "faster"
+    if hi < 1.0:
+        return "slower"
+    return "undecided"
+
+
+def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | None, equivalence: float = EQUIVALENCE,
+                       needed: int | None = None, confidence: float = CONFIDENCE) -> tuple[str, str]:
+    """(outcome, words) for a paired interval on the mean log ratio other/baseline."""
+    conf = f"{100 * confidence:g} % CI"
+    if log_iv is None:
+        return "undecided", f"{other} vs {baseline} at np={np_}: no comparison (no block where both succeeded)"
+    ratio = math.exp(log_iv.mean)
+    if not log_iv.has_ci:
+        return "undecided", (f"{other} vs {baseline} at np={np_} undecided: {_pct(ratio - 1, True)} % from 1 block, "
+                             "no interval; run at least 3 repeats")
+    lo, hi = math.exp(log_iv.lo), math.exp(log_iv.hi)  # type: ignore[arg-type]
+    outcome = decide(lo, hi, equivalence)
+    dg = 1 if hi - lo < 0.1 else 0  # one decimal for the whole verdict when the interval is narrower than 10 %
+    if outcome == "faster":
+        return outcome, (f"{other} {_pct(ratio - 1, digits=dg)} % faster than {baseline} at np={np_} "
+                         f"({conf} {_pct(lo - 1, digits=dg)}–{_pct(hi - 1, digits=dg)} %)")
+    if outcome == "slower":
+        return outcome, (f"{other} {_pct(1 - ratio, digits=dg)} % slower than {baseline} at np={np_} "
+                         f"({conf} {_pct(1 - hi, digits=dg)}–{_pct(1 - lo, digits=dg)} %)")
+    span = f"{_pct(lo - 1, True, dg)} … {_pct(hi - 1, True, dg)} %"
+    if outcome == "equal":
+        return outcome, (f"{other} equal to {baseline} within ±{_pct(equivalence)} % at np={np_} "
+                         f"({conf} {span})")
+    more = ("needs more repeats than is practical: quiet the machine or time more steps per run" if needed is None
+            else f"needs about {max(needed - log_iv.n, 1)} more repeat{'s' if needed - log_iv.n > 1 else ''}")
+    return outcome, f"{other} vs {baseline} at np={np_} undecided: interval {span}, {more}"
+
+
+def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
+                  statistic: Any = run_throughput) -> tuple[list[int], list[float], list[float]]:
+    """Repeats where both arms succeeded at ``np_``, with each arm's per-run statistic."""
+    per: dict[str, dict[int, float]] = {baseline: {}, other: {}}
+    for r in results.get("runs", []):
+        a = arm_of(r)
+        if a in per and int(r["np"]) == np_ and r.get("status") == "ok" and (v := statistic(r)):
+            per[a][int(r["repeat"])] = float(v)
+    reps = sorted(set(per[baseline]) & set(per[other]))
+    return reps, [per[baseline][k] for k in reps], [per[other][k] for k in reps]
+
+
+def verdicts(results: dict[str, Any], groups: Sequence[Group] | None = None, equivalence: float | None = None,
+             confidence: float = CONFIDENCE) -> list[Verdict]:
+    """Every arm after the first against the first (the baseline), at every np both ran: paired over blocks."""
+    arms = arm_order(results)
+    if len(arms) < 2:
         return []
-    base = strategies[0]
+    groups = aggregate(results, confidence) if groups is None else groups
+    eq = float(equivalence if equivalence is not None
+               else (results.get("config") or {}).get("equivalence", EQUIVALENCE))
+    base = arms[0]
     out: list[Verdict] = []
-    for n in sorted({g.np for g in groups}):
+    for n in np_order(results):
         b = find(groups, base, n)
-        for s in strategies[1:]:
+        for s in arms[1:]:
             o = find(groups, s, n)
             if b is None or o is None:
                 continue
-            if not b.ok or not o.ok:
-                failed = ", ".join(f"{g.strategy}: {g.ok} of {g.runs} runs succeeded" for g in (b, o) if not g.ok)
-                out.append(Verdict(s, base, n, None, f"{s} vs {base} at np={n}: no comparison ({failed})"))
+            reps, xb, xo = paired_blocks(results, base, s, n)
+            if not reps:
+                failed = ", ".join(f"{g.arm}: {g.ok} of {g.runs} runs succeeded" for g in (b, o) if not g.ok)
+                out.append(Verdict(n, base, s, "undecided", None, None, None, 0, equivalence=eq,
+                                   text=f"{s} vs {base} at np={n}: no comparison ({failed or 'no common repeat'})"))
                 continue
-            rel = relative_diff_ci(b.throughputs, o.throughputs, confidence)
-            text = (throughput_verdict(s, base, n, rel, confidence) + "; "
-                    + accuracy_verdict(s, base, b.accuracies, o.accuracies, confidence))
-            out.append(Verdict(s, base, n, rel, text))
+            log_iv, method = paired_log_ratio_ci(xb, xo, confidence)
+            logs = [math.log(y / x) for x, y in zip(xb, xo, strict=True)]
+            needed = blocks_needed(logs, eq, confidence)
+            outcome, text = throughput_verdict(s, base, n, log_iv, eq, needed, confidence)
+            _, sb, so = paired_blocks(results, base, s, n, statistic=lambda r: r.get("samples_per_sec"))
+            sps_ratio = math.exp(statistics.fmean(math.log(y / x) for x, y in zip(sb, so, strict=True))) if sb else None
+            assert log_iv is not None
+            v = Verdict(n, base, s, outcome, math.exp(log_iv.mean),
+                        math.exp(log_iv.lo) if log_iv.has_ci else None,  # type: ignore[arg-type]
+                        math.exp(log_iv.hi) if log_iv.has_ci else None,  # type: ignore[arg-type]
+                        len(reps), text, accuracy_verdict(s, base, b.accuracies, o.accuracies, confidence),
+                        method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
+                        needed if outcome == "undecided" else None, eq)
+            out.append(v)
     return out
 
 
-def phase_shifts(groups: Sequence[Group], strategy: str) -> dict[int, dict[str, float]]:
-    """Per np > 1: how much each phase's time per step grew against the same strategy at np=1 (ms)."""
-    one = find(groups, strategy, 1)
+def phase_shifts(groups: Sequence[Group], arm: str) -> dict[int, dict[str, float]]:
+    """Per np > 1: how much each phase's time per step grew against the same arm at np=1 (ms)."""
+    one = find(groups, arm, 1)
     if one is None or not one.phases_ms:
         return {}
     return {g.np: {p: g.phases_ms[p] - one.phases_ms.get(p, 0.0) for p in g.phases_ms}
-            for g in groups if g.strategy == strategy and g.np > 1 and g.phases_ms}
+            for g in groups if g.arm == arm and g.np > 1 and g.phases_ms}

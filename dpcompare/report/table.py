@@ -11,14 +11,14 @@ from rich.table import Table
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.stats import MEMORY_KINDS, MEMORY_LABELS, Group, Verdict
+from dpcompare.report.stats import MEMORY_KINDS, MEMORY_LABELS, Group, Verdict, arm_of, measured_share
 
 PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
 
 def next_strategy_differs(groups: Sequence[Group], g: Group) -> bool:
     i = list(groups).index(g)
-    return i + 1 < len(groups) and groups[i + 1].strategy != g.strategy
+    return i + 1 < len(groups) and groups[i + 1].arm != g.arm
 
 
 def console_for_report() -> Console:
@@ -30,7 +30,7 @@ def console_for_report() -> Console:
 def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
     several_np = len({g.np for g in groups}) > 1
     t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("strategy", style="bold")
+    t.add_column("arm", style="bold")
     t.add_column("np", justify="right")
     t.add_column("ok", justify="right")
     t.add_column("samples/s\n± 95 % CI", justify="right")
@@ -48,7 +48,7 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
     prev = None
     for g in groups:
         ok = f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]"
-        row = [g.strategy if g.strategy != prev else "", str(g.np), ok, fmt.sps(g.samples_per_sec),
+        row = [g.arm if g.arm != prev else "", str(g.np), ok, fmt.sps(g.samples_per_sec),
                f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), fmt.accuracy(g), fmt.mb(g.peak_rss_mb)]
         if memory:
@@ -56,7 +56,7 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
         if several_np:
             row.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
         t.add_row(*row, end_section=bool(next_strategy_differs(groups, g)))
-        prev = g.strategy
+        prev = g.arm
     return t
 
 
@@ -70,16 +70,29 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
     console.print(build_table(groups, title=f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]"))
     console.print("[dim]times are per step, median over steps (slowest rank for step ms, mean over ranks for "
                   "phases), averaged over repeats; warm-up steps excluded[/]", soft_wrap=True)
+    share = measured_share(results)
+    if share is not None:
+        console.print(f"[dim]timed steps: {100 * share:.0f} % of the runs' wall time (the rest is start-up, "
+                      "data loading, evaluation and warm-up)[/]", soft_wrap=True)
+    stop = (results.get("config") or {}).get("stop")
+    if stop:
+        console.print(f"[dim]{stop.get('blocks')} block{'s' if stop.get('blocks') != 1 else ''}: "
+                      f"{stop.get('reason')}[/]", soft_wrap=True)
     console.print()
     if verdicts:
-        console.print("[bold]Verdict[/]")
+        console.print("[bold]Verdict[/] (paired over blocks: each repeat runs every arm once, side by side)")
         for v in verdicts:
-            console.print(f"  • {v.text}", soft_wrap=True, highlight=False)
+            colour = {"faster": "green", "slower": "red", "equal": "cyan"}.get(v.outcome, "yellow")
+            console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
+            if v.block_ratios:
+                ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
+                console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,
+                              highlight=False)
     elif groups:
-        console.print("[bold]Verdict[/]: one strategy only, nothing to compare", soft_wrap=True)
+        console.print("[bold]Verdict[/]: one arm only, nothing to compare", soft_wrap=True)
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     for r in failed:
-        console.print(f"  [red]{r.get('status', 'failed')}[/] {r['strategy']}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
+        console.print(f"  [red]{r.get('status', 'failed')}[/] {arm_of(r)}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
                       soft_wrap=True, highlight=False)
     if not results.get("complete", True):
         console.print("[yellow]results.json is incomplete: the comparison was interrupted[/] "
