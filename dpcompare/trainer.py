@@ -31,6 +31,7 @@ from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_t
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
+from dpcompare.trace import TraceSession
 from dpcompare.versions import versions
 
 
@@ -178,8 +179,12 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
         model.load_state_dict(weights)
 
     if strategy is not None:
+        if cfg.trace:
+            strategy.prepare_trace(out)
         return _train(cfg, strategy, data, model, ckpt, resume_path, out)
     strategy = backends.create(cfg.strategy, env=env, device=cfg.device, iface=cfg.iface, timeout_s=cfg.timeout)
+    if cfg.trace:
+        strategy.prepare_trace(out)
     strategy.setup()
     try:
         return _train(cfg, strategy, data, model, ckpt, resume_path, out)
@@ -253,6 +258,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     step_times: list[StepTiming] = []
     step_losses: list[float] = []
     done_steps = 0
+    tracer = TraceSession(cfg.trace, cfg.warmup_steps, strategy, model, optimizer) if cfg.trace else None
     model.train()
     with rep:
         for epoch in range(start_epoch + 1, last_epoch + 1):
@@ -264,6 +270,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             for _ in range(steps_per_epoch):
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
+                if tracer:
+                    tracer.before_step(done_steps)
                 timer.begin()
                 x, y = next(it)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -276,6 +284,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 optimizer.step()
                 timer.lap("optimizer")
                 global_step += 1
+                if tracer:
+                    tracer.after_step(global_step, timer.start, timer.laps)
                 done_steps += 1
                 lval = loss.detach().to(torch.float64).cpu()
                 loss_sum += lval * len(y)
@@ -308,6 +318,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 save_checkpoint(strategy, model, optimizer, cfg, run_info, epoch, global_step, history, out)
 
     timing = _timing_summary(strategy, step_times, global_batch)
+    communication = tracer.finish(out, {"strategy": strategy.name, "world_size": world, "model": cfg.model,
+                                        "dataset": cfg.dataset, "batch_size": cfg.batch_size}) if tracer else None
     summary = {
         "strategy": strategy.name, "world_size": world, "launcher": strategy.env.launcher,
         "device": str(device), "model": cfg.model, "dataset": cfg.dataset, "epochs": last_epoch,
@@ -318,6 +330,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         "resumed_from": str(resume_path) if resume_path else None,
         "sync_mechanism": strategy.sync_mechanism, "config": run_info, "versions": versions(),
     }
+    if communication is not None:  # rank 0, from OUT/trace.json
+        summary["communication"] = communication
     if main:
         if cfg.record_step_loss:
             (out / "step_losses.json").write_text(json.dumps(step_losses))

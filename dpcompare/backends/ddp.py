@@ -9,18 +9,23 @@ gradients are already averaged; the optimizer itself is untouched.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcompare.backends.base import ReduceOp, Strategy, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
 from dpcompare.launch.rendezvous import ensure_rendezvous
+from dpcompare.trace import CAT_COMM, LANE_BUCKETS, TraceRecorder
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
+CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
         "min": dist.ReduceOp.MIN}
 
@@ -62,7 +67,32 @@ class DDPStrategy(Strategy):
         # The constructor broadcasts rank 0's parameters and buffers; buffers are re-synced before each forward.
         sync = ({"forward_sync_buffers": True} if "forward_sync_buffers" in _DDP_ARGS
                 else {"broadcast_buffers": True})
-        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb, **sync)
+        ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb, **sync)
+        if getattr(self, "_tracing", False):  # only with --trace: otherwise DDP runs its built-in all-reduce
+            state, hook = self.comm_hook()
+            ddp.register_comm_hook(state, tracing_comm_hook(hook, lambda: self._recorder,
+                                                            lambda p: self._param_names.get(id(p), "?")))
+        return ddp
+
+    def comm_hook(self) -> tuple[Any, CommHook]:
+        """The (state, hook) DDP runs on each bucket when a hook is needed: the default all-reduce (the same
+        arithmetic as DDP's built-in one). Tracing wraps whatever this returns."""
+        return None, default_hooks.allreduce_hook
+
+    _recorder: TraceRecorder | None = None
+    _param_names: dict[int, str] = {}
+
+    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        super().start_trace(model, optimizer, recorder)
+        self._param_names = {id(p): n for n, p in self.unwrap_model(model).named_parameters()}
+        if not getattr(self, "_tracing", False):
+            recorder.notes.append("DDP's bucket all-reduces are not traced: the model was wrapped before "
+                                  "tracing was prepared")
+        self._recorder = recorder
+
+    def stop_trace(self) -> None:
+        self._recorder = None
+        super().stop_trace()
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         module = self.unwrap_model(model)
@@ -100,3 +130,31 @@ class DDPStrategy(Strategy):
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
+
+
+def tracing_comm_hook(inner: CommHook, recorder: Callable[[], TraceRecorder | None],
+                      name_of: Callable[[torch.Tensor], str] = lambda p: "") -> CommHook:
+    """A DDP comm hook running ``inner`` that, while ``recorder()`` is not None, records each bucket's
+    all-reduce as a span from the hook's call (the bucket is full) to its future's completion."""
+
+    def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        rec = recorder()
+        if rec is None:
+            return inner(state, bucket)
+        start = rec.now()
+        buf = bucket.buffer()
+        names = [name_of(p) for p in bucket.parameters()]
+        index, nbytes = bucket.index(), buf.numel() * buf.element_size()
+        fut = inner(state, bucket)
+        rec.lanes[LANE_BUCKETS + index] = f"all-reduce bucket {index}"
+
+        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            rec.span(f"all-reduce bucket {index}", CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
+                     bucket=index, bytes=nbytes, tensors=names)
+            return f.value()
+
+        return fut.then(done)
+
+    # DDP checks the annotations as objects; `from __future__ import annotations` made them strings
+    hook.__annotations__ = {"state": Any, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return hook
