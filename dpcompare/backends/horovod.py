@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpcompare import trace as tr
 from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
 from dpcompare.errors import LaunchError
-from dpcompare.trace import CAT_COMM, CAT_COMM_PHASE, CAT_WAIT, LANE_COMM, LANE_PHASES, LANE_TENSORS, TraceRecorder
 
 TIMELINE_FILE = "horovod_timeline.json"
 
@@ -121,7 +121,7 @@ class HorovodStrategy(Strategy):
         os.environ["HOROVOD_TIMELINE"] = os.environ.get("HOROVOD_TIMELINE") or "DYNAMIC"
         self._timeline = Path(folder) / TIMELINE_FILE
 
-    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: tr.TraceRecorder) -> None:
         super().start_trace(model, optimizer, recorder)
         self._timeline_on = False
         path = getattr(self, "_timeline", None)
@@ -140,7 +140,7 @@ class HorovodStrategy(Strategy):
             def synchronize() -> None:
                 t0 = recorder.now()
                 wait()
-                recorder.span("wait in step()", CAT_WAIT, t0, recorder.now(), tid=LANE_PHASES)
+                recorder.span("wait in step()", tr.CAT_WAIT, t0, recorder.now(), tid=tr.LANE_PHASES)
 
             optimizer.synchronize = synchronize  # type: ignore[method-assign]  (an instance attribute)
             self._traced_optimizer = optimizer
@@ -155,7 +155,7 @@ class HorovodStrategy(Strategy):
             self._traced_optimizer = None
         super().stop_trace()
 
-    def trace_library_events(self, recorder: TraceRecorder,
+    def trace_library_events(self, recorder: tr.TraceRecorder,
                              steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
         path = getattr(self, "_timeline", None)
         if path is None or not path.is_file():
@@ -185,8 +185,8 @@ def horovod_timeline_events(raw: list[dict[str, Any]], pid: int,
 
     Horovod draws one row per tensor with ``B``/``E`` pairs (NEGOTIATE_ALLREDUCE, ALLREDUCE and the
     activities inside it), ``ts`` in microseconds since the timeline started; its first event carries
-    ``start_time_since_epoch_in_micros``. Returned: per-tensor lanes (``LANE_TENSORS + i``) with those
-    spans as complete events, and on :data:`LANE_COMM` one ``allreduce`` span per fused operation
+    ``start_time_since_epoch_in_micros``. Returned: per-tensor lanes (``tr.LANE_TENSORS + i``) with those
+    spans as complete events, and on :data:`tr.LANE_COMM` one ``allreduce`` span per fused operation
     (tensors whose ALLREDUCE overlap: Horovod's background thread runs one response at a time) with its
     bytes and tensor names, and the first tensor's activities (memcpy, MPI/Gloo all-reduce) inside it.
     Only spans starting inside one of ``steps`` (start, end, epoch microseconds) are kept.
@@ -221,9 +221,9 @@ def horovod_timeline_events(raw: list[dict[str, Any]], pid: int,
     spans = [s for s in spans if inside(s["start"])]
     ticks = [t for t in ticks if inside(t["ts"])]
     used = sorted({s["tensor"] for s in spans} | {t["tensor"] for t in ticks})
-    lane = {t: LANE_TENSORS + i for i, t in enumerate(used)}
+    lane = {t: tr.LANE_TENSORS + i for i, t in enumerate(used)}
 
-    out: list[dict[str, Any]] = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": LANE_TENSORS + i,
+    out: list[dict[str, Any]] = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tr.LANE_TENSORS + i,
                                   "args": {"name": f"horovod: {names[t]}"}} for i, t in enumerate(used)]
     for s in spans:
         out.append({"name": s["name"], "cat": "horovod", "ph": "X", "ts": s["start"], "dur": s["end"] - s["start"],
@@ -243,14 +243,14 @@ def horovod_timeline_events(raw: list[dict[str, Any]], pid: int,
     for g in groups:
         start, end = min(s["start"] for s in g), max(s["end"] for s in g)
         tensors = [names[s["tensor"]].removeprefix("allreduce.") for s in g]
-        out.append({"name": f"all-reduce ({len(g)} tensor{'s' if len(g) > 1 else ''})", "cat": CAT_COMM,
-                    "ph": "X", "ts": start, "dur": end - start, "pid": pid, "tid": LANE_COMM,
+        out.append({"name": f"all-reduce ({len(g)} tensor{'s' if len(g) > 1 else ''})", "cat": tr.CAT_COMM,
+                    "ph": "X", "ts": start, "dur": end - start, "pid": pid, "tid": tr.LANE_COMM,
                     "args": {"bytes": sum(_nbytes(s["args"]) for s in g), "tensors": tensors}})
         first = g[0]
         for a in spans:
             if a["tensor"] == first["tensor"] and a["depth"] == 1 and first["start"] <= a["start"] <= first["end"]:
-                out.append({"name": a["name"], "cat": CAT_COMM_PHASE, "ph": "X", "ts": max(a["start"], start),
-                            "dur": min(a["end"], end) - max(a["start"], start), "pid": pid, "tid": LANE_COMM})
+                out.append({"name": a["name"], "cat": tr.CAT_COMM_PHASE, "ph": "X", "ts": max(a["start"], start),
+                            "dur": min(a["end"], end) - max(a["start"], start), "pid": pid, "tid": tr.LANE_COMM})
     return out
 
 
