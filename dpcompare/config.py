@@ -87,10 +87,6 @@ class TrainConfig:
                          type=t.nonneg_int)
     warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int)
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
-    trace: int = opt(0, "record N steps after the warm-up on every rank and write OUT/trace.json (Chrome trace: "
-                        "phases, gradient-ready ticks, all-reduces; open in ui.perfetto.dev or draw it with "
-                        "`dpcompare timeline OUT`); summary.json gains their communication figures",
-                     type=t.nonneg_int, group=OUTPUT, metavar="N")
     # -- output and checkpoints -------------------------------------------------------------------
     out: str | None = opt(None, "output folder (default: runs/<strategy>-np<N>)", group=OUTPUT)
     checkpoint_every: int = opt(0, "write OUT/checkpoints/epoch-<N>.pt every N epochs and at the end (0: never)",
@@ -106,6 +102,10 @@ class TrainConfig:
                             group=OUTPUT)
     progress: str = opt("auto", "auto: a progress bar on a terminal, one line per epoch otherwise",
                         choices=["auto", "bar", "lines", "none"], group=OUTPUT)
+    trace: int = opt(0, "record N steps after the warm-up on every rank and write OUT/trace.json (Chrome trace: "
+                        "phases, gradient-ready ticks, all-reduces; open in ui.perfetto.dev or draw it with "
+                        "`dpcompare timeline OUT`); summary.json gains their communication figures",
+                     type=t.nonneg_int, group=OUTPUT, metavar="N")
     # -- network ----------------------------------------------------------------------------------
     iface: str | None = opt(None, "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME); "
                                   "default: the one that reaches rank 0", group=NETWORK)
