@@ -224,7 +224,9 @@ def communication_figures(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per traced step (means over steps and over the ranks that recorded communication).
 
     ``comm_ms_per_step``: time with at least one all-reduce in flight; ``overlap_pct``: the share of it
-    inside ``backward`` (hidden behind computation); ``allreduce_bytes_per_step`` and
+    hidden behind backward's computation, i.e. between the start of ``backward`` and its last
+    gradient-ready tick (DDP's backward also waits for the last buckets: that part is not hidden);
+    ``allreduce_bytes_per_step`` and
     ``allreduce_ops_per_step``: what was all-reduced (DDP: buckets; Horovod: fused operations);
     ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for it (Horovod).
     """
@@ -236,7 +238,11 @@ def communication_figures(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
             waits = events_in(events, st, CAT_WAIT)
             busy = _union((e["ts"], e["ts"] + e["dur"]) for e in comm)
             bw = phases.get("backward")
-            hidden = _length(_clip(busy, bw["ts"], bw["ts"] + bw["dur"])) if bw else 0.0
+            hidden = 0.0
+            if bw:  # backward computes until its last gradient is ready; after that it only waits
+                ticks = [e["ts"] for e in events_in(events, st, CAT_GRAD) if bw["ts"] <= e["ts"]]
+                computing_until = min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"])
+                hidden = _length(_clip(busy, bw["ts"], computing_until))
             rows.append({"rank": rank, "comm": _length(busy), "hidden": hidden, "ops": len(comm),
                          "bytes": sum((e.get("args") or {}).get("bytes", 0) for e in comm),
                          "wait": sum(e["dur"] for e in waits), "step": st["dur"],

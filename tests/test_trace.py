@@ -23,12 +23,13 @@ def _x(pid, cat, name, ts, dur, **args):
 
 def test_figures_count_overlap_with_backward_only_inside_the_step():
     events = [_x(0, tr.CAT_STEP, "step 1", 0, 100, step=1), _x(0, tr.CAT_PHASE, "backward", 20, 50),
+              {"name": "w", "cat": tr.CAT_GRAD, "ph": "i", "ts": 65, "pid": 0, "tid": 1},  # last gradient
               _x(0, tr.CAT_COMM, "b0", 40, 20, bytes=1000), _x(0, tr.CAT_COMM, "b1", 50, 30, bytes=500),
               _x(0, tr.CAT_WAIT, "wait in step()", 75, 10),
               _x(0, tr.CAT_COMM, "outside", 150, 10, bytes=99)]  # after the step: not counted
     f = tr.communication_figures(events)
     assert f["comm_ms_per_step"] == pytest.approx(40 / 1e3)  # union of 40..60 and 50..80
-    assert f["overlap_pct"] == pytest.approx(100 * 30 / 40)  # backward ends at 70
+    assert f["overlap_pct"] == pytest.approx(100 * 25 / 40)  # backward computes until 65 (then waits until 70)
     assert (f["allreduce_ops_per_step"], f["allreduce_bytes_per_step"], f["traced_steps"]) == (2, 1500, 1)
     assert f["wait_ms_per_step"] == pytest.approx(0.01)
 

@@ -98,9 +98,9 @@ def _draw_run(ax: Any, data: dict[str, Any], step: int, t0: float, title: str) -
                     color="#777777")
         row += 3.6
     ax.set_yticks(yticks, ylabels)
-    ax.invert_yaxis()
+    ax.set_ylim(max(yticks, default=0) + 0.7, -0.7)
     ax.grid(axis="y", visible=False)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
 
 
 def _size(n: float) -> str:
@@ -111,17 +111,19 @@ def _size(n: float) -> str:
 
 
 def _caption(data: dict[str, Any], step: int) -> str:
+    """Two lines: the drawn step, then the means over the traced steps."""
     events = data["traceEvents"]
     fig = tr.communication_figures(events)
     st = _step_of(events, 0, step)
-    text = f"step {step}: {st['dur'] / 1e3 if st else 0:.1f} ms on rank 0"
+    first = f"step {step} drawn ({st['dur'] / 1e3 if st else 0:.1f} ms on rank 0)"
+    parts = []
     if fig["allreduce_ops_per_step"]:
-        text += (f" · all-reduce {fig['comm_ms_per_step']:.1f} ms/step, "
-                 f"{fig['overlap_pct']:.0f} % inside backward · {fig['allreduce_ops_per_step']:.0f} op(s), "
-                 f"{_size(fig['allreduce_bytes_per_step'])}/step")
+        overlap = "–" if fig["overlap_pct"] is None else f"{fig['overlap_pct']:.0f} %"
+        parts.append(f"all-reduce {fig['comm_ms_per_step']:.1f} ms ({overlap} hidden behind backward), "
+                     f"{fig['allreduce_ops_per_step']:g} op(s), {_size(fig['allreduce_bytes_per_step'])}")
     if fig["wait_ms_per_step"]:
-        text += f" · wait in step() {fig['wait_ms_per_step']:.1f} ms"
-    return text
+        parts.append(f"wait in step() {fig['wait_ms_per_step']:.1f} ms")
+    return first + ("\nper traced step: " + " · ".join(parts) if parts else "")
 
 
 def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None,
@@ -131,6 +133,7 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     from dpcompare.errors import ConfigError
@@ -150,15 +153,15 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
         fig = Figure(figsize=(11, sum(heights) + 0.7), layout="constrained")
         axes = fig.subplots(len(loaded), 1, sharex=True, height_ratios=heights, squeeze=False)[:, 0]
         for ax, (data, (k, t0, _), label) in zip(axes, loaded, strict=True):
-            _draw_run(ax, data, k, t0, f"{label}\n{_caption(data, k)}")
+            _draw_run(ax, data, k, t0, f"{label} · {_caption(data, k)}")
             ax.set_xlim(0, xmax)
-        axes[-1].set_xlabel("milliseconds since the first rank began the step (one clock for every rank); "
-                            "averages over the traced steps in the titles")
+        axes[-1].set_xlabel("milliseconds since the first rank began the step (one clock for every rank)")
         handles = [Patch(color=PHASE_COLORS[p], label=p) for p in PHASE_COLORS]
         handles += [Patch(facecolor="none", edgecolor=WAIT_COLOR, hatch="////", label="wait in step()"),
                     Patch(color=COMM_COLOR, alpha=0.75, label="all-reduce (DDP: a bucket; Horovod: a fused op)"),
                     Patch(color=COMM_PHASE_COLOR, label="inside: memcpy / MPI all-reduce (Horovod)"),
-                    Patch(color=GRAD_COLOR, label="| gradient ready (one parameter)")]
+                    Line2D([], [], color=GRAD_COLOR, marker="|", linestyle="none", markersize=10,
+                           label="gradient ready (one parameter)")]
         fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8.5)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
