@@ -54,5 +54,6 @@ def section(folder: str | Path, results: dict[str, Any], plots_dir: str | Path) 
             "the first run of each arm, every rank on one clock and every arm on the same time axis: compute "
             "phases as bands, a tick when each gradient was ready, the all-reduces on their own lane. DDP "
             "all-reduces its buckets while backward still runs; Horovod's background thread all-reduces fused "
-            "tensors and <code>optimizer.step()</code> waits for them (hatched). Traced steps run slower than "
-            "untraced ones; the figures below come from the traces.</figcaption></figure>" + table + "</div>")
+            "tensors and <code>optimizer.step()</code> waits for them (hatched). Tracing slows the runs (Horovod's "
+            "timeline writer thread polls on rank 0 for the whole run), so read throughput from an untraced "
+            "comparison; the figures below come from the traces.</figcaption></figure>" + table + "</div>")
