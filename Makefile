@@ -3,7 +3,7 @@ VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench figures clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,9 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/python bench/overhead.py
+
+figures: setup
+	VENV=$(VENV) bash scripts/figures.sh docs/timeline.png
 
 clean:
 	rm -rf runs build *.egg-info

@@ -45,6 +45,7 @@ COMMAND_MODULES = (
     "dpcompare.parity",          # dpcompare parity
     "dpcompare.compare",         # dpcompare compare
     "dpcompare.report.command",  # dpcompare report
+    "dpcompare.report.timeline", # dpcompare timeline
     "dpcompare.launch.commands", # dpcompare launch, dpcompare slurm
 )
 

@@ -142,6 +142,10 @@ class TrainConfig:
                             group=OUTPUT)
     progress: str = opt("auto", "auto: a progress bar on a terminal, one line per epoch otherwise",
                         choices=["auto", "bar", "lines", "none"], group=OUTPUT)
+    trace: int = opt(0, "record N steps after the warm-up on every rank and write OUT/trace.json (Chrome trace: "
+                        "phases, gradient-ready ticks, all-reduces; open in ui.perfetto.dev or draw it with "
+                        "`dpcompare timeline OUT`); summary.json gains their communication figures",
+                     type=t.nonneg_int, group=OUTPUT, metavar="N")
     # -- network ----------------------------------------------------------------------------------
     iface: str | None = opt(None, "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME); "
                                   "default: the one that reaches rank 0", group=NETWORK)

@@ -31,6 +31,7 @@ from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_t
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
+from dpcompare.trace import TraceSession
 from dpcompare.versions import versions
 
 
@@ -234,9 +235,13 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     backends.get(cfg.strategy).check_config(cfg, env.world_size)  # refuse a knob before joining anyone
     if strategy is not None:
         strategy.configure(cfg)
+        if cfg.trace:
+            strategy.prepare_trace(out)
         return _train(cfg, strategy, data, model, ckpt, resume_path, out)
     strategy = backends.create(cfg.strategy, env=env, device=cfg.device, iface=cfg.iface, timeout_s=cfg.timeout)
     strategy.configure(cfg)
+    if cfg.trace:
+        strategy.prepare_trace(out)
     strategy.setup()
     try:
         return _train(cfg, strategy, data, model, ckpt, resume_path, out)
@@ -321,12 +326,16 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     done_steps = 0
     last_good = resume_path  # the newest checkpoint this run could continue from
 
-    def one_step(it: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+    tracer = TraceSession(cfg.trace, cfg.warmup_steps, strategy, model, optimizer) if cfg.trace else None
+
+    def one_step(it: Any, step_no: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
         """One optimizer step (``accumulate`` micro-batches from ``it``), timed by phase once past warm-up.
 
         Returns the step's mean loss, the sum of its samples' losses and the number of samples.
         """
         nonlocal done_steps
+        if tracer:
+            tracer.before_step(done_steps)
         timer.begin()
         optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
         lval = torch.zeros((), dtype=torch.float64)
@@ -349,6 +358,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             n += len(y)
         strategy.optimizer_step(optimizer, scaler)
         timer.lap("optimizer")
+        if tracer:
+            tracer.after_step(step_no, timer.start, timer.laps)
         done_steps += 1
         if done_steps > cfg.warmup_steps:
             step_times.append(timer.result())
@@ -365,7 +376,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             for _ in range(steps_per_epoch):
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
-                lval, total, n = one_step(it)
+                lval, total, n = one_step(it, global_step + 1)
                 global_step += 1
                 loss_sum += total
                 seen += n
@@ -405,6 +416,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
     timing = _timing_summary(strategy, step_times, global_batch)
     timing["timing_only_steps"] = timing_only
     memory = _memory_summary(strategy, strategy.memory_bytes(model, optimizer), timing)
+    communication = tracer.finish(out, {"strategy": strategy.name, "world_size": world, "model": cfg.model,
+                                        "dataset": cfg.dataset, "batch_size": cfg.batch_size}) if tracer else None
     summary = {
         "strategy": strategy.name, "world_size": world, "launcher": strategy.env.launcher,
         "device": str(device), "model": cfg.model, "dataset": cfg.dataset, "epochs": last_epoch,
@@ -417,6 +430,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         "comm": {**strategy.comm_report(), "optimizer_steps": done_steps, "micro_batches": done_steps * accumulate},
         "config": run_info, "versions": versions(),
     }
+    if communication is not None:  # rank 0, from OUT/trace.json
+        summary["communication"] = communication
     if main:
         if cfg.record_step_loss:
             (out / "step_losses.json").write_text(json.dumps(step_losses))

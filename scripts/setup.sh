@@ -60,7 +60,7 @@ if ! "$VPY" -c 'import torch' 2>/dev/null || { [ "$want_vision" = 1 ] && ! "$VPY
   say "installing $TORCH_SPEC (flavour '$FLAVOUR')"
   pipq $TORCH_SPEC || die "could not install '$TORCH_SPEC'; set DPCOMPARE_TORCH to torch>=2.1 specs that your index has"
 fi
-if ! "$VPY" -c 'import dpcompare, mpi4py, pytest, ruff, scipy' 2>/dev/null \
+if ! "$VPY" -c 'import dpcompare, mpi4py, pytest, ruff, scipy, nbclient, ipykernel' 2>/dev/null \
    || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
   say "installing dpcompare (editable) with its dependencies"
   pipq -e "$ROOT[dev]"

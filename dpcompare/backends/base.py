@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
 
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
+from dpcompare.trace import CAT_GRAD
+
+if TYPE_CHECKING:
+    from dpcompare.trace import TraceRecorder
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -251,6 +256,42 @@ class Strategy(ABC):
     @abstractmethod
     def barrier(self) -> None:
         """Wait for every rank."""
+
+    def gather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's bytes, indexed by rank (built on :meth:`all_reduce`, so every strategy has it)."""
+        sizes = [int(n) for (n,) in self.all_gather_floats([float(len(data))])]
+        table = torch.zeros(self.world_size, max(sizes, default=0), dtype=torch.float64)
+        table[self.rank, :len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.float64)
+        table = self.all_reduce(table, "sum") if self.world_size > 1 else table
+        return [bytes(table[r, :n].to(torch.uint8).tolist()) for r, n in enumerate(sizes)]
+
+    # -- tracing (dpcompare train --trace N; see dpcompare.trace) ---------------------------------
+    def prepare_trace(self, folder: Path) -> None:
+        """Called before :meth:`setup` when tracing is on: a library told at initialisation is told here."""
+        self._tracing = True
+
+    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        """Start recording into ``recorder``: here, a tick when each parameter's gradient is ready.
+
+        Strategies add their communication (and must call this). Nothing is hooked while not tracing.
+        """
+        def ready(name: str) -> Callable[[torch.Tensor], None]:
+            return lambda _p: recorder.tick(name, CAT_GRAD, recorder.now())
+
+        self._trace_handles = [p.register_post_accumulate_grad_hook(ready(n))
+                               for n, p in self.unwrap_model(model).named_parameters() if p.requires_grad]
+
+    def stop_trace(self) -> None:
+        """Stop recording: remove every hook :meth:`start_trace` added."""
+        for h in getattr(self, "_trace_handles", []):
+            h.remove()
+        self._trace_handles = []
+
+    def trace_library_events(self, recorder: TraceRecorder,
+                             steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
+        """On rank 0 after the run: events the library recorded itself during ``steps`` (start, end on
+        the recorder's clock), converted to that clock, and notes. Most strategies have none."""
+        return [], []
 
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +24,13 @@ from dpcompare.backends.base import ReduceOp, Strategy, require_gpu_for_sync_bn
 from dpcompare.backends.registry import register
 from dpcompare.errors import ConfigError
 from dpcompare.launch.rendezvous import ensure_rendezvous
+from dpcompare.trace import CAT_COMM, LANE_BUCKETS, TraceRecorder
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
+CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
         "min": dist.ReduceOp.MIN}
 
@@ -81,24 +84,36 @@ class DDPStrategy(Strategy):
         bucket = cfg.bucket_mb or self.bucket_cap_mb
         ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket, static_graph=cfg.static_graph,
                                       **sync)
-        state, hook, name = None, default_hooks.allreduce_hook, "allreduce_hook"
-        if cfg.grad_compression == "fp16":
-            hook, name = default_hooks.fp16_compress_hook, "fp16_compress_hook"
-        elif cfg.grad_compression == "bf16":
-            hook, name = bf16_compress_hook, "dpcompare.backends.ddp.bf16_compress_hook"
-        elif cfg.powersgd_rank:
-            # from the second step on (torch's default waits 1000 steps, longer than most comparisons)
-            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
-                                                start_powerSGD_iter=2)
-            hook, name = powerSGD_hook.powerSGD_hook, "powerSGD_hook"
-        registered = cfg.count_allreduces or name != "allreduce_hook"  # else DDP's built-in all-reduce
-        if registered:
-            ddp.register_comm_hook(state, self._counted(hook) if cfg.count_allreduces else hook)
-        self._installed = {"comm_hook": name if registered else "built-in all-reduce", "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
+        state, hook, name = self.comm_hook()
+        tracing = getattr(self, "_tracing", False)  # only with --trace
+        # DDP takes one hook: counting and tracing wrap the one the knobs chose
+        if cfg.count_allreduces or tracing or name != "allreduce_hook":  # else DDP's built-in all-reduce
+            if cfg.count_allreduces:
+                hook = self._counted(hook)
+            if tracing:
+                hook = tracing_comm_hook(hook, lambda: self._recorder, lambda p: self._param_names.get(id(p), "?"))
+            ddp.register_comm_hook(state, hook)
+        shown = name if name != "allreduce_hook" or cfg.count_allreduces or tracing else "built-in all-reduce"
+        self._installed = {"comm_hook": shown, "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
                            "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression,
                                                                                      "float32"),
                            "powersgd_rank": cfg.powersgd_rank}
         return ddp
+
+    def comm_hook(self) -> tuple[Any, CommHook, str]:
+        """The (state, hook, name) the knobs ask DDP to run on each bucket; the default all-reduce (the same
+        arithmetic as DDP's built-in one) when no knob asks for another."""
+        cfg = self.cfg
+        if cfg.grad_compression == "fp16":
+            return None, default_hooks.fp16_compress_hook, "fp16_compress_hook"
+        if cfg.grad_compression == "bf16":
+            return None, bf16_compress_hook, "dpcompare.backends.ddp.bf16_compress_hook"
+        if cfg.powersgd_rank:
+            # from the second step on (torch's default waits 1000 steps, longer than most comparisons)
+            state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+                                                start_powerSGD_iter=2)
+            return state, powerSGD_hook.powerSGD_hook, "powerSGD_hook"
+        return None, default_hooks.allreduce_hook, "allreduce_hook"
 
     def _counted(self, hook: Any) -> Any:
         """``hook`` that also counts the buckets it exchanges (one all-reduce per bucket)."""
@@ -115,6 +130,21 @@ class DDPStrategy(Strategy):
 
     def comm_report(self) -> dict[str, Any]:
         return {**getattr(self, "_installed", {}), **self.counters}
+
+    _recorder: TraceRecorder | None = None
+    _param_names: dict[int, str] = {}
+
+    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        super().start_trace(model, optimizer, recorder)
+        self._param_names = {id(p): n for n, p in self.unwrap_model(model).named_parameters()}
+        if not getattr(self, "_tracing", False):
+            recorder.notes.append("DDP's bucket all-reduces are not traced: the model was wrapped before "
+                                  "tracing was prepared")
+        self._recorder = recorder
+
+    def stop_trace(self) -> None:
+        self._recorder = None
+        super().stop_trace()
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         module = self.unwrap_model(model)
@@ -171,3 +201,31 @@ def bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]  
         return buffer
 
     return fut.then(decompress)
+
+
+def tracing_comm_hook(inner: CommHook, recorder: Callable[[], TraceRecorder | None],
+                      name_of: Callable[[torch.Tensor], str] = lambda p: "") -> CommHook:
+    """A DDP comm hook running ``inner`` that, while ``recorder()`` is not None, records each bucket's
+    all-reduce as a span from the hook's call (the bucket is full) to its future's completion."""
+
+    def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        rec = recorder()
+        if rec is None:
+            return inner(state, bucket)
+        start = rec.now()
+        buf = bucket.buffer()
+        names = [name_of(p) for p in bucket.parameters()]
+        index, nbytes = bucket.index(), buf.numel() * buf.element_size()
+        fut = inner(state, bucket)
+        rec.lanes[LANE_BUCKETS + index] = f"all-reduce bucket {index}"
+
+        def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            rec.span(f"all-reduce bucket {index}", CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
+                     bucket=index, bytes=nbytes, tensors=names)
+            return f.value()
+
+        return fut.then(done)
+
+    # DDP checks the annotations as objects; `from __future__ import annotations` made them strings
+    hook.__annotations__ = {"state": Any, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return hook

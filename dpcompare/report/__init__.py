@@ -57,14 +57,15 @@ def load_results(folder: str | Path) -> dict[str, Any]:
 
 def render(folder: str | Path, console: Any = None, quiet: bool = False) -> Rendered:
     """Table and verdicts on the terminal, ``DIR/plots/*.png`` and ``DIR/report.html``, from results.json."""
-    from dpcompare.report import html, plots, stats, table
+    from dpcompare.report import html, plots, stats, table, traces
 
     folder = Path(folder)
     results = load_results(folder)
     groups = stats.aggregate(results)
     verdicts = stats.verdicts(results, groups)
     made = plots.make_all(results, groups, folder / "plots", verdicts)
-    page = html.write_html(folder / "report.html", results, groups, verdicts, made)
+    traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N
+    page = html.write_html(folder / "report.html", results, groups, verdicts, made, [traced] if traced else [])
     if not quiet:
         table.print_report(console or table.console_for_report(), results, groups, verdicts, str(page))
     return Rendered(page, [p.path for p in made], [v.full_text for v in verdicts], verdicts)

@@ -200,7 +200,8 @@ def command_line(results: dict[str, Any]) -> str:
 
 
 def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
-                plots: Sequence[Plot]) -> str:
+                plots: Sequence[Plot], extra: Sequence[str] = ()) -> str:
+    """The page; ``extra``: self-contained HTML sections added after the plots (e.g. the traced step)."""
     strategies = strategy_order(results)
     cfg = results.get("config") or {}
     train = cfg.get("train") or {}
@@ -257,6 +258,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     for p in plots:
         body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
                     f"<figcaption><strong>{_e(p.title)}.</strong> {_e(p.caption)}</figcaption></figure></div>")
+    body.extend(extra)
 
     body.append("<h2>Why the phases differ</h2>" + TEACHING + _evidence(groups, strategies)
                 + _mechanisms(results, strategies))
@@ -277,9 +279,9 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
 
 
 def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
-               plots: Sequence[Plot]) -> Path:
+               plots: Sequence[Plot], extra: Sequence[str] = ()) -> Path:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(results, groups, verdicts, plots), encoding="utf-8")
+    tmp.write_text(render_html(results, groups, verdicts, plots, extra), encoding="utf-8")
     tmp.replace(path)
     return path
 

@@ -1,0 +1,264 @@
+"""``dpcompare train --trace N``: a measured timeline of N steps on every rank, in Chrome-trace JSON.
+
+After the warm-up, N steps are recorded on every rank: the phases the trainer's :class:`PhaseTimer`
+already times (data, forward, backward, optimizer), a tick when each parameter's gradient is ready
+(``register_post_accumulate_grad_hook``, the same under every strategy) and whatever communication
+the strategy can show (:meth:`Strategy.start_trace`): DDP's bucket all-reduces from a comm hook,
+Horovod's negotiation and fused all-reduces from its own timeline plus the wait inside ``step()``.
+Each rank stamps its events in microseconds since the Unix epoch (``perf_counter`` anchored once to
+``time.time``), so ranks on one host share one clock (across hosts, as well as their clocks agree).
+Rank 0 gathers every rank's events and writes ``OUT/trace.json`` (opens in ui.perfetto.dev and
+chrome://tracing), and :func:`communication_figures` turns it into the ``communication`` block of
+``summary.json``.
+
+Layout of ``trace.json``: one process (``pid``) per rank, threads (``tid``): :data:`LANE_PHASES` (a
+``step`` span with the phase spans inside; Horovod's wait nested in ``optimizer``), :data:`LANE_GRADS`
+(gradient-ready instants), :data:`LANE_COMM` and up (all-reduce spans, category ``allreduce``, with
+``bytes`` and ``tensors`` in ``args``; DDP gives each bucket its own lane because buckets overlap) and,
+for Horovod, one lane per tensor as Horovod's timeline draws it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpcompare.files import PHASES, atomic_write_json
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from dpcompare.backends.base import Strategy
+
+TRACE_FILE = "trace.json"
+LANE_PHASES, LANE_GRADS, LANE_COMM = 0, 1, 2
+#: DDP bucket ``i`` is drawn on lane ``LANE_BUCKETS + i``; Horovod tensor ``j`` on ``LANE_TENSORS + j``
+LANE_BUCKETS, LANE_TENSORS = 100, 1000
+CAT_STEP, CAT_PHASE, CAT_GRAD, CAT_COMM, CAT_COMM_PHASE, CAT_WAIT = (
+    "step", "phase", "grad_ready", "allreduce", "allreduce_phase", "wait")
+LANE_NAMES = {LANE_PHASES: "step phases", LANE_GRADS: "gradient ready", LANE_COMM: "all-reduce"}
+
+
+class TraceRecorder:
+    """Collects one rank's events; every timestamp is microseconds since the Unix epoch (float)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._offset_us = (time.time() - time.perf_counter()) * 1e6
+        self.events: list[dict[str, Any]] = []
+        self.lanes: dict[int, str] = dict(LANE_NAMES)
+        self.notes: list[str] = []
+
+    def us(self, perf_counter_s: float) -> float:
+        """A ``time.perf_counter()`` reading on the trace's clock."""
+        return perf_counter_s * 1e6 + self._offset_us
+
+    def now(self) -> float:
+        return self.us(time.perf_counter())
+
+    def span(self, name: str, cat: str, start_us: float, end_us: float, tid: int = LANE_PHASES,
+             **args: Any) -> None:
+        ev = {"name": name, "cat": cat, "ph": "X", "ts": start_us, "dur": max(end_us - start_us, 0.0),
+              "pid": self.rank, "tid": tid}
+        if args:
+            ev["args"] = args
+        self.events.append(ev)  # list.append is atomic: safe from gloo's and autograd's threads
+
+    def tick(self, name: str, cat: str, ts_us: float, tid: int = LANE_GRADS, **args: Any) -> None:
+        ev = {"name": name, "cat": cat, "ph": "i", "s": "t", "ts": ts_us, "pid": self.rank, "tid": tid}
+        if args:
+            ev["args"] = args
+        self.events.append(ev)
+
+    def step(self, index: int, start_perf: float, laps: dict[str, float]) -> None:
+        """One step from the trainer's phase timer: the ``step`` span and a span per phase inside it."""
+        t = start_perf
+        spans = []
+        for phase in PHASES:
+            if phase in laps:
+                spans.append((phase, t, t + laps[phase]))
+                t += laps[phase]
+        self.span(f"step {index}", CAT_STEP, self.us(start_perf), self.us(t), step=index)
+        for phase, a, b in spans:
+            self.span(phase, CAT_PHASE, self.us(a), self.us(b), step=index)
+
+    def metadata(self) -> list[dict[str, Any]]:
+        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}},
+                {"name": "process_sort_index", "ph": "M", "pid": self.rank, "args": {"sort_index": self.rank}}]
+        for tid, name in sorted(self.lanes.items()):
+            meta.append({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}})
+            meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": tid,
+                         "args": {"sort_index": tid}})
+        return meta
+
+
+class TraceSession:
+    """The trainer's side of ``--trace N``: which steps to record, and the merge at the end.
+
+    ``before_step(done)`` is called before every step with the number of steps done so far in this run,
+    ``after_step(...)`` after it; recording covers steps ``warmup + 1 .. warmup + N``. ``finish`` is a
+    collective (every rank calls it); rank 0 writes ``trace.json`` and every rank gets the figures.
+    """
+
+    def __init__(self, steps: int, warmup: int, strategy: Strategy, model: nn.Module, optimizer: Optimizer) -> None:
+        self.steps, self.warmup = steps, warmup
+        self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        self.recorder = TraceRecorder(strategy.rank)
+        self.recorded = 0
+        self.active = False
+
+    def before_step(self, done_steps: int) -> None:
+        if not self.active and done_steps == self.warmup and self.recorded < self.steps:
+            self.strategy.start_trace(self.model, self.optimizer, self.recorder)
+            self.active = True
+
+    def after_step(self, global_step: int, start_perf: float, laps: dict[str, float]) -> None:
+        if not self.active:
+            return
+        self.recorder.step(global_step, start_perf, laps)
+        self.recorded += 1
+        if self.recorded >= self.steps:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.active:
+            self.strategy.stop_trace()
+            self.active = False
+
+    def finish(self, out: Path, info: dict[str, Any]) -> dict[str, Any] | None:
+        """Gather every rank's events to rank 0, add the library's own (Horovod's timeline), write the file."""
+        self._stop()
+        rec = self.recorder
+        mine = rec.metadata() + rec.events
+        gathered = self.strategy.gather_bytes(json.dumps({"events": mine, "notes": rec.notes}).encode())
+        if not self.strategy.is_main:
+            return None
+        events: list[dict[str, Any]] = []
+        notes: list[str] = []
+        for blob in gathered:
+            part = json.loads(blob)
+            events += part["events"]
+            notes += part["notes"]
+        steps = [e for e in events if e.get("cat") == CAT_STEP and e["pid"] == 0]
+        lib_events, lib_notes = self.strategy.trace_library_events(rec, [(e["ts"], e["ts"] + e["dur"]) for e in steps])
+        events += lib_events
+        notes += lib_notes
+        if not steps:
+            notes.append(f"no step was traced: the run took no more than --warmup-steps ({self.warmup}) steps")
+        write_trace(out / TRACE_FILE, events, {**info, "traced_steps": len(steps), "notes": notes})
+        return communication_figures(events) if steps else None
+
+
+def write_trace(path: Path, events: list[dict[str, Any]], info: dict[str, Any]) -> Path:
+    """Chrome-trace JSON (object form): timestamps relative to the earliest event, its epoch time in ``otherData``."""
+    stamped = [e for e in events if "ts" in e]
+    origin = min((e["ts"] for e in stamped), default=0.0)
+    out = []
+    for e in events:
+        if "ts" in e:
+            e = {**e, "ts": round(e["ts"] - origin, 3)}
+            if "dur" in e:
+                e["dur"] = round(e["dur"], 3)
+        out.append(e)
+    data = {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"clock": "microseconds since clock_origin_epoch_us", "clock_origin_epoch_us": origin,
+                          **info}}
+    return atomic_write_json(path, data)
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    from dpcompare.errors import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / TRACE_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} not found; run `dpcompare train --trace N --out DIR` first")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not a readable trace ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ConfigError(f"{path} is not a dpcompare trace (no traceEvents)")
+    return data
+
+
+# -- figures ---------------------------------------------------------------------------------------------
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _length(intervals: Sequence[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _clip(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
+
+
+def steps_by_rank(events: Sequence[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("cat") == CAT_STEP:
+            out.setdefault(e["pid"], []).append(e)
+    return {r: sorted(s, key=lambda e: e["ts"]) for r, s in sorted(out.items())}
+
+
+def events_in(events: Sequence[dict[str, Any]], step: dict[str, Any], cat: str) -> list[dict[str, Any]]:
+    """Events of ``cat`` on the step's rank that start inside the step."""
+    a, b = step["ts"], step["ts"] + step["dur"]
+    return [e for e in events if e.get("cat") == cat and e["pid"] == step["pid"] and a <= e["ts"] <= b]
+
+
+def communication_figures(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per traced step (means over steps and over the ranks that recorded communication).
+
+    ``comm_ms_per_step``: time with at least one all-reduce in flight; ``overlap_pct``: the share of it
+    hidden behind backward's computation, i.e. between the start of ``backward`` and its last
+    gradient-ready tick (DDP's backward also waits for the last buckets: that part is not hidden);
+    ``allreduce_bytes_per_step`` and
+    ``allreduce_ops_per_step``: what was all-reduced (DDP: buckets; Horovod: fused operations);
+    ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for it (Horovod).
+    """
+    rows = []
+    for rank, steps in steps_by_rank(events).items():
+        for st in steps:
+            comm = events_in(events, st, CAT_COMM)
+            phases = {e["name"]: e for e in events_in(events, st, CAT_PHASE)}
+            waits = events_in(events, st, CAT_WAIT)
+            busy = _union((e["ts"], e["ts"] + e["dur"]) for e in comm)
+            bw = phases.get("backward")
+            hidden = 0.0
+            if bw:  # backward computes until its last gradient is ready; after that it only waits
+                ticks = [e["ts"] for e in events_in(events, st, CAT_GRAD) if bw["ts"] <= e["ts"]]
+                computing_until = min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"])
+                hidden = _length(_clip(busy, bw["ts"], computing_until))
+            rows.append({"rank": rank, "comm": _length(busy), "hidden": hidden, "ops": len(comm),
+                         "bytes": sum((e.get("args") or {}).get("bytes", 0) for e in comm),
+                         "wait": sum(e["dur"] for e in waits), "step": st["dur"],
+                         "backward": bw["dur"] if bw else 0.0})
+    with_comm = sorted({r["rank"] for r in rows if r["ops"]})
+    use = [r for r in rows if r["rank"] in with_comm] or rows
+    n = max(len(use), 1)
+    comm = sum(r["comm"] for r in use)
+    return {
+        "traced_steps": len(rows) // max(len({r["rank"] for r in rows}), 1),
+        "ranks_with_comm": with_comm,
+        "comm_ms_per_step": comm / n / 1e3,
+        "overlap_pct": 100.0 * sum(r["hidden"] for r in use) / comm if comm > 0 else None,
+        "allreduce_bytes_per_step": sum(r["bytes"] for r in use) / n,
+        "allreduce_ops_per_step": sum(r["ops"] for r in use) / n,
+        "wait_ms_per_step": sum(r["wait"] for r in rows) / max(len(rows), 1) / 1e3,
+        "step_ms": sum(r["step"] for r in rows) / max(len(rows), 1) / 1e3,
+        "backward_ms": sum(r["backward"] for r in rows) / max(len(rows), 1) / 1e3,
+    }

@@ -1,0 +1,186 @@
+"""``train --trace N``: the merged Chrome trace, its communication figures, the drawn step, the report section."""
+
+import json
+
+import pytest
+
+from dpcompare import trace as tr
+from dpcompare.backends.horovod import horovod_timeline_events
+from dpcompare.backends.single import SingleStrategy
+from dpcompare.launch.env import LaunchEnv
+
+from conftest import FAST, dpcompare, needs_horovod, needs_mpi, summary
+
+HOROVOD = pytest.param("horovod", marks=needs_horovod)
+TRACED = 3
+EPS_US = 1.0  # timestamps are rounded to 1 ns in the file
+
+
+# -- pure functions ------------------------------------------------------------------------------------
+def _x(pid, cat, name, ts, dur, **args):
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": 0, "args": args}
+
+
+def test_figures_count_overlap_with_backward_only_inside_the_step():
+    events = [_x(0, tr.CAT_STEP, "step 1", 0, 100, step=1), _x(0, tr.CAT_PHASE, "backward", 20, 50),
+              {"name": "w", "cat": tr.CAT_GRAD, "ph": "i", "ts": 65, "pid": 0, "tid": 1},  # last gradient
+              _x(0, tr.CAT_COMM, "b0", 40, 20, bytes=1000), _x(0, tr.CAT_COMM, "b1", 50, 30, bytes=500),
+              _x(0, tr.CAT_WAIT, "wait in step()", 75, 10),
+              _x(0, tr.CAT_COMM, "outside", 150, 10, bytes=99)]  # after the step: not counted
+    f = tr.communication_figures(events)
+    assert f["comm_ms_per_step"] == pytest.approx(40 / 1e3)  # union of 40..60 and 50..80
+    assert f["overlap_pct"] == pytest.approx(100 * 25 / 40)  # backward computes until 65 (then waits until 70)
+    assert (f["allreduce_ops_per_step"], f["allreduce_bytes_per_step"], f["traced_steps"]) == (2, 1500, 1)
+    assert f["wait_ms_per_step"] == pytest.approx(0.01)
+
+
+def test_horovod_timeline_is_aligned_grouped_into_fused_ops_and_cut_to_the_steps():
+    origin = 1_000_000.0
+    raw = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": origin}}]
+    for pid, name, shape in ((1, "allreduce.fc.weight", "[10, 64]"), (2, "allreduce.fc.bias", "[10]")):
+        raw += [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+                {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 10 + pid, "pid": pid},
+                {"ph": "X", "name": "1", "ts": 12 + pid, "pid": pid, "dur": 0},
+                {"ph": "E", "ts": 20, "pid": pid},
+                {"ph": "B", "name": "ALLREDUCE", "ts": 30 + pid, "pid": pid},
+                {"ph": "B", "name": "MPI_ALLREDUCE", "ts": 33, "pid": pid}, {"ph": "E", "ts": 60, "pid": pid},
+                {"ph": "E", "ts": 70 + pid, "pid": pid, "args": {"dtype": "float32", "shape": shape}},
+                {"ph": "B", "name": "ALLREDUCE", "ts": 500, "pid": pid},  # a later step, not traced
+                {"ph": "E", "ts": 510, "pid": pid}]
+    out = horovod_timeline_events(raw, 0, [(origin, origin + 100)])
+    fused = [e for e in out if e.get("cat") == tr.CAT_COMM]
+    assert len(fused) == 1
+    assert fused[0]["ts"] == origin + 31 and fused[0]["dur"] == 41
+    assert fused[0]["args"] == {"bytes": 4 * (640 + 10), "tensors": ["fc.weight", "fc.bias"]}
+    assert [e["name"] for e in out if e.get("cat") == tr.CAT_COMM_PHASE] == ["MPI_ALLREDUCE"]
+    assert all(origin <= e["ts"] <= origin + 100 for e in out if "ts" in e)
+
+
+def test_gather_bytes_one_process():
+    s = SingleStrategy(env=LaunchEnv(rank=0, world_size=1, local_rank=0, local_size=1, launcher="none"))
+    assert s.gather_bytes(b'{"a": [1, 2]}\xff') == [b'{"a": [1, 2]}\xff']
+
+
+def test_single_process_traces_phases_and_gradient_ticks(tmp_path):
+    dpcompare("train", "--strategy", "single", *FAST, "--epochs", "0", "--max-steps", "4", "--trace", "2",
+              "--out", str(tmp_path))
+    data = tr.load_trace(tmp_path)
+    steps = tr.steps_by_rank(data["traceEvents"])
+    assert list(steps) == [0] and [s["args"]["step"] for s in steps[0]] == [3, 4]
+    assert {e["name"] for e in data["traceEvents"] if e.get("cat") == tr.CAT_PHASE} == set(tr.PHASES)
+    assert any(e.get("cat") == tr.CAT_GRAD for e in data["traceEvents"])
+    assert summary(tmp_path)["communication"]["allreduce_ops_per_step"] == 0
+
+
+# -- real np=2 runs ------------------------------------------------------------------------------------
+class Traced:
+    """One np=2 traced run per strategy, made the first time a test asks for it."""
+
+    def __init__(self, base):
+        self.base = base
+        self.done: set[str] = set()
+
+    def __call__(self, strategy: str):
+        out = self.base / "runs" / f"{strategy}-np2-r0"
+        if strategy not in self.done:
+            dpcompare("train", "--strategy", strategy, *FAST, "--epochs", "0", "--max-steps", str(2 + TRACED),
+                      "--trace", str(TRACED), "--out", str(out), np=2)
+            self.done.add(strategy)
+        return out
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    return Traced(tmp_path_factory.mktemp("trace"))
+
+
+def _step_events(events, step):
+    return [e for e in events if e.get("ph") in ("X", "i") and e["pid"] == step["pid"]
+            and step["ts"] - EPS_US <= e["ts"] <= step["ts"] + step["dur"] + EPS_US]
+
+
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["ddp", HOROVOD])
+def test_trace_merges_both_ranks_on_one_clock(traced, strategy):
+    out = traced(strategy)
+    data = json.loads((out / "trace.json").read_text())  # plain JSON, Chrome-trace object form
+    events = data["traceEvents"]
+    assert data["otherData"]["traced_steps"] == TRACED and not data["otherData"]["notes"]
+    steps = tr.steps_by_rank(events)
+    assert sorted(steps) == [0, 1] and all(len(s) == TRACED for s in steps.values())
+    for rank in (0, 1):
+        assert {e["name"] for e in events if e.get("cat") == tr.CAT_PHASE and e["pid"] == rank} == set(tr.PHASES)
+        assert any(e.get("cat") == tr.CAT_GRAD and e["pid"] == rank for e in events)
+        # every timed event lies inside one of its rank's traced steps
+        timed = [e for e in events if e.get("ph") in ("X", "i") and e["pid"] == rank]
+        inside = {id(e) for st in steps[rank] for e in _step_events(events, st)}
+        assert timed and all(id(e) in inside for e in timed), [e for e in timed if id(e) not in inside][:3]
+        for st in steps[rank]:  # phases tile the step
+            ph = sorted(tr.events_in(events, st, tr.CAT_PHASE), key=lambda e: e["ts"])
+            assert ph[0]["ts"] == pytest.approx(st["ts"], abs=EPS_US)
+            assert ph[-1]["ts"] + ph[-1]["dur"] == pytest.approx(st["ts"] + st["dur"], abs=EPS_US)
+    # the two ranks' steps overlap in time: one clock (a step is collective)
+    for a, b in zip(steps[0], steps[1], strict=True):
+        assert a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]
+
+
+@needs_mpi
+def test_ddp_buckets_start_inside_backward(traced):
+    events = tr.load_trace(traced("ddp"))["traceEvents"]
+    early = 0
+    for steps in tr.steps_by_rank(events).values():
+        for st in steps:
+            comm = tr.events_in(events, st, tr.CAT_COMM)
+            (bw,) = [e for e in tr.events_in(events, st, tr.CAT_PHASE) if e["name"] == "backward"]
+            assert comm and all(e["args"]["bytes"] > 0 and e["args"]["tensors"] for e in comm)
+            early += any(e["ts"] < bw["ts"] + bw["dur"] for e in comm)
+    assert early >= 1
+
+
+@needs_mpi
+@needs_horovod
+def test_horovod_fused_allreduces_and_the_wait_in_step(traced):
+    events = tr.load_trace(traced("horovod"))["traceEvents"]
+    steps = tr.steps_by_rank(events)
+    for st in steps[0]:
+        comm = tr.events_in(events, st, tr.CAT_COMM)
+        assert comm and sum(e["args"]["bytes"] for e in comm) > 0
+    for rank in (0, 1):
+        for st in steps[rank]:
+            (opt,) = [e for e in tr.events_in(events, st, tr.CAT_PHASE) if e["name"] == "optimizer"]
+            (wait,) = tr.events_in(events, st, tr.CAT_WAIT)
+            assert opt["ts"] <= wait["ts"] and wait["ts"] + wait["dur"] <= opt["ts"] + opt["dur"] + EPS_US
+    assert any(e.get("cat") == "horovod" and e["name"] == "NEGOTIATE_ALLREDUCE" for e in events)
+
+
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["ddp", HOROVOD])
+def test_summary_has_the_communication_figures(traced, strategy):
+    c = summary(traced(strategy))["communication"]
+    assert c["traced_steps"] == TRACED and c["ranks_with_comm"] == ([0, 1] if strategy == "ddp" else [0])
+    assert c["comm_ms_per_step"] > 0 and 0 <= c["overlap_pct"] <= 100
+    assert c["allreduce_ops_per_step"] >= 1 and c["allreduce_bytes_per_step"] >= 14_000 * 4  # convnet's gradients
+    assert (c["wait_ms_per_step"] > 0) == (strategy == "horovod")
+
+
+@needs_mpi
+@needs_horovod
+def test_timeline_draws_both_strategies_and_the_report_embeds_them(traced, tmp_path):
+    ddp, hvd = traced("ddp"), traced("horovod")
+    png = tmp_path / "both.png"
+    p = dpcompare("timeline", str(ddp), str(hvd), "--out", str(png))
+    assert str(png) in p.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+    from dpcompare.report.traces import section
+
+    results = {"runs": [{"strategy": s, "np": 2, "repeat": 0, "status": "ok", "dir": f"runs/{s}-np2-r0"}
+                        for s in ("ddp", "horovod")]}
+    html = section(ddp.parent.parent, results, tmp_path / "plots")
+    assert "One step, drawn" in html and "data:image/png;base64," in html
+    assert "<td>ddp-np2</td>" in html and "<td>horovod-np2</td>" in html and " %</td>" in html
+    assert section(tmp_path, {"runs": []}, tmp_path / "plots") == ""
+
+
+def test_timeline_refuses_a_folder_without_trace(tmp_path):
+    p = dpcompare("timeline", str(tmp_path), check=False)
+    assert p.returncode == 2 and "trace.json not found" in p.stderr and p.stderr.count("\n") == 1

@@ -1,0 +1,29 @@
+"""docs/tutorial.ipynb runs from top to bottom (nbclient), so the tutorial cannot rot."""
+
+import pytest
+
+from conftest import ROOT, missing, mpi_env, needs_horovod, needs_mpi
+
+pytestmark = [needs_mpi, needs_horovod]
+
+
+def test_tutorial_notebook_runs(tmp_path, monkeypatch):
+    try:
+        import nbclient
+        import nbformat
+    except ImportError as e:
+        missing(f"nbclient/nbformat are not installed ({e}); pip install 'dpcompare[dev]'")
+    for k, v in mpi_env({"TUTORIAL_OUT": str(tmp_path / "out")}).items():
+        monkeypatch.setenv(k, v)  # the kernel inherits this process's environment
+    nb = nbformat.read(ROOT / "docs" / "tutorial.ipynb", as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit the notebook without outputs"
+    try:
+        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                resources={"metadata": {"path": str(tmp_path)}}).execute()
+    except nbclient.exceptions.CellExecutionError as e:  # the cell and its traceback, not nbclient's internals
+        pytest.fail(str(e)[-4000:], pytrace=False)
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "largest difference: 0.0" in text  # parity: bit-identical losses at np=2
+    assert "has the drawn step: True" in text
+    pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(pngs) == 2 and (tmp_path / "out" / "compare" / "report.html").is_file()
