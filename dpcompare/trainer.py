@@ -147,7 +147,7 @@ def _memory_summary(strategy: Strategy, mine: dict[str, int], timing: dict[str, 
 
 
 def timing_only_steps(cfg: TrainConfig, strategy: Strategy, loader: Any, sampler: Any, last_epoch: int,
-                      step_times: list[StepTiming], one_step: Callable[[Any], Any]) -> int:
+                      step_times: list[StepTiming], one_step: Callable[[Any], Any], steps_per_epoch: int) -> int:
     """Step on through further epochs' batches until ``cfg.min_timed_steps`` steps are timed; the count.
 
     These steps come after the last evaluation and write no metrics or checkpoints: they only lengthen
@@ -158,7 +158,7 @@ def timing_only_steps(cfg: TrainConfig, strategy: Strategy, loader: Any, sampler
         sampler.set_epoch(epoch)
         epoch += 1
         it = iter(loader)
-        for _ in range(len(loader)):
+        for _ in range(steps_per_epoch):  # each step takes `accumulate` batches
             one_step(it)
             extra += 1
             if len(step_times) >= cfg.min_timed_steps:
@@ -408,7 +408,8 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 save_checkpoint(strategy, model, optimizer, cfg, run_info, epoch, global_step, history, out)
                 last_good = checkpoint.checkpoint_path(out, epoch)
 
-        timing_only = timing_only_steps(cfg, strategy, loader, sampler, last_epoch, step_times, one_step)
+        timing_only = timing_only_steps(cfg, strategy, loader, sampler, last_epoch, step_times, one_step,
+                                        steps_per_epoch)
         if timing_only:
             rep.print(f"timed {timing_only} more steps after the last epoch, for timing only "
                       f"(--min-steps {cfg.min_timed_steps}; accuracy and loss above are final)")

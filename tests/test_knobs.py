@@ -41,8 +41,9 @@ def test_every_knob_is_in_the_table_and_honoured_by_someone():
     ("ddp", {"horovod_ops": "mpi"}, "--strategy horovod"),
     ("horovod", {"powersgd_rank": 2}, "--strategy ddp"),
     ("horovod", {"static_graph": True}, "--strategy ddp"),
-    ("single", {"grad_compression": "fp16"}, "--strategy ddp or --strategy horovod"),
-    ("single", {"bucket_mb": 4.0}, "--strategy ddp or --strategy horovod"),
+    ("single", {"grad_compression": "fp16"}, "--strategy ddp or --strategy horovod or --strategy zero"),
+    ("single", {"bucket_mb": 4.0}, "--strategy ddp or --strategy horovod or --strategy zero"),
+    ("fsdp", {"grad_compression": "fp16"}, "--strategy ddp or --strategy horovod or --strategy zero"),
 ])
 def test_a_knob_a_strategy_cannot_honour_is_refused_naming_who_can(strategy, knob, who):
     with pytest.raises(ConfigError) as e:
@@ -119,7 +120,8 @@ def test_horovod_bf16_compressor_casts_and_restores():
 @needs_mpi
 @pytest.mark.parametrize("strategy, flags, who", [
     ("ddp", ("--adasum",), "only --strategy horovod can"),
-    pytest.param("horovod", ("--powersgd-rank", "2"), "only --strategy ddp can", marks=needs_horovod)])
+    pytest.param("horovod", ("--powersgd-rank", "2"), "only --strategy ddp or --strategy zero can",
+                 marks=needs_horovod)])
 def test_refused_in_one_line_exit_2_under_mpirun(tmp_path, strategy, flags, who):
     p = dpcompare("train", "--strategy", strategy, *flags, "--out", str(tmp_path / "x"), np=2, check=False)
     assert p.returncode == 2

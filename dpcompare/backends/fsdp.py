@@ -11,6 +11,7 @@ gradient of its own shard only. Checkpoints gather the full model and optimizer 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +35,14 @@ class FSDPStrategy(DDPStrategy):
     summary = "FSDP2 fully_shard per layer and the root (parameters, gradients, optimizer state sharded)"
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
                       "backward; its gradients are reduce-scattered, so each process updates only its shard")
+
+    # FSDP2 runs no DDP comm hooks and no buckets: of DDP's knobs only these apply
+    knobs = frozenset({"accumulate", "amp"})
+
+    def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
+        """FSDP2's no_sync: keep unsharded gradients local until the last micro-batch, then reduce-scatter."""
+        model.set_requires_gradient_sync(micro_step == self.cfg.accumulate - 1)  # type: ignore[operator]
+        return contextlib.nullcontext()
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
