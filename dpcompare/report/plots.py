@@ -21,7 +21,16 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt  # noqa: E402
-from dpcompare.report.stats import Group, Verdict, arm_of, find, np_order, run_throughput, strategy_order  # noqa: E402
+from dpcompare.report.stats import (  # noqa: E402
+    Group,
+    Verdict,
+    arm_of,
+    find,
+    np_order,
+    run_throughput,
+    strategy_order,
+    tta_target,
+)
 
 STRATEGY_COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46", "#d46ea8", "#6f7782")
 PHASE_COLORS = {"data": "#b9c0c8", "forward": "#6fb7c9", "backward": "#f2a541", "optimizer": "#a05fa8"}
@@ -310,8 +319,6 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
 def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
     """Test accuracy against training time and against steps: a line per (arm, np), the mean over seeds and
     repeats at each evaluation point (band: min–max), with the --target-accuracy line."""
-    from dpcompare.report.stats import tta_target
-
     runs = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("eval_curve")]
     if not runs:
         return None
@@ -372,5 +379,6 @@ def make_all(results: dict[str, Any], groups: Sequence[Group], folder: Path,
             breakdown(groups, folder / "breakdown.png"),
             scaling(groups, strategies, nps, folder / "scaling.png"),
             curves(results, folder / "curves.png"),
-            accuracy_curves(results, folder / "accuracy.png")]
+            accuracy_curves(results, folder / "accuracy.png")
+            if (results.get("config") or {}).get("seeds") or tta_target(results) else None]
     return [p for p in made if p is not None]
