@@ -399,6 +399,7 @@ def throughput_verdicts(results: dict[str, Any], groups: Sequence[Group] | None 
     eq = float(equivalence if equivalence is not None
                else (results.get("config") or {}).get("equivalence", EQUIVALENCE))
     base = arms[0]
+    seeded = bool((results.get("config") or {}).get("seeds"))  # accuracy gets verdicts of its own over seeds
     out: list[Verdict] = []
     for n in np_order(results):
         b = find(groups, base, n)
@@ -422,7 +423,8 @@ def throughput_verdicts(results: dict[str, Any], groups: Sequence[Group] | None 
             v = Verdict(n, base, s, outcome, math.exp(log_iv.mean),
                         math.exp(log_iv.lo) if log_iv.has_ci else None,  # type: ignore[arg-type]
                         math.exp(log_iv.hi) if log_iv.has_ci else None,  # type: ignore[arg-type]
-                        len(reps), text, accuracy_verdict(s, base, b.accuracies, o.accuracies, confidence),
+                        len(reps), text, "" if seeded else accuracy_verdict(s, base, b.accuracies, o.accuracies,
+                                                                             confidence),
                         method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
                         needed if outcome == "undecided" else None, eq)
             out.append(v)
