@@ -284,6 +284,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
         train.get("batch_size") and f"batch {train['batch_size']}/process",
         cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
         cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
+        cfg.get("seeds") and "seeds " + ", ".join(map(str, cfg["seeds"])),
         results.get("created")) if x)
 
     body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{sub}</p>']
@@ -312,6 +313,12 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + "</p></div>")
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
+    if acc_verdicts:
+        body.append('<div class="card verdict"><strong>Accuracy</strong><ul>' + "".join(
+            f"<li><strong>{_e('accuracy' if v.metric == 'accuracy' else 'time to accuracy')}: {_e(v.outcome)}"
+            f"</strong> ({_e(v.other)} vs {_e(v.baseline)}, np={v.np})</li>" for v in acc_verdicts)
+                    + '</ul><p class="muted" style="margin:10px 0 0;font-size:13px">In words, with the table and '
+                      'the curves: <a href="#accuracy">Accuracy and time to accuracy</a>.</p></div>')
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     if failed:
         body.append(f'<div class="card warn"><strong class="failed">{len(failed)} of {len(results["runs"])} runs '
