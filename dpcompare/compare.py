@@ -388,8 +388,9 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     if not isinstance(stored, dict) or stored.get("schema") != SCHEMA or not isinstance(stored.get("runs"), list):
         raise ConfigError(f"--resume {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
     old, new = stored.get("config") or {}, fresh["config"]
+    absent = {"seeds": None, "accuracy_equivalence": Schedule().accuracy_equivalence}  # results from before them
     for key in PLAN_KEYS:
-        if old.get(key) != new.get(key):
+        if old.get(key, absent.get(key)) != new.get(key):
             raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
                               f"({_short(new.get(key))} here, {_short(old.get(key))} stored); pass the same "
                               f"options, or start a new comparison with another --out")
