@@ -50,6 +50,14 @@ def nonneg_float(text: str) -> float:
     return v
 
 
+def fraction(text: str) -> float:
+    """A number from 0 to 1 (an accuracy)."""
+    v = _finite(text)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction from 0 to 1 (0.95 for 95 %)")
+    return v
+
+
 def shape(text: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(x) for x in text.replace("x", ",").split(","))

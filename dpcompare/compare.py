@@ -70,6 +70,7 @@ class RunSpec:
     arm: Arm
     np: int
     repeat: int
+    seed: int | None = None  # --seeds: this block's seed (None: the shared --seed)
 
     def __post_init__(self) -> None:
         if isinstance(self.arm, str):  # a bare strategy name is the arm of that strategy
@@ -81,13 +82,15 @@ class RunSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.arm.slug}-np{self.np}-r{self.repeat}"
+        return f"{self.arm.slug}-np{self.np}-r{self.repeat}" + ("" if self.seed is None else f"-s{self.seed}")
 
 
-def block(arms: Sequence[Arm], nps: Sequence[int], repeat: int) -> list[RunSpec]:
-    """One block: every (np, arm) once; odd repeats run it backwards."""
+def block(arms: Sequence[Arm], nps: Sequence[int], repeat: int, seeds: Sequence[int] = ()) -> list[RunSpec]:
+    """One block: every (np, arm) once; odd repeats run it backwards. With ``seeds`` the blocks take them in
+    turn (block k: seeds[k mod len(seeds)]), the same seed for every run of the block."""
     configs = [(n, a) for n in nps for a in arms]
-    return [RunSpec(a, n, repeat) for n, a in (reversed(configs) if repeat % 2 else configs)]
+    seed = seeds[repeat % len(seeds)] if seeds else None
+    return [RunSpec(a, n, repeat, seed) for n, a in (reversed(configs) if repeat % 2 else configs)]
 
 
 def plan(arms: Sequence[Arm | str], nps: Sequence[int], repeats: int) -> list[RunSpec]:
@@ -233,8 +236,9 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
 
 def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
     """The run's own configuration: the shared one with its arm's strategy and settings, and its folder."""
-    return dataclasses.replace(cfg, **dict(spec.arm.knobs), strategy=spec.strategy, out=str(run_dir), overwrite=True,
-                               progress="lines")
+    seed = {} if spec.seed is None else {"seed": spec.seed}
+    return dataclasses.replace(cfg, **dict(spec.arm.knobs), **seed, strategy=spec.strategy, out=str(run_dir),
+                               overwrite=True, progress="lines")
 
 
 def child_command(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> list[str]:
@@ -262,11 +266,12 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
     """One entry of results.json ``runs`` from what the job left behind."""
     rec: dict[str, Any] = {
         "arm": spec.arm.label, "strategy": spec.strategy, "knobs": _jsonable(dict(spec.arm.knobs)), "np": spec.np,
-        "repeat": spec.repeat, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
+        "repeat": spec.repeat, "seed": spec.seed, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
         "peak_rss_mb": None, "memory_mb": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
-        "metrics": metrics,
+        "metrics": metrics, "target_accuracy": None, "time_to_accuracy_s": None, "steps_to_accuracy": None,
+        "epochs_to_accuracy": None, "eval_curve": [],
     }
     if returncode == 0 and summary is not None:
         t = summary.get("timing") or {}
@@ -277,7 +282,11 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                    measured_steps=t.get("measured_steps"), device=summary.get("device"),
                    memory_mb=_memory_mb(summary.get("memory")),
                    global_batch=summary.get("global_batch_size"), measured_seconds=t.get("measured_seconds"),
-                   timing_only_steps=t.get("timing_only_steps"))
+                   timing_only_steps=t.get("timing_only_steps"),
+                   **{k: summary.get(k) for k in ("target_accuracy", "time_to_accuracy_s", "steps_to_accuracy",
+                                                  "epochs_to_accuracy")}, eval_curve=summary.get("eval_curve") or [])
+        if summary.get("seed") is not None:
+            rec["seed"] = summary["seed"]
         if not t.get("measured_steps"):
             rec["error"] = ("no step was timed: --warmup-steps is at least the number of steps the run took; "
                             "lower it or train longer")
@@ -359,7 +368,8 @@ def prepare_out(out: Path, overwrite: bool) -> None:
 
 
 #: what must match between a stored comparison and its resumption
-PLAN_KEYS = ("arms", "np", "repeats", "target_ci", "max_repeats", "time_budget", "equivalence", "train_flags")
+PLAN_KEYS = ("arms", "np", "repeats", "target_ci", "max_repeats", "time_budget", "equivalence", "seeds",
+             "accuracy_equivalence", "train_flags")
 
 
 def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -378,8 +388,9 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     if not isinstance(stored, dict) or stored.get("schema") != SCHEMA or not isinstance(stored.get("runs"), list):
         raise ConfigError(f"--resume {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
     old, new = stored.get("config") or {}, fresh["config"]
+    absent = {"seeds": None, "accuracy_equivalence": Schedule().accuracy_equivalence}  # results from before them
     for key in PLAN_KEYS:
-        if old.get(key) != new.get(key):
+        if old.get(key, absent.get(key)) != new.get(key):
             raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
                               f"({_short(new.get(key))} here, {_short(old.get(key))} stored); pass the same "
                               f"options, or start a new comparison with another --out")
@@ -425,22 +436,31 @@ class Schedule:
     time_budget: float = 0.0
     equivalence: float = 0.05
     min_blocks: int = 3
+    seeds: tuple[int, ...] = ()  # --seeds: block k runs with seeds[k mod len]; a fixed plan runs repeats × seeds
+    accuracy_equivalence: float = 0.005  # a fraction: 0.005 is ±0.5 points of accuracy
 
     def to_json(self) -> dict[str, Any]:
         return {"repeats": "auto" if self.repeats is None else self.repeats, "target_ci": self.target_ci,
                 "max_repeats": self.max_repeats, "time_budget": self.time_budget or None,
-                "equivalence": self.equivalence}
+                "equivalence": self.equivalence, "seeds": list(self.seeds) or None,
+                "accuracy_equivalence": self.accuracy_equivalence}
+
+    @property
+    def blocks(self) -> int | None:
+        """The fixed plan's number of blocks (None: --repeats auto)."""
+        return None if self.repeats is None else self.repeats * max(1, len(self.seeds))
 
 
 def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapsed: float) -> str | None:
     """Why no further block should run, or None to run another."""
     if schedule.repeats is not None:
-        return f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''} as asked" if (
-            blocks >= schedule.repeats) else None
+        seeds = f" × {len(schedule.seeds)} seeds" if schedule.seeds else ""
+        return f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}{seeds} as asked" if (
+            blocks >= (schedule.blocks or 0)) else None
     if blocks >= schedule.min_blocks:
         from dpcompare.report import stats
 
-        vs = stats.verdicts(results, equivalence=schedule.equivalence)
+        vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]
         widths = [v.half_width for v in vs]
         if vs and all(w is not None and w <= schedule.target_ci for w in widths):
             worst = max(w for w in widths if w is not None)
@@ -501,9 +521,11 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
             r for r in kept.values() if r["dir"] not in used)]})
 
     save()
-    planned = schedule.repeats if schedule.repeats is not None else schedule.max_repeats
+    planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
     if progress != "none":
-        how = (f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}" if schedule.repeats is not None
+        how = (f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}"
+               + (f" × seeds {','.join(map(str, schedule.seeds))}" if schedule.seeds else "")
+               if schedule.repeats is not None
                else f"blocks until ±{100 * schedule.target_ci:g} %, at most {schedule.max_repeats}"
                + (f" or {schedule.time_budget:g} s" if schedule.time_budget else ""))
         console.print(f"dpcompare compare: {', '.join(a.label for a in arms_)} × np {','.join(map(str, nps))} × "
@@ -514,7 +536,7 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
     done = blocks = 0
     with ProgressLine(per_block * planned, "[bold]compare[/]", progress, console=console) as bar:
         while (reason := stop_reason(results, schedule, blocks, time.perf_counter() - t_start)) is None:
-            for spec in block(arms_, nps, blocks):
+            for spec in block(arms_, nps, blocks, schedule.seeds):
                 done += 1
                 results["config"]["order"].append(spec.name)
                 if spec.name in kept:
@@ -537,7 +559,8 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
 
     elapsed = time.perf_counter() - t_start
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
-    results["verdicts"] = [v.to_json() for v in stats.verdicts(results, equivalence=schedule.equivalence)]
+    results["verdicts"] = [v.to_json() for v in stats.verdicts(results, equivalence=schedule.equivalence,
+                                                               accuracy_equivalence=schedule.accuracy_equivalence)]
     results["complete"] = True
     atomic_write_json(out / RESULTS, results)
     render(out, console=console)
@@ -571,6 +594,31 @@ def _run_one(cfg: TrainConfig, spec: RunSpec, out: Path, env: dict[str, str], ru
         summary, metrics = None, []
     return run_record(spec, f"runs/{spec.name}", rc, wall, summary, metrics, _read_text(run_dir / "stderr.log"),
                       _read_text(run_dir / "stdout.log"), cmd)
+
+
+def parse_seeds(text: str) -> int | list[int]:
+    """``3`` → 3 (seeds --seed … --seed+2), ``1,7,9`` → [1, 7, 9] (these seeds)."""
+    from dpcompare.argtypes import positive_int
+
+    if "," not in text:
+        try:
+            return positive_int(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e}: give a number of seeds (3) or a list of seeds (1,7,9)") from None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seeds (3) or a list of seeds (1,7,9)") from None
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r}: every seed once, e.g. 1,7,9")
+    return seeds
+
+
+def seed_list(seeds: int | list[int] | None, base: int) -> list[int]:
+    """The seeds of the blocks: N of them counted from ``base`` (--seed), or the ones given."""
+    if not seeds:
+        return []
+    return list(range(base, base + seeds)) if isinstance(seeds, int) else list(seeds)
 
 
 def parse_repeats(text: str) -> int | None:
@@ -628,8 +676,10 @@ def _cmd_compare(a: argparse.Namespace) -> int:
         a = resumed_args(a)
     arms = build_arms(a.strategies, a.variants or (), a.sweep or ())
     cfg = config_from_args(a, strategy=arms[0].strategy, out=a.out)
-    schedule = Schedule(repeats=a.repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
-                        time_budget=a.time_budget, equivalence=a.equivalence / 100.0)
+    repeats = a.repeats if a.repeats != 0 else (1 if a.seeds else 3)  # 0: not given
+    schedule = Schedule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
+                        time_budget=a.time_budget, equivalence=a.equivalence / 100.0,
+                        seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     return run_compare(cfg, arms, a.np, schedule, Path(a.out), overwrite=a.overwrite, progress=a.progress,
                        run_timeout=a.run_timeout or None, cli_args=comparison_flags(a), resume=bool(a.resume_dir))
 
@@ -647,7 +697,10 @@ def _plan_flags(arms: Sequence[Arm], nps: Sequence[int], schedule: Schedule) -> 
         flags += ["--target-ci", f"{100 * schedule.target_ci:g}", "--max-repeats", str(schedule.max_repeats)]
         if schedule.time_budget:
             flags += ["--time-budget", f"{schedule.time_budget:g}"]
-    return [*flags, "--equivalence", f"{100 * schedule.equivalence:g}"]
+    if schedule.seeds:
+        flags += ["--seeds", ",".join(map(str, schedule.seeds)) + ("," if len(schedule.seeds) == 1 else "")]
+    return [*flags, "--equivalence", f"{100 * schedule.equivalence:g}",
+            "--accuracy-equivalence", f"{100 * schedule.accuracy_equivalence:g}"]
 
 
 def comparison_flags(a: argparse.Namespace) -> list[str]:
@@ -660,13 +713,18 @@ def comparison_flags(a: argparse.Namespace) -> list[str]:
         flags += ["--strategies", ",".join(a.strategies)]
     for name, values in a.sweep or ():
         flags += ["--sweep", f"{name}={','.join(map(_text, values))}"]
-    flags += ["--repeats", "auto" if a.repeats is None else str(a.repeats)]
+    flags += ["--repeats", "auto" if a.repeats is None else str(a.repeats if a.repeats != 0 else 1 if a.seeds else 3)]
+    if a.seeds:
+        flags += ["--seeds", ",".join(map(str, a.seeds)) + ("," if len(a.seeds) == 1 else "")
+                  if isinstance(a.seeds, list) else str(a.seeds)]
     if a.repeats is None:
         flags += ["--target-ci", f"{a.target_ci:g}", "--max-repeats", str(a.max_repeats)]
         if a.time_budget:
             flags += ["--time-budget", f"{a.time_budget:g}"]
     if a.equivalence != 5.0:
         flags += ["--equivalence", f"{a.equivalence:g}"]
+    if a.accuracy_equivalence != 0.5:
+        flags += ["--accuracy-equivalence", f"{a.accuracy_equivalence:g}"]
     return flags
 
 
@@ -703,9 +761,17 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
                         "repeat the flag to cross several")
-    g.add_argument("--repeats", type=parse_repeats, default=3, metavar="N|auto",
-                   help="blocks to run (a block runs every arm once at every np); auto: add blocks until every "
-                        "verdict's 95 %% interval is within ±--target-ci (default: 3)")
+    g.add_argument("--repeats", type=parse_repeats, default=0, metavar="N|auto",
+                   help="blocks to run (a block runs every arm once at every np), per seed with --seeds; auto: add "
+                        "blocks until every throughput verdict's 95 %% interval is within ±--target-ci "
+                        "(default: 3, or 1 per seed with --seeds)")
+    g.add_argument("--seeds", type=parse_seeds, metavar="N|S1,S2,...",
+                   help="run every block under another seed (initial weights and sampling), the same for every arm "
+                        "of the block: N seeds counted from --seed, or these seeds; adds accuracy verdicts over "
+                        "the seeds (with --target-accuracy also time-to-accuracy verdicts)")
+    g.add_argument("--accuracy-equivalence", type=positive_float, default=0.5, metavar="POINTS",
+                   help="arms whose paired difference of final test accuracy has its 95 %% interval inside "
+                        "±POINTS percentage points are reported equal (default: 0.5)")
     g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
                    help="with --repeats auto: the interval half-width to reach, in %% (default: 5)")
     g.add_argument("--max-repeats", type=positive_int, default=30, metavar="N",

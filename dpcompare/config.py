@@ -94,6 +94,13 @@ class TrainConfig:
                                   "through further batches after the last epoch, for timing only (accuracy and "
                                   "loss stay those of the epochs)", flag="--min-steps", type=t.nonneg_int,
                                metavar="N")
+    eval_every: int = opt(0, "evaluate the test accuracy every K optimizer steps as well as after every epoch (the "
+                             "eval curve and --target-accuracy use these points); 0: after every epoch only",
+                          type=t.nonneg_int, metavar="K")
+    target_accuracy: float = opt(0.0, "record the training time and steps until the test accuracy first reaches A "
+                                      "(a fraction, e.g. 0.95) in summary.json's time_to_accuracy_s and "
+                                      "steps_to_accuracy; start-up and evaluation time are not counted; 0: off",
+                                 type=t.fraction, metavar="A")
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
     count_allreduces: bool = opt(False, "count gradient all-reduces into summary.json's comm (tests; may add a "
                                         "Python hook)", hidden=True)

@@ -54,6 +54,23 @@ TABLE: dict[str, Knob] = {
 COMPRESSION_TOLERANCE = {"fp16": 1e-3, "bf16": 1e-2}
 
 
+#: knob settings that change what is computed (the values leave the arithmetic of plain averaging)
+LOSSY: dict[str, Any] = {"grad_compression": "none", "adasum": False, "powersgd_rank": 0, "amp": "none"}
+
+
+def lossy(settings: dict[str, Any]) -> list[str]:
+    """The knobs among ``settings`` (field → value) set to something lossy: compression, Adasum, PowerSGD, AMP."""
+    return [k for k, off in LOSSY.items() if k in settings and settings[k] != off]
+
+
+def exact_equivalents(arm_settings: list[dict[str, Any]]) -> bool:
+    """True when arms that override only these settings must train the same model bit for bit (whatever their
+    strategy): every override is a communication knob that is neither lossy nor a different algorithm, so only
+    how and when the same sum is exchanged differs. Any other setting (batch, lr, model...) may change the result."""
+    exact = {k for k, v in TABLE.items() if v.exactness == "exact"} - set(LOSSY)
+    return all(not lossy(s) and set(s) <= exact | set(LOSSY) for s in arm_settings)
+
+
 def names() -> list[str]:
     return [f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("group") == KNOBS]
 

@@ -181,6 +181,34 @@ def evaluate(model: nn.Module, strategy: Strategy, loader: Any) -> float:
     return float(c[0] / c[1])
 
 
+class EvalCurve:
+    """Test accuracy against training time and steps, and when it first reached ``target``.
+
+    ``train_seconds`` counts only the time spent in optimizer steps (the slowest rank's), not start-up,
+    evaluation or checkpoints; ``add`` is called at every evaluation point.
+    """
+
+    def __init__(self, target: float = 0.0) -> None:
+        self.target = target
+        self.rows: list[dict[str, float]] = []
+        self.reached: dict[str, float] | None = None
+
+    def add(self, step: int, train_seconds: float, test_accuracy: float, epoch: float) -> None:
+        row = {"step": step, "epoch": round(epoch, 4), "train_seconds": round(train_seconds, 6),
+               "test_accuracy": test_accuracy}
+        if self.rows and self.rows[-1]["step"] == step:  # an epoch's end that was also an --eval-every point
+            return
+        self.rows.append(row)
+        if self.target and self.reached is None and test_accuracy >= self.target:
+            self.reached = row
+
+    def summary(self) -> dict[str, Any]:
+        r = self.reached
+        return {"target_accuracy": self.target or None, "eval_curve": self.rows,
+                "time_to_accuracy_s": r["train_seconds"] if r else None,
+                "steps_to_accuracy": int(r["step"]) if r else None, "epochs_to_accuracy": r["epoch"] if r else None}
+
+
 def all_finite(strategy: Strategy, loss: torch.Tensor, model: nn.Module) -> bool:
     """True when the loss and the (already all-reduced) gradients are finite on every rank.
 
@@ -319,12 +347,22 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         rep.print("knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.active(cfg).items()))
     for n in notes:
         rep.print(n)
+    if cfg.target_accuracy and ckpt is not None:
+        rep.print("note: time to accuracy counts only this run's steps (the resumed-from run's time is unknown)")
 
     timer = PhaseTimer(torch.cuda.synchronize if device.type == "cuda" else (lambda: None))
     step_times: list[StepTiming] = []
     step_losses: list[float] = []
     done_steps = 0
     last_good = resume_path  # the newest checkpoint this run could continue from
+
+    curve = EvalCurve(cfg.target_accuracy)
+    train_seconds = 0.0  # this rank's time in optimizer steps (the eval curve's clock)
+
+    def eval_point(step: int, epoch: float) -> float:
+        acc = evaluate(model, strategy, test_loader)
+        curve.add(step, float(strategy.all_reduce(train_seconds, "max")), acc, epoch)
+        return acc
 
     tracer = TraceSession(cfg.trace, cfg.warmup_steps, strategy, model, optimizer) if cfg.trace else None
 
@@ -376,7 +414,9 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
             for _ in range(steps_per_epoch):
                 if cfg.max_steps and global_step >= cfg.max_steps:
                     break
+                t_step = time.perf_counter()
                 lval, total, n = one_step(it, global_step + 1)
+                train_seconds += time.perf_counter() - t_step
                 global_step += 1
                 loss_sum += total
                 seen += n
@@ -386,11 +426,13 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                     rep.update(1, f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
                 if not all_finite(strategy, lval, model):  # after the timing: the check is not a phase
                     raise DivergedError(diverged_message(strategy, epoch, global_step, last_good))
+                if cfg.eval_every and global_step % cfg.eval_every == 0 and global_step % steps_per_epoch:
+                    eval_point(global_step, epoch - 1 + (global_step % steps_per_epoch) / steps_per_epoch)
             epoch_seconds = time.perf_counter() - t_epoch
             sums = strategy.all_reduce(torch.stack([loss_sum, torch.tensor(float(seen), dtype=torch.float64)]), "sum")
             slowest = float(strategy.all_reduce(epoch_seconds, "max"))
             train_loss = float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
-            acc = evaluate(model, strategy, test_loader)
+            acc = eval_point(global_step, float(epoch))
             row = {"epoch": epoch, "step": global_step, "train_loss": train_loss, "test_accuracy": acc,
                    "samples_per_sec": float(sums[1]) / slowest if slowest > 0 else 0.0,
                    "epoch_seconds": slowest}
@@ -426,6 +468,7 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         "seed": cfg.seed, "final_train_loss": history[-1]["train_loss"] if history else None,
         "final_test_accuracy": history[-1]["test_accuracy"] if history else None,
         "samples_per_sec": timing["samples_per_sec"], "timing": timing, "memory": memory,
+        **curve.summary(),
         "resumed_from": str(resume_path) if resume_path else None,
         "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg),
         "comm": {**strategy.comm_report(), "optimizer_steps": done_steps, "micro_batches": done_steps * accumulate},
@@ -439,6 +482,11 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
         atomic_write_json(out / "summary.json", summary)
         if writer:
             writer.close()
+        if cfg.target_accuracy:
+            r = curve.reached
+            rep.print(f"time to accuracy {cfg.target_accuracy:g}: " + (
+                f"{r['train_seconds']:.2f} s of training, step {int(r['step'])} (epoch {r['epoch']:g})" if r
+                else "not reached"))
         rep.print(f"done: final test accuracy {summary['final_test_accuracy']:.4f}, "
                   f"{timing['samples_per_sec']:,.0f} samples/s (all ranks) → {out}/summary.json")
     strategy.barrier()

@@ -60,9 +60,9 @@ def test_bad_compare_flags_are_one_line(args: list[str], words: str, capsys: pyt
     assert e.value.code == 2 and words in err and err.count("\n") == 1
 
 
-def test_compare_defaults() -> None:
+def test_compare_defaults() -> None:  # --repeats 0: not given (3 blocks, or 1 per seed with --seeds)
     a = cli.build_parser().parse_args(["compare"])
-    assert (a.np, a.strategies, a.repeats, a.tensorboard, a.out) == ([2], ["ddp", "horovod"], 3, False, "runs/compare")
+    assert (a.np, a.strategies, a.repeats, a.tensorboard, a.out) == ([2], ["ddp", "horovod"], 0, False, "runs/compare")
     assert cli.build_parser().parse_args(["compare", "--np", "2,1,2", "--tensorboard"]).np == [1, 2]
 
 

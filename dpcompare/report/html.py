@@ -20,6 +20,7 @@ from dpcompare.report.stats import (
     measured_share,
     phase_shifts,
     strategy_order,
+    tta_target,
 )
 
 CSS = """
@@ -199,9 +200,80 @@ def command_line(results: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _accuracy_table(results: dict[str, Any], groups: Sequence[Group], strategies: Sequence[str]) -> str:
+    """Per (arm, np): final accuracy and loss over seeds, time and steps to the target, next to throughput."""
+    col = colors(strategies)
+    target = tta_target(results)
+    head = ["arm", "np", "seeds", "test accuracy<br>mean ± 95 % CI", "final train loss"]
+    if target:
+        head += [f"reached<br>{100 * target:g} %", "time to accuracy<br>s (mean)", "steps to<br>accuracy",
+                 "epochs to<br>accuracy"]
+    head.append("samples/s<br>mean ± 95 % CI")
+    rows = []
+    for g in groups:
+        ok = [r for r in results.get("runs", []) if arm_of(r) == g.arm and int(r["np"]) == g.np
+              and r.get("status") == "ok"]
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm)}', str(g.np),
+                 str(len({r.get("seed") for r in ok})), _e(fmt.accuracy(g)),
+                 "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}"]
+        if target:
+            hit = [r for r in ok if r.get("time_to_accuracy_s") is not None]
+            means = {k: sum(float(r[k]) for r in hit) / len(hit) if hit else None
+                     for k in ("time_to_accuracy_s", "steps_to_accuracy", "epochs_to_accuracy")}
+            cls = "ok" if len(hit) == len(ok) else "failed"
+            cells += [f'<span class="{cls}">{len(hit)}/{len(ok)}</span>',
+                      *("–" if means[k] is None else f"{means[k]:.{d}f}" for k, d in (
+                          ("time_to_accuracy_s", 2), ("steps_to_accuracy", 0), ("epochs_to_accuracy", 2)))]
+        cells.append(_e(fmt.sps(g.samples_per_sec)))
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+
+
+def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
+                      plots: Sequence[Plot], strategies: Sequence[str]) -> list[str]:
+    """The accuracy and time-to-accuracy verdicts, their table and the accuracy curves (with --seeds or
+    --target-accuracy)."""
+    target = tta_target(results)
+    if not verdicts and not plots and not target:
+        return []
+    cfg = results.get("config") or {}
+    body = ['<h2 id="accuracy">Accuracy and time to accuracy</h2>']
+    if verdicts:
+        items = []
+        for v in verdicts:
+            what = "accuracy" if v.metric == "accuracy" else "time to accuracy"
+            cls = ' class="failed"' if v.outcome == "mismatch" else ""
+            items.append(f"<li><strong{cls}>{_e(what)}: {_e(v.outcome)}</strong> {_e(v.full_text)}</li>")
+        seeds = cfg.get("seeds") or []
+        body.append('<div class="card verdict"><strong>Accuracy verdicts</strong><ul>' + "".join(items) + "</ul>"
+                    + '<p class="muted" style="margin:10px 0 0;font-size:13px">'
+                    + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
+                       "the same initial weights and data order. Accuracy: the difference of final test accuracy "
+                       "(other − baseline) per seed, with a 95 % Student-t interval over the seeds; <em>equal</em> "
+                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or 0.005):g} points "
+                       "(--accuracy-equivalence). Arms that differ only in strategy and exact knobs must match "
+                       "exactly; the report checks that they do. " if seeds else "")
+                    + ("Time to accuracy: training time until the test accuracy first reached "
+                       f"{100 * target:g} % (only the optimizer steps of the slowest rank: start-up, evaluation and "
+                       "checkpoints excluded), as a ratio other ÷ baseline paired within blocks, with a 95 % "
+                       "interval; runs that never reached the target are counted, not dropped." if target else "")
+                    + "</p></div>")
+    if groups:
+        body.append('<div class="card">' + _accuracy_table(results, groups, strategies) + "</div>")
+    for p in plots:
+        body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
+                    f"<figcaption><strong>{_e(p.title)}.</strong> {_e(p.caption)}</figcaption></figure></div>")
+    return body
+
+
 def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                 plots: Sequence[Plot], extra: Sequence[str] = ()) -> str:
     """The page; ``extra``: self-contained HTML sections added after the plots (e.g. the traced step)."""
+    acc_verdicts = [v for v in verdicts if v.metric != "throughput"]
+    verdicts = [v for v in verdicts if v.metric == "throughput"]
+    acc_plots = [p for p in plots if p.key == "accuracy"]
+    plots = [p for p in plots if p.key != "accuracy"]
     strategies = strategy_order(results)
     cfg = results.get("config") or {}
     train = cfg.get("train") or {}
@@ -212,6 +284,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
         train.get("batch_size") and f"batch {train['batch_size']}/process",
         cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
         cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
+        cfg.get("seeds") and "seeds " + ", ".join(map(str, cfg["seeds"])),
         results.get("created")) if x)
 
     body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{sub}</p>']
@@ -240,6 +313,12 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + "</p></div>")
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
+    if acc_verdicts:
+        body.append('<div class="card verdict"><strong>Accuracy</strong><ul>' + "".join(
+            f"<li><strong>{_e('accuracy' if v.metric == 'accuracy' else 'time to accuracy')}: {_e(v.outcome)}"
+            f"</strong> ({_e(v.other)} vs {_e(v.baseline)}, np={v.np})</li>" for v in acc_verdicts)
+                    + '</ul><p class="muted" style="margin:10px 0 0;font-size:13px">In words, with the table and '
+                      'the curves: <a href="#accuracy">Accuracy and time to accuracy</a>.</p></div>')
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     if failed:
         body.append(f'<div class="card warn"><strong class="failed">{len(failed)} of {len(results["runs"])} runs '
@@ -258,6 +337,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     for p in plots:
         body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
                     f"<figcaption><strong>{_e(p.title)}.</strong> {_e(p.caption)}</figcaption></figure></div>")
+    body.extend(_accuracy_section(results, groups, acc_verdicts, acc_plots, strategies))
     body.extend(extra)
 
     body.append("<h2>Why the phases differ</h2>" + TEACHING + _evidence(groups, strategies)

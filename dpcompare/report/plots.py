@@ -21,7 +21,16 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt  # noqa: E402
-from dpcompare.report.stats import Group, Verdict, arm_of, find, np_order, run_throughput, strategy_order  # noqa: E402
+from dpcompare.report.stats import (  # noqa: E402
+    Group,
+    Verdict,
+    arm_of,
+    find,
+    np_order,
+    run_throughput,
+    strategy_order,
+    tta_target,
+)
 
 STRATEGY_COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46", "#d46ea8", "#6f7782")
 PHASE_COLORS = {"data": "#b9c0c8", "forward": "#6fb7c9", "backward": "#f2a541", "optimizer": "#a05fa8"}
@@ -264,7 +273,7 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
         return None
     arms, nps = strategy_order(results), np_order(results)
     col = colors(arms)
-    shown = [v for v in verdicts if v.block_ratios]
+    shown = [v for v in verdicts if v.block_ratios and v.metric == "throughput"]
     with matplotlib.rc_context(RC):
         fig, axes = _new(10, 3.9, 2 if shown else 1)
         ax_r, ax_b = (axes[0], axes[1]) if shown else (axes, None)
@@ -307,6 +316,60 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
                 "ratio (line) and its 95 % interval (band); the grey band is the equivalence margin.")
 
 
+def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
+    """Test accuracy against training time and against steps: a line per (arm, np), the mean over seeds and
+    repeats at each evaluation point (band: min–max), with the --target-accuracy line."""
+    runs = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("eval_curve")]
+    if not runs:
+        return None
+    arms, nps = strategy_order(results), np_order(results)
+    col = colors(arms)
+    target = tta_target(results)
+    with matplotlib.rc_context(RC):
+        fig, (ax_t, ax_s) = _new(10, 3.9, 2)
+        for si, s in enumerate(arms):
+            for n in nps:
+                rs = [r for r in runs if arm_of(r) == s and r["np"] == n]
+                if not rs:
+                    continue
+                ls, mk = _np_style(nps, n)
+                lw, alpha = (4.5, 0.45) if si == 0 and len(arms) > 1 else (1.6, 0.95)
+                by_step: dict[int, list[tuple[float, float]]] = {}
+                for r in rs:
+                    for row in r["eval_curve"]:
+                        by_step.setdefault(int(row["step"]), []).append(
+                            (float(row["train_seconds"]), 100.0 * float(row["test_accuracy"])))
+                steps = [k for k in sorted(by_step) if len(by_step[k]) == len(rs)]  # points every run has
+                if not steps:
+                    continue
+                secs = [statistics.fmean(t for t, _ in by_step[k]) for k in steps]
+                acc = [statistics.fmean(a for _, a in by_step[k]) for k in steps]
+                lo = [min(a for _, a in by_step[k]) for k in steps]
+                hi = [max(a for _, a in by_step[k]) for k in steps]
+                for ax, xs in ((ax_t, secs), (ax_s, steps)):
+                    ax.plot(xs, acc, ls=ls, marker=mk, ms=3.5 if lw < 2 else 0, lw=lw, alpha=alpha, color=col[s],
+                            label=f"{s} · np={n}", solid_capstyle="round")
+                    if len(rs) > 1:
+                        ax.fill_between(xs, lo, hi, color=col[s], alpha=0.12, lw=0)
+        for ax in (ax_t, ax_s):
+            if target:
+                ax.axhline(100.0 * target, color="#c0303a", lw=1, ls="--", label=f"target {100 * target:g} %")
+            ax.set_ylabel("test accuracy (%)")
+        ax_t.set_title("Test accuracy vs training time")
+        ax_t.set_xlabel("training seconds (start-up and evaluation excluded; slowest rank)")
+        ax_s.set_title("Test accuracy vs optimizer steps")
+        ax_s.set_xlabel("optimizer step")
+        ax_s.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax_s.legend(loc="lower right", fontsize=8)
+        _save(fig, path)
+    n_seeds = len({r.get("seed") for r in runs})
+    return Plot("accuracy", path, "Accuracy against time and steps",
+                f"Mean over {n_seeds} seed{'s' if n_seeds != 1 else ''} (and repeats) at every evaluation point "
+                "(shaded: min–max). Time counts the optimizer steps only (the slowest rank's), not start-up or the "
+                "evaluations themselves; the dashed line is --target-accuracy. The first arm is drawn wide and pale "
+                "so that identical curves stay visible.")
+
+
 def make_all(results: dict[str, Any], groups: Sequence[Group], folder: Path,
              verdicts: Sequence[Verdict] = ()) -> list[Plot]:
     """Every figure that has data, written to ``folder``; in report order."""
@@ -315,5 +378,7 @@ def make_all(results: dict[str, Any], groups: Sequence[Group], folder: Path,
             drift(results, verdicts, folder / "drift.png"),
             breakdown(groups, folder / "breakdown.png"),
             scaling(groups, strategies, nps, folder / "scaling.png"),
-            curves(results, folder / "curves.png")]
+            curves(results, folder / "curves.png"),
+            accuracy_curves(results, folder / "accuracy.png")
+            if (results.get("config") or {}).get("seeds") or tta_target(results) else None]
     return [p for p in made if p is not None]

@@ -301,6 +301,8 @@ class Verdict:
     samples_per_sec_ratio: float | None = None  # the same, from each run's samples/s (timed steps ÷ seconds)
     blocks_needed: int | None = None  # undecided: about how many blocks in all would decide
     equivalence: float = EQUIVALENCE
+    metric: str = "throughput"  # throughput, accuracy or time_to_accuracy (METRICS)
+    extra: dict[str, Any] = field(default_factory=dict)  # the metric's own fields in results.json
 
     @property
     def half_width(self) -> float | None:
@@ -313,6 +315,10 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         r = lambda v: None if v is None else round(v, 6)  # noqa: E731
+        if self.metric != "throughput":
+            return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": self.metric,
+                    "outcome": self.outcome, "text": self.full_text, "ci_low": r(self.ci_low), "ci_high": r(self.ci_high),
+                    "blocks": self.blocks, "method": self.method, "equivalence": self.equivalence, **self.extra}
         return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": "throughput",
                 "ratio": r(self.ratio), "ci_low": r(self.ci_low), "ci_high": r(self.ci_high), "blocks": self.blocks,
                 "outcome": self.outcome, "text": self.full_text, "method": self.method,
@@ -372,8 +378,20 @@ def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
 
 
 def verdicts(results: dict[str, Any], groups: Sequence[Group] | None = None, equivalence: float | None = None,
-             confidence: float = CONFIDENCE) -> list[Verdict]:
-    """Every arm after the first against the first (the baseline), at every np both ran: paired over blocks."""
+             confidence: float = CONFIDENCE, accuracy_equivalence: float | None = None) -> list[Verdict]:
+    """Every arm after the first against the first (the baseline), at every np both ran: paired over blocks.
+
+    Throughput verdicts always; with --seeds also accuracy verdicts, and with --target-accuracy
+    time-to-accuracy verdicts (see :func:`accuracy_verdicts`).
+    """
+    out = throughput_verdicts(results, groups, equivalence, confidence)
+    return [*out, *accuracy_verdicts(results, accuracy_equivalence, confidence),
+            *time_to_accuracy_verdicts(results, equivalence, confidence)]
+
+
+def throughput_verdicts(results: dict[str, Any], groups: Sequence[Group] | None = None,
+                        equivalence: float | None = None, confidence: float = CONFIDENCE) -> list[Verdict]:
+    """The paired throughput verdicts (results.json ``verdicts`` with metric ``throughput``)."""
     arms = arm_order(results)
     if len(arms) < 2:
         return []
@@ -381,6 +399,7 @@ def verdicts(results: dict[str, Any], groups: Sequence[Group] | None = None, equ
     eq = float(equivalence if equivalence is not None
                else (results.get("config") or {}).get("equivalence", EQUIVALENCE))
     base = arms[0]
+    seeded = bool((results.get("config") or {}).get("seeds"))  # accuracy gets verdicts of its own over seeds
     out: list[Verdict] = []
     for n in np_order(results):
         b = find(groups, base, n)
@@ -404,7 +423,8 @@ def verdicts(results: dict[str, Any], groups: Sequence[Group] | None = None, equ
             v = Verdict(n, base, s, outcome, math.exp(log_iv.mean),
                         math.exp(log_iv.lo) if log_iv.has_ci else None,  # type: ignore[arg-type]
                         math.exp(log_iv.hi) if log_iv.has_ci else None,  # type: ignore[arg-type]
-                        len(reps), text, accuracy_verdict(s, base, b.accuracies, o.accuracies, confidence),
+                        len(reps), text, "" if seeded else accuracy_verdict(s, base, b.accuracies, o.accuracies,
+                                                                             confidence),
                         method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
                         needed if outcome == "undecided" else None, eq)
             out.append(v)
@@ -418,3 +438,211 @@ def phase_shifts(groups: Sequence[Group], arm: str) -> dict[int, dict[str, float
         return {}
     return {g.np: {p: g.phases_ms[p] - one.phases_ms.get(p, 0.0) for p in g.phases_ms}
             for g in groups if g.arm == arm and g.np > 1 and g.phases_ms}
+
+
+# -- accuracy and time to accuracy (--seeds, --target-accuracy) ---------------------------------------
+METRICS = ("throughput", "accuracy", "time_to_accuracy")
+#: default margin of the accuracy verdict: a difference inside ±0.5 percentage points is "equal"
+ACCURACY_EQUIVALENCE = 0.005
+ACCURACY_OUTCOMES = ("higher", "lower", "equal", "undecided", "mismatch")
+
+
+def paired_diff_ci(baseline: Sequence[float], other: Sequence[float],
+                   confidence: float = CONFIDENCE) -> Interval | None:
+    """Mean of other − baseline over pairs with its two-sided Student-t interval (scipy's one-sample t test);
+    no CI with one pair, exact (zero width) when every pair differs by the same amount."""
+    d = np.asarray(other, dtype=float) - np.asarray(baseline, dtype=float)
+    if d.size == 0:
+        return None
+    m = float(d.mean())
+    if d.size < 2:
+        return Interval(m, None, None, 1)
+    if float(d.std(ddof=1)) == 0.0:
+        return Interval(m, m, m, int(d.size))
+    ci = sps.ttest_1samp(d, 0.0).confidence_interval(confidence)
+    return Interval(m, float(ci.low), float(ci.high), int(d.size))
+
+
+def decide_difference(iv: Interval, equivalence: float) -> str:
+    """equal when the interval lies inside ±equivalence; higher/lower when it leaves 0; else undecided."""
+    if not iv.has_ci:
+        return "undecided"
+    if -equivalence <= iv.lo and iv.hi <= equivalence:  # type: ignore[operator]
+        return "equal"
+    if iv.lo > 0.0:  # type: ignore[operator]
+        return "higher"
+    if iv.hi < 0.0:  # type: ignore[operator]
+        return "lower"
+    return "undecided"
+
+
+def per_seed(results: dict[str, Any], arm: str, np_: int, key: str) -> dict[int, float]:
+    """Seed → the mean of ``key`` over the arm's ok runs at ``np_`` with that seed (repeats of a seed averaged)."""
+    vals: dict[int, list[float]] = {}
+    for r in results.get("runs", []):
+        if arm_of(r) == arm and int(r["np"]) == np_ and r.get("status") == "ok" and r.get(key) is not None \
+                and r.get("seed") is not None:
+            vals.setdefault(int(r["seed"]), []).append(float(r[key]))
+    return {k: statistics.fmean(v) for k, v in vals.items()}
+
+
+def exact_by_construction(results: dict[str, Any]) -> bool:
+    """Every arm trains the same model bit for bit: they differ only in strategy and exact knobs."""
+    from dpcompare.knobs import exact_equivalents
+
+    arms = (results.get("config") or {}).get("arms") or []
+    return bool(arms) and exact_equivalents([dict(a.get("knobs") or {}) for a in arms])
+
+
+def _points(x: float, signed: bool = True) -> str:
+    v = round(100.0 * x, 9)
+    return (f"{v:+.2f}" if signed else f"{v:.2f}").replace("-", "−")
+
+
+def accuracy_verdicts(results: dict[str, Any], equivalence: float | None = None,
+                      confidence: float = CONFIDENCE) -> list[Verdict]:
+    """Per np, every arm against the baseline: the paired difference of final test accuracy (and of final
+    train loss) over seeds with a t interval. Only for comparisons run with --seeds."""
+    cfg = results.get("config") or {}
+    if not cfg.get("seeds"):
+        return []
+    eq = float(equivalence if equivalence is not None else cfg.get("accuracy_equivalence", ACCURACY_EQUIVALENCE))
+    arms = arm_order(results)
+    exact = exact_by_construction(results)
+    out: list[Verdict] = []
+    for n in np_order(results):
+        base = per_seed(results, arms[0], n, "final_test_accuracy")
+        base_loss = per_seed(results, arms[0], n, "final_train_loss")
+        for s in arms[1:]:
+            oth = per_seed(results, s, n, "final_test_accuracy")
+            oth_loss = per_seed(results, s, n, "final_train_loss")
+            seeds = sorted(set(base) & set(oth))
+            head = f"test accuracy of {s} vs {arms[0]} at np={n}"
+            if not seeds:
+                if base or oth:
+                    out.append(Verdict(n, arms[0], s, "undecided", None, None, None, 0, f"{head}: no seed where "
+                                       "both succeeded", metric="accuracy", equivalence=eq))
+                continue
+            xb, xo = [base[k] for k in seeds], [oth[k] for k in seeds]
+            iv = paired_diff_ci(xb, xo, confidence)
+            assert iv is not None
+            lseeds = sorted(set(base_loss) & set(oth_loss))
+            liv = paired_diff_ci([base_loss[k] for k in lseeds], [oth_loss[k] for k in lseeds], confidence)
+            diffs = [o - b for b, o in zip(xb, xo, strict=True)]
+            ns = f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}"
+            conf = f"{100 * confidence:g} % CI"
+            span = ("" if not iv.has_ci else f" ({conf} {_points(iv.lo)} … {_points(iv.hi)} points)")  # type: ignore[arg-type]
+            loss = ("" if liv is None else f"; final train loss {liv.mean:+.2g}".replace("-", "−")
+                    + ("" if not liv.has_ci or liv.lo == liv.hi else
+                       f" ({conf} {liv.lo:+.2g} … {liv.hi:+.2g})".replace("-", "−")))  # type: ignore[str-format]
+            if exact and all(d == 0.0 for d in diffs) and (liv is None or liv.mean == 0.0 and liv.lo in (None, 0.0)):
+                outcome = "equal"
+                text = (f"{head}: difference 0.00 points for every seed ({ns}; mean {100 * statistics.fmean(xb):.2f} "
+                        "%) — zero by construction: the arms differ only in how the same gradient average is "
+                        "exchanged, and checked: identical test accuracy and train loss")
+            elif exact:
+                outcome = "mismatch"
+                text = (f"NOT IDENTICAL: {head} should be exactly equal (the arms differ only in how the same "
+                        f"gradient average is exchanged) but differs by {_points(iv.mean)} points on average over "
+                        f"{ns} (largest {_points(max(diffs, key=abs))}){loss}: the strategies did not compute the "
+                        "same model (nondeterministic kernels, or a bug)")
+            else:
+                outcome = decide_difference(iv, eq)
+                mean = f"{_points(iv.mean)} points ({100 * statistics.fmean(xo):.2f} % vs {100 * statistics.fmean(xb):.2f} %)"
+                if outcome == "equal":
+                    text = f"{head}: equal within ±{_points(eq, False)} points, {mean}{span} over {ns}"
+                elif outcome in ("higher", "lower"):
+                    text = f"{head}: {outcome} by {mean}{span} over {ns}"
+                else:
+                    why = ("one seed, no interval: use --seeds 3 or more" if not iv.has_ci else
+                           f"the interval is wider than ±{_points(eq, False)} points: more seeds would narrow it")
+                    text = f"{head}: undecided, {mean}{span} over {ns}; {why}"
+                text += loss
+            out.append(Verdict(n, arms[0], s, outcome, None, iv.lo, iv.hi, len(seeds), text, metric="accuracy",
+                               method="exact" if iv.has_ci and iv.lo == iv.hi else "t" if iv.has_ci else "none",
+                               equivalence=eq, extra={
+                                   "difference": round(iv.mean, 6), "seeds": seeds, "exact_by_construction": exact,
+                                   "seed_differences": [round(d, 6) for d in diffs],
+                                   "train_loss_difference": None if liv is None else round(liv.mean, 6),
+                                   "train_loss_ci": None if liv is None or not liv.has_ci else
+                                   [round(liv.lo, 6), round(liv.hi, 6)]}))  # type: ignore[arg-type]
+    return out
+
+
+def tta_target(results: dict[str, Any]) -> float | None:
+    t = ((results.get("config") or {}).get("train") or {}).get("target_accuracy")
+    if not t:
+        t = next((r.get("target_accuracy") for r in results.get("runs", []) if r.get("target_accuracy")), None)
+    return float(t) if t else None
+
+
+def time_to_accuracy_verdicts(results: dict[str, Any], equivalence: float | None = None,
+                              confidence: float = CONFIDENCE) -> list[Verdict]:
+    """Per np, every arm against the baseline: the paired ratio of training time until the test accuracy
+    first reached the target (blocks where both reached it), and how many runs never did."""
+    target = tta_target(results)
+    if target is None:
+        return []
+    eq = float(equivalence if equivalence is not None
+               else (results.get("config") or {}).get("equivalence", EQUIVALENCE))
+    arms = arm_order(results)
+    out: list[Verdict] = []
+    tgt = f"{100 * target:g} % test accuracy"
+    for n in np_order(results):
+        oks = {a: [r for r in results.get("runs", []) if arm_of(r) == a and int(r["np"]) == n
+                   and r.get("status") == "ok"] for a in arms}
+        if not oks[arms[0]]:
+            continue
+        missed = {a: sum(r.get("time_to_accuracy_s") is None for r in rs) for a, rs in oks.items()}
+        for s in arms[1:]:
+            if not oks[s]:
+                continue
+            reps, xb, xo = paired_blocks(results, arms[0], s, n, statistic=lambda r: r.get("time_to_accuracy_s"))
+            _, sb, so = paired_blocks(results, arms[0], s, n, statistic=lambda r: r.get("steps_to_accuracy"))
+            never = "; ".join(f"{missed[a]} of {len(oks[a])} runs of {a} never reached it"
+                              for a in (arms[0], s) if missed[a])
+            never = f" ({never})" if never else " (every run reached it)"
+            if not reps:
+                out.append(Verdict(n, arms[0], s, "undecided", None, None, None, 0,
+                                   f"time to {tgt}, {s} vs {arms[0]} at np={n}: no block where both reached it{never}",
+                                   metric="time_to_accuracy", equivalence=eq,
+                                   extra={"target_accuracy": target, "reached": _reached(oks, arms[0], s)}))
+                continue
+            # the speed ratio baseline time ÷ other time: > 1 means the other arm got there sooner
+            log_iv, method = paired_log_ratio_ci(xo, xb, confidence)
+            assert log_iv is not None
+            speed = math.exp(log_iv.mean)
+            steps = (f"; steps to it: {statistics.fmean(so):.0f} vs {statistics.fmean(sb):.0f}" if sb and so else "")
+            label = f"time to {tgt}"
+            if not log_iv.has_ci:
+                outcome, text = "undecided", (f"{label}: {s} {_pct(1 / speed - 1, True)} % vs {arms[0]} at np={n} "
+                                              "from 1 block, no interval")
+            else:
+                lo, hi = math.exp(log_iv.lo), math.exp(log_iv.hi)  # type: ignore[arg-type]
+                outcome = decide(lo, hi, eq)
+                span = f"{_pct(1 / hi - 1, True, 1)} … {_pct(1 / lo - 1, True, 1)} %"
+                if outcome == "faster":
+                    text = f"{label}: {s} gets there {_pct(1 - 1 / speed, digits=1)} % sooner than {arms[0]} at np={n}"
+                elif outcome == "slower":
+                    text = f"{label}: {s} takes {_pct(1 / speed - 1, digits=1)} % longer than {arms[0]} at np={n}"
+                elif outcome == "equal":
+                    text = f"{label}: {s} equal to {arms[0]} within ±{_pct(eq)} % at np={n}"
+                else:
+                    text = f"{label}: {s} vs {arms[0]} at np={n} undecided"
+                text += f" (time ratio {1 / speed:.3f}, {100 * confidence:g} % CI {span}, {len(reps)} blocks)"
+            text += (f"{steps}{never}; training time only: start-up and evaluation excluded")
+            out.append(Verdict(n, arms[0], s, outcome, 1 / speed,
+                               None if not log_iv.has_ci else 1 / math.exp(log_iv.hi),  # type: ignore[arg-type]
+                               None if not log_iv.has_ci else 1 / math.exp(log_iv.lo),  # type: ignore[arg-type]
+                               len(reps), text, method=method, metric="time_to_accuracy", equivalence=eq,
+                               extra={"target_accuracy": target, "ratio": round(1 / speed, 6),
+                                      "block_ratios": [round(o / b, 6) for b, o in zip(xb, xo, strict=True)],
+                                      "reached": _reached(oks, arms[0], s),
+                                      "mean_seconds": {arms[0]: round(statistics.fmean(xb), 6),
+                                                       s: round(statistics.fmean(xo), 6)}}))
+    return out
+
+
+def _reached(oks: dict[str, list[dict[str, Any]]], *arms: str) -> dict[str, list[int]]:
+    """Per arm: [runs that reached the target, ok runs]."""
+    return {a: [sum(r.get("time_to_accuracy_s") is not None for r in oks[a]), len(oks[a])] for a in arms}

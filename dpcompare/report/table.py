@@ -81,13 +81,21 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
     console.print()
     if verdicts:
         console.print("[bold]Verdict[/] (paired over blocks: each repeat runs every arm once, side by side)")
-        for v in verdicts:
+        for v in (v for v in verdicts if v.metric == "throughput"):
             colour = {"faster": "green", "slower": "red", "equal": "cyan"}.get(v.outcome, "yellow")
             console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
             if v.block_ratios:
                 ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
                 console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,
                               highlight=False)
+        others = [v for v in verdicts if v.metric != "throughput"]
+        if others:
+            console.print("[bold]Accuracy[/] (paired by seed; time to accuracy paired over blocks, training "
+                          "time only)")
+        for v in others:
+            colour = {"equal": "cyan", "faster": "green", "slower": "red", "mismatch": "bold red"}.get(
+                v.outcome, "yellow")
+            console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
     elif groups:
         console.print("[bold]Verdict[/]: one arm only, nothing to compare", soft_wrap=True)
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
