@@ -462,12 +462,15 @@ def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapse
 
         vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]
         widths = [v.half_width for v in vs]
-        if vs and all(w is not None and w <= schedule.target_ci for w in widths):
+        # precise enough *and* decided: an undecided verdict (its interval astride the equivalence margin)
+        # asks for more blocks even once it is narrow
+        if vs and all(w is not None and w <= schedule.target_ci for w in widths) and all(
+                v.outcome != "undecided" for v in vs):
             worst = max(w for w in widths if w is not None)
-            return (f"every verdict's 95 % interval is within ±{100 * schedule.target_ci:g} % "
+            return (f"every verdict is decided and its 95 % interval within ±{100 * schedule.target_ci:g} % "
                     f"(widest ±{100 * worst:.1f} %; --target-ci)")
     if blocks >= schedule.max_repeats:
-        return f"reached --max-repeats {schedule.max_repeats} before every interval was within " \
+        return f"reached --max-repeats {schedule.max_repeats} before every verdict was decided within " \
                f"±{100 * schedule.target_ci:g} %"
     if schedule.time_budget and blocks and elapsed + elapsed / blocks > schedule.time_budget:
         return (f"another block (≈{elapsed / blocks:.0f} s) would overrun --time-budget "

@@ -295,3 +295,19 @@ def test_min_steps_times_extra_steps_after_the_epochs_without_touching_accuracy(
     assert s["timing"]["timing_only_steps"] == 60 - (1437 // 32 - 2)
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1437 // 32] and rows[0]["test_accuracy"] == s["final_test_accuracy"]
+
+
+def test_repeats_auto_keeps_going_while_a_narrow_verdict_is_undecided(monkeypatch) -> None:
+    """Narrow but astride the equivalence margin (e.g. an A/A pair at +1.7 % ± 4.9 %): not a reason to stop."""
+    from types import SimpleNamespace
+
+    from dpcompare.report import stats
+
+    verdict = SimpleNamespace(metric="throughput", half_width=0.049, outcome="undecided")
+    monkeypatch.setattr(stats, "verdicts", lambda results, equivalence: [verdict])
+    schedule = compare.Schedule(repeats=None, target_ci=0.05, max_repeats=30)
+    assert compare.stop_reason({}, schedule, blocks=25, elapsed=100.0) is None
+    verdict.outcome = "equal"
+    assert "decided" in compare.stop_reason({}, schedule, blocks=25, elapsed=100.0)
+    verdict.outcome = "undecided"
+    assert "--max-repeats 30" in compare.stop_reason({}, schedule, blocks=30, elapsed=100.0)
