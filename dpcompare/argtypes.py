@@ -6,24 +6,22 @@ import argparse
 import math
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int, words: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{text!r} must be {words}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "at least 1")
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return v
+    return _int_at_least(text, 0, "0 or more")
 
 
 def _finite(text: str) -> float:

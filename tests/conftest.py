@@ -101,3 +101,19 @@ needs_horovod = pytest.mark.horovod
 
 # Small, fast training flags shared by the distributed tests.
 FAST = ("--model", "convnet", "--dataset", "digits", "--no-tensorboard", "--threads", "1", "--warmup-steps", "2")
+
+
+def load_ckpt(out: Path, epoch: int) -> dict:
+    import torch
+
+    return torch.load(out / "checkpoints" / f"epoch-{epoch}.pt", weights_only=True)
+
+
+def ckpt_tensors(ck: dict) -> dict:
+    """Every tensor of a checkpoint's model and optimizer state, by a stable name."""
+    import torch
+
+    out = {f"model.{k}": v for k, v in ck["model"].items()}
+    for pid, state in ck["optimizer"]["state"].items():
+        out.update({f"opt.{pid}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
+    return out

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import FAST, dpcompare, needs_horovod, needs_mpi, summary
+from conftest import FAST, ckpt_tensors, dpcompare, load_ckpt, needs_horovod, needs_mpi, summary
 
 pytestmark = [needs_mpi]
 HOROVOD = pytest.param("horovod", marks=needs_horovod)
@@ -14,16 +14,7 @@ SUMMARY_KEYS = {"strategy", "world_size", "model", "dataset", "epochs", "batch_s
                 "seed", "final_train_loss", "final_test_accuracy", "samples_per_sec", "versions"}
 
 
-def _ckpt(out, epoch):
-    return torch.load(out / "checkpoints" / f"epoch-{epoch}.pt", weights_only=True)
 
-
-def _tensors(ck):
-    """Every tensor of the model and the optimizer state, by a stable name."""
-    out = {f"model.{k}": v for k, v in ck["model"].items()}
-    for pid, state in ck["optimizer"]["state"].items():
-        out.update({f"opt.{pid}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
-    return out
 
 
 class Trained:
@@ -67,7 +58,7 @@ def test_same_seed_same_numbers_under_both_strategies(trained):
     """The README claims exact equality (0.0) on CPU: assert exactly that."""
     a, b = summary(trained("ddp")), summary(trained("horovod"))
     assert a["final_train_loss"] == b["final_train_loss"]
-    ta, tb = _tensors(_ckpt(trained("ddp"), 4)), _tensors(_ckpt(trained("horovod"), 4))
+    ta, tb = ckpt_tensors(load_ckpt(trained("ddp"), 4)), ckpt_tensors(load_ckpt(trained("horovod"), 4))
     assert ta.keys() == tb.keys()
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
 
@@ -77,7 +68,7 @@ def test_stopped_and_resumed_ends_bit_identical(trained):
     dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "2", "--checkpoint-every", "2", "--out", str(out), np=2)
     dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume", "auto",
               "--out", str(out), np=2)
-    ta, tb = _tensors(_ckpt(trained("ddp"), 4)), _tensors(_ckpt(out, 4))
+    ta, tb = ckpt_tensors(load_ckpt(trained("ddp"), 4)), ckpt_tensors(load_ckpt(out, 4))
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
@@ -87,7 +78,7 @@ def test_horovod_resume_is_bit_identical(trained):
     out = trained.base / "hvd-resumed"
     dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume",
               str(trained("horovod") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=2)
-    ta, tb = _tensors(_ckpt(trained("horovod"), 4)), _tensors(_ckpt(out, 4))
+    ta, tb = ckpt_tensors(load_ckpt(trained("horovod"), 4)), ckpt_tensors(load_ckpt(out, 4))
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import dpcompare, needs_horovod, needs_mpi, summary
+from conftest import ckpt_tensors, dpcompare, load_ckpt, needs_horovod, needs_mpi, summary
 
 pytestmark = [needs_mpi]
 
@@ -17,15 +17,7 @@ MLP = ("--model", "mlp", "--width", "64", "--dataset", "digits", "--optimizer", 
        "--no-tensorboard", "--threads", "1", "--warmup-steps", "2")
 
 
-def _ckpt(out, epoch):
-    return torch.load(out / "checkpoints" / f"epoch-{epoch}.pt", weights_only=True)
 
-
-def _tensors(ck):
-    out = {f"model.{k}": v for k, v in ck["model"].items()}
-    for pid, state in ck["optimizer"]["state"].items():
-        out.update({f"opt.{pid}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
-    return out
 
 
 def _epochs(out):
@@ -62,7 +54,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", ["zero", "fsdp"])
 def test_trains_at_np2_equal_to_ddp_with_plain_checkpoints(runs, strategy):
-    ref, out = _ckpt(runs.np2("ddp"), 2), _ckpt(runs.np2(strategy), 2)
+    ref, out = load_ckpt(runs.np2("ddp"), 2), load_ckpt(runs.np2(strategy), 2)
     s = summary(runs.np2(strategy))
     assert (s["strategy"], s["world_size"]) == (strategy, 2) and s["final_test_accuracy"] >= 0.85
     assert _epochs(runs.np2(strategy)) == [1, 2]
@@ -71,7 +63,7 @@ def test_trains_at_np2_equal_to_ddp_with_plain_checkpoints(runs, strategy):
     assert sorted(out["optimizer"]["state"]) == list(range(n))
     assert [g["params"] for g in out["optimizer"]["param_groups"]] == [list(range(n))]
     assert set(out["optimizer"]["param_groups"][0]) == set(ref["optimizer"]["param_groups"][0])
-    ta, tb = _tensors(ref), _tensors(out)
+    ta, tb = ckpt_tensors(ref), ckpt_tensors(out)
     assert ta.keys() == tb.keys()
     assert all(type(tb[k]) is torch.Tensor and tb[k].shape == ta[k].shape for k in ta)  # no DTensor shards
     assert max(float((ta[k].double() - tb[k].double()).abs().max()) for k in ta) <= 1e-6
@@ -101,12 +93,12 @@ def test_cross_resume_at_another_world_size(runs, strategy, source):
     out = runs.resumed(strategy, source)
     assert _epochs(out) == [1, 2]
     assert f"written by {source} at np=2" in runs.stdout[out.name]
-    ref = _tensors(_ckpt(runs.resumed("zero", "ddp"), 2))
-    got = _tensors(_ckpt(out, 2))
+    ref = ckpt_tensors(load_ckpt(runs.resumed("zero", "ddp"), 2))
+    got = ckpt_tensors(load_ckpt(out, 2))
     assert ref.keys() == got.keys()
     assert max(float((ref[k].double() - got[k].double()).abs().max()) for k in ref) <= 1e-6
     # ... and it really continued: not equal to the np=2 run's epoch 1 any more.
-    assert not torch.equal(ref["model.net.1.weight"], _ckpt(runs.np2(source), 1)["model"]["net.1.weight"])
+    assert not torch.equal(ref["model.net.1.weight"], load_ckpt(runs.np2(source), 1)["model"]["net.1.weight"])
 
 
 def test_parity_command_covers_zero_and_fsdp_with_batchnorm(tmp_path):
