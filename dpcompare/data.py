@@ -30,29 +30,16 @@ class DataBundle:
     num_classes: int
 
 
-def _digits_file() -> Path:
-    """scikit-learn's bundled digits.csv.gz, found without importing scikit-learn (≈2 s per process)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("sklearn")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            return path
-    raise ConfigError("--dataset digits needs scikit-learn's bundled data: pip install scikit-learn")
-
-
 def _digits(**_: object) -> DataBundle:
-    data = np.loadtxt(_digits_file(), delimiter=",", dtype=np.float32)  # 1797 rows: 64 pixels (0–16), label
-    x, y = (data[:, :-1] / 16.0).reshape(-1, 1, 8, 8), data[:, -1].astype(np.int64)
-    # A fixed, stratified split independent of the run seed: shuffle once (seed 0), group by class, and
-    # every 5th image of the grouped order is a test image, so each class gives a fifth (360 test images).
-    order = np.random.default_rng(0).permutation(len(y))
-    order = order[np.argsort(y[order], kind="stable")]
-    test = np.zeros(len(y), dtype=bool)
-    test[order[::5]] = True
-    as_ds = lambda a, b: TensorDataset(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(b))  # noqa: E731
-    return DataBundle("digits", as_ds(x[~test], y[~test]), as_ds(x[test], y[test]), (1, 8, 8), 10)
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    # A fixed split, independent of the run seed, so every run evaluates on the same 360 images.
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    as_ds = lambda a, b: TensorDataset(torch.from_numpy(a), torch.from_numpy(b).long())  # noqa: E731
+    return DataBundle("digits", as_ds(xtr, ytr), as_ds(xte, yte), (1, 8, 8), 10)
 
 
 def _synthetic(shape: tuple[int, ...] = (3, 32, 32), samples: int = 1024, num_classes: int = 10,
