@@ -45,7 +45,7 @@ td.l, th.l { text-align: left; white-space: normal; }
 .scroll { overflow-x: auto; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:0; }
 .ok { color: var(--ok); font-weight: 600; } .failed { color: var(--bad); font-weight: 600; }
-figure { margin: 0; } figure img { width: 100%; height: auto; display: block; }
+figure { margin: 0; } figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
 figcaption { color: var(--muted); font-size: 13.5px; margin-top: 8px; }
 pre, code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
 pre { background: #f3f4f6; padding: 10px 12px; border-radius: 6px; overflow-x: auto; white-space: pre-wrap; }

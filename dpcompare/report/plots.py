@@ -7,7 +7,7 @@ strategies in results.json, line styles and markers the process counts.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,40 @@ def _np_style(nps: Sequence[int], n: int) -> tuple[str, str]:
     return NP_STYLES[list(nps).index(n) % len(NP_STYLES)]
 
 
+@dataclass
+class Series:
+    """The runs of one (arm, np) and how their line is drawn."""
+
+    arm: str
+    np: int
+    runs: list[dict[str, Any]]
+    color: str
+    ls: str
+    marker: str
+    lw: float
+    alpha: float
+
+    def line(self, ax: Any, xs: Sequence[float], ys: Sequence[float], lo: Sequence[float], hi: Sequence[float],
+             ms: float = 4.0) -> None:
+        """The mean line, and the min–max band when several runs make it."""
+        ax.plot(xs, ys, ls=self.ls, marker=self.marker, ms=ms if self.lw < 2 else 0, lw=self.lw, alpha=self.alpha,
+                color=self.color, label=f"{self.arm} · np={self.np}", solid_capstyle="round")
+        if len(self.runs) > 1:
+            ax.fill_between(xs, lo, hi, color=self.color, alpha=0.12, lw=0)
+
+
+def _series(runs: Sequence[dict[str, Any]], arms: Sequence[str], nps: Sequence[int]) -> Iterator[Series]:
+    """One series per (arm, np) that has runs; the first arm is drawn wide and pale, the others narrow on
+    top, so identical curves stay visible."""
+    col = colors(arms)
+    for si, a in enumerate(arms):
+        for n in nps:
+            rs = [r for r in runs if arm_of(r) == a and r["np"] == n]
+            if rs:
+                lw, alpha = (4.5, 0.45) if si == 0 and len(arms) > 1 else (1.6, 0.95)
+                yield Series(a, n, rs, col[a], *_np_style(nps, n), lw, alpha)
+
+
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
@@ -81,32 +115,19 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
     if not runs:
         return None
     strategies, nps = strategy_order(results), np_order(results)
-    col = colors(strategies)
     with matplotlib.rc_context(RC):
         fig, (ax_l, ax_a) = _new(10, 3.9, 2)
-        for si, s in enumerate(strategies):
-            for n in nps:
-                rs = [r for r in runs if arm_of(r) == s and r["np"] == n]
-                if not rs:
-                    continue
-                ls, mk = _np_style(nps, n)
-                # the first strategy is drawn wide and pale, the others narrow on top: identical curves stay visible
-                lw, alpha = (4.5, 0.45) if si == 0 and len(strategies) > 1 else (1.6, 0.95)
-                for ax, key, scale in ((ax_l, "train_loss", 1.0), (ax_a, "test_accuracy", 100.0)):
-                    by_epoch: dict[int, list[float]] = {}
-                    for r in rs:
-                        for row in r["metrics"]:
-                            if row.get(key) is not None:
-                                by_epoch.setdefault(int(row["epoch"]), []).append(scale * float(row[key]))
-                    if not by_epoch:
-                        continue
+        for ser in _series(runs, strategies, nps):
+            for ax, key, scale in ((ax_l, "train_loss", 1.0), (ax_a, "test_accuracy", 100.0)):
+                by_epoch: dict[int, list[float]] = {}
+                for r in ser.runs:
+                    for row in r["metrics"]:
+                        if row.get(key) is not None:
+                            by_epoch.setdefault(int(row["epoch"]), []).append(scale * float(row[key]))
+                if by_epoch:
                     ep = sorted(by_epoch)
-                    mean = [statistics.fmean(by_epoch[e]) for e in ep]
-                    ax.plot(ep, mean, ls=ls, marker=mk, ms=4 if lw < 2 else 0, lw=lw, alpha=alpha, color=col[s],
-                            label=f"{s} · np={n}", solid_capstyle="round")
-                    if len(rs) > 1:
-                        ax.fill_between(ep, [min(by_epoch[e]) for e in ep], [max(by_epoch[e]) for e in ep],
-                                        color=col[s], alpha=0.12, lw=0)
+                    ser.line(ax, ep, [statistics.fmean(by_epoch[e]) for e in ep], [min(by_epoch[e]) for e in ep],
+                             [max(by_epoch[e]) for e in ep])
         ax_l.set_title("Training loss")
         ax_l.set_xlabel("epoch")
         ax_l.set_ylabel("mean train loss (log scale)")
@@ -323,34 +344,24 @@ def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
     if not runs:
         return None
     arms, nps = strategy_order(results), np_order(results)
-    col = colors(arms)
     target = tta_target(results)
     with matplotlib.rc_context(RC):
         fig, (ax_t, ax_s) = _new(10, 3.9, 2)
-        for si, s in enumerate(arms):
-            for n in nps:
-                rs = [r for r in runs if arm_of(r) == s and r["np"] == n]
-                if not rs:
-                    continue
-                ls, mk = _np_style(nps, n)
-                lw, alpha = (4.5, 0.45) if si == 0 and len(arms) > 1 else (1.6, 0.95)
-                by_step: dict[int, list[tuple[float, float]]] = {}
-                for r in rs:
-                    for row in r["eval_curve"]:
-                        by_step.setdefault(int(row["step"]), []).append(
-                            (float(row["train_seconds"]), 100.0 * float(row["test_accuracy"])))
-                steps = [k for k in sorted(by_step) if len(by_step[k]) == len(rs)]  # points every run has
-                if not steps:
-                    continue
-                secs = [statistics.fmean(t for t, _ in by_step[k]) for k in steps]
-                acc = [statistics.fmean(a for _, a in by_step[k]) for k in steps]
-                lo = [min(a for _, a in by_step[k]) for k in steps]
-                hi = [max(a for _, a in by_step[k]) for k in steps]
-                for ax, xs in ((ax_t, secs), (ax_s, steps)):
-                    ax.plot(xs, acc, ls=ls, marker=mk, ms=3.5 if lw < 2 else 0, lw=lw, alpha=alpha, color=col[s],
-                            label=f"{s} · np={n}", solid_capstyle="round")
-                    if len(rs) > 1:
-                        ax.fill_between(xs, lo, hi, color=col[s], alpha=0.12, lw=0)
+        for ser in _series(runs, arms, nps):
+            by_step: dict[int, list[tuple[float, float]]] = {}
+            for r in ser.runs:
+                for row in r["eval_curve"]:
+                    by_step.setdefault(int(row["step"]), []).append(
+                        (float(row["train_seconds"]), 100.0 * float(row["test_accuracy"])))
+            steps = [k for k in sorted(by_step) if len(by_step[k]) == len(ser.runs)]  # points every run has
+            if not steps:
+                continue
+            secs = [statistics.fmean(t for t, _ in by_step[k]) for k in steps]
+            acc = [statistics.fmean(a for _, a in by_step[k]) for k in steps]
+            lo = [min(a for _, a in by_step[k]) for k in steps]
+            hi = [max(a for _, a in by_step[k]) for k in steps]
+            for ax, xs in ((ax_t, secs), (ax_s, steps)):
+                ser.line(ax, xs, acc, lo, hi, ms=3.5)
         for ax in (ax_t, ax_s):
             if target:
                 ax.axhline(100.0 * target, color="#c0303a", lw=1, ls="--", label=f"target {100 * target:g} %")
