@@ -9,6 +9,8 @@ without padding (rank r takes items r, r+N, ...) so the accuracy is exact at any
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 from dpcompare.errors import ConfigError
+from dpcompare.files import atomic_write
 
 
 @dataclass
@@ -30,16 +33,44 @@ class DataBundle:
     num_classes: int
 
 
-def _digits(**_: object) -> DataBundle:
+def cache_dir() -> Path:
+    """Where dpcompare keeps what it can rebuild (``$DPCOMPARE_CACHE``, else ``$XDG_CACHE_HOME/dpcompare``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(os.environ.get("DPCOMPARE_CACHE") or Path(base) / "dpcompare")
+
+
+def _digits_split() -> dict[str, np.ndarray]:
+    """scikit-learn's digits, split 80/20 (stratified, ``random_state=0``) by scikit-learn itself."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
     x = (x.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
-    # A fixed split, independent of the run seed, so every run evaluates on the same 360 images.
     xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
-    as_ds = lambda a, b: TensorDataset(torch.from_numpy(a), torch.from_numpy(b).long())  # noqa: E731
-    return DataBundle("digits", as_ds(xtr, ytr), as_ds(xte, yte), (1, 8, 8), 10)
+    return {"xtr": xtr, "xte": xte, "ytr": ytr.astype(np.int64), "yte": yte.astype(np.int64)}
+
+
+def _digits(**_: object) -> DataBundle:
+    # A fixed split, independent of the run seed, so every run evaluates on the same 360 images. Importing
+    # scikit-learn costs every process 1-2 s (most of a short run's start-up), so the split it makes is kept
+    # in the cache, keyed by its version, and read back with numpy.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        path = cache_dir() / f"digits-sklearn-{version('scikit-learn')}.npz"
+    except PackageNotFoundError:
+        raise ConfigError("--dataset digits needs scikit-learn: pip install scikit-learn") from None
+    try:
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in ("xtr", "xte", "ytr", "yte")}
+        if arrays["xtr"].shape != (1437, 1, 8, 8) or arrays["xte"].shape != (360, 1, 8, 8):
+            raise ValueError("not the digits split")
+    except (OSError, KeyError, ValueError):  # not there yet, or unreadable: make it (again)
+        arrays = _digits_split()
+        with contextlib.suppress(OSError):  # a read-only cache only costs the import next time
+            atomic_write(path, lambda f: np.savez(f, **arrays))
+    as_ds = lambda a, b: TensorDataset(torch.from_numpy(a), torch.from_numpy(b))  # noqa: E731
+    return DataBundle("digits", as_ds(arrays["xtr"], arrays["ytr"]), as_ds(arrays["xte"], arrays["yte"]), (1, 8, 8), 10)
 
 
 def _synthetic(shape: tuple[int, ...] = (3, 32, 32), samples: int = 1024, num_classes: int = 10,

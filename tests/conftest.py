@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,10 +45,49 @@ def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None,
     return p
 
 
-def dpcompare(*args: str, np: int = 0, **kw: object) -> subprocess.CompletedProcess[str]:
-    """``dpcompare ARGS`` as one process (np=0) or under ``mpirun -np NP``."""
-    cmd = mpirun_cmd(np, *args) if np else [DPCOMPARE, *args]
-    return run(cmd, **kw)  # type: ignore[arg-type]
+def dpcompare(*args: str, np: int = 0, own_process: bool = False, **kw: object) -> subprocess.CompletedProcess[str]:
+    """``dpcompare ARGS`` under ``mpirun -np NP``, or as one process (np=0).
+
+    One process runs inside this one (``cli.main`` with the same environment, working folder and captured
+    output a child would get): it saves the 3-5 s of importing torch a child spends. ``own_process=True``
+    starts a real child instead, for tests about the process itself (its exit status, what it imports).
+    """
+    if np or own_process:
+        return run(mpirun_cmd(np, *args) if np else [DPCOMPARE, *args], **kw)  # type: ignore[arg-type]
+    return in_process(list(args), **kw)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _as_a_child(env: dict[str, str], cwd: str | Path | None) -> Iterator[None]:
+    saved, here = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        os.chdir(here)
+
+
+def in_process(args: list[str], timeout: float = 300, env: dict[str, str] | None = None, check: bool = True,
+               cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``dpcompare ARGS`` run by ``cli.main`` in this process, answered as :func:`run` answers."""
+    from dpcompare import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with _as_a_child(env or mpi_env(), cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(args)
+        except SystemExit as e:  # argparse: --help, --version, a bad flag
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    p = subprocess.CompletedProcess(["dpcompare", *args], rc, out.getvalue(), err.getvalue())
+    if check and rc != 0:
+        raise AssertionError(f"dpcompare {' '.join(args)} exited {rc}\nstdout:\n{p.stdout[-3000:]}\n"
+                             f"stderr:\n{p.stderr[-3000:]}")
+    return p
 
 
 def summary(out: Path) -> dict:

@@ -14,7 +14,7 @@ import torch
 from dpcompare.backends.single import SingleStrategy
 from dpcompare.trainer import StepTiming, _timing_summary
 
-from conftest import FAST, ROOT, dpcompare, mpi_env, needs_mpi, run, summary
+from conftest import FAST, ROOT, dpcompare, mpi_env, needs_mpi, summary
 
 
 def test_tensorboard_events_hold_the_epoch_metrics(tmp_path):
@@ -71,13 +71,13 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
 def test_doctor_short_is_one_line_of_versions():
     import horovod
 
-    line = run([sys.executable, "-m", "dpcompare", "doctor", "--short"]).stdout
+    line = dpcompare("doctor", "--short").stdout
     assert line.count("\n") == 1 and f"torch {torch.__version__}" in line
     assert f"horovod {horovod.__version__}" in line and "Open MPI" in line
 
 
 def test_doctor_table_shows_horovods_build_and_torchvision():
-    text = run([sys.executable, "-m", "dpcompare", "doctor"], env={**mpi_env(), "COLUMNS": "200"}).stdout
+    text = dpcompare("doctor", env={**mpi_env(), "COLUMNS": "200"}).stdout
     assert "strategy horovod" in text and "controllers" in text and "MPI yes" in text and "Gloo yes" in text
     assert "torchvision" in text and ("CUDA" in text or "CPU build" in text)
 

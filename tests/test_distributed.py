@@ -115,10 +115,14 @@ def test_np1_checkpoint_resumes_under_ddp_at_np2(trained, ddp_to_horovod_np1):
 
 
 @needs_horovod
-def test_parity_command_passes_for_convnet(tmp_path):
-    p = dpcompare("parity", "--np", "2", *FAST, "--steps", "30", "--out", str(tmp_path / "p"))
+def test_parity_command_passes_for_convnet_under_every_strategy(tmp_path):
+    """One parity run covers horovod, zero and fsdp against ddp (convnet: BatchNorm buffers included)."""
+    p = dpcompare("parity", "--np", "2", "--strategies", "ddp,horovod,zero,fsdp", *FAST, "--steps", "12",
+                  "--out", str(tmp_path / "p"))
     res = json.loads((tmp_path / "p" / "parity.json").read_text())
-    assert res["passed"] and res["diffs"]["horovod"]["weights_max"] == 0.0  # exact on CPU, as the README says
+    assert res["passed"] and set(res["diffs"]) == {"horovod", "zero", "fsdp"}
+    assert res["diffs"]["horovod"]["weights_max"] == 0.0  # exact on CPU, as the README says
+    assert all(res["diffs"][s]["weights_max"] <= 1e-6 for s in ("zero", "fsdp"))
     assert "single" not in res["diffs"] and "BatchNorm" in res["note"]  # skipped, and it says why
     assert "PASS" in p.stdout and "fc.weight" in p.stdout
 

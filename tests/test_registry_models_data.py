@@ -91,6 +91,23 @@ def test_digits_split_is_fixed_and_real():
     assert float(a.train.tensors[0].max()) == 1.0
 
 
+def test_digits_cache_holds_scikit_learns_split_and_is_rebuilt_when_damaged(tmp_path, monkeypatch):
+    from dpcompare import data
+
+    monkeypatch.setenv("DPCOMPARE_CACHE", str(tmp_path))
+    made = build_dataset("digits")  # no cache yet: scikit-learn splits, the split is written
+    (cached,) = tmp_path.glob("digits-sklearn-*.npz")
+    ref = data._digits_split()
+    assert torch.equal(made.train.tensors[0], torch.from_numpy(ref["xtr"]))
+    read = build_dataset("digits")  # from the cache
+    for got, want in ((read.train, "tr"), (read.test, "te")):
+        assert torch.equal(got.tensors[0], torch.from_numpy(ref[f"x{want}"]))
+        assert torch.equal(got.tensors[1], torch.from_numpy(ref[f"y{want}"])) and got.tensors[1].dtype == torch.int64
+    cached.write_bytes(b"damaged")
+    again = build_dataset("digits")
+    assert torch.equal(again.test.tensors[0], torch.from_numpy(ref["xte"])) and cached.stat().st_size > 1000
+
+
 def test_synthetic_has_the_requested_shape():
     d = build_dataset("synthetic", shape=(2, 4, 4), samples=80)
     assert d.input_shape == (2, 4, 4) and len(d.train) + len(d.test) == 80

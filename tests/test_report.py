@@ -77,12 +77,38 @@ def test_paired_interval_edge_cases() -> None:
 
 
 def test_blocks_needed_from_the_observed_spread() -> None:
-    d = [0.02, -0.03, 0.04, 0.01]  # mean 0.01, sd ≈ 0.0294: fits inside ±5 % once the half-width < 0.0388
+    d = [0.02, -0.03, 0.04, 0.01]  # mean 0.01, sd ≈ 0.0294: equal once the 90 % half-width < log(1.05) − 0.01
     n = stats.blocks_needed(d, 0.05)
     sd, target = np.std(d, ddof=1), np.log(1.05) - 0.01
-    assert n is not None and scipy_stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n) < target
-    assert scipy_stats.t.ppf(0.975, n - 2) * sd / np.sqrt(n - 1) >= target
+    assert n is not None and scipy_stats.t.ppf(0.95, n - 1) * sd / np.sqrt(n) < target
+    assert scipy_stats.t.ppf(0.95, n - 2) * sd / np.sqrt(n - 1) >= target
     assert stats.blocks_needed([0.1], 0.05) is None
+    # a clear difference decides as faster/slower through the 95 % interval leaving 0
+    d2 = [0.10, 0.14, 0.06]
+    n2 = stats.blocks_needed(d2, 0.05)
+    assert n2 is not None and scipy_stats.t.ppf(0.975, n2 - 1) * np.std(d2, ddof=1) / np.sqrt(n2) < np.mean(d2)
+
+
+def test_equal_is_two_one_sided_tests_at_5_percent() -> None:
+    """equal ⇔ the 90 % interval lies inside ±E ⇔ both one-sided t tests against ±log(1+E) reject at 5 %."""
+    base = [1000.0, 960.0, 1040.0, 990.0, 1010.0, 970.0]
+    other = [1059.0, 936.0, 1065.0, 968.0, 1066.0, 956.0]
+    d = np.log(np.array(other) / np.array(base))
+    iv90, _ = stats.paired_log_ratio_ci(base, other, stats.equivalence_confidence())
+    ref = scipy_stats.ttest_1samp(d, 0.0).confidence_interval(0.90)
+    assert iv90 is not None and (iv90.lo, iv90.hi) == pytest.approx((ref.low, ref.high), rel=1e-12)
+    p_low = scipy_stats.ttest_1samp(d, np.log(0.95), alternative="greater").pvalue
+    p_high = scipy_stats.ttest_1samp(d, np.log(1.05), alternative="less").pvalue
+    tost_equal = max(p_low, p_high) < 0.05
+    iv95, _ = stats.paired_log_ratio_ci(base, other)
+    assert iv95 is not None and np.exp(iv95.hi) > 1.05  # the 95 % interval alone would not call it equal …
+    outcome, text = stats.throughput_verdict("ddp#2", "ddp#1", 2, iv95, 0.05, log_eq_iv=iv90)
+    assert tost_equal and outcome == "equal"  # … the equivalence test does, as scipy's one-sided tests do
+    assert "90 % CI" in text and "two one-sided tests" in text
+    results = make_results({("ddp#1", 2): base, ("ddp#2", 2): other})
+    (v,) = stats.verdicts(results)
+    assert v.outcome == "equal" and v.equivalence_ci == pytest.approx((np.exp(ref.low), np.exp(ref.high)))
+    assert v.to_json()["equivalence_ci"] == pytest.approx([np.exp(ref.low), np.exp(ref.high)], abs=1e-6)
 
 
 @pytest.mark.parametrize(("lo", "hi", "outcome"), [(1.21, 1.37, "faster"), (0.80, 0.95, "slower"),
@@ -102,7 +128,11 @@ def test_throughput_verdict_wording() -> None:
     assert stats.throughput_verdict("horovod", "ddp", 4, _log_iv(0.917, 0.888, 0.949)) == (
         "slower", "horovod 8.3 % slower than ddp at np=4 (95 % CI 5.1–11.2 %)")
     assert stats.throughput_verdict("ddp#2", "ddp#1", 2, _log_iv(1.005, 0.98, 1.03)) == (
-        "equal", "ddp#2 equal to ddp#1 within ±5.0 % at np=2 (95 % CI −2.0 … +3.0 %)")
+        "equal", "ddp#2 equal to ddp#1 within ±5.0 % at np=2 (+0.5 %, 95 % CI −2.0 … +3.0 %)")
+    assert stats.throughput_verdict("ddp#2", "ddp#1", 2, _log_iv(1.005, 0.95, 1.06),
+                                    log_eq_iv=_log_iv(1.005, 0.96, 1.04)) == (
+        "equal", "ddp#2 equal to ddp#1 within ±5.0 % at np=2 (+0.5 %, 90 % CI −4.0 … +4.0 %: two one-sided tests)")
+    assert "−90 … over +900 %" in stats.throughput_verdict("a", "b", 2, _log_iv(1.0, 0.1, 40.0))[1]
     assert stats.throughput_verdict("horovod", "ddp", 2, _log_iv(1.04, 0.97, 1.12), needed=14) == (
         "undecided", "horovod vs ddp at np=2 undecided: interval −3 … +12 %, needs about 8 more repeats")
     outcome, text = stats.throughput_verdict("horovod", "ddp", 2, Interval(0.05, None, None, 1))

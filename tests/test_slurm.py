@@ -51,6 +51,27 @@ def _write_script(tmp_path: Path, *command: str, name: str = "job.sbatch") -> Pa
     return script
 
 
+def _job_state(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+
+
+def _run_batch_job(script: Path, cwd: Path) -> str:
+    """Submit ``script`` and return ``scontrol show job`` once the job has ended.
+
+    Not ``sbatch --wait``: it polls after 2, 8 and 32 s, so a 12 s job would take 42 s to be noticed.
+    """
+    p = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=mpi_env(),
+                       cwd=cwd, check=True)
+    job_id = p.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_LIMIT_S
+    while re.search(r"JobState=(PENDING|CONFIGURING|RUNNING|COMPLETING)\b", state := _job_state(job_id)):
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], capture_output=True)
+            raise AssertionError(f"job {job_id} still running after {JOB_LIMIT_S} s:\n{_log(cwd)[-3000:]}")
+        time.sleep(0.25)  # polling the job's state (there is no event to wait on)
+    return state
+
+
 def _log(tmp_path: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("dpcompare-*.out")))
 
@@ -63,9 +84,8 @@ def test_generated_sbatch_script_runs_two_tasks_with_srun(slurm_cluster: None, t
     text = script.read_text()
     if "pmix" in slurm.srun_mpi_types():  # Open MPI under srun needs a PMI plugin: pmix works here
         assert "--mpi=pmix" in text
-    p = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, timeout=JOB_LIMIT_S,
-                       env=mpi_env(), cwd=tmp_path)
-    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}\n{_log(tmp_path)[-3000:]}"
+    state = _run_batch_job(script, tmp_path)
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, f"{state}\n{_log(tmp_path)[-3000:]}"
     s = summary(out)
     assert (s["strategy"], s["world_size"], s["launcher"]) == (strategy, 2, "slurm")
     assert len(s["timing"]["per_rank"]) == 2 and s["final_test_accuracy"] > 0.2

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dpcompare.backends.ddp import DDPStrategy
 from dpcompare.backends.registry import register
@@ -32,7 +31,7 @@ class ZeroStrategy(DDPStrategy):
         if len(optimizer.param_groups) != 1:
             raise NotImplementedError("zero: one parameter group expected")
         params = optimizer.param_groups[0]["params"]
-        return ZeroRedundancyOptimizer(params, optimizer_class=type(optimizer), **optimizer.defaults)
+        return _zero_optimizer_class()(params, optimizer_class=type(optimizer), **optimizer.defaults)
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # Each rank holds only its shard of the optimizer state (loaded from the same checkpoint on resume):
@@ -46,7 +45,7 @@ class ZeroStrategy(DDPStrategy):
                          ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         from dpcompare.checkpoint import plain_state_dict
 
-        assert isinstance(optimizer, ZeroRedundancyOptimizer)
+        assert isinstance(optimizer, _zero_optimizer_class())
         optimizer.consolidate_state_dict(to=0)  # a collective: every rank sends its shard to rank 0
         model_sd = plain_state_dict(self.unwrap_model(model).state_dict())
         if not self.is_main:
@@ -54,8 +53,15 @@ class ZeroStrategy(DDPStrategy):
         return model_sd, _plain_optimizer_state(optimizer.state_dict())
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
-        assert isinstance(optimizer, ZeroRedundancyOptimizer)
+        assert isinstance(optimizer, _zero_optimizer_class())
         return optimizer.optim.state.values()  # the local optimizer: this rank's shard
+
+
+def _zero_optimizer_class() -> type[torch.optim.Optimizer]:
+    # imported on use: torch.distributed.optim pulls in sympy (~1 s), which the other strategies' processes skip
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer
 
 
 def _plain_optimizer_state(sd: dict[str, Any]) -> dict[str, Any]:

@@ -304,9 +304,9 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                       f'of the two arms within a block. Throughput per run is the global batch over the slowest '
                       f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
                       f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
-                      f'bootstrap from 10 blocks on). <em>equal</em>: the interval lies inside ±{100 * eq:g} %; '
-                      f'<em>faster</em>/<em>slower</em>: it excludes no difference; otherwise <em>undecided</em>, with '
-                      f'an estimate of the repeats that would decide.'
+                      f'bootstrap from 10 blocks on). <em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
+                      f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
+                      f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide.'
                     + (f" Timed steps were {100 * share:.0f} % of the runs' wall time." if share is not None else "")
                     + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
                        f"{_e(stop.get('reason'))}." if stop else "")

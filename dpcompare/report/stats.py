@@ -10,6 +10,11 @@ ignores the odd slow step; the effect in a block is the log of the ratio other �
 verdict is the mean over blocks with a 95 % interval (Student t on the log ratios, BCa bootstrap once
 there are :data:`BOOTSTRAP_MIN_BLOCKS` blocks), turned back into a ratio. Unpaired per-arm figures
 (mean ± t-interval over repeats) remain for the table.
+
+*faster*/*slower* need the 95 % interval to exclude no difference (a two-sided test at 5 %). *equal*
+is an equivalence test: two one-sided tests at 5 % (Schuirmann's TOST), i.e. the 90 % interval lies
+inside ±equivalence. Each claim is then wrong at most 5 % of the time; asking the 95 % interval to fit
+inside the margin would test equivalence at 2.5 % and need about a third more blocks for nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,13 @@ from scipy import stats as sps
 from dpcompare.files import PHASES
 
 CONFIDENCE = 0.95
+
+
+def equivalence_confidence(confidence: float = CONFIDENCE) -> float:
+    """The interval of two one-sided tests at the level of a two-sided ``confidence`` interval: 0.95 → 0.90."""
+    return 1.0 - 2.0 * (1.0 - confidence)
+
+
 #: default equivalence margin: two arms whose throughput ratio lies inside 1 ± this are "equal"
 EQUIVALENCE = 0.05
 #: from this many blocks on the verdict's interval is a BCa bootstrap of the mean log ratio
@@ -116,8 +128,9 @@ def blocks_needed(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
                   limit: int = 10_000) -> int | None:
     """About how many blocks in all would decide, if the spread and the mean stayed as observed.
 
-    Deciding means the interval leaves 0 (half-width < |mean|) or fits inside ±equivalence; whichever
-    needs fewer blocks. None with fewer than 2 blocks (no spread known) or beyond ``limit``.
+    Deciding means the ``confidence`` interval leaves 0 (half-width < |mean|) or the equivalence test's
+    interval fits inside ±equivalence; whichever needs fewer blocks. None with fewer than 2 blocks (no
+    spread known) or beyond ``limit``.
     """
     d = np.asarray(log_ratios, dtype=float)
     if d.size < 2:
@@ -126,12 +139,44 @@ def blocks_needed(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
     if sd == 0.0:
         return int(d.size)
     inside = min(math.log1p(equivalence) - m, m - math.log1p(-equivalence))
-    target = max(abs(m), inside)
-    if target <= 0.0:
-        return None
     ns = np.arange(2, limit + 1)
-    ok = np.nonzero(t_half_width(sd, ns, confidence) < target)[0]
+    ok = np.nonzero((t_half_width(sd, ns, confidence) < abs(m))
+                    | (t_half_width(sd, ns, equivalence_confidence(confidence)) < inside))[0]
     return int(ns[ok[0]]) if ok.size else None
+
+
+# -- when --repeats auto may stop -------------------------------------------------------------------------
+#: Haybittle–Peto: before the final look a verdict may end the comparison only at this error rate per look
+#: (faster/slower: the 99.9 % interval excludes no difference; equal: two one-sided tests at 0.1 %, the
+#: 99.8 % interval inside the margin), so looking after every block costs next to nothing of the 5 %.
+INTERIM_ALPHA = 0.001
+#: the precision stop (every 95 % half-width within --target-ci) is considered from this many blocks on: a
+#: spread estimated from fewer blocks is often small by chance, and stopping on it would inflate the errors
+PRECISION_MIN_BLOCKS = 10
+
+
+def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
+                  alpha: float = INTERIM_ALPHA) -> str | None:
+    """The outcome a verdict has already reached beyond reasonable doubt (an interim look), or None.
+
+    Student t at the interim level ``alpha``: "faster"/"slower" when the (1 − alpha) interval of the mean
+    log ratio excludes 0, "equal" when the (1 − 2·alpha) interval lies inside ±log(1 ± equivalence).
+    Stopping on a decision at the nominal 5 % after every block would be optional stopping: an A/A pair
+    would be called faster or slower about one time in four over 40 looks (see the tests).
+    """
+    d = np.asarray(log_ratios, dtype=float)
+    if d.size < 2:
+        return None
+    m, sd = float(d.mean()), float(d.std(ddof=1))
+    h_diff = float(t_half_width(sd, d.size, 1.0 - alpha))
+    h_eq = float(t_half_width(sd, d.size, 1.0 - 2.0 * alpha))
+    if math.log1p(-equivalence) <= m - h_eq and m + h_eq <= math.log1p(equivalence):
+        return "equal"
+    if m - h_diff > 0.0:
+        return "faster"
+    if m + h_diff < 0.0:
+        return "slower"
+    return None
 
 
 def scaling_efficiency(throughput_np: float, np_: int, throughput_1: float) -> float:
@@ -301,6 +346,8 @@ class Verdict:
     samples_per_sec_ratio: float | None = None  # the same, from each run's samples/s (timed steps ÷ seconds)
     blocks_needed: int | None = None  # undecided: about how many blocks in all would decide
     equivalence: float = EQUIVALENCE
+    #: the equivalence test's interval (90 % for a 95 % verdict) on the same scale as ci_low/ci_high
+    equivalence_ci: tuple[float, float] | None = None
     metric: str = "throughput"  # throughput, accuracy or time_to_accuracy (METRICS)
     extra: dict[str, Any] = field(default_factory=dict)  # the metric's own fields in results.json
 
@@ -315,20 +362,25 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         r = lambda v: None if v is None else round(v, 6)  # noqa: E731
+        eq_ci = None if self.equivalence_ci is None else [r(x) for x in self.equivalence_ci]
         if self.metric != "throughput":
             return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": self.metric,
                     "outcome": self.outcome, "text": self.full_text, "ci_low": r(self.ci_low), "ci_high": r(self.ci_high),
-                    "blocks": self.blocks, "method": self.method, "equivalence": self.equivalence, **self.extra}
+                    "blocks": self.blocks, "method": self.method, "equivalence": self.equivalence,
+                    "equivalence_ci": eq_ci, **self.extra}
         return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": "throughput",
                 "ratio": r(self.ratio), "ci_low": r(self.ci_low), "ci_high": r(self.ci_high), "blocks": self.blocks,
                 "outcome": self.outcome, "text": self.full_text, "method": self.method,
-                "equivalence": self.equivalence, "block_ratios": [r(x) for x in self.block_ratios],
+                "equivalence": self.equivalence, "equivalence_ci": eq_ci,
+                "block_ratios": [r(x) for x in self.block_ratios],
                 "samples_per_sec_ratio": r(self.samples_per_sec_ratio), "blocks_needed": self.blocks_needed}
 
 
-def decide(lo: float, hi: float, equivalence: float) -> str:
-    """equal when the ratio interval lies inside 1 ± equivalence; else faster/slower when it leaves 1."""
-    if 1.0 - equivalence <= lo and hi <= 1.0 + equivalence:
+def decide(lo: float, hi: float, equivalence: float, eq_ci: tuple[float, float] | None = None) -> str:
+    """equal when the equivalence test's ratio interval ``eq_ci`` (default: ``lo``, ``hi``) lies inside
+    1 ± equivalence; else faster/slower when the interval lo … hi leaves 1."""
+    elo, ehi = eq_ci or (lo, hi)
+    if 1.0 - equivalence <= elo and ehi <= 1.0 + equivalence:
         return "equal"
     if lo > 1.0:
         return "faster"
@@ -338,8 +390,10 @@ def decide(lo: float, hi: float, equivalence: float) -> str:
 
 
 def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | None, equivalence: float = EQUIVALENCE,
-                       needed: int | None = None, confidence: float = CONFIDENCE) -> tuple[str, str]:
-    """(outcome, words) for a paired interval on the mean log ratio other/baseline."""
+                       needed: int | None = None, confidence: float = CONFIDENCE,
+                       log_eq_iv: Interval | None = None) -> tuple[str, str]:
+    """(outcome, words) for a paired interval on the mean log ratio other/baseline; ``log_eq_iv`` is the
+    equivalence test's interval (the 90 % one for a 95 % verdict), by default the same interval."""
     conf = f"{100 * confidence:g} % CI"
     if log_iv is None:
         return "undecided", f"{other} vs {baseline} at np={np_}: no comparison (no block where both succeeded)"
@@ -348,7 +402,8 @@ def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | N
         return "undecided", (f"{other} vs {baseline} at np={np_} undecided: {_pct(ratio - 1, True)} % from 1 block, "
                              "no interval; run at least 3 repeats")
     lo, hi = math.exp(log_iv.lo), math.exp(log_iv.hi)  # type: ignore[arg-type]
-    outcome = decide(lo, hi, equivalence)
+    eq_ci = _ratio_ci(log_eq_iv)
+    outcome = decide(lo, hi, equivalence, eq_ci)
     dg = 1 if hi - lo < 0.1 else 0  # one decimal for the whole verdict when the interval is narrower than 10 %
     if outcome == "faster":
         return outcome, (f"{other} {_pct(ratio - 1, digits=dg)} % faster than {baseline} at np={np_} "
@@ -356,13 +411,21 @@ def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | N
     if outcome == "slower":
         return outcome, (f"{other} {_pct(1 - ratio, digits=dg)} % slower than {baseline} at np={np_} "
                          f"({conf} {_pct(1 - hi, digits=dg)}–{_pct(1 - lo, digits=dg)} %)")
-    span = f"{_pct(lo - 1, True, dg)} … {_pct(hi - 1, True, dg)} %"
+    # from 2 or 3 blocks an interval can reach absurd sizes (t with 1 degree of freedom is 12.7): cap the words
+    span = f"{_pct(lo - 1, True, dg)} … {_pct(hi - 1, True, dg) if hi < 10.0 else 'over +900'} %"
     if outcome == "equal":
+        elo, ehi = eq_ci or (lo, hi)
+        how = (f"{100 * equivalence_confidence(confidence):g} % CI", ": two one-sided tests") if eq_ci else (conf, "")
         return outcome, (f"{other} equal to {baseline} within ±{_pct(equivalence)} % at np={np_} "
-                         f"({conf} {span})")
+                         f"({_pct(ratio - 1, True, 1)} %, {how[0]} {_pct(elo - 1, True, 1)} … "
+                         f"{_pct(ehi - 1, True, 1)} %{how[1]})")
     more = ("needs more repeats than is practical: quiet the machine or time more steps per run" if needed is None
             else f"needs about {max(needed - log_iv.n, 1)} more repeat{'s' if needed - log_iv.n > 1 else ''}")
     return outcome, f"{other} vs {baseline} at np={np_} undecided: interval {span}, {more}"
+
+
+def _ratio_ci(log_iv: Interval | None) -> tuple[float, float] | None:
+    return (math.exp(log_iv.lo), math.exp(log_iv.hi)) if log_iv is not None and log_iv.has_ci else None  # type: ignore[arg-type]
 
 
 def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
@@ -414,9 +477,10 @@ def throughput_verdicts(results: dict[str, Any], groups: Sequence[Group] | None 
                                    text=f"{s} vs {base} at np={n}: no comparison ({failed or 'no common repeat'})"))
                 continue
             log_iv, method = paired_log_ratio_ci(xb, xo, confidence)
+            log_eq_iv, _ = paired_log_ratio_ci(xb, xo, equivalence_confidence(confidence))
             logs = [math.log(y / x) for x, y in zip(xb, xo, strict=True)]
             needed = blocks_needed(logs, eq, confidence)
-            outcome, text = throughput_verdict(s, base, n, log_iv, eq, needed, confidence)
+            outcome, text = throughput_verdict(s, base, n, log_iv, eq, needed, confidence, log_eq_iv)
             _, sb, so = paired_blocks(results, base, s, n, statistic=lambda r: r.get("samples_per_sec"))
             sps_ratio = math.exp(statistics.fmean(math.log(y / x) for x, y in zip(sb, so, strict=True))) if sb else None
             assert log_iv is not None
@@ -426,7 +490,7 @@ def throughput_verdicts(results: dict[str, Any], groups: Sequence[Group] | None 
                         len(reps), text, "" if seeded else accuracy_verdict(s, base, b.accuracies, o.accuracies,
                                                                              confidence),
                         method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
-                        needed if outcome == "undecided" else None, eq)
+                        needed if outcome == "undecided" else None, eq, _ratio_ci(log_eq_iv))
             out.append(v)
     return out
 
@@ -463,11 +527,13 @@ def paired_diff_ci(baseline: Sequence[float], other: Sequence[float],
     return Interval(m, float(ci.low), float(ci.high), int(d.size))
 
 
-def decide_difference(iv: Interval, equivalence: float) -> str:
-    """equal when the interval lies inside ±equivalence; higher/lower when it leaves 0; else undecided."""
+def decide_difference(iv: Interval, equivalence: float, eq_iv: Interval | None = None) -> str:
+    """equal when the equivalence test's interval ``eq_iv`` (default ``iv``) lies inside ±equivalence;
+    higher/lower when ``iv`` leaves 0; else undecided."""
     if not iv.has_ci:
         return "undecided"
-    if -equivalence <= iv.lo and iv.hi <= equivalence:  # type: ignore[operator]
+    e = eq_iv if eq_iv is not None and eq_iv.has_ci else iv
+    if -equivalence <= e.lo and e.hi <= equivalence:  # type: ignore[operator]
         return "equal"
     if iv.lo > 0.0:  # type: ignore[operator]
         return "higher"
@@ -525,7 +591,8 @@ def accuracy_verdicts(results: dict[str, Any], equivalence: float | None = None,
                 continue
             xb, xo = [base[k] for k in seeds], [oth[k] for k in seeds]
             iv = paired_diff_ci(xb, xo, confidence)
-            assert iv is not None
+            eq_iv = paired_diff_ci(xb, xo, equivalence_confidence(confidence))
+            assert iv is not None and eq_iv is not None
             lseeds = sorted(set(base_loss) & set(oth_loss))
             liv = paired_diff_ci([base_loss[k] for k in lseeds], [oth_loss[k] for k in lseeds], confidence)
             diffs = [o - b for b, o in zip(xb, xo, strict=True)]
@@ -547,10 +614,12 @@ def accuracy_verdicts(results: dict[str, Any], equivalence: float | None = None,
                         f"{ns} (largest {_points(max(diffs, key=abs))}){loss}: the strategies did not compute the "
                         "same model (nondeterministic kernels, or a bug)")
             else:
-                outcome = decide_difference(iv, eq)
+                outcome = decide_difference(iv, eq, eq_iv)
                 mean = f"{_points(iv.mean)} points ({100 * statistics.fmean(xo):.2f} % vs {100 * statistics.fmean(xb):.2f} %)"
                 if outcome == "equal":
-                    text = f"{head}: equal within ±{_points(eq, False)} points, {mean}{span} over {ns}"
+                    eq_span = (f" ({100 * equivalence_confidence(confidence):g} % CI {_points(eq_iv.lo)} … "  # type: ignore[arg-type]
+                               f"{_points(eq_iv.hi)} points: two one-sided tests)")  # type: ignore[arg-type]
+                    text = f"{head}: equal within ±{_points(eq, False)} points, {mean}{eq_span} over {ns}"
                 elif outcome in ("higher", "lower"):
                     text = f"{head}: {outcome} by {mean}{span} over {ns}"
                 else:
@@ -560,7 +629,8 @@ def accuracy_verdicts(results: dict[str, Any], equivalence: float | None = None,
                 text += loss
             out.append(Verdict(n, arms[0], s, outcome, None, iv.lo, iv.hi, len(seeds), text, metric="accuracy",
                                method="exact" if iv.has_ci and iv.lo == iv.hi else "t" if iv.has_ci else "none",
-                               equivalence=eq, extra={
+                               equivalence=eq, equivalence_ci=(eq_iv.lo, eq_iv.hi) if eq_iv.has_ci else None,  # type: ignore[arg-type]
+                               extra={
                                    "difference": round(iv.mean, 6), "seeds": seeds, "exact_by_construction": exact,
                                    "seed_differences": [round(d, 6) for d in diffs],
                                    "train_loss_difference": None if liv is None else round(liv.mean, 6),
@@ -610,8 +680,12 @@ def time_to_accuracy_verdicts(results: dict[str, Any], equivalence: float | None
                 continue
             # the speed ratio baseline time ÷ other time: > 1 means the other arm got there sooner
             log_iv, method = paired_log_ratio_ci(xo, xb, confidence)
+            log_eq_iv, _ = paired_log_ratio_ci(xo, xb, equivalence_confidence(confidence))
             assert log_iv is not None
             speed = math.exp(log_iv.mean)
+            # the time ratio other ÷ baseline is 1/speed: its equivalence interval, for the "equal" outcome
+            eq_speed = _ratio_ci(log_eq_iv)
+            eq_time = None if eq_speed is None else (1 / eq_speed[1], 1 / eq_speed[0])
             steps = (f"; steps to it: {statistics.fmean(so):.0f} vs {statistics.fmean(sb):.0f}" if sb and so else "")
             label = f"time to {tgt}"
             if not log_iv.has_ci:
@@ -619,14 +693,17 @@ def time_to_accuracy_verdicts(results: dict[str, Any], equivalence: float | None
                                               "from 1 block, no interval")
             else:
                 lo, hi = math.exp(log_iv.lo), math.exp(log_iv.hi)  # type: ignore[arg-type]
-                outcome = decide(lo, hi, eq)
+                outcome = decide(lo, hi, eq, eq_speed)
                 span = f"{_pct(1 / hi - 1, True, 1)} … {_pct(1 / lo - 1, True, 1)} %"
                 if outcome == "faster":
                     text = f"{label}: {s} gets there {_pct(1 - 1 / speed, digits=1)} % sooner than {arms[0]} at np={n}"
                 elif outcome == "slower":
                     text = f"{label}: {s} takes {_pct(1 / speed - 1, digits=1)} % longer than {arms[0]} at np={n}"
                 elif outcome == "equal":
-                    text = f"{label}: {s} equal to {arms[0]} within ±{_pct(eq)} % at np={n}"
+                    assert eq_time is not None
+                    text = (f"{label}: {s} equal to {arms[0]} within ±{_pct(eq)} % at np={n} "
+                            f"({100 * equivalence_confidence(confidence):g} % CI {_pct(eq_time[0] - 1, True, 1)} … "
+                            f"{_pct(eq_time[1] - 1, True, 1)} %: two one-sided tests)")
                 else:
                     text = f"{label}: {s} vs {arms[0]} at np={n} undecided"
                 text += f" (time ratio {1 / speed:.3f}, {100 * confidence:g} % CI {span}, {len(reps)} blocks)"
@@ -635,7 +712,7 @@ def time_to_accuracy_verdicts(results: dict[str, Any], equivalence: float | None
                                None if not log_iv.has_ci else 1 / math.exp(log_iv.hi),  # type: ignore[arg-type]
                                None if not log_iv.has_ci else 1 / math.exp(log_iv.lo),  # type: ignore[arg-type]
                                len(reps), text, method=method, metric="time_to_accuracy", equivalence=eq,
-                               extra={"target_accuracy": target, "ratio": round(1 / speed, 6),
+                               equivalence_ci=eq_time, extra={"target_accuracy": target, "ratio": round(1 / speed, 6),
                                       "block_ratios": [round(o / b, 6) for b, o in zip(xb, xo, strict=True)],
                                       "reached": _reached(oks, arms[0], s),
                                       "mean_seconds": {arms[0]: round(statistics.fmean(xb), 6),
