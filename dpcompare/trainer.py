@@ -425,6 +425,10 @@ def _train(cfg: TrainConfig, strategy: Strategy, data: Any, model: nn.Module, ck
                 if rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
                     rep.update(1, f"epoch {epoch}/{last_epoch} loss {float(lval):.4f}")
                 if not all_finite(strategy, lval, model):  # after the timing: the check is not a phase
+                    # Every rank stops here. The barrier lets the backend's worker threads finish and drop the
+                    # check's tensors while Python still runs: a gloo thread releasing one during interpreter
+                    # shutdown aborts the process (seen once, in CI).
+                    strategy.barrier()
                     raise DivergedError(diverged_message(strategy, epoch, global_step, last_good))
                 if cfg.eval_every and global_step % cfg.eval_every == 0 and global_step % steps_per_epoch:
                     eval_point(global_step, epoch - 1 + (global_step % steps_per_epoch) / steps_per_epoch)
