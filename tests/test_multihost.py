@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -41,7 +42,7 @@ row = {"rank": env.rank, "addr": addr, "port": port,
        "gloo": os.environ.get("GLOO_SOCKET_IFNAME"), "nccl": os.environ.get("NCCL_SOCKET_IFNAME")}
 ensure_rendezvous(env, iface="lo")  # what --iface does
 row["override"] = [os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("NCCL_SOCKET_IFNAME")]
-print(json.dumps(row))
+os.write(1, (json.dumps(row) + "\\n").encode())  # one write: the ranks' lines cannot interleave
 """
 
 AGENT = """#!/bin/sh
@@ -126,7 +127,8 @@ def test_rendezvous_finds_host_a_and_each_ranks_veth(two_hosts: TwoHosts) -> Non
     cmd = job_command(2, [sys.executable, "-c", PROBE], hosts=HOSTS, mpi_net=SUBNET, use_srun=False,
                       environ=env)
     p = run(two_hosts.on_a(*cmd), env=env, timeout=120)
-    rows = sorted((json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
+    # one object per rank (mpirun merges the ranks' output; a row need not start its own line)
+    rows = sorted((json.loads(m) for m in re.findall(r"\{[^{}]*\}", p.stdout)), key=lambda r: r["rank"])
     assert [r["rank"] for r in rows] == [0, 1], p.stdout + p.stderr
     assert {r["addr"] for r in rows} == {HOST_A} and len({r["port"] for r in rows}) == 1
     assert (rows[0]["gloo"], rows[1]["gloo"]) == (two_hosts.veth_a, two_hosts.veth_b)  # rank 0 on A, rank 1 on B
