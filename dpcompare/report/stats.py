@@ -169,14 +169,9 @@ def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
         return None
     m, sd = float(d.mean()), float(d.std(ddof=1))
     h_diff = float(t_half_width(sd, d.size, 1.0 - alpha))
-    h_eq = float(t_half_width(sd, d.size, 1.0 - 2.0 * alpha))
-    if math.log1p(-equivalence) <= m - h_eq and m + h_eq <= math.log1p(equivalence):
-        return "equal"
-    if m - h_diff > 0.0:
-        return "faster"
-    if m + h_diff < 0.0:
-        return "slower"
-    return None
+    h_eq = float(t_half_width(sd, d.size, equivalence_confidence(1.0 - alpha)))
+    outcome = decide(math.exp(m - h_diff), math.exp(m + h_diff), equivalence, (math.exp(m - h_eq), math.exp(m + h_eq)))
+    return None if outcome == "undecided" else outcome
 
 
 def scaling_efficiency(throughput_np: float, np_: int, throughput_1: float) -> float:
