@@ -427,13 +427,14 @@ def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) ->
 
 @dataclass(frozen=True)
 class Schedule:
-    """How many blocks: ``repeats`` of them, or (``repeats`` None) blocks until every verdict's interval
-    half-width is at most ``target_ci`` (a fraction), ``max_repeats`` blocks were run, or another block
-    would overrun ``time_budget`` seconds."""
+    """How many blocks: ``repeats`` of them, or (``repeats`` None) blocks until every verdict is precise
+    enough (:func:`stop_reason`: half-width within ``target_ci``, a fraction, and the equivalence interval
+    within half of ``equivalence``), ``max_repeats`` blocks were run, or another block would overrun
+    ``time_budget`` seconds."""
 
     repeats: int | None = 3
     target_ci: float = 0.05
-    max_repeats: int = 30
+    max_repeats: int = 100
     time_budget: float = 0.0
     equivalence: float = 0.05
     min_blocks: int = 3
@@ -458,26 +459,30 @@ def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapse
         seeds = f" × {len(schedule.seeds)} seeds" if schedule.seeds else ""
         return f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}{seeds} as asked" if (
             blocks >= (schedule.blocks or 0)) else None
+    from dpcompare.report import stats
+
     if blocks >= schedule.min_blocks:
         # Looking after every block is a sequential design. The blocks go on until every interval is precise
-        # enough (a rule blind to where the intervals lie), from stats.PRECISION_MIN_BLOCKS blocks on; before
-        # that only when every verdict is also settled at the interim level (Haybittle–Peto,
-        # stats.INTERIM_ALPHA). The verdict is then drawn once, at the usual levels. Stopping as soon as a
-        # verdict is decided at 95 % would call identical arms different far more often than 5 %.
-        from dpcompare.report import stats
-
+        # enough, by a rule blind to where the intervals lie: 95 % half-width within --target-ci and the
+        # equivalence interval within half the margin (stats.RESOLUTION), from stats.PRECISION_MIN_BLOCKS
+        # blocks on. A verdict settled at the interim level (Haybittle–Peto, stats.INTERIM_ALPHA) may end it
+        # sooner, once within --target-ci. The verdict is then drawn once, at the usual levels. Stopping as
+        # soon as a verdict is decided at 95 % would call identical arms different far more often than 5 %.
         vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]
         widths = [v.half_width for v in vs]
         if vs and all(w is not None and w <= schedule.target_ci for w in widths):
             within = (f"every verdict's 95 % interval is within ±{100 * schedule.target_ci:g} % "
                       f"(widest ±{100 * max(w for w in widths if w is not None):.1f} %; --target-ci)")
-            if blocks >= stats.PRECISION_MIN_BLOCKS:
-                return within
+            if blocks >= stats.PRECISION_MIN_BLOCKS and all(stats.resolves_equal(v) for v in vs):
+                half = 100 * stats.RESOLUTION * schedule.equivalence
+                return (f"{within} and every equivalence interval within ±{half:g} % (half of --equivalence): "
+                        "precise enough to tell equal from different")
             if all(stats.settled_early([math.log(x) for x in v.block_ratios], v.equivalence) for v in vs):
-                return f"{within}, and settled beyond doubt early (99.9 % interval, or the equivalence test at 0.1 %)"
+                return f"{within}, and settled beyond doubt (99.9 % interval, or the equivalence test at 0.1 %)"
     if blocks >= schedule.max_repeats:
-        return f"reached --max-repeats {schedule.max_repeats} before every verdict's interval was within " \
-               f"±{100 * schedule.target_ci:g} %"
+        return (f"reached --max-repeats {schedule.max_repeats} before every verdict was precise enough "
+                f"(--target-ci {100 * schedule.target_ci:g} %, equivalence interval within "
+                f"±{100 * stats.RESOLUTION * schedule.equivalence:g} %)")
     if schedule.time_budget and blocks and elapsed + elapsed / blocks > schedule.time_budget:
         return (f"another block (≈{elapsed / blocks:.0f} s) would overrun --time-budget "
                 f"{schedule.time_budget:g} s")
@@ -772,10 +777,11 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "repeat the flag to cross several")
     g.add_argument("--repeats", type=parse_repeats, default=0, metavar="N|auto",
                    help="blocks to run (a block runs every arm once at every np), per seed with --seeds; auto: add "
-                        "blocks until every throughput verdict's 95 %% interval is within ±--target-ci (from 10 "
-                        "blocks on; before that only if every verdict is also settled beyond doubt at 99.9 %%, so "
-                        "that looking after every block keeps the verdicts' 5 %% error rate) (default: 3, or 1 per "
-                        "seed with --seeds)")
+                        "blocks until every throughput verdict is precise enough to decide: from 10 blocks on, its "
+                        "95 %% interval within ±--target-ci and its equivalence interval within half of "
+                        "±--equivalence (so that no difference can come out equal); sooner once within ±--target-ci "
+                        "if settled beyond doubt at 99.9 %%. A rule on the spread only, so looking after every block "
+                        "keeps the verdicts' 5 %% error rate (default: 3, or 1 per seed with --seeds)")
     g.add_argument("--seeds", type=parse_seeds, metavar="N|S1,S2,...",
                    help="run every block under another seed (initial weights and sampling), the same for every arm "
                         "of the block: N seeds counted from --seed, or these seeds; adds accuracy verdicts over "
@@ -785,9 +791,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 %%) "
                         "(default: 0.5)")
     g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
-                   help="with --repeats auto: the interval half-width to reach, in %% (default: 5)")
-    g.add_argument("--max-repeats", type=positive_int, default=30, metavar="N",
-                   help="with --repeats auto: stop after this many blocks (default: 30)")
+                   help="with --repeats auto: the 95 %% interval half-width to reach, in %%; the equivalence "
+                        "interval must also reach half of --equivalence (default: 5)")
+    g.add_argument("--max-repeats", type=positive_int, default=100, metavar="N",
+                   help="with --repeats auto: stop after this many blocks (default: 100)")
     g.add_argument("--time-budget", type=nonneg_float, default=0, metavar="SECONDS",
                    help="with --repeats auto: start no block that would end after this many seconds "
                         "(default: 0, no limit)")
