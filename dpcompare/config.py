@@ -34,10 +34,9 @@ def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
 
 
 def _strategy_help() -> str:
-    from dpcompare import backends
+    from dpcompare.backends import catalog
 
-    return "how gradients are synchronised: " + "; ".join(
-        f"{n}: {backends.get(n).summary}" for n in backends.names())
+    return "how gradients are synchronised: " + "; ".join(f"{n}: {catalog.summary(n)}" for n in catalog.names())
 
 
 def _names(module: str) -> Callable[[], list[str]]:
@@ -52,7 +51,8 @@ def _described(module: str, table: str) -> Callable[[], str]:
     def text() -> str:
         import importlib
 
-        return "; ".join(f"{n}: {h}" for n, (_, h) in getattr(importlib.import_module(module), table).items())
+        rows = getattr(importlib.import_module(module), table).items()  # name → description or (builder, description)
+        return "; ".join(f"{n}: {v[1] if isinstance(v, tuple) else v}" for n, v in rows)
     return text
 
 
@@ -62,7 +62,8 @@ class TrainConfig:
     strategy: str = opt("single", _strategy_help, choices=_names("dpcompare.backends"), resume=True)
     model: str = opt("convnet", _described("dpcompare.models", "MODELS"), choices=_names("dpcompare.models"),
                      resume=True)
-    dataset: str = opt("digits", _described("dpcompare.data", "DATASETS"), choices=_names("dpcompare.data"),
+    dataset: str = opt("digits", _described("dpcompare.data_catalog", "DATASETS"),
+                       choices=_names("dpcompare.data_catalog"),
                        resume=True)
     data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
                                      "train/<class>/ and val/<class>/ image folders (never downloaded)")

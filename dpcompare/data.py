@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
+from dpcompare.data_catalog import DATASETS
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write
 
@@ -271,18 +272,12 @@ def _check(bundle: DataBundle) -> DataBundle:
     return bundle
 
 
-DATASETS: dict[str, tuple[Callable[..., DataBundle], str]] = {
-    "digits": (_digits, "scikit-learn's bundled 8x8 digits (1437 train / 360 test), offline"),
-    "synthetic": (_synthetic, "fixed random tensors of --input-shape, like Horovod's synthetic benchmark"),
-    "mnist": (_mnist, "MNIST from --data-dir/MNIST/raw (torchvision's layout, uncompressed idx files)"),
-    "cifar10": (_cifar10, "CIFAR-10 from --data-dir/cifar-10-batches-py (torchvision's layout)"),
-    "imagefolder": (_imagefolder, "your images in --data-dir/train/<class>/ and val/<class>/ (or test/), "
-                                  "resized to --input-shape H,W"),
+#: the loader of every dataset in :data:`dpcompare.data_catalog.DATASETS` (names and descriptions live there)
+LOADERS: dict[str, Callable[..., DataBundle]] = {
+    "digits": _digits, "synthetic": _synthetic, "mnist": _mnist, "cifar10": _cifar10, "imagefolder": _imagefolder,
 }
-
-
-def names() -> list[str]:
-    return list(DATASETS)
+if LOADERS.keys() != DATASETS.keys():
+    raise RuntimeError(f"data_catalog.DATASETS {sorted(DATASETS)} and data.LOADERS {sorted(LOADERS)} disagree")
 
 
 def build_dataset(name: str, data_dir: str | None = None, shape: tuple[int, ...] = (3, 32, 32),
@@ -292,7 +287,7 @@ def build_dataset(name: str, data_dir: str | None = None, shape: tuple[int, ...]
     if augment and name not in AUGMENTABLE:
         raise ConfigError(f"--augment (random crop + horizontal flip) is for {' and '.join(AUGMENTABLE)}, "
                           f"not --dataset {name}")
-    return DATASETS[name][0](data_dir=data_dir, shape=shape, samples=samples, augment=augment)
+    return LOADERS[name](data_dir=data_dir, shape=shape, samples=samples, augment=augment)
 
 
 class _EpochSampler(DistributedSampler):

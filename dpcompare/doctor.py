@@ -5,9 +5,6 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from dpcompare import backends
 from dpcompare.versions import mpi_version, versions
 
@@ -30,6 +27,9 @@ def _torchvision() -> str:
 
 
 def report() -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return {
         "versions": versions(),
@@ -51,6 +51,7 @@ def short() -> str:
 
 
 def render(info: dict[str, Any]) -> None:
+    import torch
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

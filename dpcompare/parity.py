@@ -13,17 +13,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
-from dpcompare import backends, checkpoint, knobs, models
+from dpcompare import backends, knobs
 from dpcompare.config import TrainConfig
-from dpcompare.data import build_dataset
 from dpcompare.errors import ConfigError
 from dpcompare.launch.mpirun import job_command, job_env
+
+if TYPE_CHECKING:
+    import torch
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -71,11 +72,16 @@ def judge(cfg: TrainConfig) -> tuple[str, float, str | None]:
 
 
 def _has_batchnorm(cfg: TrainConfig) -> bool:
+    from dpcompare import models
+    from dpcompare.data import build_dataset
+
     data = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
     return models.has_batchnorm(models.build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width))
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    import torch
+
     if a.shape != b.shape:
         return float("inf")
     if not a.is_floating_point():
@@ -94,6 +100,7 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
+    from dpcompare import checkpoint
     from dpcompare.options import train_argv
 
     argv = [sys.executable, "-m", "dpcompare", "train", *train_argv(cfg)]

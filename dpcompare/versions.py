@@ -8,8 +8,6 @@ import shutil
 import subprocess
 from importlib import metadata
 
-import torch
-
 import dpcompare
 
 
@@ -35,5 +33,7 @@ def mpi_version() -> str | None:
 
 
 def versions() -> dict[str, str | None]:
+    import torch
+
     return {"dpcompare": dpcompare.__version__, "python": platform.python_version(), "torch": str(torch.__version__),
             "horovod": _dist("horovod"), "mpi": mpi_version(), "mpi4py": _dist("mpi4py"), "numpy": _dist("numpy")}

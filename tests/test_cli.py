@@ -44,6 +44,18 @@ def test_help_explains_strategies_and_batch():
         assert words in out
 
 
+def test_the_parser_imports_no_torch_and_no_strategy():
+    """--help and flag errors answer at once: names and summaries come from catalogs, not the modules."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from dpcompare import cli; cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'horovod', 'scipy') "
+            "or m.startswith('dpcompare.backends.') and m.rsplit('.', 1)[1] not in ('catalog', 'registry')))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert p.stdout.strip() == "[]", p.stdout
+
+
 def test_doctor_reports_the_build(tmp_path):
     info = json.loads(dpcompare("doctor", "--json").stdout)
     assert info["torch_distributed"]["gloo"] is True

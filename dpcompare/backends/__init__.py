@@ -1,7 +1,24 @@
-"""Data-parallel strategies behind one interface. Importing this package registers all of them."""
+"""Data-parallel strategies behind one interface.
 
-from dpcompare.backends import ddp, fsdp, horovod, single, zero  # noqa: F401  (registration side effect)
-from dpcompare.backends.base import Strategy, StrategyUnavailable
+Importing this package imports no strategy (and not torch): names and summaries come from
+:mod:`~dpcompare.backends.catalog`, and :func:`get` imports a strategy's module when it is first asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from dpcompare.backends.registry import create, get, names, register
 
+if TYPE_CHECKING:
+    from dpcompare.backends.base import Strategy, StrategyUnavailable
+
 __all__ = ["Strategy", "StrategyUnavailable", "create", "get", "names", "register"]
+
+
+def __getattr__(name: str) -> Any:  # Strategy and StrategyUnavailable live with torch in base.py
+    if name in ("Strategy", "StrategyUnavailable"):
+        from dpcompare.backends import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,7 @@ class Strategy(ABC):
     """One way of running data-parallel training. Subclasses register themselves by ``name``."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for --help and reports
+    summary: ClassVar[str]  # one line for --help and reports: set by @register from backends/catalog.py
     #: how gradients are synchronised, for teaching material and reports
     sync_mechanism: ClassVar[str] = ""
     #: the communication knobs (TrainConfig fields, see dpcompare.knobs) this strategy honours

@@ -38,7 +38,6 @@ _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceO
 @register
 class DDPStrategy(Strategy):
     name = "ddp"
-    summary = "torch DistributedDataParallel (gloo on CPU, nccl on CUDA)"
     sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
                       "during backward(), overlapping communication with computation")
 

@@ -32,7 +32,6 @@ def _full_options(**kw: bool) -> Any:
 @register
 class FSDPStrategy(DDPStrategy):
     name = "fsdp"
-    summary = "FSDP2 fully_shard per layer and the root (parameters, gradients, optimizer state sharded)"
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
                       "backward; its gradients are reduce-scattered, so each process updates only its shard")
 

@@ -42,7 +42,6 @@ def _hvd() -> Any:
 @register
 class HorovodStrategy(Strategy):
     name = "horovod"
-    summary = "Horovod DistributedOptimizer (MPI or gloo controller)"
     sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
                       "thread fuses; optimizer.step() waits for them (synchronize) before updating")
 

@@ -18,7 +18,6 @@ from dpcompare.errors import LaunchError
 @register
 class SingleStrategy(Strategy):
     name = "single"
-    summary = "one process, no communication (the baseline)"
     sync_mechanism = "none: one process holds every gradient"
 
     def setup(self) -> None:

@@ -23,7 +23,6 @@ from dpcompare.backends.registry import register
 @register
 class ZeroStrategy(DDPStrategy):
     name = "zero"
-    summary = "ZeRO-1: DDP + torch ZeroRedundancyOptimizer (optimizer state sharded over processes)"
     sync_mechanism = ("model hooks all-reduce gradients as in ddp; each process updates only its shard of the "
                       "parameters (holding only that shard's optimizer state), then broadcasts it to the others")
 

@@ -1,23 +1,47 @@
-"""Models by name: ``build_model(name, input_shape, num_classes, width=...)``."""
+"""Models by name: ``build_model(name, input_shape, num_classes, width=...)``.
+
+The table names and describes every model without importing torch (the command line lists it); a model's
+module is imported when it is built.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from dpcompare.errors import ConfigError
-from dpcompare.models.convnet import ConvNet
-from dpcompare.models.mlp import MLP
-from dpcompare.models.resnet import resnet
 
-Builder = Callable[..., nn.Module]
+if TYPE_CHECKING:
+    from torch import nn
+
+Builder = Callable[..., "nn.Module"]
+
+
+def _convnet(shape: tuple[int, ...], n: int, **kw: object) -> nn.Module:
+    from dpcompare.models.convnet import ConvNet
+
+    return ConvNet(shape, n)
+
+
+def _mlp(shape: tuple[int, ...], n: int, width: int = 256, **kw: object) -> nn.Module:
+    from dpcompare.models.mlp import MLP
+
+    return MLP(shape, n, width)
+
+
+def _resnet(arch: str) -> Builder:
+    def build(shape: tuple[int, ...], n: int, **kw: object) -> nn.Module:
+        from dpcompare.models.resnet import resnet
+
+        return resnet(arch, shape, n)
+    return build
+
 
 MODELS: dict[str, tuple[Builder, str]] = {
-    "convnet": (lambda shape, n, **kw: ConvNet(shape, n), "two conv+BatchNorm blocks, as the IDRIS MNIST tutorial"),
-    "mlp": (lambda shape, n, width=256, **kw: MLP(shape, n, width), "two hidden layers of --width units, no BatchNorm"),
-    "resnet18": (lambda shape, n, **kw: resnet("resnet18", shape, n), "torchvision ResNet-18 (needs [vision])"),
-    "resnet50": (lambda shape, n, **kw: resnet("resnet50", shape, n), "torchvision ResNet-50 (needs [vision])"),
+    "convnet": (_convnet, "two conv+BatchNorm blocks, as the IDRIS MNIST tutorial"),
+    "mlp": (_mlp, "two hidden layers of --width units, no BatchNorm"),
+    "resnet18": (_resnet("resnet18"), "torchvision ResNet-18 (needs [vision])"),
+    "resnet50": (_resnet("resnet50"), "torchvision ResNet-50 (needs [vision])"),
 }
 
 
@@ -32,4 +56,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
 
 def has_batchnorm(model: nn.Module) -> bool:
+    from torch import nn
+
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
