@@ -33,12 +33,6 @@ def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
                                             "hidden": hidden})
 
 
-def _strategy_help() -> str:
-    from dpcompare.backends import catalog
-
-    return "how gradients are synchronised: " + "; ".join(f"{n}: {catalog.summary(n)}" for n in catalog.names())
-
-
 def _names(module: str) -> Callable[[], list[str]]:
     def names() -> list[str]:
         import importlib
@@ -47,19 +41,20 @@ def _names(module: str) -> Callable[[], list[str]]:
     return names
 
 
-def _described(module: str, table: str) -> Callable[[], str]:
+def _described(module: str, table: str, intro: str = "") -> Callable[[], str]:
+    """--help listing every entry of ``module.table`` (name → (what builds it, one line))."""
     def text() -> str:
         import importlib
 
-        rows = getattr(importlib.import_module(module), table).items()  # name → description or (builder, description)
-        return "; ".join(f"{n}: {v[1] if isinstance(v, tuple) else v}" for n, v in rows)
+        return intro + "; ".join(f"{n}: {h}" for n, (_, h) in getattr(importlib.import_module(module), table).items())
     return text
 
 
 @dataclass
 class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
-    strategy: str = opt("single", _strategy_help, choices=_names("dpcompare.backends"), resume=True)
+    strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES", "how gradients are "
+                                             "synchronised: "), choices=_names("dpcompare.backends.catalog"), resume=True)
     model: str = opt("convnet", _described("dpcompare.models", "MODELS"), choices=_names("dpcompare.models"),
                      resume=True)
     dataset: str = opt("digits", _described("dpcompare.data_catalog", "DATASETS"),

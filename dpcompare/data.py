@@ -272,12 +272,8 @@ def _check(bundle: DataBundle) -> DataBundle:
     return bundle
 
 
-#: the loader of every dataset in :data:`dpcompare.data_catalog.DATASETS` (names and descriptions live there)
-LOADERS: dict[str, Callable[..., DataBundle]] = {
-    "digits": _digits, "synthetic": _synthetic, "mnist": _mnist, "cifar10": _cifar10, "imagefolder": _imagefolder,
-}
-if LOADERS.keys() != DATASETS.keys():
-    raise RuntimeError(f"data_catalog.DATASETS {sorted(DATASETS)} and data.LOADERS {sorted(LOADERS)} disagree")
+#: the loader of every dataset named in :data:`dpcompare.data_catalog.DATASETS`
+LOADERS: dict[str, Callable[..., DataBundle]] = {name: globals()[fn] for name, (fn, _) in DATASETS.items()}
 
 
 def build_dataset(name: str, data_dir: str | None = None, shape: tuple[int, ...] = (3, 32, 32),

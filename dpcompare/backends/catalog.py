@@ -22,7 +22,3 @@ STRATEGIES: dict[str, tuple[str, str]] = {
 
 def names() -> list[str]:
     return list(STRATEGIES)
-
-
-def summary(name: str) -> str:
-    return STRATEGIES[name][1]

@@ -160,13 +160,13 @@ PRECISION_MIN_BLOCKS = 10
 RESOLUTION = 0.5
 
 
-def resolves_equal(v: Verdict, share: float | None = None) -> bool:
-    """Whether ``v``'s equivalence interval is narrow enough (half-width ≤ share × margin) to call no
+def resolves_equal(v: Verdict) -> bool:
+    """Whether ``v``'s equivalence interval is narrow enough (half-width ≤ RESOLUTION × margin) to call no
     difference "equal"; a rule on the spread only, blind to where the interval lies."""
     if v.equivalence_ci is None:
         return False
     lo, hi = v.equivalence_ci
-    return (hi - lo) / 2.0 <= (RESOLUTION if share is None else share) * v.equivalence
+    return (hi - lo) / 2.0 <= RESOLUTION * v.equivalence
 
 
 def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
