@@ -1,7 +1,5 @@
 """``python -m dpcompare``: the same as the ``dpcompare`` command."""
 
-import sys
+from dpcompare.cli import entry
 
-from dpcompare.cli import main
-
-sys.exit(main())
+entry()

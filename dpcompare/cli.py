@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -74,5 +76,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return LOST_PEER_EXIT
 
 
+def leave(code: int) -> None:
+    """End the process with ``code``; after a successful command that loaded torch, skip Python's teardown.
+
+    Every file a command writes is closed by the time it returns, and its strategy has left the process
+    group. What remains is the interpreter unwinding torch, torch._dynamo and CUDA's libraries, about 1.4 s
+    a process on a 2-core machine: a tenth of a short ``dpcompare compare`` run, for nothing. MPI, if
+    mpi4py started it, is finalized first so that mpirun sees a clean exit. Failures take the normal path.
+    """
+    if code != 0 or "torch" not in sys.modules:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(code)
+
+
+def entry() -> None:
+    """The ``dpcompare`` console script and ``python -m dpcompare``."""
+    leave(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

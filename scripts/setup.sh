@@ -53,22 +53,47 @@ fi
 VPY="$VENV/bin/python"
 pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 
+# What already imports, found in one Python start (torch alone takes seconds to import): a line
+# "torch torchvision package horovod" of 1/0, then the versions line when all of it imports.
+have=$("$VPY" - <<'EOF' 2>/dev/null || echo "0 0 0 0"
+import importlib
+def ok(*names):
+    try:
+        for n in names:
+            importlib.import_module(n)
+    except Exception:
+        return 0
+    return 1
+torch = ok("torch")
+flags = [torch, torch and ok("torchvision"), ok("dpcompare", "mpi4py", "pytest", "ruff", "scipy", "nbclient", "ipykernel"),
+         torch and ok("horovod.torch")]
+print(*flags)
+if all(flags):
+    from dpcompare.doctor import short
+    print(short())
+EOF
+)
+read -r have_torch have_vision have_pkg have_hvd <<<"$(head -1 <<<"$have")"
+installed=0
+
 # 3. torch (first, so nothing later pulls a different build), then the package itself.
 # shellcheck disable=SC2086
 want_vision=0; case "$TORCH_SPEC" in *torchvision*) want_vision=1 ;; esac
-if ! "$VPY" -c 'import torch' 2>/dev/null || { [ "$want_vision" = 1 ] && ! "$VPY" -c 'import torchvision' 2>/dev/null; }; then
+if [ "$have_torch" != 1 ] || { [ "$want_vision" = 1 ] && [ "$have_vision" != 1 ]; }; then
   say "installing $TORCH_SPEC (flavour '$FLAVOUR')"
   pipq $TORCH_SPEC || die "could not install '$TORCH_SPEC'; set DPCOMPARE_TORCH to torch>=2.1 specs that your index has"
+  installed=1
 fi
-if ! "$VPY" -c 'import dpcompare, mpi4py, pytest, ruff, scipy, nbclient, ipykernel' 2>/dev/null \
-   || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
+if [ "$have_pkg" != 1 ] || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
   say "installing dpcompare (editable) with its dependencies"
   pipq -e "$ROOT[dev]"
   touch "$VENV/.dpcompare-installed"
+  installed=1
 fi
 
 # 4. Horovod 0.28.1, built once per (python, torch, NCCL or not) and cached.
-if [ "$WITH_HOROVOD" = 1 ] && ! "$VPY" -c 'import horovod.torch' 2>/dev/null; then
+if [ "$WITH_HOROVOD" = 1 ] && { [ "$have_hvd" != 1 ] || [ "$installed" = 1 ]; } \
+   && ! "$VPY" -c 'import horovod.torch' 2>/dev/null; then
   # What torch brings: its version, whether it is a CUDA build, and pip's NCCL package if any.
   read -r key torch_cuda nccl_dir < <("$VPY" - <<'EOF'
 import os, sys, torch
@@ -129,6 +154,11 @@ EOF
   fi
   say "installing Horovod from $wheeldir"
   pipq "$wheeldir"/horovod-*.whl
+  installed=1
 fi
 
-say "ready: $("$VENV/bin/dpcompare" doctor --short 2>/dev/null || echo "$VENV")"
+if [ "$installed" = 0 ] && [ "$(wc -l <<<"$have")" -gt 1 ]; then
+  say "ready: $(tail -1 <<<"$have")"
+else
+  say "ready: $("$VENV/bin/dpcompare" doctor --short 2>/dev/null || echo "$VENV")"
+fi

@@ -56,6 +56,20 @@ def test_the_parser_imports_no_torch_and_no_strategy():
     assert p.stdout.strip() == "[]", p.stdout
 
 
+@pytest.mark.parametrize("code", [0, 3])
+def test_leave_skips_teardown_only_after_success(code):
+    """A successful command that loaded torch leaves at once, its output flushed; a failure exits normally."""
+    import subprocess
+    import sys
+
+    prog = ("import atexit, torch; from dpcompare.cli import leave; "
+            "atexit.register(lambda: print('teardown ran')); print('written', end=''); "
+            f"leave({code})")
+    p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert p.returncode == code
+    assert p.stdout == ("written" if code == 0 else "writtenteardown ran\n")
+
+
 def test_doctor_reports_the_build(tmp_path):
     info = json.loads(dpcompare("doctor", "--json").stdout)
     assert info["torch_distributed"]["gloo"] is True
