@@ -33,11 +33,12 @@ def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
                                             "hidden": hidden})
 
 
-def _names(module: str) -> Callable[[], list[str]]:
+def _names(module: str, table: str) -> Callable[[], list[str]]:
+    """The names in ``module.table``, read when the parser is built (the table imports no torch)."""
     def names() -> list[str]:
         import importlib
 
-        return importlib.import_module(module).names()
+        return list(getattr(importlib.import_module(module), table))
     return names
 
 
@@ -53,12 +54,13 @@ def _described(module: str, table: str, intro: str = "") -> Callable[[], str]:
 @dataclass
 class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
-    strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES", "how gradients are "
-                                             "synchronised: "), choices=_names("dpcompare.backends.catalog"), resume=True)
-    model: str = opt("convnet", _described("dpcompare.models", "MODELS"), choices=_names("dpcompare.models"),
-                     resume=True)
+    strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES",
+                                             "how gradients are synchronised: "),
+                        choices=_names("dpcompare.backends.catalog", "STRATEGIES"), resume=True)
+    model: str = opt("convnet", _described("dpcompare.models", "MODELS"),
+                     choices=_names("dpcompare.models", "MODELS"), resume=True)
     dataset: str = opt("digits", _described("dpcompare.data_catalog", "DATASETS"),
-                       choices=_names("dpcompare.data_catalog"),
+                       choices=_names("dpcompare.data_catalog", "DATASETS"),
                        resume=True)
     data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
                                      "train/<class>/ and val/<class>/ image folders (never downloaded)")

@@ -15,6 +15,3 @@ DATASETS: dict[str, tuple[str, str]] = {
                                     "resized to --input-shape H,W"),
 }
 
-
-def names() -> list[str]:
-    return list(DATASETS)

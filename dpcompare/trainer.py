@@ -8,7 +8,6 @@ per epoch), ``summary.json``, checkpoints and TensorBoard events in ``OUT``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import random
@@ -262,11 +261,6 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
         model.load_state_dict(weights)
 
     backends.get(cfg.strategy).check_config(cfg, env.world_size)  # refuse a knob before joining anyone
-    # torch.optim and DDP import torch._dynamo on first use, about 2 s of CPU. Done before the strategy
-    # starts its communication threads: Horovod's background thread cycles even while idle and, on a small
-    # machine, stretched that import to 3.5 s a process.
-    importlib.import_module("torch._dynamo")
-
     if strategy is not None:
         strategy.configure(cfg)
         if cfg.trace:

@@ -45,10 +45,6 @@ MODELS: dict[str, tuple[Builder, str]] = {
 }
 
 
-def names() -> list[str]:
-    return list(MODELS)
-
-
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options: object) -> nn.Module:
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
