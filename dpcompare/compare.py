@@ -13,6 +13,7 @@ each run; the report (table, verdicts, plots, report.html) is rendered from it a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -247,6 +248,11 @@ def child_command(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> list[str]:
                                  *train_argv(child_config(cfg, spec, run_dir))])
 
 
+class _NoPool:
+    def close(self) -> None:
+        pass
+
+
 def tail(text: str, lines: int = ERROR_TAIL_LINES, chars: int = ERROR_TAIL_CHARS) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
 
@@ -324,14 +330,15 @@ def _launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float |
             rc: int | None = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
-            _stop(p)
+            stop_job(p)
         except BaseException:  # Ctrl-C: take the job's processes down with us
-            _stop(p)
+            stop_job(p)
             raise
     return rc, time.perf_counter() - t0
 
 
-def _stop(p: subprocess.Popen[bytes]) -> None:
+def stop_job(p: subprocess.Popen[bytes]) -> None:
+    """End a job started in its own session: SIGTERM to the whole group, SIGKILL if it lingers."""
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(p.pid, sig)
@@ -492,11 +499,13 @@ def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapse
 def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int], repeats: int | Schedule,
                 out: Path, *, overwrite: bool = False, progress: str = "auto", run_timeout: float | None = None,
                 console: Any = None, launch: Callable[..., tuple[int | None, float]] = _launch,
-                cli_args: Sequence[str] | None = None, resume: bool = False) -> int:
+                cli_args: Sequence[str] | None = None, resume: bool = False, workers: str = "fresh") -> int:
     """Run every job, write results.json, render the report; 0 when every run succeeded, else 1.
 
     ``resume``: continue the comparison in ``out`` (its plan and configuration must be the stored ones):
-    runs recorded ``ok`` are reused, the others run.
+    runs recorded ``ok`` are reused, the others run. ``workers``: ``fresh`` launches every run as its own job
+    (through ``launch``); ``persistent`` runs them in one long-lived job per process count
+    (:mod:`dpcompare.worker`).
     """
     from dpcompare.report import render
     from dpcompare.report.table import console_for_report
@@ -519,7 +528,7 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
         "config": {"arms": [a.to_json() for a in arms_], "strategies": [a.strategy for a in arms_],
                    "np": list(nps), "repeats": schedule.to_json()["repeats"], "baseline": arms_[0].label,
                    **{k: v for k, v in schedule.to_json().items() if k != "repeats"},
-                   "order": [], "train": cfg.to_dict(),
+                   "order": [], "workers": workers, "train": cfg.to_dict(),
                    "train_flags": train_argv(cfg, skip=("strategy", "out", "overwrite", "progress")),
                    "cli": list(cli_args) if cli_args is not None else _plan_flags(arms_, nps, schedule)},
         "environment": environment(strategies), "runs": [], "verdicts": [],
@@ -548,7 +557,14 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
             console.print(f"resuming {out}: {len(kept)} finished runs are kept; the others run", soft_wrap=True)
     env = job_env()
     done = blocks = 0
-    with ProgressLine(per_block * planned, "[bold]compare[/]", progress, console=console) as bar:
+    pool = None
+    if workers == "persistent":
+        from dpcompare.launch.mpirun import in_slurm_allocation
+        from dpcompare.worker import WorkerPool
+
+        pool = WorkerPool(out / "runs", env, job_command, local=not in_slurm_allocation())
+    with ProgressLine(per_block * planned, "[bold]compare[/]", progress, console=console) as bar, \
+            contextlib.closing(pool or _NoPool()):
         while (reason := stop_reason(results, schedule, blocks, time.perf_counter() - t_start)) is None:
             for spec in block(arms_, nps, blocks, schedule.seeds):
                 done += 1
@@ -558,7 +574,7 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
                     bar.update(advance=1)
                     continue
                 try:
-                    rec = _run_one(cfg, spec, out, env, run_timeout, launch, bar)
+                    rec = _run_one(cfg, spec, out, env, run_timeout, launch, bar, pool)
                 except KeyboardInterrupt:
                     save()  # valid, complete: false; this run is not in it
                     console.print(f"interrupted during {spec.name}: {len(results['runs'])} runs recorded in "
@@ -592,14 +608,15 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
 
 
 def _run_one(cfg: TrainConfig, spec: RunSpec, out: Path, env: dict[str, str], run_timeout: float | None,
-             launch: Callable[..., tuple[int | None, float]], bar: Any) -> dict[str, Any]:
+             launch: Callable[..., tuple[int | None, float]], bar: Any, pool: Any = None) -> dict[str, Any]:
     run_dir = out / "runs" / spec.name
     run_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
         (run_dir / stale).unlink(missing_ok=True)
-    cmd = child_command(cfg, spec, run_dir)
+    cmd = child_command(cfg, spec, run_dir)  # recorded: it reruns this run on its own
     bar.update(description=f"running {spec.name}")
-    rc, wall = launch(cmd, run_dir, env, run_timeout)
+    rc, wall = (pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, run_timeout) if pool
+                else launch(cmd, run_dir, env, run_timeout))
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
@@ -667,7 +684,7 @@ def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
     merged = parser.parse_args(["compare", *argv])
     defaults = parser.parse_args(["compare"])
     for name, given in vars(a).items():
-        if name in ("out", "overwrite", "progress", "resume_dir", "func") or not hasattr(defaults, name):
+        if name in ("out", "overwrite", "progress", "resume_dir", "func", "workers") or not hasattr(defaults, name):
             continue  # not a comparison setting (e.g. the top-level parser's `command`)
         value = getattr(merged, name, None)
         if given != getattr(defaults, name, None) and given != value:
@@ -678,6 +695,7 @@ def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
         if not hasattr(merged, name):
             setattr(merged, name, value)
     merged.out, merged.progress, merged.resume_dir, merged.overwrite = str(out), a.progress, a.resume_dir, False
+    merged.workers = a.workers or merged.workers  # how runs start is this invocation's choice
     return merged
 
 
@@ -695,7 +713,8 @@ def _cmd_compare(a: argparse.Namespace) -> int:
                         time_budget=a.time_budget, equivalence=a.equivalence / 100.0,
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     return run_compare(cfg, arms, a.np, schedule, Path(a.out), overwrite=a.overwrite, progress=a.progress,
-                       run_timeout=a.run_timeout or None, cli_args=comparison_flags(a), resume=bool(a.resume_dir))
+                       run_timeout=a.run_timeout or None, cli_args=comparison_flags(a), resume=bool(a.resume_dir),
+                       workers=a.workers or "fresh")
 
 
 def _plan_flags(arms: Sequence[Arm], nps: Sequence[int], schedule: Schedule) -> list[str]:
@@ -739,6 +758,8 @@ def comparison_flags(a: argparse.Namespace) -> list[str]:
         flags += ["--equivalence", f"{a.equivalence:g}"]
     if a.accuracy_equivalence != 0.5:
         flags += ["--accuracy-equivalence", f"{a.accuracy_equivalence:g}"]
+    if a.workers:
+        flags += ["--workers", a.workers]
     return flags
 
 
@@ -801,6 +822,13 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     g.add_argument("--equivalence", type=positive_float, default=5.0, metavar="PCT",
                    help="arms whose throughput ratio lies inside ±PCT %% by an equivalence test (two one-sided tests "
                         "at 5 %%: the 90 %% interval inside the margin) are reported equal (default: 5)")
+    g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
+                   help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
+                        "persistent: one long-lived job per process count runs them one after another, each run "
+                        "still building its data, model and optimizer and joining and leaving its strategy's "
+                        "process group; a demo run then takes ~3 s instead of ~8 s (Python, torch and MPI start "
+                        "once), so the same time buys about twice the blocks. A failed run ends its job and the "
+                        "next run starts a new one (default: fresh)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--resume", dest="resume_dir", metavar="DIR",

@@ -103,6 +103,15 @@ class PhaseTimer:
 
 
 def _peak_rss_mb() -> float:
+    """The process's peak resident memory: Linux's VmHWM (which a compare worker resets before each run),
+    else the lifetime maximum getrusage keeps."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 

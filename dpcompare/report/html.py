@@ -17,6 +17,7 @@ from dpcompare.report.stats import (
     Group,
     Verdict,
     arm_of,
+    launch_note,
     measured_share,
     phase_shifts,
     strategy_order,
@@ -307,7 +308,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                       f'bootstrap from 10 blocks on). <em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
                       f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
                       f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide.'
-                    + (f" Timed steps were {100 * share:.0f} % of the runs' wall time." if share is not None else "")
+                    + (f" Timed steps were {100 * share:.0f} % of the runs' wall time; "
+                       f"{_e(launch_note(results))}." if share is not None else "")
                     + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
                        f"{_e(stop.get('reason'))}." if stop else "")
                     + "</p></div>")

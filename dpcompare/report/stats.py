@@ -310,6 +310,14 @@ def measured_share(results: dict[str, Any]) -> float | None:
     return sum(float(r["measured_seconds"]) for r in ok) / wall if wall > 0 else None
 
 
+def launch_note(results: dict[str, Any]) -> str:
+    """How the comparison started its runs (``compare --workers``), in a sentence's words."""
+    if (results.get("config") or {}).get("workers") == "persistent":
+        return ("runs ran one after another in a persistent job per process count (started once; each run builds "
+                "its data, model and optimizer and joins and leaves its strategy's process group itself)")
+    return "every run was a job of its own (a fresh launch)"
+
+
 # -- verdicts ----------------------------------------------------------------------------------------
 def _pct(x: float, signed: bool = False, digits: int | None = None) -> str:
     v = round(100.0 * x, 9)

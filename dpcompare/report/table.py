@@ -11,7 +11,15 @@ from rich.table import Table
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.stats import MEMORY_KINDS, MEMORY_LABELS, Group, Verdict, arm_of, measured_share
+from dpcompare.report.stats import (
+    MEMORY_KINDS,
+    MEMORY_LABELS,
+    Group,
+    Verdict,
+    arm_of,
+    launch_note,
+    measured_share,
+)
 
 PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 
@@ -73,7 +81,7 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
     share = measured_share(results)
     if share is not None:
         console.print(f"[dim]timed steps: {100 * share:.0f} % of the runs' wall time (the rest is start-up, "
-                      "data loading, evaluation and warm-up)[/]", soft_wrap=True)
+                      f"data loading, evaluation and warm-up); {launch_note(results)}[/]", soft_wrap=True)
     stop = (results.get("config") or {}).get("stop")
     if stop:
         console.print(f"[dim]{stop.get('blocks')} block{'s' if stop.get('blocks') != 1 else ''}: "
