@@ -10,7 +10,7 @@ setup:
 
 demo: setup
 	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 \
-	    --max-repeats 60 --time-budget 240 --workers persistent --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
+	    --max-repeats 60 --time-budget 260 --workers persistent --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
 	@echo "open runs/demo/report.html (one self-contained file; dpcompare report runs/demo re-renders it)"
 
 test: setup
