@@ -252,12 +252,12 @@ def test_repeats_auto_stops_at_the_target_and_records_verdicts_and_arms(tmp_path
     assert rc == 0
     res = json.loads((tmp_path / "results.json").read_text())
     stop = res["config"]["stop"]
-    assert stop["blocks"] == 3 and "settled beyond doubt" in stop["reason"]  # the minimum of 3, exact ratios
+    assert stop["blocks"] == 6 and "settled beyond doubt" in stop["reason"]  # the minimum of 6, exact ratios
     assert res["config"]["arms"][1] == {"label": "ddp/optimizer=adam", "strategy": "ddp", "knobs": {"optimizer": "adam"}}
     assert {(r["arm"], r["dir"]) for r in res["runs"]} >= {("ddp/optimizer=adam", "runs/ddp-optimizer-adam-np2-r0")}
     (v,) = res["verdicts"]
     assert (v["baseline"], v["other"], v["outcome"], v["blocks"]) == ("ddp/optimizer=sgd", "ddp/optimizer=adam",
-                                                                      "faster", 3)
+                                                                      "faster", 6)
     assert v["ratio"] == pytest.approx(1.25) and v["metric"] == "throughput"
 
 
@@ -311,13 +311,13 @@ def _fake_verdicts(monkeypatch, log_ratios: list[float]) -> None:
 
 def test_repeats_auto_stops_for_precision_from_ten_blocks_and_earlier_only_when_settled(monkeypatch) -> None:
     schedule = compare.Schedule(repeats=None, target_ci=0.05, max_repeats=60)
-    blocks = [0.20, 0.26, 0.23, 0.21, 0.25]  # horovod ≈ 26 % faster in every block: settled at 99.9 %
+    blocks = [0.20, 0.26, 0.23, 0.21, 0.25, 0.22]  # horovod ≈ 26 % faster in every block: settled at 99.9 %
     _fake_verdicts(monkeypatch, blocks)
-    assert "settled beyond doubt" in compare.stop_reason({}, schedule, blocks=5, elapsed=10.0)
-    _fake_verdicts(monkeypatch, [0.20, 0.30, 0.15, 0.25, 0.28])  # settled, but ±5 % not reached: go on
-    assert compare.stop_reason({}, schedule, blocks=5, elapsed=10.0) is None
-    _fake_verdicts(monkeypatch, [0.02, -0.01, 0.03])  # narrow, but 3 blocks: a spread that may be small by chance
-    assert compare.stop_reason({}, schedule, blocks=3, elapsed=10.0) is None
+    assert "settled beyond doubt" in compare.stop_reason({}, schedule, blocks=6, elapsed=10.0)
+    _fake_verdicts(monkeypatch, [0.20, 0.30, 0.15, 0.25, 0.28, 0.22])  # settled, but ±5 % not reached: go on
+    assert compare.stop_reason({}, schedule, blocks=6, elapsed=10.0) is None
+    _fake_verdicts(monkeypatch, [0.051, 0.042, 0.050, 0.050])  # a 4-block A/A seen live: narrow by chance
+    assert compare.stop_reason({}, schedule, blocks=4, elapsed=10.0) is None
     narrow = [0.08, -0.06, 0.07, -0.05, 0.01, 0.09, -0.07, 0.03, 0.0, 0.0]  # 95 %: ±4.3 %, 90 %: ±3.5 %
     _fake_verdicts(monkeypatch, narrow)  # within --target-ci, but too wide to call a zero difference equal
     assert compare.stop_reason({}, schedule, blocks=10, elapsed=10.0) is None
