@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import re
@@ -487,7 +486,7 @@ def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapse
                 half = 100 * stats.RESOLUTION * schedule.equivalence
                 return (f"{within} and every equivalence interval within ±{half:g} % (half of --equivalence): "
                         "precise enough to tell equal from different")
-            if all(stats.settled_early([math.log(x) for x in v.block_ratios], v.equivalence) for v in vs):
+            if all(stats.settled_early(v.unit_log_ratios, v.equivalence) for v in vs):
                 return f"{within}, and settled beyond doubt (99.9 % interval, or the equivalence test at 0.1 %)"
     if blocks >= schedule.max_repeats:
         return (f"reached --max-repeats {schedule.max_repeats} before every verdict was precise enough "

@@ -304,6 +304,7 @@ def _fake_verdicts(monkeypatch, log_ratios: list[float]) -> None:
         eq = stats.paired_log_ratio_ci([1.0] * len(log_ratios), ratios, stats.equivalence_confidence())[0]
         lo, hi = (np.exp(iv.lo), np.exp(iv.hi)) if iv is not None and iv.has_ci else (None, None)
         return [SimpleNamespace(metric="throughput", equivalence=equivalence, block_ratios=ratios,
+                                unit_log_ratios=list(log_ratios),
                                 half_width=None if lo is None else (hi - lo) / 2,
                                 equivalence_ci=(np.exp(eq.lo), np.exp(eq.hi)) if lo is not None else None)]
     monkeypatch.setattr(stats, "verdicts", verdicts)

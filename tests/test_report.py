@@ -155,6 +155,25 @@ def test_verdicts_are_paired_over_blocks() -> None:
     assert js["ci_low"] <= js["ratio"] <= js["ci_high"]
 
 
+def test_persistent_workers_count_two_neighbouring_blocks_as_one_unit() -> None:
+    """With persistent workers the interval is a t interval over the means of neighbouring block pairs
+    (an odd block joins the last pair), computed here independently with scipy."""
+    ddp = [1000, 980, 1010, 990, 1005, 1000, 995]
+    hvd = [1200, 1150, 1230, 1160, 1250, 1190, 1180]
+    results = make_results({("ddp", 2): ddp, ("horovod", 2): hvd})
+    logs = np.log(np.array(hvd) / np.array(ddp))
+    units = [logs[0:2].mean(), logs[2:4].mean(), logs[4:7].mean()]
+    ci = scipy_stats.ttest_1samp(units, 0.0).confidence_interval(0.95)
+    (fresh,) = stats.verdicts(results)
+    results["config"]["workers"] = "persistent"
+    (v,) = stats.verdicts(results)
+    assert (v.blocks, v.unit_blocks, v.method) == (7, 2, "t") and v.unit_log_ratios == pytest.approx(units)
+    assert v.ratio == pytest.approx(np.exp(np.mean(units)))
+    assert (v.ci_low, v.ci_high) == pytest.approx((np.exp(ci.low), np.exp(ci.high)))
+    assert (fresh.unit_blocks, fresh.blocks) == (1, 7) and v.half_width > fresh.half_width  # type: ignore[operator]
+    assert v.to_json()["unit_blocks"] == 2 and fresh.to_json()["unit_blocks"] == 1
+
+
 def test_a_a_control_is_equal() -> None:
     results = make_results({("ddp#1", 2): [1000, 900, 950, 1010], ("ddp#2", 2): [1010, 895, 948, 1000]})
     for r in results["runs"]:

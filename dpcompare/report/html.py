@@ -297,7 +297,9 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + "".join(f"<li><strong>{_e(v.outcome)}</strong>: {_e(v.full_text)}"
                               + (f'<br><span class="muted" style="font-size:13px">{_e(v.other)}/{_e(v.baseline)} '
                                  f"throughput per block: {' '.join(f'{x:.3f}' for x in v.block_ratios)} "
-                                 + (f"({_e(v.method)} interval over {v.blocks} blocks)" if v.ci_low is not None else "")
+                                 + (f"({_e(v.method)} interval over {v.blocks} blocks"
+                                    + (f", in {len(v.unit_log_ratios)} units of neighbouring blocks"
+                                       if v.unit_blocks > 1 else "") + ")" if v.ci_low is not None else "")
                                  + "</span>" if v.block_ratios else "")
                               + "</li>" for v in verdicts) + "</ul>"
                     + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
