@@ -829,8 +829,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "persistent: one long-lived job per process count runs them one after another, each run "
                         "still building its data, model and optimizer and joining and leaving its strategy's "
                         "process group; a demo run then takes ~3 s instead of ~8 s (Python, torch and MPI start "
-                        "once), so the same time buys about twice the blocks. A failed run ends its job and the "
-                        "next run starts a new one (default: fresh)")
+                        "once), so the same time buys about three times the blocks, and the verdict's interval "
+                        "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
+                        "ends its job and the next run starts a new one (default: fresh)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--resume", dest="resume_dir", metavar="DIR",
