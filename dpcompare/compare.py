@@ -247,11 +247,6 @@ def child_command(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> list[str]:
                                  *train_argv(child_config(cfg, spec, run_dir))])
 
 
-class _NoPool:
-    def close(self) -> None:
-        pass
-
-
 def tail(text: str, lines: int = ERROR_TAIL_LINES, chars: int = ERROR_TAIL_CHARS) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
 
@@ -566,7 +561,7 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
 
         pool = WorkerPool(out / "runs", env, job_command, local=not in_slurm_allocation())
     with ProgressLine(per_block * planned, "[bold]compare[/]", progress, console=console) as bar, \
-            contextlib.closing(pool or _NoPool()):
+            (contextlib.closing(pool) if pool else contextlib.nullcontext()):
         while (reason := stop_reason(results, schedule, blocks, time.perf_counter() - t_start)) is None:
             for spec in block(arms_, nps, blocks, schedule.seeds):
                 done += 1
