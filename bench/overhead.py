@@ -4,7 +4,7 @@
     python bench/overhead.py [--np 2] [--rounds 6] [--epochs 3] [--strategies ddp,horovod]
 
 For each strategy one ``mpirun -np N`` job sets up the process group once, then alternates the
-hand-written loop and ``dpcompare.trainer.train`` (same model, data, batch and steps), swapping the
+hand-written loop and ``dpcompare.training.loop.train`` (same model, data, batch and steps), swapping the
 order every round so machine noise hits both alike; the ratio's spread over rounds is printed too. Throughput is measured the same way for both:
 training samples of all ranks per epoch divided by the slowest rank's wall time for that epoch, the
 first epoch of every segment left out as warm-up. Prints dpcompare's median throughput as a ratio of
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dpcompare.config import TrainConfig
-from dpcompare.data import build_dataset
+from dpcompare.data.datasets import build_dataset
 from dpcompare.models import build_model
 
 
@@ -94,7 +94,7 @@ HAND = {"ddp": hand_ddp, "horovod": hand_horovod}
 
 def worker(a: argparse.Namespace) -> None:
     from dpcompare import backends
-    from dpcompare.trainer import train
+    from dpcompare.training.loop import train
 
     torch.set_num_threads(1)
     strategy = backends.create(a.strategy, device="cpu")

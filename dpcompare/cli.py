@@ -42,13 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Each module defines ``register(subparsers, parser_class)`` adding its sub-command(s).
 COMMAND_MODULES = (
-    "dpcompare.train_command",   # dpcompare train
-    "dpcompare.doctor",          # dpcompare doctor
-    "dpcompare.parity",          # dpcompare parity
-    "dpcompare.compare",         # dpcompare compare
-    "dpcompare.report.command",  # dpcompare report
-    "dpcompare.report.timeline", # dpcompare timeline
-    "dpcompare.launch.commands", # dpcompare launch, dpcompare slurm
+    "dpcompare.training.command",  # dpcompare train
+    "dpcompare.doctor",            # dpcompare doctor
+    "dpcompare.compare.parity",    # dpcompare parity
+    "dpcompare.compare.command",   # dpcompare compare
+    "dpcompare.report.command",    # dpcompare report
+    "dpcompare.report.timeline",   # dpcompare timeline
+    "dpcompare.launch.commands",   # dpcompare launch, dpcompare slurm
 )
 
 

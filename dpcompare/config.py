@@ -59,8 +59,8 @@ class TrainConfig:
                         choices=_names("dpcompare.backends.catalog", "STRATEGIES"), resume=True)
     model: str = opt("convnet", _described("dpcompare.models", "MODELS"),
                      choices=_names("dpcompare.models", "MODELS"), resume=True)
-    dataset: str = opt("digits", _described("dpcompare.data_catalog", "DATASETS"),
-                       choices=_names("dpcompare.data_catalog", "DATASETS"),
+    dataset: str = opt("digits", _described("dpcompare.data.catalog", "DATASETS"),
+                       choices=_names("dpcompare.data.catalog", "DATASETS"),
                        resume=True)
     data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
                                      "train/<class>/ and val/<class>/ image folders (never downloaded)")

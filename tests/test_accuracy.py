@@ -11,10 +11,11 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from dpcompare import cli, compare, knobs, models
+from dpcompare import cli, knobs, models
+from dpcompare.compare import command as compare
 from dpcompare.config import TrainConfig
 from dpcompare.report import render, stats
-from dpcompare.trainer import EvalCurve, seed_everything
+from dpcompare.training.loop import EvalCurve, seed_everything
 
 from conftest import needs_horovod, needs_mpi
 

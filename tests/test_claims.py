@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpcompare.backends.single import SingleStrategy
-from dpcompare.trainer import StepTiming, _timing_summary
+from dpcompare.training.loop import StepTiming, _timing_summary
 
 from conftest import FAST, ROOT, dpcompare, mpi_env, needs_mpi, summary
 

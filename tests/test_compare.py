@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpcompare import cli, compare
+from dpcompare import cli
+from dpcompare.compare import command as compare
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import SCHEMA

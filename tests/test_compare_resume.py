@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from test_compare import fake_launch
 
-from dpcompare import cli, compare
+from dpcompare import cli
+from dpcompare.compare import command as compare
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 

@@ -138,8 +138,8 @@ def test_parity_includes_single_for_mlp_and_fails_when_too_strict(tmp_path):
 
 def test_parity_fails_with_exit_1_when_a_difference_exceeds_the_tolerance(tmp_path, monkeypatch, capsys):
     """The FAIL path, in-process: the runs are faked (one weight off by 1e-3), the judging is real."""
-    from dpcompare import parity
     from dpcompare.cli import main
+    from dpcompare.compare import parity
 
     def fake_run(cfg, np_, console):
         w = torch.zeros(3) + (1e-3 if cfg.strategy == "horovod" else 0.0)

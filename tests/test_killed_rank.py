@@ -63,7 +63,7 @@ def test_other_errors_are_not_lost_peers(exc: BaseException) -> None:
 
 
 def test_main_reports_a_lost_peer_in_one_line(monkeypatch, capsys) -> None:
-    import dpcompare.train_command as cli
+    import dpcompare.training.command as cli
 
     def boom(a: object) -> int:
         try:

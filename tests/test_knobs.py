@@ -211,7 +211,7 @@ def test_accumulation_is_exact_between_ddp_and_horovod_and_all_reduces_drop(tmp_
 
 
 def test_parity_judges_knobs():
-    from dpcompare.parity import judge
+    from dpcompare.compare.parity import judge
 
     assert judge(_cfg(accumulate=4))[:2] == ("exact", 0.0)
     mode, tol, note = judge(_cfg(grad_compression="fp16"))

@@ -7,7 +7,7 @@ import torch
 
 from dpcompare import backends, models
 from dpcompare.backends.base import Strategy
-from dpcompare.data import build_dataset, eval_loader, train_loader
+from dpcompare.data.datasets import build_dataset, eval_loader, train_loader
 from dpcompare.errors import ConfigError
 from dpcompare.launch.rendezvous import Iface, choose_master_address, iface_for
 
@@ -92,7 +92,7 @@ def test_digits_split_is_fixed_and_real():
 
 
 def test_digits_cache_holds_scikit_learns_split_and_is_rebuilt_when_damaged(tmp_path, monkeypatch):
-    from dpcompare import data
+    from dpcompare.data import datasets as data
 
     monkeypatch.setenv("DPCOMPARE_CACHE", str(tmp_path))
     made = build_dataset("digits")  # no cache yet: scikit-learn splits, the split is written

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dpcompare import models
-from dpcompare.data import CROP_PAD, build_dataset, train_loader
+from dpcompare.data.datasets import CROP_PAD, build_dataset, train_loader
 from dpcompare.errors import ConfigError
 
 from conftest import DPCOMPARE, dpcompare, mpi_env, needs_horovod, needs_mpi, run, summary

@@ -1,4 +1,4 @@
-"""compare --workers persistent: runs in one long-lived job per process count (dpcompare.worker)."""
+"""compare --workers persistent: runs in one long-lived job per process count (dpcompare.compare.workers)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpcompare.worker import WorkerPool
+from dpcompare.compare.workers import WorkerPool
 
 from conftest import dpcompare, mpi_env, needs_horovod, needs_mpi
 
@@ -51,7 +51,7 @@ def test_persistent_workers_reuse_one_job_and_a_failed_run_ends_it(tmp_path: Pat
 
 
 def _fake_worker(tmp_path: Path, body: str) -> str:
-    """A stand-in worker: connects like dpcompare.worker, then does ``body``."""
+    """A stand-in worker: connects like dpcompare.compare.workers, then does ``body``."""
     script = tmp_path / "fake_worker.py"
     script.write_text(
         "import json, socket, sys\n"
@@ -63,7 +63,7 @@ def _fake_worker(tmp_path: Path, body: str) -> str:
 
 
 def _pool(tmp_path: Path, script: str) -> WorkerPool:
-    # the real command line names dpcompare.worker; the stand-in takes its flags
+    # the real command line names dpcompare.compare.workers; the stand-in takes its flags
     return WorkerPool(tmp_path / "runs", mpi_env(),
                       lambda np, argv: [sys.executable, script, *argv[argv.index("--connect"):]])
 

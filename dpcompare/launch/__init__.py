@@ -1,4 +1,8 @@
-"""Launch-side helpers: environment discovery, rendezvous, mpirun and Slurm command lines."""
+"""Launch side: who am I (launcher environment), rendezvous, mpirun and Slurm command lines, failures.
+
+May import: the top-level modules only (errors, config, options). Pure builders: nothing here starts a job
+except :mod:`.commands` (``dpcompare launch``) when asked to.
+"""
 
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 

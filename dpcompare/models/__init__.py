@@ -2,6 +2,8 @@
 
 The table names and describes every model without importing torch (the command line lists it); a model's
 module is imported when it is built.
+
+May import: the top-level modules only (errors).
 """
 
 from __future__ import annotations

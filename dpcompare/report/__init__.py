@@ -1,6 +1,9 @@
 """Comparison reports from ``results.json``: terminal table and verdicts, PNG plots, a self-contained HTML.
 
 ``render(dir)`` needs nothing but ``DIR/results.json`` (schema: docs/results-schema.md).
+
+May import: the top-level modules only (errors, files, trace). It reads results.json and trace files as
+data; it never imports ``compare``, ``training`` or a strategy.
 """
 
 from __future__ import annotations

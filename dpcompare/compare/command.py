@@ -502,7 +502,7 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
     ``resume``: continue the comparison in ``out`` (its plan and configuration must be the stored ones):
     runs recorded ``ok`` are reused, the others run. ``workers``: ``fresh`` launches every run as its own job
     (through ``launch``); ``persistent`` runs them in one long-lived job per process count
-    (:mod:`dpcompare.worker`).
+    (:mod:`dpcompare.compare.workers`).
     """
     from dpcompare.report import render
     from dpcompare.report.table import console_for_report
@@ -556,8 +556,8 @@ def run_compare(cfg: TrainConfig, arms: Sequence[Arm | str], nps: Sequence[int],
     done = blocks = 0
     pool = None
     if workers == "persistent":
+        from dpcompare.compare.workers import WorkerPool
         from dpcompare.launch.mpirun import in_slurm_allocation
-        from dpcompare.worker import WorkerPool
 
         pool = WorkerPool(out / "runs", env, job_command, local=not in_slurm_allocation())
     with ProgressLine(per_block * planned, "[bold]compare[/]", progress, console=console) as bar, \

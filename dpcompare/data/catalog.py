@@ -1,6 +1,6 @@
 """Every dataset by name, with one line for ``--help``, without importing torch or numpy.
 
-:mod:`dpcompare.data` looks each loader up by the function name given here.
+:mod:`dpcompare.data.datasets` looks each loader up by the function name given here.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
-from dpcompare.data_catalog import DATASETS
+from dpcompare.data.catalog import DATASETS
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write
 
@@ -272,7 +272,7 @@ def _check(bundle: DataBundle) -> DataBundle:
     return bundle
 
 
-#: the loader of every dataset named in :data:`dpcompare.data_catalog.DATASETS`
+#: the loader of every dataset named in :data:`dpcompare.data.catalog.DATASETS`
 LOADERS: dict[str, Callable[..., DataBundle]] = {name: globals()[fn] for name, (fn, _) in DATASETS.items()}
 
 

@@ -15,7 +15,7 @@ EPILOG = """examples:
 
 def _cmd_train(a: argparse.Namespace) -> int:
     from dpcompare.launch.env import detect_launch_env
-    from dpcompare.trainer import train
+    from dpcompare.training.loop import train
 
     env = detect_launch_env()
     if a.out is None:

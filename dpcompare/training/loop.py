@@ -25,7 +25,7 @@ from torch import nn
 from dpcompare import backends, checkpoint, knobs, models
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
-from dpcompare.data import build_dataset, eval_loader, train_loader
+from dpcompare.data.datasets import build_dataset, eval_loader, train_loader
 from dpcompare.errors import ConfigError, DivergedError
 from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from dpcompare.launch.env import LaunchEnv, detect_launch_env

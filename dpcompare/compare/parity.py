@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
-    from dpcompare.compare import parse_strategies
+    from dpcompare.compare.command import parse_strategies
     from dpcompare.options import add_config_options
 
     p = sub.add_parser(
@@ -73,7 +73,7 @@ def judge(cfg: TrainConfig) -> tuple[str, float, str | None]:
 
 def _has_batchnorm(cfg: TrainConfig) -> bool:
     from dpcompare import models
-    from dpcompare.data import build_dataset
+    from dpcompare.data.datasets import build_dataset
 
     data = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
     return models.has_batchnorm(models.build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width))

@@ -119,7 +119,7 @@ def serve(address: str, key_file: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpcompare.worker",
+    p = argparse.ArgumentParser(prog="python -m dpcompare.compare.workers",
                                 description="A dpcompare compare worker (started by compare --workers persistent).")
     p.add_argument("--connect", required=True, metavar="HOST:PORT")
     p.add_argument("--key-file", required=True)
@@ -209,7 +209,7 @@ class WorkerPool:
         server = socket.create_server(("127.0.0.1" if self.local else "", 0))
         self.started += 1
         log = self.folder / f"worker-np{np}-{self.started}.log"
-        cmd = self.command(np, [sys.executable, "-m", "dpcompare.worker", "--connect",
+        cmd = self.command(np, [sys.executable, "-m", "dpcompare.compare.workers", "--connect",
                                 f"{host}:{server.getsockname()[1]}", "--key-file", str(key_file)])
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")
@@ -278,7 +278,7 @@ class WorkerPool:
             with contextlib.suppress(OSError):
                 f.close()
                 sock.close()
-        from dpcompare.compare import stop_job
+        from dpcompare.compare.command import stop_job
 
         stop_job(job.proc)
 
