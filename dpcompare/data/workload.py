@@ -1,0 +1,56 @@
+"""A workload is everything one training job computes, as one object: model, data, loss and metrics.
+
+The loop in :mod:`dpcompare.training` asks nothing else of the job: it builds the model and the datasets,
+calls ``loss(output, target)`` on every micro-batch and accumulates every metric over the test set. The
+built-in models × datasets are instances (:func:`builtin`); a user's own (``--workload module:attr`` or
+``path/to/file.py:attr``) is another.
+
+This module imports no torch at import time; the callables it holds do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+
+@dataclass(frozen=True)
+class Metric:
+    """An evaluation metric accumulated over the test set, summed across ranks, then finished.
+
+    ``batch(output, target)`` returns ``(total, count)`` for one batch (for example correct answers and
+    samples, or summed token negative log-likelihood and tokens); the value is ``finish(sum(total) /
+    sum(count))`` over every batch of every rank.
+    """
+
+    name: str                 # "accuracy", "perplexity", "token accuracy"
+    higher_is_better: bool
+    batch: Callable[[Any, Any], tuple[float, int]]
+    finish: Callable[[float], float] = float
+    unit: str = ""            # "%" when the finished value is a share shown in per cent
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything a training job computes. ``metrics[0]`` is the one verdicts and time-to-target use."""
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    build_data: Callable[[], tuple[Dataset, Dataset]]
+    loss: Callable[[Any, Any], torch.Tensor]
+    metrics: tuple[Metric, ...]
+    collate: Callable[[list[Any]], Any] | None = None
+    #: where it came from: "builtin" or the plug-in's import path (recorded in checkpoints, checked on resume)
+    source: str = "builtin"
+    #: free-form facts for the run banner and summary (parameters, vocabulary, sequence length, ...)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def metric(self) -> Metric:
+        return self.metrics[0]
