@@ -8,6 +8,7 @@ are all derived from these fields, so a new knob is one field here plus the back
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,17 +52,59 @@ def _described(module: str, table: str, intro: str = "") -> Callable[[], str]:
     return text
 
 
+def _model_arg(text: str) -> str:
+    """A built-in model, ``hf:NAME`` (checked when built) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
+    from dpcompare.models import HF_PREFIX, MODELS
+
+    if text in MODELS or text.startswith(HF_PREFIX) or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose from {', '.join(MODELS)}, {HF_PREFIX}NAME "
+                                     "(a Hugging Face architecture) or MODULE:FACTORY (your own)")
+
+
+def _dataset_arg(text: str) -> str:
+    """A built-in dataset (images or text) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
+    from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
+
+    if text in DATASETS or text in TEXT_DATASETS or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"unknown dataset {text!r}; choose from {', '.join([*DATASETS, *TEXT_DATASETS])} "
+                                     "or MODULE:FACTORY (your own)")
+
+
+def _workload_arg(text: str) -> str:
+    if ":" not in text.strip(":") or text.startswith(":") or text.endswith(":"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODULE:ATTR or path/to/file.py:ATTR "
+                                         "(e.g. my_pkg.bench:workload)")
+    return text
+
+
+def _models_help() -> str:
+    return (_described("dpcompare.models", "MODELS")() + "; hf:NAME: a Hugging Face architecture with random weights "
+            "(needs [hf], never downloads; see `dpcompare workloads`); MODULE:FACTORY or path/to/file.py:FACTORY: "
+            "your own nn.Module builder, trained on a built-in --dataset")
+
+
+def _datasets_help() -> str:
+    return (_described("dpcompare.data.catalog", "DATASETS")() + "; "
+            + _described("dpcompare.data.catalog", "TEXT_DATASETS")() + "; MODULE:FACTORY: your own (train, test) "
+            "datasets for a built-in --model")
+
+
 @dataclass
 class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
     strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES",
                                              "how gradients are synchronised: "),
                         choices=_names("dpcompare.backends.catalog", "STRATEGIES"), resume=True)
-    model: str = opt("convnet", _described("dpcompare.models", "MODELS"),
-                     choices=_names("dpcompare.models", "MODELS"), resume=True)
-    dataset: str = opt("digits", _described("dpcompare.data.catalog", "DATASETS"),
-                       choices=_names("dpcompare.data.catalog", "DATASETS"),
-                       resume=True)
+    workload: str | None = opt(None, "your own training job instead of --model/--dataset: a dpcompare Workload (or a "
+                                     "function returning one) at MODULE:ATTR or path/to/file.py:ATTR, e.g. "
+                                     "my_pkg.bench:workload; see `dpcompare workloads`", type=_workload_arg,
+                               metavar="MODULE:ATTR", resume=True)
+    model: str = opt("convnet", _models_help, type=_model_arg, metavar="MODEL", resume=True)
+    dataset: str = opt("digits", _datasets_help, type=_dataset_arg, metavar="DATASET", resume=True)
+    seq_len: int = opt(128, "text datasets: tokens per training sample (the model reads seq-len bytes and predicts "
+                            "each next one)", type=t.positive_int, metavar="T", resume=True)
     data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
                                      "train/<class>/ and val/<class>/ image folders (never downloaded)")
     epochs: int = opt(5, "epochs to train", type=t.nonneg_int)

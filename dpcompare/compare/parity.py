@@ -73,10 +73,9 @@ def judge(cfg: TrainConfig) -> tuple[str, float, str | None]:
 
 def _has_batchnorm(cfg: TrainConfig) -> bool:
     from dpcompare import models
-    from dpcompare.data.datasets import build_dataset
+    from dpcompare.data.plugins import resolve_workload
 
-    data = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
-    return models.has_batchnorm(models.build_model(cfg.model, data.input_shape, data.num_classes, width=cfg.width))
+    return models.has_batchnorm(resolve_workload(cfg).build_model())  # a plug-in is checked here, before any run
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -161,6 +160,11 @@ def run_parity(a: argparse.Namespace) -> int:
             single_note = (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
                            "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
 
+    if len(runs) < 2:  # one strategy compared with nothing is not a pass
+        why = f" ({single_note})" if single_note else " (--no-single)" if not a.single else ""
+        raise ConfigError(f"parity needs two runs to compare but --strategies {','.join(a.strategies)} gives only "
+                          f"{', '.join(runs)}{why}; name another, e.g. --strategies {strategies[0]},"
+                          f"{'horovod' if strategies[0] != 'horovod' else 'ddp'}")
     results: dict[str, dict[str, Any]] = {}
     try:
         for name, cfg in runs.items():
@@ -189,6 +193,9 @@ def run_parity(a: argparse.Namespace) -> int:
     for note in [*notes, *([single_note] if single_note else [])]:
         console.print(note)
 
+    if not others:  # every other run was left out: nothing was compared, which is no pass
+        console.print(f"[red]NOTHING COMPARED[/]: only {ref} ran")
+        return 1
     within = all(diffs[s]["weights_max"] <= tol[s] and diffs[s]["loss_max"] <= tol[s] for s in others)
     passed = within or mode == "distance"  # not meant to match: the distance is the result
     out.mkdir(parents=True, exist_ok=True)

@@ -15,3 +15,11 @@ DATASETS: dict[str, tuple[str, str]] = {
                                     "resized to --input-shape H,W"),
 }
 
+
+#: text datasets for the language models (gpt-*, hf:NAME): name → (its loader in dpcompare/data/text.py, one line)
+TEXT_DATASETS: dict[str, tuple[str, str]] = {
+    "pydoc": ("pydoc_corpus", "the Python reference's help texts that ship with CPython (pydoc_data/topics.py, "
+                              "79 topics, ~0.47 M bytes of English), bytes as tokens, the last tenth of each "
+                              "topic for test; offline"),
+    "tokens": ("random_tokens", "--samples fixed random byte sequences of --seq-len, for throughput"),
+}

@@ -1,0 +1,259 @@
+"""Users' own training jobs: ``--workload``, ``--model`` and ``--dataset`` given as ``MODULE:ATTR`` or
+``path/to/file.py:ATTR``, resolved into one :class:`~dpcompare.data.workload.Workload`.
+
+- ``--workload SPEC``: ATTR is a Workload, or a function returning one, called with no argument or with the
+  TrainConfig (when it takes a parameter).
+- ``--model SPEC`` with a built-in ``--dataset``: ATTR builds the ``nn.Module``: ``f()``, ``f(cfg)`` or
+  ``f(input_shape, num_classes)`` (by how many parameters it requires). On a text dataset input_shape is
+  ``(seq_len,)`` and num_classes the vocabulary (256).
+- ``--dataset SPEC`` with a built-in ``--model``: ATTR returns ``(train, test)`` or ``(train, test,
+  num_classes)`` torch Datasets of (input, target) pairs: ``f()`` or ``f(cfg)``.
+
+Every plug-in is tried on one batch on the CPU (:func:`check_workload`) before any process group forms: one
+that does not import, returns the wrong type, or whose output does not fit its loss is a ConfigError naming
+it and what it gave. The Workload's ``source`` (the SPEC) goes into checkpoints, so a resume can check it.
+Every process of a job imports the same SPEC: the flags reach the child processes like any other setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpcompare import models
+from dpcompare.data.catalog import TEXT_DATASETS
+from dpcompare.data.workload import Metric, Workload
+from dpcompare.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())[:300]
+
+
+def is_plugin(name: str | None) -> bool:
+    """``MODULE:ATTR`` or ``FILE.py:ATTR`` (``hf:NAME`` is a built-in family, not a plug-in)."""
+    return bool(name) and ":" in name and not name.startswith(models.HF_PREFIX)  # type: ignore[operator]
+
+
+def _import_file(path: Path, flag: str, spec: str) -> Any:
+    if not path.is_file():
+        raise ConfigError(f"{flag} {spec}: no file {path}")
+    name = "dpcompare_plugin_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+    if name in sys.modules:
+        return sys.modules[name]
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
+    sys.modules[name] = module  # dataclasses and pickle look a module up by name
+    try:
+        mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def load_attr(spec: str, flag: str = "--workload") -> Any:
+    """The object at ``MODULE:ATTR`` or ``path/to/file.py:ATTR``; one line naming ``spec`` when it is not there."""
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise ConfigError(f"{flag} {spec!r} is not MODULE:ATTR or path/to/file.py:ATTR (e.g. my_pkg.bench:workload)")
+    try:
+        if where.endswith(".py") or os.sep in where or "/" in where:
+            module = _import_file(Path(where), flag, spec)
+        else:
+            if os.getcwd() not in sys.path and "" not in sys.path:  # the console script leaves the cwd out
+                sys.path.append(os.getcwd())
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"{flag} {spec}: cannot import {where!r} ({_one_line(e)}); give a module on PYTHONPATH "
+                          "or in this folder, or a path/to/file.py") from None
+    except BaseException as e:  # noqa: BLE001  (the plug-in's own code failed while importing)
+        raise ConfigError(f"{flag} {spec}: importing {where} failed: {_one_line(e)}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{flag} {spec}: {where} has no {attr!r}") from None
+
+
+def _required_params(fn: Callable[..., Any]) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _call(fn: Any, flag: str, spec: str, *args: Any) -> Any:
+    """``fn`` called with as many of ``args`` as it requires (0, 1 or all of them)."""
+    if not callable(fn):
+        raise ConfigError(f"{flag} {spec} is a {type(fn).__name__}, not a function")
+    n = _required_params(fn)
+    use = args[:n] if n <= 1 else args
+    try:
+        return fn(*use)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"{flag} {spec} failed when called with {len(use)} argument(s): {_one_line(e)}") from None
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}" if not isinstance(value, type) else f"the class {value.__name__}"
+
+
+def load_workload(spec: str, cfg: TrainConfig) -> Workload:
+    """``--workload SPEC``: a Workload, or a function returning one (called with nothing or with ``cfg``)."""
+    obj = load_attr(spec, "--workload")
+    if not isinstance(obj, Workload):
+        obj = _call(obj, "--workload", spec, cfg) if callable(obj) and not isinstance(obj, type) else obj
+    if not isinstance(obj, Workload):
+        raise ConfigError(f"--workload {spec} gave {_describe(obj)}; expected a dpcompare Workload "
+                          "(from dpcompare.data.workload import Workload) or a function returning one")
+    return obj if obj.source != "builtin" else dataclasses.replace(obj, source=spec)
+
+
+def _builtin(cfg: TrainConfig) -> Workload:
+    """The built-in workload of ``cfg``: a language model on text, else the loop's own image classification."""
+    if cfg.dataset in TEXT_DATASETS or models.is_language_model(cfg.model):
+        from dpcompare.data.text import text_workload
+
+        return text_workload(cfg)
+    try:
+        from dpcompare.data.builtin import builtin
+    except ImportError:  # STUB until branch "training" (data/builtin.py) is merged: remove with this except
+        builtin = _builtin_stub
+    return builtin(cfg)
+
+
+def _builtin_stub(cfg: TrainConfig) -> Workload:  # STUB until "training" is merged (data/builtin.py replaces it)
+    import torch.nn.functional as F
+
+    from dpcompare.data.datasets import build_dataset
+
+    data = functools.cache(lambda: build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples, cfg.augment))
+    correct = lambda out, y: (float((out.argmax(1) == y).sum()), len(y))  # noqa: E731
+    return Workload(f"{cfg.model} on {cfg.dataset}",
+                    lambda: models.build_model(cfg.model, data().input_shape, data().num_classes, width=cfg.width),
+                    lambda: (data().train, data().test), F.cross_entropy,
+                    (Metric("accuracy", True, correct, unit="%"),))
+
+
+def _with_plugin_model(cfg: TrainConfig) -> Workload:
+    """``--model SPEC`` on a built-in dataset: the built-in job's data, loss and metrics, the user's model."""
+    stand_in = next(n for n in models.MODELS if models.is_language_model(n)) if cfg.dataset in TEXT_DATASETS else "mlp"
+    base = _builtin(dataclasses.replace(cfg, model=stand_in))
+    factory = load_attr(cfg.model, "--model")
+    data = functools.cache(base.build_data)
+
+    def shape_and_classes() -> tuple[tuple[int, ...], int]:
+        if cfg.dataset in TEXT_DATASETS:
+            return (cfg.seq_len,), 256
+        from dpcompare.data.datasets import build_dataset
+
+        bundle = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
+        return bundle.input_shape, bundle.num_classes
+
+    def build_model() -> Any:
+        shape, classes = shape_and_classes()
+        return _call(factory, "--model", cfg.model, cfg, shape, classes) if _required_params(factory) == 1 else \
+            _call(factory, "--model", cfg.model, shape, classes)
+
+    return dataclasses.replace(base, name=f"{cfg.model} on {cfg.dataset}", build_model=build_model, build_data=data,
+                               source=f"model {cfg.model}")
+
+
+def _with_plugin_dataset(cfg: TrainConfig) -> Workload:
+    """``--dataset SPEC`` for a built-in model: the user's (train, test[, num_classes]) datasets."""
+    lm = models.is_language_model(cfg.model)
+    base = _builtin(dataclasses.replace(cfg, dataset="tokens" if lm else "synthetic"))
+    factory = load_attr(cfg.dataset, "--dataset")
+    given = _call(factory, "--dataset", cfg.dataset, cfg)
+    if not (isinstance(given, tuple | list) and len(given) in (2, 3) and all(hasattr(d, "__getitem__") for d in given[:2])):
+        raise ConfigError(f"--dataset {cfg.dataset} gave {_describe(given)}; expected (train, test) or "
+                          "(train, test, num_classes) torch Datasets of (input, target) pairs")
+    train, test = given[0], given[1]
+    if lm:
+        classes = int(given[2]) if len(given) == 3 else 256
+        shape = (cfg.seq_len,)
+    elif len(given) == 3:
+        classes, shape = int(given[2]), tuple(train[0][0].shape)
+    else:
+        raise ConfigError(f"--dataset {cfg.dataset} gave (train, test) for the classifier --model {cfg.model}; "
+                          "return (train, test, num_classes)")
+    options = {"seed": cfg.seed} if lm else {"width": cfg.width}
+    return dataclasses.replace(base, name=f"{cfg.model} on {cfg.dataset}", build_data=lambda: (train, test),
+                               build_model=lambda: models.build_model(cfg.model, shape, classes, **options),
+                               source=f"dataset {cfg.dataset}")
+
+
+def resolve_workload(cfg: TrainConfig, check: bool = True) -> Workload:
+    """The workload ``cfg`` names: a plug-in (checked on one batch unless ``check=False``) or a built-in."""
+    if cfg.workload:
+        w = load_workload(cfg.workload, cfg)
+    elif is_plugin(cfg.model):
+        w = _with_plugin_model(cfg)
+    elif is_plugin(cfg.dataset):
+        w = _with_plugin_dataset(cfg)
+    else:
+        return _builtin(cfg)
+    if check:
+        check_workload(w)
+    return w
+
+
+def check_workload(w: Workload, batch_size: int = 2) -> None:
+    """Build ``w`` and run one small batch through its model, loss and metrics on the CPU, without gradients.
+
+    Any failure is one ConfigError naming the workload's source and what went wrong.
+    """
+    import torch
+    from torch.utils.data import default_collate
+
+    who = w.source if w.source != "builtin" else w.name
+    with torch.random.fork_rng(devices=[]):  # leave the run's random streams as they were
+        stage = "building its datasets"
+        try:
+            train, _ = w.build_data()
+            stage = "reading a batch of its training set"
+            batch = (w.collate or default_collate)([train[i] for i in range(min(batch_size, len(train)))])
+            inputs, target = batch
+            stage = "building its model"
+            model = w.build_model()
+            if not isinstance(model, torch.nn.Module):
+                raise ConfigError(f"{who}: its model builder gave {_describe(model)}, not a torch.nn.Module")
+            stage = "running its model on one batch"
+            with torch.no_grad(), warnings.catch_warnings():
+                output = model(inputs)
+                warnings.simplefilter("error", UserWarning)  # torch warns when a loss broadcasts mismatched shapes
+                stage = f"its loss on the model's output ({_shape(output)}) and the target ({_shape(target)})"
+                loss = w.loss(output, target)
+                if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
+                    raise ConfigError(f"{who}: its loss gave {_describe(loss)}, not a one-element float tensor")
+                for m in w.metrics:
+                    stage = f"its metric {m.name!r} on the model's output ({_shape(output)})"
+                    total, count = m.batch(output, target)
+                    float(total), int(count)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"{who}: {stage} failed: {_one_line(e)}") from None
+
+
+def _shape(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None else type(x).__name__
