@@ -120,6 +120,16 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
             "losses": json.loads((out / "step_losses.json").read_text())}
 
 
+def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_note: str | None) -> None:
+    """One strategy compared with nothing is no pass: refuse before anything runs."""
+    if len(runs) >= 2:
+        return
+    why = f" ({single_note})" if single_note else " (--no-single)" if not a.single else ""
+    other = "horovod" if runs[0] != "horovod" else "ddp"
+    raise ConfigError(f"parity needs two runs to compare but --strategies {','.join(a.strategies)} gives only "
+                      f"{', '.join(runs)}{why}; name another, e.g. --strategies {runs[0]},{other}")
+
+
 def run_parity(a: argparse.Namespace) -> int:
     from dpcompare.options import config_from_args
 
@@ -160,11 +170,7 @@ def run_parity(a: argparse.Namespace) -> int:
             single_note = (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
                            "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
 
-    if len(runs) < 2:  # one strategy compared with nothing is not a pass
-        why = f" ({single_note})" if single_note else " (--no-single)" if not a.single else ""
-        raise ConfigError(f"parity needs two runs to compare but --strategies {','.join(a.strategies)} gives only "
-                          f"{', '.join(runs)}{why}; name another, e.g. --strategies {strategies[0]},"
-                          f"{'horovod' if strategies[0] != 'horovod' else 'ddp'}")
+    refuse_nothing_to_compare(a, list(runs), single_note)
     results: dict[str, dict[str, Any]] = {}
     try:
         for name, cfg in runs.items():

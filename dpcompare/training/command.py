@@ -30,8 +30,8 @@ def _cmd_train(a: argparse.Namespace) -> int:
         a.out = f"runs/{a.strategy}-np{env.world_size}"
     cfg = config_from_args(a)
     workload = resolve_workload(cfg)  # a plug-in that does not import or fit: one line, before any process group
-
-    from dpcompare.training.loop import train  # after: a plug-in that does not import is refused without torch
+    # imported after: a plug-in that does not import is refused without the cost of importing torch
+    from dpcompare.training.loop import train
 
     if "workload" in inspect.signature(train).parameters:
         train(cfg, env, workload=workload)
