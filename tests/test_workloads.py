@@ -19,7 +19,7 @@ from dpcompare.errors import ConfigError
 from dpcompare.models.gpt import SIZES, config_for, parameter_count
 from dpcompare.options import add_config_options, config_from_args, train_argv
 
-from conftest import DPCOMPARE, dpcompare, mpi_env, needs_mpi, run
+from conftest import DPCOMPARE, dpcompare, missing, mpi_env, needs_mpi, run
 
 # (layers, width, vocabulary) → parameters: 12·d² + 13·d per block, the tables, the final LayerNorm
 EXPECTED = {"gpt-tiny": 858_880, "gpt-mini": 4_870_144, "gpt-small": 10_844_160, "gpt-base": 25_613_312,
@@ -233,3 +233,52 @@ def test_parity_refuses_to_compare_one_strategy_with_nothing(tmp_path: Path) -> 
     p = dpcompare("parity", "--np", "2", "--strategies", "ddp", "--model", "mlp", "--no-single",
                   "--out", str(tmp_path / "p"), check=False)
     assert p.returncode == 2 and "(--no-single)" in p.stderr
+
+
+def _transformers() -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        missing("transformers is not installed (pip install 'dpcompare[hf]'; the dev extra has it)")
+
+
+def test_hf_architectures_build_offline_with_random_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    _transformers()
+    from dpcompare.models import HF_ARCHITECTURES, hf
+
+    def no_network(*a: object, **k: object) -> None:
+        raise AssertionError("tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    c = hf.hf_config("gpt2")
+    assert (c.n_layer, c.n_embd, c.vocab_size, c.resid_pdrop) == (12, 768, 50257, 0.0)
+    assert hf.hf_config("bert-base-uncased").is_decoder
+    # the same code path on small shapes (building GPT-2's 124 M parameters takes ~20 s here)
+    monkeypatch.setitem(HF_ARCHITECTURES, "gpt2", ("GPT2Config", "GPT2LMHeadModel",
+                                                   {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 300,
+                                                    "bos_token_id": 0, "eos_token_id": 0}, ""))
+    monkeypatch.setitem(HF_ARCHITECTURES, "bert-base-uncased", (
+        "BertConfig", "BertLMHeadModel", {"is_decoder": True, "hidden_size": 32, "num_hidden_layers": 1,
+                                          "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 300}, ""))
+    for name in ("gpt2", "bert-base-uncased"):
+        w = resolve_workload(TrainConfig(model=f"hf:{name}", dataset="tokens", seq_len=16, samples=16, seed=3))
+        check_workload(w)
+        a, b = w.build_model(), w.build_model()
+        assert a(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 300)
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    with pytest.raises(ConfigError, match="vocabulary of 300 tokens cannot hold the dataset's 356"):
+        models.build_model("hf:gpt2", (16,), 256 + 100)
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("meta-llama/Llama-2-7b-hf", "a Hugging Face hub id would need a download"),
+    ("gpt2-xl", "'gpt2-xl' is not an architecture dpcompare can build from transformers' code"),
+])
+def test_hf_names_that_need_a_download_are_refused(name: str, says: str) -> None:
+    from dpcompare.models import hf
+
+    with pytest.raises(ConfigError) as e:
+        hf.refuse_unknown(name)
+    assert says in str(e.value) and "never downloads" in str(e.value) and "hf:gpt2" in str(e.value)
