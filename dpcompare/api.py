@@ -41,7 +41,7 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     Returns the run summary (summary.json's content) on every rank. A setting or a workload that cannot work
     raises :class:`dpcompare.errors.ConfigError` (one line saying what to do) before any process group forms.
     """
-    from dpcompare.data.plugins import check_workload, resolve_workload
+    from dpcompare.data.plugins import check_workload, resolve_workload, settle
     from dpcompare.data.workload import Workload
     from dpcompare.training import loop
 
@@ -50,8 +50,8 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     if unknown:
         raise ConfigError(f"dpcompare.train got unknown setting(s) {', '.join(unknown)}; see dpcompare train --help")
     spec = workload if isinstance(workload, str) else None
-    cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=batch_size, lr=lr, out=out, seed=seed,
-                      max_steps=max_steps, **({"workload": spec} if spec else {}), **settings)
+    cfg = settle(TrainConfig(strategy=strategy, epochs=epochs, batch_size=batch_size, lr=lr, out=out, seed=seed,
+                             max_steps=max_steps, **({"workload": spec} if spec else {}), **settings))
     if isinstance(workload, Workload):
         w = workload if workload.source != "builtin" else dataclasses.replace(workload, source=f"python:{workload.name}")
         check_workload(w)

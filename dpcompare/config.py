@@ -88,7 +88,7 @@ def _models_help() -> str:
 def _datasets_help() -> str:
     return (_described("dpcompare.data.catalog", "DATASETS")() + "; "
             + _described("dpcompare.data.catalog", "TEXT_DATASETS")() + "; MODULE:FACTORY: your own (train, test) "
-            "datasets for a built-in --model")
+            "datasets for a built-in --model. A language model trains on pydoc unless another text dataset is named")
 
 
 @dataclass

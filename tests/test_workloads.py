@@ -93,8 +93,9 @@ def test_text_workload_builds_and_refuses_mismatches() -> None:
     check_workload(w)
     train, test = w.build_data()
     assert len(train) == 56 and len(test) == 8
+    assert resolve_workload(TrainConfig(model="gpt-tiny")).name == "gpt-tiny on pydoc"  # the default for LMs
     with pytest.raises(ConfigError, match="use a text --dataset"):
-        resolve_workload(TrainConfig(model="gpt-tiny", dataset="digits"))
+        resolve_workload(TrainConfig(model="gpt-tiny", dataset="mnist"))
     with pytest.raises(ConfigError, match="use a language --model"):
         resolve_workload(TrainConfig(model="mlp", dataset="pydoc"))
 

@@ -201,8 +201,17 @@ def _with_plugin_dataset(cfg: TrainConfig) -> Workload:
                                source=f"dataset {cfg.dataset}")
 
 
+def settle(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the defaults a language model implies: ``--model gpt-tiny`` alone trains on pydoc."""
+    default = next(f.default for f in dataclasses.fields(cfg) if f.name == "dataset")
+    if not cfg.workload and models.is_language_model(cfg.model) and cfg.dataset == default:
+        return dataclasses.replace(cfg, dataset="pydoc")
+    return cfg
+
+
 def resolve_workload(cfg: TrainConfig, check: bool = True) -> Workload:
     """The workload ``cfg`` names: a plug-in (checked on one batch unless ``check=False``) or a built-in."""
+    cfg = settle(cfg)
     if cfg.workload:
         w = load_workload(cfg.workload, cfg)
     elif is_plugin(cfg.model):

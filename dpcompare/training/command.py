@@ -21,14 +21,14 @@ your own job (a plug-in; `dpcompare workloads` explains them):
 def _cmd_train(a: argparse.Namespace) -> int:
     import inspect
 
-    from dpcompare.data.plugins import resolve_workload
+    from dpcompare.data.plugins import resolve_workload, settle
     from dpcompare.errors import ConfigError
     from dpcompare.launch.env import detect_launch_env
 
     env = detect_launch_env()
     if a.out is None:
         a.out = f"runs/{a.strategy}-np{env.world_size}"
-    cfg = config_from_args(a)
+    cfg = settle(config_from_args(a))
     workload = resolve_workload(cfg)  # a plug-in that does not import or fit: one line, before any process group
     # imported after: a plug-in that does not import is refused without the cost of importing torch
     from dpcompare.training.loop import train

@@ -1,0 +1,82 @@
+"""Workloads trained by the loop: a plug-in transformer written here trains to the same loss under ddp and
+horovod, the built-in GPT passes parity under every strategy, and the Python API example runs under mpirun.
+
+These need the loop that takes a Workload (branch "training")."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from conftest import ROOT, dpcompare, mpi_env, needs_horovod, needs_mpi, run, summary
+
+TRANSFORMER = '''
+import torch
+from torch import nn
+from dpcompare.data.text import LM_METRICS, lm_loss, pydoc_corpus
+from dpcompare.data.workload import Workload
+
+
+class TinyLM(nn.Module):
+    """A one-layer causal transformer over bytes."""
+
+    def __init__(self, seq_len, width=32):
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(256, width), nn.Embedding(seq_len, width)
+        self.layer = nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.head = nn.Linear(width, 256)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tokens(idx) + self.positions.weight[:t]
+        return self.head(self.layer(x, src_mask=self.mask[:t, :t], is_causal=True))
+
+
+def workload(cfg):
+    return Workload("tiny transformer", build_model=lambda: TinyLM(cfg.seq_len),
+                    build_data=lambda: pydoc_corpus(cfg.seq_len), loss=lm_loss, metrics=LM_METRICS)
+'''
+
+FLAGS = ("--seq-len", "32", "--batch-size", "8", "--epochs", "1", "--max-steps", "6", "--no-tensorboard",
+         "--threads", "1", "--warmup-steps", "1", "--progress", "none")
+
+
+@needs_mpi
+@needs_horovod
+def test_a_plugin_transformer_trains_the_same_under_ddp_and_horovod(tmp_path: Path) -> None:
+    plugin = tmp_path / "tiny_lm.py"
+    plugin.write_text(TRANSFORMER)
+    results = {}
+    for strategy in ("ddp", "horovod"):
+        dpcompare("train", "--strategy", strategy, "--workload", f"{plugin}:workload", *FLAGS,
+                  "--out", str(tmp_path / strategy), np=2)
+        results[strategy] = summary(tmp_path / strategy)
+    ddp, hvd = results["ddp"], results["horovod"]
+    assert ddp["metric"]["name"] == "perplexity" and ddp["workload"]["source"] == f"{plugin}:workload"
+    assert ddp["final_train_loss"] == hvd["final_train_loss"]  # 0.0 apart
+    assert ddp["final_metric"] == hvd["final_metric"] < 256  # it learnt something about the bytes
+
+
+@needs_mpi
+@needs_horovod
+def test_gpt_tiny_parity_under_every_strategy(tmp_path: Path) -> None:
+    p = dpcompare("parity", "--np", "2", "--strategies", "ddp,horovod,zero,fsdp", "--model", "gpt-tiny",
+                  "--dataset", "pydoc", "--seq-len", "32", "--batch-size", "4", "--steps", "3", "--threads", "1",
+                  "--out", str(tmp_path / "p"))
+    result = json.loads((tmp_path / "p" / "parity.json").read_text())
+    assert result["passed"] and set(result["diffs"]) == {"horovod", "zero", "fsdp", "single"}, p.stdout
+    for other in ("horovod", "zero", "fsdp"):
+        assert result["diffs"][other]["weights_max"] == 0.0 and result["diffs"][other]["loss_max"] == 0.0, other
+
+
+@needs_mpi
+@needs_horovod
+def test_the_python_api_example_runs_under_mpirun(tmp_path: Path) -> None:
+    """examples/train_my_model.py as docs/workloads.md tells users to run it (runs/ lands in the cwd)."""
+    run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
+         str(ROOT / "examples" / "train_my_model.py")], env=mpi_env({"OMP_NUM_THREADS": "1"}), cwd=tmp_path)
+    s = summary(tmp_path / "runs" / "example-horovod")
+    assert s["strategy"] == "horovod" and s["world_size"] == 2 and s["metric"]["name"] == "accuracy"
+    assert s["workload"]["source"] == "python:halves" and s["final_metric"] > 0.6
