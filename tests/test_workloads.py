@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,28 @@ def test_hf_names_that_need_a_download_are_refused(name: str, says: str) -> None
     with pytest.raises(ConfigError) as e:
         hf.refuse_unknown(name)
     assert says in str(e.value) and "never downloads" in str(e.value) and "hf:gpt2" in str(e.value)
+
+
+def test_import_dpcompare_stays_free_of_torch_and_names_the_api() -> None:
+    code = ("import sys, dpcompare; assert 'torch' not in sys.modules; f = dpcompare.train; "
+            "assert f.__module__ == 'dpcompare.api' and 'torch' not in sys.modules; print('ok')")
+    assert run([sys.executable, "-c", code]).stdout.strip() == "ok"
+
+
+def test_api_refuses_unknown_settings_and_compares_run_folders(tmp_path: Path) -> None:
+    import json
+
+    import dpcompare
+
+    with pytest.raises(ConfigError, match="unknown setting\\(s\\) colour"):
+        dpcompare.train(None, strategy="single", colour="red")
+    for name, strategy, loss in (("a", "ddp", 1.5), ("b", "horovod", 1.5)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({
+            "strategy": strategy, "world_size": 2, "final_train_loss": loss, "final_metric": 12.5,
+            "metric": {"name": "perplexity", "higher_is_better": False}, "samples_per_sec": 100.0,
+            "timing": {"step_ms_median": 20.0}}))
+    rows = dpcompare.compare_runs([tmp_path / "a", tmp_path / "b"])
+    assert [r["strategy"] for r in rows] == ["ddp", "horovod"] and {r["metric"] for r in rows} == {"perplexity"}
+    with pytest.raises(ConfigError, match="no readable summary.json"):
+        dpcompare.compare_runs([tmp_path])
