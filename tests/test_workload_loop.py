@@ -58,3 +58,13 @@ def test_the_curve_of_a_lower_is_better_metric() -> None:
         c.add(step, step / 10, value, step / 40)
     s = c.summary()
     assert s["steps_to_accuracy"] == 30 and all("test_accuracy" not in r for r in s["eval_curve"])
+
+
+def test_an_accuracy_target_must_be_a_fraction(tmp_path: Path) -> None:
+    from dpcompare.data.builtin import builtin
+    from dpcompare.training.loop import check_target
+
+    cfg = _cfg(tmp_path, model="mlp", dataset="digits", target_accuracy=95.0)
+    with pytest.raises(ConfigError, match="0.95 for 95 %"):
+        check_target(cfg, builtin(cfg))
+    check_target(cfg, _regression())  # an MSE of 95 is a fine target
