@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,9 +59,7 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     else:
         raise ConfigError(f"dpcompare.train(workload=...) got {type(workload).__name__}; expected a Workload, "
                           "'module:attr' or None")
-    if "workload" not in inspect.signature(loop.train).parameters:  # UNTIL branch "training" is merged
-        raise ConfigError("this build's training loop cannot run a Workload yet (it needs branch 'training')")
-    return loop.train(cfg, workload=w)  # type: ignore[call-arg]
+    return loop.train(cfg, workload=w)
 
 
 def compare_runs(runs: list[str | Path]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpcompare import models
 from dpcompare.data.catalog import TEXT_DATASETS
-from dpcompare.data.workload import Metric, Workload
+from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -133,24 +133,9 @@ def _builtin(cfg: TrainConfig) -> Workload:
         from dpcompare.data.text import text_workload
 
         return text_workload(cfg)
-    try:
-        from dpcompare.data.builtin import builtin
-    except ImportError:  # STUB until branch "training" (data/builtin.py) is merged: remove with this except
-        builtin = _builtin_stub
+    from dpcompare.data.builtin import builtin
+
     return builtin(cfg)
-
-
-def _builtin_stub(cfg: TrainConfig) -> Workload:  # STUB until "training" is merged (data/builtin.py replaces it)
-    import torch.nn.functional as F
-
-    from dpcompare.data.datasets import build_dataset
-
-    data = functools.cache(lambda: build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples, cfg.augment))
-    correct = lambda out, y: (float((out.argmax(1) == y).sum()), len(y))  # noqa: E731
-    return Workload(f"{cfg.model} on {cfg.dataset}",
-                    lambda: models.build_model(cfg.model, data().input_shape, data().num_classes, width=cfg.width),
-                    lambda: (data().train, data().test), F.cross_entropy,
-                    (Metric("accuracy", True, correct, unit="%"),))
 
 
 def _with_plugin_model(cfg: TrainConfig) -> Workload:

@@ -19,26 +19,15 @@ your own job (a plug-in; `dpcompare workloads` explains them):
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    import inspect
-
     from dpcompare.data.plugins import resolve_workload, settle
-    from dpcompare.errors import ConfigError
     from dpcompare.launch.env import detect_launch_env
 
-    env = detect_launch_env()
-    if a.out is None:
-        a.out = f"runs/{a.strategy}-np{env.world_size}"
     cfg = settle(config_from_args(a))
     workload = resolve_workload(cfg)  # a plug-in that does not import or fit: one line, before any process group
     # imported after: a plug-in that does not import is refused without the cost of importing torch
     from dpcompare.training.loop import train
 
-    if "workload" in inspect.signature(train).parameters:
-        train(cfg, env, workload=workload)
-    elif workload.source == "builtin" and workload.metric.name == "accuracy":  # UNTIL "training" is merged
-        train(cfg, env)
-    else:  # UNTIL "training" is merged: this loop only knows image classification
-        raise ConfigError(f"this build's training loop cannot run {workload.name} yet (it needs branch 'training')")
+    train(cfg, detect_launch_env(), workload=workload)  # train() names the default --out
     return 0
 
 
