@@ -115,30 +115,24 @@ From Python: dpcompare.train(workload, strategy="horovod", epochs=3) inside a sc
 
 
 def _cmd_workloads(a: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
     from dpcompare.models import HF_ARCHITECTURES, HF_PREFIX, MODELS, is_language_model
 
-    console = Console(highlight=False, soft_wrap=False)
-    table = Table(title="built-in workloads: a model × a dataset of the same kind", show_lines=False)
-    for col in ("kind", "models", "datasets", "loss", "metrics"):
-        table.add_column(col)
-    table.add_row("image classification", ", ".join(n for n in MODELS if not is_language_model(n)), ", ".join(DATASETS),
-                  "cross-entropy", "accuracy ↑")
-    table.add_row("language modelling (bytes)",
-                  ", ".join([*(n for n in MODELS if is_language_model(n)), f"{HF_PREFIX}NAME"]), ", ".join(TEXT_DATASETS),
-                  "next-token cross-entropy", "perplexity ↓, token accuracy ↑")
-    console.print(table)
-    for title, rows in (("models", {n: h for n, (_, h) in MODELS.items()}),
-                        ("Hugging Face architectures (--model hf:NAME, needs [hf], random weights, never downloads)",
-                         {f"{HF_PREFIX}{n}": v[3] for n, v in HF_ARCHITECTURES.items()}),
-                        ("datasets", {n: h for n, (_, h) in {**DATASETS, **TEXT_DATASETS}.items()})):
-        console.print(f"\n[bold]{title}[/]")
-        for name, text in rows.items():
-            console.print(f"  {name:<20} {text}")
-    console.print("\n" + WORKLOADS_TEXT)
+    lms = [*(n for n in MODELS if is_language_model(n)), f"{HF_PREFIX}NAME"]
+    kinds = (("image classification", [n for n in MODELS if not is_language_model(n)], list(DATASETS),
+              "cross-entropy", "accuracy ↑"),
+             ("language modelling (bytes)", lms, list(TEXT_DATASETS), "next-token cross-entropy",
+              "perplexity ↓, token accuracy ↑"))
+    lines = ["Built-in workloads: a model and a dataset of the same kind (--model M --dataset D)"]
+    for kind, names, datasets, loss, metrics in kinds:
+        lines += [f"  {kind}", f"    models:   {', '.join(names)}", f"    datasets: {', '.join(datasets)}",
+                  f"    loss: {loss}; metrics: {metrics}"]
+    for title, rows in (("Models", {n: h for n, (_, h) in MODELS.items()}),
+                        ("Hugging Face architectures (--model hf:NAME; pip install 'dpcompare[hf]'; random weights, "
+                         "never downloaded)", {f"{HF_PREFIX}{n}": v[3] for n, v in HF_ARCHITECTURES.items()}),
+                        ("Datasets", {n: h for n, (_, h) in {**DATASETS, **TEXT_DATASETS}.items()})):
+        lines += ["", title, *(f"  {name:<22}{text}" for name, text in rows.items())]
+    print("\n".join([*lines, "", WORKLOADS_TEXT]))
     return 0
 
 
