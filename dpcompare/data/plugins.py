@@ -140,26 +140,29 @@ def _builtin(cfg: TrainConfig) -> Workload:
 
 def _with_plugin_model(cfg: TrainConfig) -> Workload:
     """``--model SPEC`` on a built-in dataset: the built-in job's data, loss and metrics, the user's model."""
-    stand_in = next(n for n in models.MODELS if models.is_language_model(n)) if cfg.dataset in TEXT_DATASETS else "mlp"
-    base = _builtin(dataclasses.replace(cfg, model=stand_in))
+    text = cfg.dataset in TEXT_DATASETS
+    stand_in = next(n for n in models.MODELS if models.is_language_model(n)) if text else "mlp"
+    base = _builtin(dataclasses.replace(cfg, model=stand_in))  # the data, loss and metrics of the dataset's kind
     factory = load_attr(cfg.model, "--model")
-    data = functools.cache(base.build_data)
 
-    def shape_and_classes() -> tuple[tuple[int, ...], int]:
-        if cfg.dataset in TEXT_DATASETS:
-            return (cfg.seq_len,), 256
+    @functools.cache
+    def bundle() -> Any:
         from dpcompare.data.datasets import build_dataset
 
-        bundle = build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples)
-        return bundle.input_shape, bundle.num_classes
+        return build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples, cfg.augment)
+
+    def build_data() -> Any:
+        return base.build_data() if text else (bundle().train, bundle().test)
 
     def build_model() -> Any:
-        shape, classes = shape_and_classes()
-        return _call(factory, "--model", cfg.model, cfg, shape, classes) if _required_params(factory) == 1 else \
-            _call(factory, "--model", cfg.model, shape, classes)
+        shape, classes = ((cfg.seq_len,), 256) if text else (bundle().input_shape, bundle().num_classes)
+        if _required_params(factory) == 1:
+            return _call(factory, "--model", cfg.model, cfg)
+        return _call(factory, "--model", cfg.model, shape, classes)
 
-    return dataclasses.replace(base, name=f"{cfg.model} on {cfg.dataset}", build_model=build_model, build_data=data,
-                               source=f"model {cfg.model}")
+    return dataclasses.replace(base, name=f"{cfg.model} on {cfg.dataset}", build_model=build_model,
+                               build_data=build_data, source=f"model {cfg.model}",
+                               info={**base.info, "model": cfg.model})
 
 
 def _with_plugin_dataset(cfg: TrainConfig) -> Workload:
@@ -183,7 +186,7 @@ def _with_plugin_dataset(cfg: TrainConfig) -> Workload:
     options = {"seed": cfg.seed} if lm else {"width": cfg.width}
     return dataclasses.replace(base, name=f"{cfg.model} on {cfg.dataset}", build_data=lambda: (train, test),
                                build_model=lambda: models.build_model(cfg.model, shape, classes, **options),
-                               source=f"dataset {cfg.dataset}")
+                               source=f"dataset {cfg.dataset}", info={**base.info, "dataset": cfg.dataset})
 
 
 def settle(cfg: TrainConfig) -> TrainConfig:

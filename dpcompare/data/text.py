@@ -124,6 +124,7 @@ def text_workload(cfg: TrainConfig) -> Workload:
     def build_model() -> torch.nn.Module:
         return models.build_model(cfg.model, (cfg.seq_len,), VOCAB, seed=cfg.seed)
 
-    info: dict[str, Any] = {"tokens": "bytes", "vocab_size": VOCAB, "seq_len": cfg.seq_len}
+    info: dict[str, Any] = {"model": cfg.model, "dataset": cfg.dataset, "tokens": "bytes", "vocab_size": VOCAB,
+                            "seq_len": cfg.seq_len}
     return Workload(name=f"{cfg.model} on {cfg.dataset}", build_model=build_model, build_data=lambda: text_data(cfg),
                     loss=lm_loss, metrics=LM_METRICS, info=info)
