@@ -10,12 +10,10 @@ from typing import Any
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.plots import Plot, colors
-from dpcompare.report.stats import (
+from dpcompare.report.groups import (
     MEMORY_KINDS,
     MEMORY_LABELS,
     Group,
-    Verdict,
     arm_of,
     launch_note,
     measured_share,
@@ -23,6 +21,8 @@ from dpcompare.report.stats import (
     strategy_order,
     tta_target,
 )
+from dpcompare.report.plots import Plot, colors
+from dpcompare.report.verdicts import Verdict
 
 CSS = """
 :root { --fg:#1f2328; --muted:#626a73; --line:#e3e6ea; --bg:#f6f7f9; --ok:#1a7f37; --bad:#c0303a; --accent:#3b6fb6; }
