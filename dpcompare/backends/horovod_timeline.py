@@ -42,28 +42,9 @@ def horovod_timeline_events(raw: list[dict[str, Any]], pid: int,
     names = {e["pid"]: e["args"]["name"] for e in raw
              if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in (e.get("args") or {})}
 
-    def inside(ts: float) -> bool:
-        return any(a <= ts <= b for a, b in steps)
-
-    spans: list[dict[str, Any]] = []  # per tensor: name, phase, start, end, depth, args
-    ticks: list[dict[str, Any]] = []
-    stacks: dict[int, list[dict[str, Any]]] = {}
-    for e in raw:
-        ph, tensor = e.get("ph"), e.get("pid")
-        if ph not in ("B", "E", "X") or tensor not in names:
-            continue
-        ts = origin + float(e["ts"])
-        stack = stacks.setdefault(tensor, [])
-        if ph == "B":
-            stack.append({"tensor": tensor, "name": e.get("name", ""), "start": ts, "depth": len(stack)})
-        elif ph == "E" and stack:
-            s = stack.pop()
-            s.update(end=ts, args=e.get("args") or {})
-            spans.append(s)
-        elif ph == "X":
-            ticks.append({"tensor": tensor, "name": e.get("name", ""), "ts": ts})
-    spans = [s for s in spans if inside(s["start"])]
-    ticks = [t for t in ticks if inside(t["ts"])]
+    spans, ticks = _spans_and_ticks(raw, set(names), origin)
+    spans = [s for s in spans if any(a <= s["start"] <= b for a, b in steps)]
+    ticks = [t for t in ticks if any(a <= t["ts"] <= b for a, b in steps)]
     used = sorted({s["tensor"] for s in spans} | {t["tensor"] for t in ticks})
     lane = {t: tr.LANE_TENSORS + i for i, t in enumerate(used)}
 
@@ -75,8 +56,37 @@ def horovod_timeline_events(raw: list[dict[str, Any]], pid: int,
     for t in ticks:
         out.append({"name": f"rank {t['name']} ready", "cat": "horovod", "ph": "i", "s": "t", "ts": t["ts"],
                     "pid": pid, "tid": lane[t["tensor"]]})
+    return out + _fused_operations(spans, names, pid)
 
-    # fused operations: overlapping top-level ALLREDUCE spans
+
+def _spans_and_ticks(raw: list[dict[str, Any]], tensors: set[int], origin: float
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Horovod's ``B``/``E`` pairs per tensor as spans (tensor, name, start, end, depth, args) and its ``X``
+    ready ticks, on the epoch clock."""
+    spans: list[dict[str, Any]] = []
+    ticks: list[dict[str, Any]] = []
+    stacks: dict[int, list[dict[str, Any]]] = {}
+    for e in raw:
+        ph, tensor = e.get("ph"), e.get("pid")
+        if ph not in ("B", "E", "X") or tensor not in tensors:
+            continue
+        ts = origin + float(e["ts"])
+        stack = stacks.setdefault(tensor, [])
+        if ph == "B":
+            stack.append({"tensor": tensor, "name": e.get("name", ""), "start": ts, "depth": len(stack)})
+        elif ph == "E" and stack:
+            s = stack.pop()
+            s.update(end=ts, args=e.get("args") or {})
+            spans.append(s)
+        elif ph == "X":
+            ticks.append({"tensor": tensor, "name": e.get("name", ""), "ts": ts})
+    return spans, ticks
+
+
+def _fused_operations(spans: list[dict[str, Any]], names: dict[int, str], pid: int) -> list[dict[str, Any]]:
+    """One ``allreduce`` span per fused operation (overlapping top-level ALLREDUCE spans) on
+    :data:`tr.LANE_COMM`, with the first tensor's activities inside it."""
+    out: list[dict[str, Any]] = []
     tops = sorted((s for s in spans if s["depth"] == 0 and s["name"] == "ALLREDUCE"), key=lambda s: s["start"])
     groups: list[list[dict[str, Any]]] = []
     for s in tops:
