@@ -16,7 +16,8 @@ import numpy as np
 
 from dpcompare.backends.catalog import COMMUNICATION
 from dpcompare.files import PHASES
-from dpcompare.report.stats import Interval, arm_of, mean_ci, unit_blocks, unit_means
+from dpcompare.report.groups import arm_of, unit_blocks
+from dpcompare.report.intervals import Interval, mean_ci, unit_means
 
 #: the phases of a step in the attribution: the timed ones and the rest of the step
 STEP_PARTS = (*PHASES, "other")
