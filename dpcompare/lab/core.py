@@ -27,7 +27,7 @@ from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import netns
-from dpcompare.lab.rates import check_hosts, check_name, format_rate, parse_rate
+from dpcompare.lab.rates import LabSpec, check_hosts, check_name, format_rate, parse_rate
 from dpcompare.launch import mpirun
 
 PREFIX = "dplab-"
@@ -154,6 +154,11 @@ class Lab:
             netns.ip("-n", h.namespace, "link", "set", "lo", "up")
         self.set_link(self.link_bps)
 
+    @classmethod
+    def from_spec(cls, spec: LabSpec) -> Lab:
+        """``with Lab.from_spec(parse_lab_spec("hosts=2,link=1gbit")) as lab:`` — up now, down at the end."""
+        return cls.up(spec.hosts, spec.link, spec.slots, spec.name)
+
     def down(self) -> list[str]:
         """Remove the lab's namespaces (ending what runs in them) and its state folder; what was removed."""
         return sweep(self.name)
@@ -239,7 +244,18 @@ class Lab:
             timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` (e.g. ``[*dpcompare_argv(), "train", ...]``) across the lab and wait for it."""
         cmd = self.mpirun_command(argv, np, mca, per_host)
-        return subprocess.run(cmd, env=mpirun.job_env(), timeout=timeout, text=True, capture_output=capture)
+        pipe = subprocess.PIPE if capture else None
+        with subprocess.Popen(cmd, env=mpirun.job_env(), text=True, stdout=pipe, stderr=pipe) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except BaseException:  # a timeout or Ctrl-C: SIGTERM lets mpirun end its ranks on every host
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     # -- what exists ---------------------------------------------------------------------------------
     def host_rows(self) -> list[dict[str, object]]:

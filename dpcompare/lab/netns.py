@@ -98,10 +98,10 @@ def root_networks() -> list[ipaddress.IPv4Network]:
 
 
 def tbf_args(bps: int) -> list[str]:
-    """tbf options for ``bps``: a burst of at least 4 ms of traffic (256 KiB from 50 Mbit/s on; smaller below, so
-    that a crawl is a crawl), 20 ms of queue."""
+    """tbf options for ``bps``: a burst of 2 ms of traffic but at least 256 KiB from 50 Mbit/s on (64 KiB, one GSO
+    packet, halved the rate at 1 Gbit/s; 128 KiB did not), 16 KiB below so that a crawl is a crawl; 20 ms of queue."""
     floor = 256 * 1024 if bps >= 50_000_000 else 16 * 1024
-    burst = max(floor, int(bps / 8 * 0.004))
+    burst = max(floor, int(bps / 8 * 0.002))
     return ["tbf", "rate", f"{bps}bit", "burst", str(burst), "latency", "20ms"]
 
 
