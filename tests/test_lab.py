@@ -92,7 +92,7 @@ def lab() -> Lab:
         missing("a lab needs Linux, iproute2 and root")
     name = f"t{secrets.token_hex(3)}"
     try:
-        the_lab = Lab.up(hosts=2, link="200mbit", name=name)
+        the_lab = Lab.from_spec(parse_lab_spec(f"hosts=2,link=200mbit,name={name}"))
     except LaunchError as e:
         missing(f"cannot make a lab here: {e}")
     yield the_lab
@@ -130,6 +130,23 @@ def test_link_down_and_reshape(lab: Lab) -> None:
     assert [r["shaped"] for r in lab.host_rows()] == ["1gbit", "200mbit"]
     lab.set_link("200mbit")
     assert [r["shaped"] for r in lab.host_rows()] == ["200mbit", "200mbit"]
+    p = dpcompare("lab", "status", env={**os.environ, "COLUMNS": "200"})
+    assert f"lab {lab.name}: up" in p.stdout and lab.hosts[1].address in p.stdout
+
+
+@pytest.mark.netns
+def test_interrupted_up_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        missing("a lab needs root and iproute2")
+    name = f"i{secrets.token_hex(3)}"
+
+    def ctrl_c(*a: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(netns, "shape", ctrl_c)  # Ctrl-C once the namespaces exist, while shaping
+    with pytest.raises(KeyboardInterrupt):
+        Lab.up(hosts=2, link="1gbit", name=name)
+    assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
 
 
 @pytest.mark.netns
