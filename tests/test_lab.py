@@ -78,6 +78,13 @@ def test_without_root_or_iproute2_one_line(monkeypatch: pytest.MonkeyPatch) -> N
         netns.preflight()
 
 
+def test_a_kernel_without_tbf_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = subprocess.CompletedProcess(["tc"], 2, "", "Error: Specified qdisc kind is unknown.\n")
+    monkeypatch.setattr(netns, "_run", lambda cmd, check: answer)
+    with pytest.raises(LaunchError, match="no tbf qdisc"):
+        netns.shape("dplab-x-h0", "dplab0", 10**9)
+
+
 # -- a real lab --------------------------------------------------------------------------------------
 def _ours(name: str) -> tuple[list[str], list[str]]:
     """Namespaces and root-namespace interfaces lab ``name`` could have left behind."""

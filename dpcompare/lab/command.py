@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from dpcompare.errors import ConfigError
-from dpcompare.lab import bench, core
+from dpcompare.lab import bench, core, netns
 from dpcompare.lab.rates import format_rate
 
 DESCRIPTION = """\
@@ -35,6 +35,7 @@ def _up(a: argparse.Namespace) -> int:
 
 
 def _down(a: argparse.Namespace) -> int:
+    netns.preflight()
     if a.all and a.name != "default":
         raise ConfigError("--all removes every lab; give it without --name")
     removed = core.sweep(None if a.all else a.name)
@@ -73,6 +74,7 @@ def _status(a: argparse.Namespace) -> int:
 def _bench(a: argparse.Namespace) -> int:
     from rich.console import Console
 
+    netns.preflight()
     lab = core.Lab.load(a.name)
     backends = [b.strip() for b in a.backends.split(",")]
     collectives = [c.strip() for c in a.collectives.split(",")]
@@ -91,6 +93,7 @@ def _bench(a: argparse.Namespace) -> int:
 
 
 def _set_link(a: argparse.Namespace) -> int:
+    netns.preflight()
     lab = core.Lab.load(a.name)
     if a.rate in ("down", "up"):
         if a.host is None:
