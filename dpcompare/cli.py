@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "dpcompare.report.command",    # dpcompare report
     "dpcompare.report.timeline",   # dpcompare timeline
     "dpcompare.launch.commands",   # dpcompare launch, dpcompare slurm
+    "dpcompare.prediction.command",  # dpcompare predict
 )
 
 
