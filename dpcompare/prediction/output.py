@@ -68,7 +68,7 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
     fig = Figure(figsize=(11, 4.2), dpi=120)
     ax_t, ax_e = fig.subplots(1, 2)
@@ -79,12 +79,19 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
         ax_t.plot(hosts, [s.compute * 1e3 for s in c.steps], ":", color=color, linewidth=1)
         ax_e.plot(hosts, [100 * c.efficiency(s) for s in c.steps], "o-", color=color, label=c.label)
     ax_e.axhline(100 * threshold, color="#999999", linestyle="--", linewidth=1)
+    hosts = sorted({s.hosts for c in curves for s in c.steps})
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     for ax, ylabel in ((ax_t, "step time, ms (dotted: compute alone)"), (ax_e, "scaling efficiency vs 1 host")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(hosts if len(hosts) <= 12 else hosts[:: -(-len(hosts) // 12)])
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("hosts")
         ax.set_ylabel(ylabel)
         ax.grid(True, color="#e6e6e6")
     ax_t.set_yscale("log")
+    ax_t.yaxis.set_major_formatter(plain)
+    ax_t.yaxis.set_minor_formatter(plain)
     ax_e.set_ylim(0, 105)
     ax_e.yaxis.set_major_formatter(PercentFormatter())
     ax_e.legend(fontsize=8, frameon=False)

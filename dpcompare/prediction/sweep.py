@@ -115,10 +115,15 @@ def verdict(curves: Sequence[Curve], hosts: Sequence[int]) -> list[str]:
             runs[-1] = (label, runs[-1][1], h)
         else:
             runs.append((label, h, h))
-    lines = [f"fastest at {a}–{b} hosts: {label}" if a != b else f"fastest at {a} hosts: {label}"
+    lines = [f"fastest at {a}–{b} hosts: {label}" if a != b else f"fastest at {a} host{'s' * (a > 1)}: {label}"
              for label, a, b in runs]
     for (x, _, b), (y, a, _) in zip(runs, runs[1:], strict=False):
         lines.append(f"crossover between {b} and {a} hosts: {y} overtakes {x}")
     if len(runs) == 1:
         lines.append(f"no crossover between {hosts[0]} and {hosts[-1]} hosts")
+    computes = [c.base.step for c in curves]
+    if max(computes) > 1.2 * min(computes) and len({c.run for c in curves}) > 1:
+        lines.append(f"the runs' own compute differs ({min(computes) * 1e3:.1f} to {max(computes) * 1e3:.1f} ms per "
+                     "step on one host), so the winner reflects the traced compute as much as the network: give "
+                     "--strategies to model every strategy on each run's compute")
     return lines
