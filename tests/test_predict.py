@@ -223,6 +223,7 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert (tmp_path / "cmp" / "prediction.png").stat().st_size > 10_000
     assert "fastest at" in p.stdout and "efficiency on 1gbit" in p.stdout and "would cut" in p.stdout
     assert out["who_wins"] and out["knob_advice"]
+    assert out["curves"][0]["traced_run"]["world_size"] == 2 and out["curves"][0]["traced_run"]["compute_ms"] == 18.0
 
 
 def test_predict_refusals_are_one_line(tmp_path):

@@ -66,7 +66,6 @@ def _cmd_predict(a: argparse.Namespace) -> int:
                 continue  # another repeat of the same arm
             seen.add(label)
             c = sweep.curve(p, name, sweep.knobs_of(p, over), net, hosts, label)
-            c.notes = list(p.notes)
             c.advice = sweep.advise(c, p, net, a.threshold)
             curves.append(c)
     if not curves:

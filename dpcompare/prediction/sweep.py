@@ -39,6 +39,7 @@ class Curve:
     steps: list[Step]
     advice: str = ""
     knob_text: str = ""
+    measured: dict[str, Any] = field(default_factory=dict)  # the traced run's own figures, at its own size
     notes: list[str] = field(default_factory=list)
 
     def efficiency(self, s: Step) -> float:
@@ -51,7 +52,7 @@ class Curve:
     def as_dict(self, threshold: float) -> dict[str, Any]:
         return {"label": self.label, "strategy": self.strategy, "run": self.run, "knobs": dataclasses.asdict(self.knobs),
                 "one_host_step_ms": round(self.base.step * 1e3, 4), "threshold": threshold,
-                "below_threshold_at_hosts": self.below(threshold), "advice": self.advice, "notes": self.notes,
+                "below_threshold_at_hosts": self.below(threshold), "advice": self.advice, "notes": self.notes, "traced_run": self.measured,
                 "steps": [{**s.as_dict(), "efficiency": round(self.efficiency(s), 4)} for s in self.steps]}
 
 
@@ -66,10 +67,16 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
     return Knobs(**mine)
 
 
+MEASURED = ("step_ms", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step", "allreduce_ops_per_step",
+            "allreduce_bytes_per_step")
+
+
 def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int], label: str) -> Curve:
     sched = schedule(name)(p, knobs)
+    traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
+              **{k: p.measured.get(k) for k in MEASURED}}
     return Curve(label, name, p.run, knobs, sched.run(net.with_hosts(1)), [sched.run(net.with_hosts(h)) for h in hosts],
-                 knob_text=sched.describe_knobs())
+                 knob_text=sched.describe_knobs(), notes=list(p.notes), measured=traced)
 
 
 def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
