@@ -223,7 +223,12 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert (tmp_path / "cmp" / "prediction.png").stat().st_size > 10_000
     assert "fastest at" in p.stdout and "efficiency on 1gbit" in p.stdout and "would cut" in p.stdout
     assert out["who_wins"] and out["knob_advice"]
-    assert out["curves"][0]["traced_run"]["world_size"] == 2 and out["curves"][0]["traced_run"]["compute_ms"] == 18.0
+    ddp, hvd = out["curves"][0]["traced_run"], out["curves"][1]["traced_run"]
+    assert ddp["world_size"] == 2 and ddp["compute_ms"] == 18.0
+    # the model at np=2 on the trace's own all-reduce speed (12 MiB in 1 ms): one bucket ready at 10 ms, done at 11
+    chk = ddp["self_check"]
+    assert chk["model_step_ms"] == pytest.approx(19.0, abs=0.01) and chk["traced_step_ms"] == 20.0
+    assert hvd["self_check"] is None and "self-check at the traced size" in p.stdout
 
 
 def test_predict_refusals_are_one_line(tmp_path):

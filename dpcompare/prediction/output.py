@@ -52,6 +52,10 @@ def make_console() -> Console:
 def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]], threshold: float) -> None:
     for c in curves:
         console.print(table(c, threshold))
+        if chk := c.measured.get("self_check"):
+            console.print(f"  self-check at the traced size (np={c.measured['world_size']}, all-reduces at "
+                          f"{chk['busbw_gbit']:g} Gbit/s as traced): model {chk['model_step_ms']:.2f} ms per step, "
+                          f"traced {chk['traced_step_ms']:.2f} ms ({chk['error_pct']:+.0f} %)", style="dim")
         for note in c.notes:
             console.print(f"  note: {note}", style="dim")
     headings = {"who_wins": "who wins", "below_threshold": f"below {pct(threshold)} efficiency",

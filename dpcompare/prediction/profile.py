@@ -79,6 +79,12 @@ def _bytes_from_comm(events: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def _allreduces(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(bytes, seconds) of every traced all-reduce (DDP's buckets on every rank, Horovod's fused operations)."""
+    return [(float(e["args"]["bytes"]), e["dur"] / 1e6) for e in events
+            if e.get("cat") == tr.CAT_COMM and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
+
+
 def _per_step(events: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dict[str, list[float]],
                                                        dict[str, float]]:
     """Phase lengths (s) per traced step and rank, ready offsets (s) per parameter, bytes from the ticks."""
@@ -148,7 +154,9 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
         optimizer=_median(phases["optimizer"]), grads=grads,
         batch=int(other.get("batch_size") or summary.get("batch_size") or 1), buffer_bytes=buffers,
         device=str(summary.get("device", "cpu")), config=dict(summary.get("config") or {}),
-        measured={**tr.communication_figures(events), "comm": summary.get("comm") or {}}, notes=notes)
+        measured={**tr.communication_figures(events), "comm": summary.get("comm") or {},
+                  "allreduces": _allreduces(events), "step_ms_median": _median(
+                      [st["dur"] / 1e3 for steps in tr.steps_by_rank(events).values() for st in steps])}, notes=notes)
 
 
 def find_runs(paths: list[str]) -> list[Path]:

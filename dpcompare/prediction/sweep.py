@@ -7,11 +7,12 @@ throughput of one host, which is one host's step over H hosts' step (one host of
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpcompare.prediction.network import Network
+from dpcompare.prediction.network import Link, Network
 from dpcompare.prediction.profile import Profile
 from dpcompare.prediction.schedule import Knobs, Schedule, Step
 from dpcompare.prediction.strategies import schedule
@@ -67,14 +68,27 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
     return Knobs(**mine)
 
 
-MEASURED = ("step_ms", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step", "allreduce_ops_per_step",
+MEASURED = ("step_ms", "step_ms_median", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step", "allreduce_ops_per_step",
             "allreduce_bytes_per_step")
+
+
+def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
+    """The model at the traced run's own size, on the all-reduce speed the trace itself shows (the median
+    bus bandwidth of its all-reduces, no latency), against the traced steps' median; None without both."""
+    n, measured = p.world_size, p.measured.get("step_ms_median")
+    ops = p.measured.get("allreduces") or []
+    if sched.name != p.strategy or n < 2 or not ops or not measured:
+        return None
+    busbw = statistics.median(2 * (n - 1) / n * b / t for b, t in ops)
+    model = sched.run(Network(n, Link(0.0, busbw))).step * 1e3
+    return {"busbw_gbit": round(busbw * 8 / 1e9, 4), "model_step_ms": round(model, 4),
+            "traced_step_ms": round(measured, 4), "error_pct": round(100 * (model / measured - 1), 1)}
 
 
 def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int], label: str) -> Curve:
     sched = schedule(name)(p, knobs)
     traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
-              **{k: p.measured.get(k) for k in MEASURED}}
+              **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched)}
     return Curve(label, name, p.run, knobs, sched.run(net.with_hosts(1)), [sched.run(net.with_hosts(h)) for h in hosts],
                  knob_text=sched.describe_knobs(), notes=list(p.notes), measured=traced)
 
