@@ -257,3 +257,11 @@ def test_calibration_scales_the_link_per_backend_and_collective(tmp_path):
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(ConfigError, match="lab bench"):
         load_calibration(tmp_path / "empty.json")
+
+
+def test_labels_keep_arms_apart_and_repeats_together(tmp_path):
+    from dpcompare.prediction.command import source
+
+    assert source(tmp_path / "ddp-np2-r0", 2) == source(tmp_path / "ddp-np2-r3-s7", 2) == "ddp-np2"
+    assert source(tmp_path / "ddp-bucket5-np2-r0", 2) == "ddp-bucket5-np2"
+    assert source(tmp_path / "mine", 4) == "mine, np=4"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,13 @@ def parse_hosts(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def source(folder: Path, world_size: int) -> str:
+    """A run's name for labels: its folder, less compare's ``-r<repeat>[-s<seed>]`` (repeats of an arm are one
+    curve), with the process count when the name does not say it."""
+    name = re.sub(r"-r\d+(-s\d+)?$", "", folder.resolve().name)
+    return name if re.search(rf"-np{world_size}\b", name) else f"{name}, np={world_size}"
+
+
 def _network(a: argparse.Namespace) -> Any:
     from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration, parse_rate
 
@@ -60,8 +68,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     for folder in strategies.profile_runs(a.run_dirs):
         p = strategies.profile(folder)
         for name in strategies.modelled_as(p, asked):
-            label = f"{name} (np={p.world_size} {p.strategy} trace)" if name != p.strategy else \
-                f"{name} (np={p.world_size} trace)"
+            label = f"{name} ({source(folder, p.world_size)})" if name == p.strategy else \
+                f"{name} (on {source(folder, p.world_size)})"
             if label in seen:
                 continue  # another repeat of the same arm
             seen.add(label)
