@@ -112,6 +112,13 @@ def test_horovod_fusion_merges_three_tensors():
     assert small.detail["fused_allreduces"] == 2 and small.comm == pytest.approx(6 * MS)
 
 
+def test_horovod_fusion_never_exceeds_its_threshold():
+    from dpcompare.prediction.horovod import fuse
+
+    grads = [Grad(str(i), 0.0, b * MB) for i, b in enumerate([1, 3, 0.5, 0.5, 1, 0.25])]
+    assert [[g.name for g in b] for b in fuse(grads, 2 * MB)] == [["0"], ["1"], ["2", "3", "4"], ["5"]]
+
+
 def test_horovod_cycle_splits_late_tensors_into_a_second_allreduce():
     p = profile([("c", 0.1 * MS, 1 * MB), ("b", 0.2 * MS, 1 * MB), ("a", 3.5 * MS, 1 * MB)], backward=4 * MS,
                 strategy="horovod")

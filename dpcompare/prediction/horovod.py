@@ -18,7 +18,23 @@ from __future__ import annotations
 import math
 
 from dpcompare.prediction.network import Network
-from dpcompare.prediction.schedule import MB, Schedule, Step, fill
+from dpcompare.prediction.profile import Grad
+from dpcompare.prediction.schedule import MB, Schedule, Step
+
+
+def fuse(grads: list[Grad], threshold: float) -> list[list[Grad]]:
+    """Consecutive groups of ``grads`` of at most ``threshold`` bytes (a larger tensor alone): Horovod's fusion,
+    which never lets a fused buffer exceed the threshold (DDP's buckets may: :func:`.schedule.fill`)."""
+    groups: list[list[Grad]] = []
+    size = 0.0
+    for g in grads:
+        if groups and size + g.nbytes <= threshold:
+            groups[-1].append(g)
+            size += g.nbytes
+        else:
+            groups.append([g])
+            size = g.nbytes
+    return groups
 
 
 class HorovodSchedule(Schedule):
@@ -45,7 +61,7 @@ class HorovodSchedule(Schedule):
             cycles += 1
             free = max(free, t) + negotiate
             costs.append(negotiate)
-            for group in fill(ready, [k.fusion_mb * MB]):
+            for group in fuse(ready, k.fusion_mb * MB):
                 size = sum(g.nbytes for g in group) * k.wire
                 cost = net.cost("allreduce", size, self.backend())
                 free += cost
