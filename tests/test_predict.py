@@ -261,6 +261,15 @@ def test_calibration_scales_the_link_per_backend_and_collective(tmp_path):
     net25 = Network(4, Link(5e-6, 25e9 / 8), calibrated=cal)
     assert net25.cost("allreduce", 1e8, "mpi") == pytest.approx(Link(a, 0.7 * 25e9 / 8).allreduce(1e8, 4))
     assert net25.cost("allgather", 1e8, "mpi") == Link(5e-6, 25e9 / 8).allgather(1e8, 4)  # not calibrated
+    # the file `dpcompare lab bench --out` writes: alpha_s is the whole fixed cost, busbw comparable with the link
+    lab = tmp_path / "lab.json"
+    lab.write_text(json.dumps({"schema": "dpcompare.lab.bench/1", "lab": {"link_bps": 200e6}, "ranks": 3, "fits": [
+        {"backend": "gloo", "collective": "allreduce", "alpha_s": 8e-4, "busbw_Bps": 0.95 * 200e6 / 8},
+        {"backend": "mpi", "collective": "allgather", "alpha_s": 4e-4, "busbw_Bps": 0.5 * 200e6 / 8}]}))
+    cal = load_calibration(lab)
+    assert set(cal) == {("gloo", "allreduce"), ("mpi", "allgather")}
+    assert cal[("gloo", "allreduce")] == pytest.approx((2e-4, 0.95)) and cal[("mpi", "allgather")] == pytest.approx(
+        (2e-4, 0.5))
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(ConfigError, match="lab bench"):
         load_calibration(tmp_path / "empty.json")

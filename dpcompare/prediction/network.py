@@ -112,13 +112,18 @@ class Network:
 
 
 # -- calibration ------------------------------------------------------------------------------------------
+def _terms(collective: str, n: int) -> tuple[int, float]:
+    """(message steps that pay α, the bus factor that turns bytes into bytes a link carries) at n ranks."""
+    return {"allreduce": (2 * (n - 1), 2 * (n - 1) / n), "broadcast": (math.ceil(math.log2(n)), 1.0)
+            }.get(collective, (n - 1, (n - 1) / n))
+
+
 def _fit(points: list[tuple[float, float]], collective: str, n: int) -> tuple[float, float]:
     """(α, B) from (bytes, seconds) points of one collective at n ranks: a least-squares line through
     time = a + b·bytes (scipy.stats.linregress) read as the α-β formula's fixed and per-byte terms."""
     from scipy.stats import linregress
 
-    steps, share = {"allreduce": (2 * (n - 1), 2 * (n - 1) / n), "broadcast": (math.ceil(math.log2(n)), 1.0)
-                    }.get(collective, (n - 1, (n - 1) / n))
+    steps, share = _terms(collective, n)
     xs, ys = zip(*points, strict=True)
     fit = linregress(xs, ys)
     if fit.slope <= 0:
@@ -139,34 +144,42 @@ def _entries(data: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _alpha_bandwidth(e: dict[str, Any], coll: str, n: int) -> tuple[float, float] | None:
+    """(α per message step, B in bytes/s comparable with the link) from one record, or None."""
+    steps, _ = _terms(coll, n)
+    if e.get("busbw_Bps"):  # `lab bench` (schema dpcompare.lab.bench/1): alpha_s is the whole fixed cost
+        return float(e.get("alpha_s", 0.0)) / steps, float(e["busbw_Bps"])
+    if e.get("bandwidth_bps"):
+        return float(e.get("latency_s", 0.0)), float(e["bandwidth_bps"]) / 8
+    pts = e.get("points") or list(zip(e.get("sizes", []), e.get("times_s", []), strict=False))
+    return _fit([(float(b), float(t)) for b, t in pts], coll, n) if len(pts) >= 2 else None
+
+
 def load_calibration(path: str | Path) -> dict[tuple[str, str], tuple[float, float]]:
     """(backend, collective) → (α seconds, measured B as a fraction of the link rate it was measured on).
 
-    Reads a ``lab bench --out FILE`` JSON: records with ``backend``, ``collective`` and either a fit
-    (``latency_s``, ``bandwidth_bps`` in bits/s) or points (``sizes`` bytes + ``times_s``, or ``points``
-    as [bytes, seconds] pairs, with ``ranks``), and the ``link_bps`` of the run (top level or per record).
+    Reads the JSON ``dpcompare lab bench --out FILE`` writes (``fits``: ``backend``, ``collective``, ``alpha_s``,
+    ``busbw_Bps``; ``ranks``; ``lab.link_bps``). Also accepted, per record: a fit as ``latency_s`` (per message
+    step) and ``bandwidth_bps`` (bits/s), or points (``sizes`` in bytes + ``times_s``, or ``points`` as
+    [bytes, seconds]) fitted here; ``ranks`` and ``link_bps`` per record or at the top level.
     """
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"--calibration {path}: cannot read it as JSON ({e})") from None
-    top_link = data.get("link_bps") if isinstance(data, dict) else None
+    top = data if isinstance(data, dict) else {}
+    top_link = top.get("link_bps") or (top.get("lab") or {}).get("link_bps")
     out: dict[tuple[str, str], tuple[float, float]] = {}
     for e in _entries(data):
         coll = str(e.get("collective", "")).replace("-", "_").replace("all_reduce", "allreduce") \
             .replace("all_gather", "allgather")
-        link_bps = e.get("link_bps", top_link)
+        link_bps = e.get("link_bps") or top_link
         if coll not in COLLECTIVES or not e.get("backend") or not link_bps:
             continue
-        if "bandwidth_bps" in e:
-            alpha, bw = float(e.get("latency_s", 0.0)), float(e["bandwidth_bps"]) / 8
-        else:
-            pts = e.get("points") or list(zip(e.get("sizes", []), e.get("times_s", []), strict=False))
-            if len(pts) < 2:
-                continue
-            alpha, bw = _fit([(float(b), float(t)) for b, t in pts], coll, int(e.get("ranks", 2)))
-        out[(str(e["backend"]), coll)] = (alpha, bw / (float(link_bps) / 8))
+        ab = _alpha_bandwidth(e, coll, int(e.get("ranks") or top.get("ranks") or 2))
+        if ab is not None:
+            out[(str(e["backend"]), coll)] = (ab[0], ab[1] / (float(link_bps) / 8))
     if not out:
-        raise ConfigError(f"--calibration {path}: no backend+collective fit with a link_bps found; give the JSON "
-                          "`dpcompare lab bench --out FILE` wrote")
+        raise ConfigError(f"--calibration {path}: no backend+collective fit with the link rate it was measured on; "
+                          "give the JSON `dpcompare lab bench --out FILE` wrote (on a shaped link)")
     return out
