@@ -50,6 +50,7 @@ COMMAND_MODULES = (
     "dpcompare.report.timeline",   # dpcompare timeline
     "dpcompare.launch.commands",   # dpcompare launch, dpcompare slurm
     "dpcompare.lab.command",       # dpcompare lab up|down|status|bench|set-link
+    "dpcompare.prediction.command",  # dpcompare predict
 )
 
 

@@ -266,10 +266,12 @@ class Strategy(ABC):
         Strategies add their communication (and must call this). Nothing is hooked while not tracing.
         """
         def ready(name: str) -> Callable[[torch.Tensor], None]:
-            return lambda _p: recorder.tick(name, CAT_GRAD, recorder.now())
+            return lambda p: recorder.tick(name, CAT_GRAD, recorder.now(), bytes=p.numel() * p.element_size())
 
         self._trace_handles = [p.register_post_accumulate_grad_hook(ready(n))
                                for n, p in self.unwrap_model(model).named_parameters() if p.requires_grad]
+        recorder.events.append({"name": "model_buffers", "ph": "M", "pid": recorder.rank,  # for dpcompare predict
+                                "args": {"bytes": tensor_bytes(self.unwrap_model(model).buffers())}})
 
     def stop_trace(self) -> None:
         """Stop recording: remove every hook :meth:`start_trace` added."""
