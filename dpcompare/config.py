@@ -95,10 +95,12 @@ class TrainConfig:
     eval_every: int = opt(0, "evaluate the test accuracy every K optimizer steps as well as after every epoch (the "
                              "eval curve and --target-accuracy use these points); 0: after every epoch only",
                           type=t.nonneg_int, metavar="K")
-    target_accuracy: float = opt(0.0, "record the training time and steps until the test accuracy first reaches A "
-                                      "(a fraction, e.g. 0.95) in summary.json's time_to_accuracy_s and "
-                                      "steps_to_accuracy; start-up and evaluation time are not counted; 0: off",
-                                 type=t.fraction, metavar="A")
+    target_accuracy: float = opt(0.0, "record the training time and steps until the workload's test metric (the "
+                                      "test accuracy, a fraction, e.g. 0.95, for the built-in models) first reaches "
+                                      "A (at or above it; at or below it for a metric where lower is better) in "
+                                      "summary.json's time_to_accuracy_s and steps_to_accuracy; start-up and "
+                                      "evaluation time are not counted; 0: off",
+                                 type=t.nonneg_float, metavar="A")
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
     count_allreduces: bool = opt(False, "count gradient all-reduces into summary.json's comm (tests; may add a "
                                         "Python hook)", hidden=True)

@@ -15,7 +15,8 @@ from dpcompare import cli, knobs, models
 from dpcompare.compare import command as compare
 from dpcompare.config import TrainConfig
 from dpcompare.report import render, stats
-from dpcompare.training.loop import EvalCurve, seed_everything
+from dpcompare.training.evaluation import EvalCurve
+from dpcompare.training.loop import seed_everything
 
 from conftest import needs_horovod, needs_mpi
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from dpcompare.backends.single import SingleStrategy
-from dpcompare.training.loop import StepTiming, _timing_summary
+from dpcompare.training.step import StepTiming
+from dpcompare.training.summary import timing_summary
 
 from conftest import FAST, ROOT, dpcompare, mpi_env, needs_mpi, summary
 
@@ -44,7 +45,7 @@ class _TwoRanks(SingleStrategy):
 
 def test_throughput_is_decided_by_the_slowest_rank():
     steps = [StepTiming(0.001, 0.002, 0.003, 0.004, 0.010)] * 10  # 10 steps of 10 ms
-    t = _timing_summary(_TwoRanks(), steps, samples_per_step=64)
+    t = timing_summary(_TwoRanks(), steps, samples_per_step=64)
     # 640 samples over the slowest rank's 0.2 s, not rank 0's 0.1 s (nor rank 0 × 2)
     assert t["samples_per_sec"] == pytest.approx(640 / 0.2)
     assert t["step_ms_median"] == pytest.approx(20.0) and [r["rank"] for r in t["per_rank"]] == [0, 1]

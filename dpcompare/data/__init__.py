@@ -1,4 +1,8 @@
-"""Datasets by name: the torch-free catalog (:mod:`.catalog`) and the loaders and samplers (:mod:`.datasets`).
+"""What a training job computes: datasets by name and workloads.
+
+The torch-free catalog (:mod:`.catalog`), the loaders and samplers (:mod:`.datasets`), the
+:class:`~.workload.Workload` interface (:mod:`.workload`) and the built-in classification workloads
+(:mod:`.builtin`).
 
 May import: the top-level modules (errors, files) and ``models`` (for the optional torchvision import).
 Importing this package imports neither torch nor a dataset.

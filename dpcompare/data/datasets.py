@@ -300,14 +300,18 @@ class _EpochSampler(DistributedSampler):
 
 
 def train_loader(ds: Dataset, batch_size: int, rank: int, world_size: int, seed: int,
-                 workers: int = 0) -> tuple[DataLoader, DistributedSampler]:
+                 workers: int = 0, collate: Callable[[list[Any]], Any] | None = None
+                 ) -> tuple[DataLoader, DistributedSampler]:
     sampler = _EpochSampler(ds, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
     if len(sampler) < batch_size:
         raise ConfigError(f"--batch-size {batch_size} is larger than the {len(sampler)} training samples each of "
                           f"the {world_size} processes gets; use a smaller batch")
-    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=workers)
+    loader = DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=workers,
+                        collate_fn=collate)
     return loader, sampler
 
 
-def eval_loader(ds: Dataset, rank: int, world_size: int, batch_size: int = 512) -> DataLoader:
-    return DataLoader(Subset(ds, range(rank, len(ds), world_size)), batch_size=batch_size, shuffle=False)
+def eval_loader(ds: Dataset, rank: int, world_size: int, batch_size: int = 512,
+                collate: Callable[[list[Any]], Any] | None = None) -> DataLoader:
+    return DataLoader(Subset(ds, range(rank, len(ds), world_size)), batch_size=batch_size, shuffle=False,
+                      collate_fn=collate)

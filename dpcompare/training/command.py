@@ -17,10 +17,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
     from dpcompare.launch.env import detect_launch_env
     from dpcompare.training.loop import train
 
-    env = detect_launch_env()
-    if a.out is None:
-        a.out = f"runs/{a.strategy}-np{env.world_size}"
-    train(config_from_args(a), env)
+    train(config_from_args(a), detect_launch_env())  # train() names the default --out
     return 0
 
 

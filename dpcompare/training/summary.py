@@ -1,0 +1,112 @@
+"""What a run reports: its timing and memory across ranks, and the run summary (``summary.json``).
+
+Every key ``summary.json`` has ever had stays: for an accuracy workload ``final_test_accuracy`` and the
+history rows' ``test_accuracy``; for every workload the generic ``metric``, ``final_metric``, the rows'
+``test_metric`` and ``metrics`` (every metric by name), and ``workload``.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpcompare import knobs
+from dpcompare.backends.base import Strategy
+from dpcompare.config import TrainConfig
+from dpcompare.data.workload import Metric, Workload
+from dpcompare.files import MEMORY_PARTS, PHASES
+from dpcompare.training.step import StepTiming
+from dpcompare.versions import versions
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory: Linux's VmHWM (which a compare worker resets before each run),
+    else the lifetime maximum getrusage keeps."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step: int) -> dict[str, Any]:
+    """Every rank's timed steps → global throughput (the slowest rank decides) and step statistics."""
+    totals = [s.total for s in steps] or [0.0]
+    mine = {"step_ms_median": statistics.median(totals) * 1e3, "step_ms_p95": float(np.percentile(totals, 95)) * 1e3,
+            **{f"{p}_ms": statistics.median([getattr(s, p) for s in steps] or [0.0]) * 1e3 for p in PHASES},
+            "measured_seconds": sum(s.total for s in steps), "measured_steps": float(len(steps)),
+            "peak_rss_mb": peak_rss_mb()}
+    table = strategy.all_gather_floats(list(mine.values()))
+    per_rank = [{"rank": r, **dict(zip(mine, row, strict=True))} for r, row in enumerate(table)]
+    for r in per_rank:
+        r["measured_steps"] = int(r["measured_steps"])
+    slowest = max(per_rank, key=lambda r: r["measured_seconds"])
+    measured = slowest["measured_steps"]
+    sps = samples_per_step * measured / slowest["measured_seconds"] if slowest["measured_seconds"] > 0 else 0.0
+    return {
+        "samples_per_sec": sps,
+        "measured_steps": measured,
+        "measured_seconds": slowest["measured_seconds"],
+        "step_ms_median": max(r["step_ms_median"] for r in per_rank),
+        "step_ms_p95": max(r["step_ms_p95"] for r in per_rank),
+        "phases_ms": {p: statistics.fmean(r[f"{p}_ms"] for r in per_rank) for p in PHASES},
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in per_rank),
+        "per_rank": per_rank,
+    }
+
+
+def memory_summary(strategy: Strategy, mine: dict[str, int], timing: dict[str, Any]) -> dict[str, Any]:
+    """Bytes of parameters, gradients and optimizer state on every rank (tensor accounting, at the end of
+    training) with each rank's peak RSS; the top-level figures are the largest rank's, in MB."""
+    values = [float(mine[k]) for k in MEMORY_PARTS]
+    table = strategy.all_gather_floats([*values, float(sum(values))])
+    per_rank = [{"rank": r, **{f"{k}_bytes": int(v) for k, v in zip((*MEMORY_PARTS, "total"), row, strict=True)},
+                 "peak_rss_mb": timing["per_rank"][r]["peak_rss_mb"]} for r, row in enumerate(table)]
+    return {**{f"{k}_mb": max(r[f"{k}_bytes"] for r in per_rank) / 2**20 for k in (*MEMORY_PARTS, "total")},
+            "peak_rss_mb": timing["peak_rss_mb"], "per_rank": per_rank}
+
+
+def metric_keys(metric: Metric, values: dict[str, float]) -> dict[str, Any]:
+    """A history row's evaluation keys: ``test_accuracy`` for accuracy (as always), ``test_metric`` (the first
+    metric's value) and ``metrics`` (every metric by name)."""
+    keys: dict[str, Any] = {"test_accuracy": values["accuracy"]} if "accuracy" in values else {}
+    return {**keys, "test_metric": values[metric.name], "metrics": dict(values)}
+
+
+def workload_keys(workload: Workload) -> dict[str, Any]:
+    """summary.json's description of the workload and of its (first) metric."""
+    m = workload.metric
+    return {"metric": {"name": m.name, "higher_is_better": m.higher_is_better, "unit": m.unit},
+            "workload": {"name": workload.name, "source": workload.source, **workload.info}}
+
+
+def run_summary(cfg: TrainConfig, strategy: Strategy, workload: Workload, history: list[dict[str, Any]],
+                figures: dict[str, Any], resume_path: Path | None) -> dict[str, Any]:
+    """The run summary every rank returns and rank 0 writes as ``summary.json``.
+
+    ``figures`` holds what the run measured: lr, global_batch, epochs, steps, timing, memory, curve (the
+    eval curve's summary), comm (the run's own communication counters) and run_info (the run's config).
+    """
+    last = history[-1] if history else {}
+    f = figures
+    return {
+        "strategy": strategy.name, "world_size": strategy.world_size, "launcher": strategy.env.launcher,
+        "device": str(strategy.device), "model": cfg.model, "dataset": cfg.dataset, "epochs": f["epochs"],
+        "steps": f["steps"], "batch_size": cfg.batch_size, "global_batch_size": f["global_batch"], "lr": f["lr"],
+        "seed": cfg.seed, "final_train_loss": last.get("train_loss"),
+        "final_test_accuracy": last.get("test_accuracy"),
+        "samples_per_sec": f["timing"]["samples_per_sec"], "timing": f["timing"], "memory": f["memory"],
+        **f["curve"],
+        "resumed_from": str(resume_path) if resume_path else None,
+        "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg),
+        "comm": {**strategy.comm_report(), **f["comm"]},
+        "config": f["run_info"], "versions": versions(),
+        **workload_keys(workload), "final_metric": last.get("test_metric"),
+    }
