@@ -128,6 +128,10 @@ def test_all_train_settings_at_once_and_old_no_tensorboard_read_back() -> None:
     merged, _ = cmdline.stored_args(cmdline.train_flags(cfg))
     assert config_from_args(merged, out=cfg.out) == cfg
     assert cmdline.train_flags(base) == []  # compare's defaults are not written
+    # where compare's default is not train's, train's own default is a setting like any other
+    own = dataclasses.replace(base, **{n: _FIELDS[n].default for n in cmdline.TRAIN_DEFAULTS
+                                       if n not in cmdline.NOT_STORED})
+    assert own != base and config_from_args(cmdline.stored_args(cmdline.train_flags(own))[0], out=own.out) == own
     # comparisons stored before the fix kept --no-tensorboard: still readable
     assert cmdline.stored_args(["--no-tensorboard"])[0].tensorboard is False
 
