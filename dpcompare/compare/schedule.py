@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy and scipy load with the first look, not with the parser
+    from dpcompare.report.stats import Verdict
 
-from dpcompare.report import stats
-from dpcompare.report.stats import EQUIVALENCE, Verdict, decide, equivalence_confidence, t_half_width
+#: the default equivalence margin of a verdict (:data:`dpcompare.report.stats.EQUIVALENCE`)
+EQUIVALENCE = 0.05
 
 #: Haybittle–Peto: before the final look a verdict may end the comparison only at this error rate per look
 #: (faster/slower: the 99.9 % interval excludes no difference; equal: two one-sided tests at 0.1 %, the
@@ -52,6 +53,10 @@ def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
     Stopping on a decision at the nominal 5 % after every block would be optional stopping: an A/A pair
     would be called faster or slower about one time in four over 40 looks (see the tests).
     """
+    import numpy as np
+
+    from dpcompare.report.stats import decide, equivalence_confidence, t_half_width
+
     d = np.asarray(log_ratios, dtype=float)
     if d.size < 2:
         return None
@@ -99,6 +104,8 @@ def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapse
         seeds = f" × {len(schedule.seeds)} seeds" if schedule.seeds else ""
         return f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}{seeds} as asked" if (
             blocks >= (schedule.blocks or 0)) else None
+    from dpcompare.report import stats
+
     if blocks >= schedule.min_blocks:  # the rule: see the module's docstring
         vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]
         widths = [v.half_width for v in vs]
