@@ -206,3 +206,26 @@ def test_ctrl_c_then_the_printed_resume_command_finishes_the_comparison(tmp_path
     assert sorted(runs) == ["ddp-np1-r0", "horovod-np1-r0"] and all(r["status"] == "ok" for r in runs.values())
     assert runs["ddp-np1-r0"] == first  # kept as recorded, not rerun
     assert res["verdicts"] and "--tensorboard" not in res["config"]["train_flags"]
+
+
+def test_a_comparison_stored_by_an_earlier_dpcompare_still_resumes(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Before issue 27 compare stored train flags relative to `dpcompare train`'s defaults (--no-tensorboard,
+    --min-steps 200): its --resume reads them back, and the same settings written either way are the same plan."""
+    from dpcompare.options import train_argv
+
+    cfg = TrainConfig(epochs=1, lr=0.02, **cmdline.TRAIN_DEFAULTS)
+    out = tmp_path / "cmp"
+    fake_launch.calls = []  # type: ignore[attr-defined]
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(cfg, ["ddp", "single"], [1], 2, out, progress="none", launch=_interrupting_launch(1))
+    res = json.loads((out / "results.json").read_text())
+    old = train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))
+    assert "--no-tensorboard" in old and res["config"]["train_flags"] == ["--epochs", "1", "--lr", "0.02"]
+    res["config"]["train_flags"] = old
+    (out / "results.json").write_text(json.dumps(res))
+    merged = compare.resumed_args(cli.build_parser().parse_args(["compare", "--resume", str(out)]))
+    assert (merged.tensorboard, merged.min_timed_steps, merged.lr) == (False, 200, 0.02)
+    fake_launch.calls = []  # type: ignore[attr-defined]
+    assert run_compare(cfg, ["ddp", "single"], [1], 2, out, progress="none", resume=True) == 0
+    assert fake_launch.calls == ["single-np1", "single-np1", "ddp-np1"]  # type: ignore[attr-defined]

@@ -166,6 +166,8 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     old, new = stored.get("config") or {}, fresh["config"]
     absent = {"seeds": None, "accuracy_equivalence": Schedule().accuracy_equivalence}  # results from before them
     for key in PLAN_KEYS:
+        if key == "train_flags" and same_train_settings(old.get(key), new.get(key)):
+            continue  # the same settings, written another way (e.g. by an earlier dpcompare)
         if old.get(key, absent.get(key)) != new.get(key):
             raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
                               f"({short(new.get(key))} here, {short(old.get(key))} stored); pass the same "
@@ -180,6 +182,18 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     return resumed, kept
 
 
+
+
+def same_train_settings(old: Any, new: Any) -> bool:
+    """Whether two stored train-flag lists set the same train settings when compare reads them back."""
+    from dpcompare.compare.cmdline import stored_args
+
+    if not isinstance(old, list) or not isinstance(new, list):
+        return False
+    try:
+        return vars(stored_args(old)[0]) == vars(stored_args(new)[0])
+    except ConfigError:
+        return False
 
 
 def short(value: Any) -> str:
