@@ -16,13 +16,11 @@ from typing import Any
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, _jsonable
 from dpcompare.compare.schedule import Schedule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
-from dpcompare.files import RESULTS, SCHEMA
+from dpcompare.files import MEMORY_KINDS, RESULTS, SCHEMA
 
 REPORT_FILES = ("report.html", "plots")
 ERROR_TAIL_LINES = 40
 ERROR_TAIL_CHARS = 4000
-#: the tensor-memory kinds summary.json accounts for (``<kind>_mb``, per rank ``<kind>_bytes``)
-MEMORY_KINDS = ("params", "grads", "optimizer_state", "total")
 #: what must match between a stored comparison and its resumption
 PLAN_KEYS = ("arms", "np", "repeats", "target_ci", "max_repeats", "time_budget", "equivalence", "seeds",
              "accuracy_equivalence", "train_flags")
@@ -87,7 +85,8 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
 
 
 def _memory_mb(memory: dict[str, Any] | None) -> dict[str, Any] | None:
-    """summary.json's tensor accounting: the largest rank's MB per kind, and every rank's."""
+    """summary.json's tensor accounting: the largest rank's MB per kind (:data:`dpcompare.files.MEMORY_KINDS`,
+    the one list of them), and every rank's."""
     if not memory:
         return None
     return {**{k: memory.get(f"{k}_mb") for k in MEMORY_KINDS},

@@ -31,7 +31,7 @@ from dpcompare.files import PHASES, RUN_FILES, atomic_write_json, atomic_write_t
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
-from dpcompare.trace import TraceSession
+from dpcompare.training.tracing import TraceSession
 from dpcompare.versions import versions
 
 
