@@ -16,8 +16,8 @@ is an equivalence test: two one-sided tests at 5 % (Schuirmann's TOST), i.e. the
 inside ±equivalence. Each claim is then wrong at most 5 % of the time; asking the 95 % interval to fit
 inside the margin would test equivalence at 2.5 % and need about a third more blocks for nothing.
 
-This module assembles the throughput verdicts and holds the rule that decides how many blocks to run; the
-pieces live in :mod:`~dpcompare.report.intervals` (intervals and decisions), :mod:`~dpcompare.report.groups`
+This module assembles the throughput verdicts (the rule that decides how many blocks to run is
+:mod:`dpcompare.compare.schedule`'s); the pieces live in :mod:`~dpcompare.report.intervals` (intervals and decisions), :mod:`~dpcompare.report.groups`
 (arms, aggregates, pairing) and :mod:`~dpcompare.report.verdicts` (Verdict, accuracy and time to accuracy),
 and every name is importable from here too. :func:`report_verdicts` gives the report the verdicts compare
 stored in results.json, recomputing them only when asked or when none were stored.
@@ -104,49 +104,6 @@ def blocks_needed(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
     ok = np.nonzero((t_half_width(sd, ns, confidence) < abs(m))
                     | (t_half_width(sd, ns, equivalence_confidence(confidence)) < inside))[0]
     return int(ns[ok[0]]) if ok.size else None
-
-
-# -- when --repeats auto may stop -------------------------------------------------------------------------
-#: Haybittle–Peto: before the final look a verdict may end the comparison only at this error rate per look
-#: (faster/slower: the 99.9 % interval excludes no difference; equal: two one-sided tests at 0.1 %, the
-#: 99.8 % interval inside the margin), so looking after every block costs next to nothing of the 5 %.
-INTERIM_ALPHA = 0.001
-#: the precision stop (every 95 % half-width within --target-ci) is considered from this many blocks on: a
-#: spread estimated from fewer blocks is often small by chance, and stopping on it would inflate the errors
-PRECISION_MIN_BLOCKS = 10
-#: ... and only once the equivalence test's interval is at most this share of the margin wide on either side:
-#: an interval of ±E/2 around a true difference of zero lies inside ±E about nine times in ten, so a
-#: comparison that stops there can call identical arms "equal". An interval merely within ±E must sit
-#: near zero to fit: simulated A/A pairs stopped that way ended "undecided" a third of the time (tests).
-RESOLUTION = 0.5
-
-
-def resolves_equal(v: Verdict) -> bool:
-    """Whether ``v``'s equivalence interval is narrow enough (half-width ≤ RESOLUTION × margin) to call no
-    difference "equal"; a rule on the spread only, blind to where the interval lies."""
-    if v.equivalence_ci is None:
-        return False
-    lo, hi = v.equivalence_ci
-    return (hi - lo) / 2.0 <= RESOLUTION * v.equivalence
-
-
-def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
-                  alpha: float = INTERIM_ALPHA) -> str | None:
-    """The outcome a verdict has already reached beyond reasonable doubt (an interim look), or None.
-
-    Student t at the interim level ``alpha``: "faster"/"slower" when the (1 − alpha) interval of the mean
-    log ratio excludes 0, "equal" when the (1 − 2·alpha) interval lies inside ±log(1 ± equivalence).
-    Stopping on a decision at the nominal 5 % after every block would be optional stopping: an A/A pair
-    would be called faster or slower about one time in four over 40 looks (see the tests).
-    """
-    d = np.asarray(log_ratios, dtype=float)
-    if d.size < 2:
-        return None
-    m, sd = float(d.mean()), float(d.std(ddof=1))
-    h_diff = float(t_half_width(sd, d.size, 1.0 - alpha))
-    h_eq = float(t_half_width(sd, d.size, equivalence_confidence(1.0 - alpha)))
-    outcome = decide(math.exp(m - h_diff), math.exp(m + h_diff), equivalence, (math.exp(m - h_eq), math.exp(m + h_eq)))
-    return None if outcome == "undecided" else outcome
 
 
 def verdicts(results: dict[str, Any], groups: Sequence[Group] | None = None, equivalence: float | None = None,
