@@ -3,7 +3,7 @@ VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 
-.PHONY: setup demo test lint bench figures clean
+.PHONY: setup demo test lint bench figures docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -22,6 +22,9 @@ bench: setup
 
 figures: setup
 	VENV=$(VENV) bash scripts/figures.sh docs/timeline.png
+
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf runs build *.egg-info

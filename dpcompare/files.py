@@ -10,6 +10,10 @@ from typing import IO, Any
 
 #: the phases of one training step, timed under every strategy (summary.json ``timing.phases_ms``)
 PHASES = ("data", "forward", "backward", "optimizer")
+#: the tensors a rank holds (summary.json ``memory``: ``KIND_bytes`` per rank, ``KIND_mb`` for the largest)
+MEMORY_PARTS = ("params", "grads", "optimizer_state")
+#: the memory kinds summary.json and results.json (``memory_mb``) record: the parts and their total
+MEMORY_KINDS = (*MEMORY_PARTS, "total")
 #: what a training run writes in OUT (a folder holding one of them holds a run)
 RUN_FILES = ("metrics.jsonl", "summary.json")
 #: a comparison's results, and the version of their schema (docs/results-schema.md)

@@ -8,6 +8,7 @@ plugin declares which of them it honours (``Strategy.knobs``) and translates the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, NamedTuple
 
 from dpcompare.config import KNOBS, TrainConfig
@@ -85,6 +86,32 @@ def without(cfg: TrainConfig, drop: list[str]) -> TrainConfig:
     """``cfg`` with the knobs in ``drop`` back at their defaults."""
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     return dataclasses.replace(cfg, **{k: defaults[k] for k in drop})
+
+
+def flag(name: str) -> str:
+    """The command-line flag of the TrainConfig field ``name`` (its ``flag`` metadata, else ``--name-with-dashes``)."""
+    f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+    return f.metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def refuse_unhonoured(cfg: TrainConfig, strategy: str, honours: Mapping[str, Collection[str]]) -> None:
+    """Refuse a knob set in ``cfg`` that ``strategy`` does not honour, naming the strategies that do.
+
+    ``honours``: every strategy's name → the knobs it honours (``Strategy.knobs``). Also refuses an
+    ``--amp`` dtype this torch cannot autocast to on the run's device.
+    """
+    mine = honours.get(strategy, ())
+    for name, value in active(cfg).items():
+        if name not in mine:
+            who = [n for n, ks in honours.items() if name in ks]
+            shown = flag(name) if isinstance(value, bool) else f"{flag(name)} {value}"
+            raise ConfigError(f"{shown}: --strategy {strategy} cannot honour it; only "
+                              f"{' or '.join('--strategy ' + w for w in who) or 'no strategy'} can")
+    if cfg.amp != "none":
+        import torch
+
+        want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        check_amp(cfg.amp, want)
 
 
 def amp_dtype(name: str) -> Any:

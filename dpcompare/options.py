@@ -21,6 +21,16 @@ def flag_of(name: str) -> str:
     return _FIELDS[name].metadata.get("flag") or "--" + name.replace("_", "-")
 
 
+def bool_flag(name: str, default: bool) -> tuple[str, str]:
+    """The flag that moves boolean field ``name`` away from ``default`` (the parser's, which may differ from
+    the field's own), and its argparse action: ``--x`` (store_true) from False, ``--no-x`` (store_false) from True."""
+    f = _FIELDS[name]
+    if default == f.default:
+        return flag_of(name), "store_false" if default else "store_true"
+    dashed = name.replace("_", "-")
+    return (f"--no-{dashed}", "store_false") if default else (f"--{dashed}", "store_true")
+
+
 def _default_text(value: Any) -> str:
     if isinstance(value, tuple | list):
         return ",".join(map(str, value))
@@ -31,8 +41,9 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
                        defaults: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
     """One flag per TrainConfig field (but ``exclude``), grouped as in ``--help``.
 
-    ``defaults`` replaces a field's default in this parser (e.g. ``compare``'s own ``--out``); ``helps``
-    replaces its help text.
+    ``defaults`` replaces a field's default in this parser (e.g. ``compare``'s own ``--out``; a boolean whose
+    default is turned around gets the opposite flag, see :func:`bool_flag`); ``helps`` replaces its help text.
+    ``train_argv(cfg, defaults=...)`` with the same ``defaults`` writes flags this parser reads back.
     """
     defaults, helps = defaults or {}, helps or {}
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -45,8 +56,9 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
         text = helps.get(name) or md["help"]
         text = text() if callable(text) else text
         kw: dict[str, Any] = {"dest": name, "default": default}
+        flag = flag_of(name)
         if isinstance(f.default, bool):
-            kw["action"] = "store_false" if f.default else "store_true"
+            flag, kw["action"] = bool_flag(name, default)
         else:
             if md["type"]:
                 kw["type"] = md["type"]
@@ -57,7 +69,7 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
             if default is not None and "default:" not in text:
                 text += f" (default: {_default_text(default)})"
         kw["help"] = argparse.SUPPRESS if md["hidden"] else text
-        g.add_argument(flag_of(name), **kw)
+        g.add_argument(flag, **kw)
 
 
 def config_from_args(a: argparse.Namespace, **override: Any) -> TrainConfig:
@@ -66,16 +78,21 @@ def config_from_args(a: argparse.Namespace, **override: Any) -> TrainConfig:
     return TrainConfig(**kw)
 
 
-def train_argv(cfg: TrainConfig, skip: Sequence[str] = ()) -> list[str]:
-    """``dpcompare train`` flags that rebuild ``cfg`` exactly; settings at their default are left out."""
+def train_argv(cfg: TrainConfig, skip: Sequence[str] = (), defaults: Mapping[str, Any] | None = None) -> list[str]:
+    """``dpcompare train`` flags that rebuild ``cfg`` exactly; settings at their default are left out.
+
+    ``defaults``: the defaults of the parser that reads the flags back, where they differ from the fields'
+    (as given to :func:`add_config_options`).
+    """
     argv: list[str] = []
     for name, f in _FIELDS.items():
         value = getattr(cfg, name)
-        if name in skip or value == f.default:
+        default = (defaults or {}).get(name, f.default)
+        if name in skip or value == default:
             continue
         flag = flag_of(name)
         if isinstance(f.default, bool):
-            argv.append(flag)  # the flag flips the default, and value != default
+            argv.append(bool_flag(name, default)[0])  # the flag flips the parser's default, and value != default
         elif value is None:
             raise ValueError(f"{name}=None cannot be written as {flag}")
         else:

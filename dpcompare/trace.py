@@ -1,4 +1,12 @@
-"""``dpcompare train --trace N``: a measured timeline of N steps on every rank, in Chrome-trace JSON.
+"""``dpcompare train --trace N``: the recorder, the trace format and its figures (no strategy, no trainer).
+
+What a strategy records during a step sits here, below the backends: :class:`TraceRecorder`, the
+categories and lanes, :func:`write_trace`, and :func:`communication_figures` (pure arithmetic on the
+events, which the trainer writes to ``summary.json`` and the report tabulates: both sides need it, and
+``training`` may not import ``report``). The trainer's side (which steps, the merge) is
+:class:`dpcompare.training.tracing.TraceSession`; reading and drawing a trace file is
+:mod:`dpcompare.report.timeline`; Horovod's own timeline is converted in
+:mod:`dpcompare.backends.horovod_timeline`.
 
 After the warm-up, N steps are recorded on every rank: the phases the trainer's :class:`PhaseTimer`
 already times (data, forward, backward, optimizer), a tick when each parameter's gradient is ready
@@ -20,19 +28,12 @@ for Horovod, one lane per tensor as Horovod's timeline draws it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpcompare.files import PHASES, atomic_write_json
-
-if TYPE_CHECKING:
-    from torch import nn
-    from torch.optim import Optimizer
-
-    from dpcompare.backends.base import Strategy
 
 TRACE_FILE = "trace.json"
 LANE_PHASES, LANE_GRADS, LANE_COMM = 0, 1, 2
@@ -96,63 +97,6 @@ class TraceRecorder:
         return meta
 
 
-class TraceSession:
-    """The trainer's side of ``--trace N``: which steps to record, and the merge at the end.
-
-    ``before_step(done)`` is called before every step with the number of steps done so far in this run,
-    ``after_step(...)`` after it; recording covers steps ``warmup + 1 .. warmup + N``. ``finish`` is a
-    collective (every rank calls it); rank 0 writes ``trace.json`` and every rank gets the figures.
-    """
-
-    def __init__(self, steps: int, warmup: int, strategy: Strategy, model: nn.Module, optimizer: Optimizer) -> None:
-        self.steps, self.warmup = steps, warmup
-        self.strategy, self.model, self.optimizer = strategy, model, optimizer
-        self.recorder = TraceRecorder(strategy.rank)
-        self.recorded = 0
-        self.active = False
-
-    def before_step(self, done_steps: int) -> None:
-        if not self.active and done_steps == self.warmup and self.recorded < self.steps:
-            self.strategy.start_trace(self.model, self.optimizer, self.recorder)
-            self.active = True
-
-    def after_step(self, global_step: int, start_perf: float, laps: dict[str, float]) -> None:
-        if not self.active:
-            return
-        self.recorder.step(global_step, start_perf, laps)
-        self.recorded += 1
-        if self.recorded >= self.steps:
-            self._stop()
-
-    def _stop(self) -> None:
-        if self.active:
-            self.strategy.stop_trace()
-            self.active = False
-
-    def finish(self, out: Path, info: dict[str, Any]) -> dict[str, Any] | None:
-        """Gather every rank's events to rank 0, add the library's own (Horovod's timeline), write the file."""
-        self._stop()
-        rec = self.recorder
-        mine = rec.metadata() + rec.events
-        gathered = self.strategy.gather_bytes(json.dumps({"events": mine, "notes": rec.notes}).encode())
-        if not self.strategy.is_main:
-            return None
-        events: list[dict[str, Any]] = []
-        notes: list[str] = []
-        for blob in gathered:
-            part = json.loads(blob)
-            events += part["events"]
-            notes += part["notes"]
-        steps = [e for e in events if e.get("cat") == CAT_STEP and e["pid"] == 0]
-        lib_events, lib_notes = self.strategy.trace_library_events(rec, [(e["ts"], e["ts"] + e["dur"]) for e in steps])
-        events += lib_events
-        notes += lib_notes
-        if not steps:
-            notes.append(f"no step was traced: the run took no more than --warmup-steps ({self.warmup}) steps")
-        write_trace(out / TRACE_FILE, events, {**info, "traced_steps": len(steps), "notes": notes})
-        return communication_figures(events) if steps else None
-
-
 def write_trace(path: Path, events: list[dict[str, Any]], info: dict[str, Any]) -> Path:
     """Chrome-trace JSON (object form): timestamps relative to the earliest event, its epoch time in ``otherData``."""
     stamped = [e for e in events if "ts" in e]
@@ -168,23 +112,6 @@ def write_trace(path: Path, events: list[dict[str, Any]], info: dict[str, Any]) 
             "otherData": {"clock": "microseconds since clock_origin_epoch_us", "clock_origin_epoch_us": origin,
                           **info}}
     return atomic_write_json(path, data)
-
-
-def load_trace(path: str | Path) -> dict[str, Any]:
-    from dpcompare.errors import ConfigError
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / TRACE_FILE
-    if not path.is_file():
-        raise ConfigError(f"{path} not found; run `dpcompare train --trace N --out DIR` first")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} is not a readable trace ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ConfigError(f"{path} is not a dpcompare trace (no traceEvents)")
-    return data
 
 
 # -- figures ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 from scipy import stats as sps
 
 from dpcompare import cli, knobs, models
-from dpcompare.compare import command as compare
+from dpcompare.compare import plan as compare
 from dpcompare.config import TrainConfig
 from dpcompare.report import render, stats
 from dpcompare.training.evaluation import EvalCurve

@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 from dpcompare import cli
-from dpcompare.compare import command as compare
+from dpcompare.compare import plan as plan_m
+from dpcompare.compare import records as records_m
+from dpcompare.compare import runner as runner_m
+from dpcompare.compare import schedule as schedule_m
+from dpcompare.compare.plan import Comparison, RunOptions
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import SCHEMA
@@ -25,14 +29,20 @@ def _parse_train(argv: list[str]) -> TrainConfig:
     return config_from_args(cli.build_parser().parse_args(["train", *argv]))
 
 
-def test_child_command_is_mpirun_python_m_dpcompare_train(tmp_path: Path) -> None:
+def test_child_command_is_mpirun_dpcompare_train(tmp_path: Path) -> None:
+    """The run's job is the line `dpcompare launch` would print for it (launch.jobs builds both)."""
+    from dpcompare.launch.jobs import dpcompare_command
+    from dpcompare.launch.mpirun import dpcompare_argv
+
     cfg = TrainConfig(epochs=3, warmup_steps=2, tensorboard=False, seed=7)
-    spec = compare.RunSpec("horovod", 1, 0)
-    cmd = compare.child_command(cfg, spec, tmp_path / "runs" / spec.name)
-    i = cmd.index(sys.executable)
+    spec = plan_m.RunSpec("horovod", 1, 0)
+    cmd = runner_m.child_command(cfg, spec, tmp_path / "runs" / spec.name)
+    prog = dpcompare_argv()
+    i = cmd.index(prog[0])
     assert Path(cmd[0]).name in ("mpirun", "srun") and ("1" in cmd[:4] or "--ntasks=1" in cmd)
-    assert cmd[i + 1:i + 4] == ["-m", "dpcompare", "train"]
-    child = _parse_train(cmd[i + 4:])
+    assert cmd[i:i + len(prog) + 1] == [*prog, "train"]
+    assert cmd == dpcompare_command(1, cmd[i + len(prog):])
+    child = _parse_train(cmd[i + len(prog) + 1:])
     assert (child.strategy, child.out, child.epochs, child.seed, child.warmup_steps) == (
         "horovod", str(tmp_path / "runs" / "horovod-np1-r0"), 3, 7, 2)
     assert (child.tensorboard, child.progress, child.overwrite) == (False, "lines", True)
@@ -46,7 +56,7 @@ def test_python_m_dpcompare_works() -> None:
 
 
 def test_plan_is_repeat_major_and_alternates() -> None:
-    names = [s.name for s in compare.plan(["ddp", "horovod"], [1, 2], 2)]
+    names = [s.name for s in plan_m.plan(["ddp", "horovod"], [1, 2], 2)]
     assert names == ["ddp-np1-r0", "horovod-np1-r0", "ddp-np2-r0", "horovod-np2-r0",
                      "horovod-np2-r1", "ddp-np2-r1", "horovod-np1-r1", "ddp-np1-r1"]
 
@@ -79,7 +89,7 @@ def fake_summary(sps: float = 5000.0, steps: int = 39) -> dict[str, Any]:
 
 
 def test_run_record_ok() -> None:
-    rec = compare.run_record(compare.RunSpec("ddp", 2, 1), "runs/ddp-np2-r1", 0, 9.87654, fake_summary(),
+    rec = records_m.run_record(plan_m.RunSpec("ddp", 2, 1), "runs/ddp-np2-r1", 0, 9.87654, fake_summary(),
                              [{"epoch": 1}], "", command=["mpirun"])
     assert rec["status"] == "ok" and rec["error"] is None
     assert (rec["samples_per_sec"], rec["step_ms"], rec["peak_rss_mb"]) == (5000.0, {"median": 12.0, "p95": 15.0}, 410.0)
@@ -87,16 +97,16 @@ def test_run_record_ok() -> None:
 
 
 def test_run_record_failures() -> None:
-    spec = compare.RunSpec("ddp", 2, 0)
+    spec = plan_m.RunSpec("ddp", 2, 0)
     err = "\n".join(f"line {i}" for i in range(100))
-    rec = compare.run_record(spec, "d", 1, 1.0, None, [], err)
+    rec = records_m.run_record(spec, "d", 1, 1.0, None, [], err)
     assert rec["status"] == "failed" and rec["error"].startswith("line 60\n") and rec["error"].endswith("line 99")
-    assert compare.run_record(spec, "d", 4, 1.0, None, [], "", stdout="oops")["error"] == "oops"
-    assert "exited with code 4" in compare.run_record(spec, "d", 4, 1.0, None, [], "")["error"]
-    diverged = compare.run_record(spec, "d", 3, 1.0, None, [], "dpcompare train: error: training diverged at step 3")
+    assert records_m.run_record(spec, "d", 4, 1.0, None, [], "", stdout="oops")["error"] == "oops"
+    assert "exited with code 4" in records_m.run_record(spec, "d", 4, 1.0, None, [], "")["error"]
+    diverged = records_m.run_record(spec, "d", 3, 1.0, None, [], "dpcompare train: error: training diverged at step 3")
     assert diverged["status"] == "diverged" and "step 3" in diverged["error"]
-    assert "timed out" in compare.run_record(spec, "d", None, 60.0, None, [], "")["error"]
-    no_steps = compare.run_record(spec, "d", 0, 1.0, fake_summary(steps=0), [], "")
+    assert "timed out" in records_m.run_record(spec, "d", None, 60.0, None, [], "")["error"]
+    no_steps = records_m.run_record(spec, "d", 0, 1.0, fake_summary(steps=0), [], "")
     assert no_steps["status"] == "failed" and "--warmup-steps" in no_steps["error"]
 
 
@@ -116,10 +126,17 @@ def fake_launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: flo
     return 0, 1.0
 
 
+def run_compare(cfg: TrainConfig, arms: list[Any], nps: list[int], schedule: Any, out: Path, *,
+                launch: Any = fake_launch, console: Any = None, **options: Any) -> int:
+    """``run_compare`` of the comparison these make (``options``: :class:`RunOptions`'s fields)."""
+    c = Comparison(cfg, tuple(arms), tuple(nps), schedule, out, RunOptions(**options))
+    return runner_m.run_compare(c, launch=launch, console=console)
+
+
 def test_compare_records_failures_and_goes_on(tmp_path: Path) -> None:
     fake_launch.calls = []  # type: ignore[attr-defined]
     out = tmp_path / "cmp"
-    rc = compare.run_compare(TrainConfig(epochs=1), ["ddp", "single"], [1, 2], 2, out, progress="none",
+    rc = run_compare(TrainConfig(epochs=1), ["ddp", "single"], [1, 2], 2, out, progress="none",
                              launch=fake_launch)
     assert rc == 1
     assert fake_launch.calls == ["ddp-np1", "single-np1", "ddp-np2", "single-np2",  # type: ignore[attr-defined]
@@ -133,8 +150,8 @@ def test_compare_records_failures_and_goes_on(tmp_path: Path) -> None:
     assert (out / "report.html").is_file()
     # a folder holding results is refused without --overwrite, replaced with it
     with pytest.raises(ConfigError, match="--overwrite"):
-        compare.run_compare(TrainConfig(), ["ddp"], [1], 1, out, progress="none", launch=fake_launch)
-    assert compare.run_compare(TrainConfig(), ["ddp"], [1], 1, out, overwrite=True, progress="none",
+        run_compare(TrainConfig(), ["ddp"], [1], 1, out, progress="none", launch=fake_launch)
+    assert run_compare(TrainConfig(), ["ddp"], [1], 1, out, overwrite=True, progress="none",
                                launch=fake_launch) == 0
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["ddp-np1-r0"]
 
@@ -196,21 +213,21 @@ def test_compare_ddp_vs_horovod_end_to_end_and_a_failing_arm(tmp_path: Path) -> 
 
 def test_a_a_arms_are_labelled_apart_and_run_in_their_own_folders(tmp_path: Path) -> None:
     a = cli.build_parser().parse_args(["compare", "--strategies", "ddp,ddp"])
-    arms = compare.build_arms(a.strategies, a.variants or (), a.sweep or ())
+    arms = plan_m.build_arms(a.strategies, a.variants or (), a.sweep or ())
     assert [(x.label, x.strategy, x.slug) for x in arms] == [("ddp#1", "ddp", "ddp-1"), ("ddp#2", "ddp", "ddp-2")]
-    assert [s.name for s in compare.plan(arms, [2], 2)] == ["ddp-1-np2-r0", "ddp-2-np2-r0", "ddp-2-np2-r1",
+    assert [s.name for s in plan_m.plan(arms, [2], 2)] == ["ddp-1-np2-r0", "ddp-2-np2-r0", "ddp-2-np2-r1",
                                                           "ddp-1-np2-r1"]
 
 
 def test_variants_and_sweep_parse_with_the_fields_own_types() -> None:
     a = cli.build_parser().parse_args(["compare", "--variants", "base=ddp", "small=horovod:batch_size=16,lr=0.1",
                                        "--sweep", "optimizer=sgd,adam"])
-    arms = compare.build_arms(a.strategies, a.variants, a.sweep)
+    arms = plan_m.build_arms(a.strategies, a.variants, a.sweep)
     assert [(x.label, x.strategy, dict(x.knobs)) for x in arms] == [
         ("base/optimizer=sgd", "ddp", {"optimizer": "sgd"}), ("base/optimizer=adam", "ddp", {"optimizer": "adam"}),
         ("small/optimizer=sgd", "horovod", {"batch_size": 16, "lr": 0.1, "optimizer": "sgd"}),
         ("small/optimizer=adam", "horovod", {"batch_size": 16, "lr": 0.1, "optimizer": "adam"})]
-    cmd = compare.child_command(TrainConfig(), compare.RunSpec(arms[3], 2, 0), Path("/x"))
+    cmd = runner_m.child_command(TrainConfig(), plan_m.RunSpec(arms[3], 2, 0), Path("/x"))
     child = _parse_train(cmd[cmd.index("train") + 1:])
     assert (child.strategy, child.batch_size, child.lr, child.optimizer) == ("horovod", 16, 0.1, "adam")
 
@@ -244,9 +261,9 @@ def test_repeats_auto_stops_at_the_target_and_records_verdicts_and_arms(tmp_path
     fake_launch.calls = []  # type: ignore[attr-defined]
     fake_launch.sps = _sps_by_arm({"ddp": 1000.0, "adam": 1250.0}, jitter=0.2)  # type: ignore[attr-defined]
     try:
-        arms = compare.build_arms(["ddp"], (), [("optimizer", ["sgd", "adam"])])
-        sched = compare.Schedule(repeats=None, target_ci=0.05, max_repeats=10)
-        rc = compare.run_compare(TrainConfig(epochs=1), arms, [2], sched, tmp_path, progress="none",
+        arms = plan_m.build_arms(["ddp"], (), [("optimizer", ["sgd", "adam"])])
+        sched = schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=10)
+        rc = run_compare(TrainConfig(epochs=1), arms, [2], sched, tmp_path, progress="none",
                                  launch=fake_launch)
     finally:
         del fake_launch.sps  # type: ignore[attr-defined]
@@ -266,11 +283,11 @@ def test_repeats_auto_stops_at_max_repeats_or_the_time_budget(tmp_path: Path) ->
     noisy = iter([1000, 1300, 800, 1000, 1000, 1250, 700, 1000] * 3)  # blocks alternate ddp,horovod / horovod,ddp
     fake_launch.sps = lambda child, np, d: float(next(noisy))  # type: ignore[attr-defined]
     try:
-        sched = compare.Schedule(repeats=None, target_ci=0.01, max_repeats=4)
-        compare.run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "a", progress="none",
+        sched = schedule_m.Schedule(repeats=None, target_ci=0.01, max_repeats=4)
+        run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "a", progress="none",
                             launch=fake_launch)
-        sched = compare.Schedule(repeats=None, target_ci=0.01, max_repeats=10, time_budget=1e-9)
-        compare.run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "b", progress="none",
+        sched = schedule_m.Schedule(repeats=None, target_ci=0.01, max_repeats=10, time_budget=1e-9)
+        run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "b", progress="none",
                             launch=fake_launch)
     finally:
         del fake_launch.sps  # type: ignore[attr-defined]
@@ -312,33 +329,33 @@ def _fake_verdicts(monkeypatch, log_ratios: list[float]) -> None:
 
 
 def test_repeats_auto_stops_for_precision_from_ten_blocks_and_earlier_only_when_settled(monkeypatch) -> None:
-    schedule = compare.Schedule(repeats=None, target_ci=0.05, max_repeats=60)
+    schedule = schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=60)
     blocks = [0.20, 0.26, 0.23, 0.21, 0.25, 0.22]  # horovod ≈ 26 % faster in every block: settled at 99.9 %
     _fake_verdicts(monkeypatch, blocks)
-    assert "settled beyond doubt" in compare.stop_reason({}, schedule, blocks=6, elapsed=10.0)
+    assert "settled beyond doubt" in schedule_m.stop_reason({}, schedule, blocks=6, elapsed=10.0)
     _fake_verdicts(monkeypatch, [0.20, 0.30, 0.15, 0.25, 0.28, 0.22])  # settled, but ±5 % not reached: go on
-    assert compare.stop_reason({}, schedule, blocks=6, elapsed=10.0) is None
+    assert schedule_m.stop_reason({}, schedule, blocks=6, elapsed=10.0) is None
     _fake_verdicts(monkeypatch, [0.051, 0.042, 0.050, 0.050])  # a 4-block A/A seen live: narrow by chance
-    assert compare.stop_reason({}, schedule, blocks=4, elapsed=10.0) is None
+    assert schedule_m.stop_reason({}, schedule, blocks=4, elapsed=10.0) is None
     narrow = [0.08, -0.06, 0.07, -0.05, 0.01, 0.09, -0.07, 0.03, 0.0, 0.0]  # 95 %: ±4.3 %, 90 %: ±3.5 %
     _fake_verdicts(monkeypatch, narrow)  # within --target-ci, but too wide to call a zero difference equal
-    assert compare.stop_reason({}, schedule, blocks=10, elapsed=10.0) is None
+    assert schedule_m.stop_reason({}, schedule, blocks=10, elapsed=10.0) is None
     _fake_verdicts(monkeypatch, [x / 2 for x in narrow])  # 90 %: ±1.8 %, within half of ±5 %: precise enough
-    reason = compare.stop_reason({}, schedule, blocks=10, elapsed=10.0)
+    reason = schedule_m.stop_reason({}, schedule, blocks=10, elapsed=10.0)
     assert "within ±5 %" in reason and "equivalence interval within ±2.5 %" in reason
     _fake_verdicts(monkeypatch, [x / 2 for x in narrow[:9]])  # as precise, but 9 blocks and not settled
-    assert compare.stop_reason({}, schedule, blocks=9, elapsed=10.0) is None
+    assert schedule_m.stop_reason({}, schedule, blocks=9, elapsed=10.0) is None
     _fake_verdicts(monkeypatch, [0.3, -0.2, 0.1] * 20)
-    assert "--max-repeats 60" in compare.stop_reason({}, schedule, blocks=60, elapsed=100.0)
+    assert "--max-repeats 60" in schedule_m.stop_reason({}, schedule, blocks=60, elapsed=100.0)
 
 
-def _simulate_a_a(monkeypatch, sd: float, schedule: compare.Schedule, sims: int, seed: int) -> dict[str, float]:
+def _simulate_a_a(monkeypatch, sd: float, schedule: schedule_m.Schedule, sims: int, seed: int) -> dict[str, float]:
     """Share of each final outcome over simulated A/A comparisons (log ratios ~ N(0, sd) per block), each
     stopped by stop_reason and judged by the verdict's own intervals and decide(); "naive" is the share
     of faster/slower had each stopped at its first nominal decision (optional stopping)."""
-    from dpcompare.report import stats
+    from dpcompare.report import intervals, stats
 
-    monkeypatch.setattr(stats, "BOOTSTRAP_MIN_BLOCKS", 10**6)  # t intervals throughout: fast, and the same rule
+    monkeypatch.setattr(intervals, "BOOTSTRAP_MIN_BLOCKS", 10**6)  # t intervals throughout: fast, and the same rule
     rng = np.random.default_rng(seed)
     counts = dict.fromkeys((*stats.OUTCOMES, "naive"), 0)
     for _ in range(sims):
@@ -351,7 +368,7 @@ def _simulate_a_a(monkeypatch, sd: float, schedule: compare.Schedule, sims: int,
             if naive is None and outcome != "undecided":
                 naive = outcome
             _fake_verdicts(monkeypatch, d[:n])
-            if compare.stop_reason({}, schedule, blocks=n, elapsed=1.0) is not None:
+            if schedule_m.stop_reason({}, schedule, blocks=n, elapsed=1.0) is not None:
                 break
         counts[outcome] += 1
         counts["naive"] += naive in ("faster", "slower")
@@ -362,7 +379,7 @@ def test_repeats_auto_keeps_an_a_a_pair_from_looking_different(monkeypatch) -> N
     """Looking after every block must not make two identical arms 'faster' or 'slower' more than about 5 %
     of the time (noise as on a shared 2-core machine at its worst, sd 0.15 per block); stopping at the
     first nominal decision instead (optional stopping) is shown to be far off."""
-    share = _simulate_a_a(monkeypatch, 0.15, compare.Schedule(repeats=None, target_ci=0.05, max_repeats=30), 200, 11)
+    share = _simulate_a_a(monkeypatch, 0.15, schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=30), 200, 11)
     false = share["faster"] + share["slower"]
     print(f"false faster/slower: {false:.3f} with stop_reason, {share['naive']:.3f} stopping naively")
     assert false <= 0.09 and share["naive"] >= 0.15
@@ -372,14 +389,13 @@ def test_repeats_auto_lets_an_a_a_pair_end_equal(monkeypatch) -> None:
     """With noise as measured here at 500 timed steps a run (sd ≈ 0.07 per block), --target-ci 5 and room for
     60 blocks, identical arms must end "equal" most of the time, and seldom different. Stopping as soon as
     the 95 % interval is within ±5 % left them "undecided" 36 % of the time (59 % equal)."""
-    from dpcompare.report import stats
 
     old = dict(monkeypatch=monkeypatch, sd=0.07, sims=200, seed=5,
-               schedule=compare.Schedule(repeats=None, target_ci=0.05, max_repeats=60))
+               schedule=schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=60))
     with monkeypatch.context() as m:
-        m.setattr(stats, "RESOLUTION", 100.0)  # any width within --target-ci will do: the rule before
+        m.setattr(schedule_m, "RESOLUTION", 100.0)  # any width within --target-ci will do: the rule before
         before = _simulate_a_a(**old)
-    share = _simulate_a_a(monkeypatch, 0.07, compare.Schedule(repeats=None, target_ci=0.05, max_repeats=60), 200, 5)
+    share = _simulate_a_a(monkeypatch, 0.07, schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=60), 200, 5)
     print(f"A/A outcomes: {share}; stopping within ±5 % alone: {before}")
     assert share["equal"] >= 0.8 and share["faster"] + share["slower"] <= 0.08
     assert before["equal"] <= 0.7 and before["undecided"] >= 0.25

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dpcompare import checkpoint
-from dpcompare.compare import command as compare
+from dpcompare.compare import records as compare
 from dpcompare.files import remove_stale_temporaries
 
 from conftest import dpcompare, needs_mpi

@@ -318,3 +318,49 @@ def test_report_missing_dir_cli(tmp_path: Path) -> None:
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "results.json" not in p.stdout
     assert "dpcompare report: error:" in p.stderr
+
+
+# -- the verdicts compare stored are the ones the report shows ------------------------------------------
+def _seeded_results() -> dict[str, Any]:
+    """Two arms over three seeds with a target accuracy: throughput, accuracy and time-to-accuracy verdicts."""
+    results = make_results({("ddp", 2): [4000, 4100, 3900], ("horovod", 2): [3600, 3700, 3650]})
+    for r in results["runs"]:
+        k = r["repeat"]
+        r.update(seed=k + 1, final_test_accuracy=0.95 + k / 1000 + (0.004 if r["strategy"] == "ddp" else 0),
+                 time_to_accuracy_s=[10.0, 12.0, None][k] if r["strategy"] == "horovod" else 9.0 + k,
+                 steps_to_accuracy=40, epochs_to_accuracy=1)
+    results["config"].update(seeds=[1, 2, 3], train={**results["config"]["train"], "target_accuracy": 0.95})
+    return results
+
+
+def test_verdicts_round_trip_through_results_json() -> None:
+    vs = stats.verdicts(_seeded_results())
+    assert {v.metric for v in vs} == {"throughput", "accuracy", "time_to_accuracy"}
+    for v in vs:
+        j = json.loads(json.dumps(v.to_json()))
+        back = stats.Verdict.from_json(j)
+        assert back.to_json() == j
+        assert (back.metric, back.outcome, back.full_text, back.block_repeats) == (
+            v.metric, v.outcome, v.full_text, v.block_repeats)
+        assert back.block_ratios == pytest.approx(v.block_ratios) and back.ratio == pytest.approx(v.ratio)
+
+
+def test_report_shows_the_stored_verdicts_and_recompute_draws_them_again(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    results = _seeded_results()
+    stored = [v.to_json() for v in stats.verdicts(results)]
+    drawn = stored[0]["text"]
+    stored[0]["text"] = "EDITED: the verdict compare stored"
+    (tmp_path / "results.json").write_text(json.dumps({**results, "verdicts": stored}))
+    out = render(tmp_path, quiet=True)
+    assert out.verdicts[0] == "EDITED: the verdict compare stored"
+    assert "EDITED: the verdict compare stored" in (tmp_path / "report.html").read_text()
+    assert cli.main(["report", "--recompute", "--quiet", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "EDITED" not in page and drawn.split(";")[0] in page
+    assert stats.report_verdicts(load_results(tmp_path), recompute=True)[0].full_text == drawn
+    # still running (complete: false), or verdicts from before they could be read back: drawn from the runs
+    assert stats.report_verdicts({**results, "verdicts": stored, "complete": False})[0].full_text == drawn
+    legacy = [{k: x for k, x in d.items() if k != "block_repeats"} for d in stored]
+    assert stats.report_verdicts({**results, "verdicts": legacy})[0].full_text == drawn
+    assert stats.report_verdicts({**results, "verdicts": stored})[0].full_text.startswith("EDITED")

@@ -104,7 +104,8 @@ def test_cross_resume_at_another_world_size(runs, strategy, source):
 def test_compare_record_and_table_carry_memory():
     from rich.console import Console
 
-    from dpcompare.compare.command import RunSpec, run_record
+    from dpcompare.compare.plan import RunSpec
+    from dpcompare.compare.records import run_record
     from dpcompare.report.stats import aggregate
     from dpcompare.report.table import build_table
 

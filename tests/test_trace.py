@@ -5,9 +5,10 @@ import json
 import pytest
 
 from dpcompare import trace as tr
-from dpcompare.backends.horovod import horovod_timeline_events
+from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.single import SingleStrategy
 from dpcompare.launch.env import LaunchEnv
+from dpcompare.report.timeline import load_trace
 
 from conftest import FAST, dpcompare, needs_horovod, needs_mpi, summary
 
@@ -64,7 +65,7 @@ def test_gather_bytes_one_process():
 def test_single_process_traces_phases_and_gradient_ticks(tmp_path):
     dpcompare("train", "--strategy", "single", *FAST, "--epochs", "0", "--max-steps", "4", "--trace", "2",
               "--out", str(tmp_path))
-    data = tr.load_trace(tmp_path)
+    data = load_trace(tmp_path)
     steps = tr.steps_by_rank(data["traceEvents"])
     assert list(steps) == [0] and [s["args"]["step"] for s in steps[0]] == [3, 4]
     assert {e["name"] for e in data["traceEvents"] if e.get("cat") == tr.CAT_PHASE} == set(tr.PHASES)
@@ -126,7 +127,7 @@ def test_trace_merges_both_ranks_on_one_clock(traced, strategy):
 
 @needs_mpi
 def test_ddp_buckets_start_inside_backward(traced):
-    events = tr.load_trace(traced("ddp"))["traceEvents"]
+    events = load_trace(traced("ddp"))["traceEvents"]
     early = 0
     for steps in tr.steps_by_rank(events).values():
         for st in steps:
@@ -140,7 +141,7 @@ def test_ddp_buckets_start_inside_backward(traced):
 @needs_mpi
 @needs_horovod
 def test_horovod_fused_allreduces_and_the_wait_in_step(traced):
-    events = tr.load_trace(traced("horovod"))["traceEvents"]
+    events = load_trace(traced("horovod"))["traceEvents"]
     steps = tr.steps_by_rank(events)
     for st in steps[0]:
         comm = tr.events_in(events, st, tr.CAT_COMM)

@@ -3,7 +3,7 @@
 Importing this package imports no strategy (and not torch): names and summaries come from
 :mod:`~dpcompare.backends.catalog`, and :func:`get` imports a strategy's module when it is first asked for.
 
-May import: the top-level modules (errors, config, checkpoint, trace) and ``launch`` (rendezvous,
+May import: the top-level modules (errors, config, checkpoint, trace, knobs) and ``launch`` (rendezvous,
 launcher environment). Never ``training``, ``compare``, ``report`` or command-line code.
 """
 

@@ -78,22 +78,12 @@ class Strategy(ABC):
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
         """Refuse, before any process group work, a knob this strategy cannot honour or a value it cannot take.
 
-        The base version refuses the knobs other strategies own, naming who can; subclasses add their own
-        value checks (and call this).
+        The base version refuses the knobs other strategies own, naming who can
+        (:func:`dpcompare.knobs.refuse_unhonoured`); subclasses add their own value checks (and call this).
         """
         from dpcompare import backends, knobs
-        from dpcompare.errors import ConfigError
-        from dpcompare.options import flag_of
 
-        for name, value in knobs.active(cfg).items():
-            if name not in cls.knobs:
-                who = [n for n in backends.names() if name in backends.get(n).knobs]
-                shown = flag_of(name) if isinstance(value, bool) else f"{flag_of(name)} {value}"
-                raise ConfigError(f"{shown}: --strategy {cls.name} cannot honour it; only "
-                                  f"{' or '.join('--strategy ' + w for w in who) or 'no strategy'} can")
-        if cfg.amp != "none":
-            want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-            knobs.check_amp(cfg.amp, want)
+        knobs.refuse_unhonoured(cfg, cls.name, {n: backends.get(n).knobs for n in backends.names()})
 
     def configure(self, cfg: TrainConfig) -> None:
         """Take the run's knobs; called before :meth:`setup` (Horovod reads some of them at init)."""
@@ -276,10 +266,12 @@ class Strategy(ABC):
         Strategies add their communication (and must call this). Nothing is hooked while not tracing.
         """
         def ready(name: str) -> Callable[[torch.Tensor], None]:
-            return lambda _p: recorder.tick(name, CAT_GRAD, recorder.now())
+            return lambda p: recorder.tick(name, CAT_GRAD, recorder.now(), bytes=p.numel() * p.element_size())
 
         self._trace_handles = [p.register_post_accumulate_grad_hook(ready(n))
                                for n, p in self.unwrap_model(model).named_parameters() if p.requires_grad]
+        recorder.events.append({"name": "model_buffers", "ph": "M", "pid": recorder.rank,  # for dpcompare predict
+                                "args": {"bytes": tensor_bytes(self.unwrap_model(model).buffers())}})
 
     def stop_trace(self) -> None:
         """Stop recording: remove every hook :meth:`start_trace` added."""

@@ -22,3 +22,30 @@ STRATEGIES: dict[str, tuple[str, str]] = {
 
 def names() -> list[str]:
     return list(STRATEGIES)
+
+
+#: name → {phase of the step: the communication the strategy does there}. Every collective a strategy issues is
+#: declared here, so a report can say which communication sits in the phase that accounts for a difference.
+COMMUNICATION: dict[str, dict[str, str]] = {
+    "ddp": {
+        "forward": "broadcast of rank 0's buffers (BatchNorm statistics) at the start of every forward "
+                   "(broadcast_buffers=True), when the model has buffers",
+        "backward": "bucketed all-reduce of the gradients, started from hooks on the model as each bucket "
+                    "fills; whatever backward's remaining computation does not hide is waited for here",
+    },
+    "horovod": {
+        "backward": "all-reduces enqueued from hooks in the optimizer as gradients are ready; Horovod's "
+                    "background thread negotiates, fuses and reduces them (nothing is waited for here)",
+        "optimizer": "step() waits for the fused all-reduces (synchronize()) before it updates",
+    },
+    "zero": {
+        "forward": "DDP's buffer broadcast, when the model has buffers",
+        "backward": "DDP's bucketed gradient all-reduce",
+        "optimizer": "each rank updates its shard of the parameters, then broadcasts it to the others",
+    },
+    "fsdp": {
+        "forward": "all-gather of each layer's parameter shards before its forward",
+        "backward": "all-gather of each layer's parameters again, and reduce-scatter of its gradients",
+    },
+    "single": {},
+}

@@ -10,7 +10,6 @@ import argparse
 import dataclasses
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,8 @@ from rich.table import Table
 from dpcompare import backends, knobs
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.launch.mpirun import job_command, job_env
+from dpcompare.launch.jobs import dpcompare_command
+from dpcompare.launch.mpirun import job_env
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
-    from dpcompare.compare.command import parse_strategies
+    from dpcompare.compare.plan import parse_strategies
     from dpcompare.options import add_config_options
 
     p = sub.add_parser(
@@ -102,8 +102,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
     from dpcompare import checkpoint
     from dpcompare.options import train_argv
 
-    argv = [sys.executable, "-m", "dpcompare", "train", *train_argv(cfg)]
-    cmd = job_command(np_, argv) if cfg.strategy != "single" else argv
+    cmd = dpcompare_command(np_ if cfg.strategy != "single" else None, ["train", *train_argv(cfg)])
     console.print(f"[bold]{cfg.strategy}[/] at np={np_ if cfg.strategy != 'single' else 1} "
                   f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
     t0 = time.perf_counter()
@@ -118,6 +117,61 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
     console.print(f"  done in {time.perf_counter() - t0:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
             "losses": json.loads((out / "step_losses.json").read_text())}
+
+
+def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tuple[dict[str, TrainConfig], list[str]]:
+    """The distributed runs (each strategy without the knobs it lacks) and notes on what was left out."""
+    runs: dict[str, TrainConfig] = {}
+    notes: list[str] = []
+    for s in strategies:  # a knob only one library has (Adasum, PowerSGD): the other runs without it
+        foreign = [k for k in knobs.active(base) if k not in backends.get(s).knobs]
+        runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s, out=str(Path(a.out) / s))
+        if foreign:
+            notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
+        backends.get(s).check_config(runs[s], a.np)  # refuse now, not after the other runs
+    return runs, notes
+
+
+def _single(a: argparse.Namespace, base: TrainConfig) -> tuple[TrainConfig | None, str | None]:
+    """The one-process run with the global batch where it is exact in arithmetic, else why it is skipped."""
+    if not a.single:
+        return None, None
+    unsupported = [k for k in knobs.active(base) if k not in backends.get("single").knobs]
+    if unsupported:
+        return None, f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
+    if base.amp != "none":
+        return None, (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
+                      "from per-process ones")
+    if not (base.sync_bn or not _has_batchnorm(base)):
+        return None, (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
+                      "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
+    return dataclasses.replace(base, strategy="single", out=str(Path(a.out) / "single"), batch_size=base.batch_size * a.np,
+                               lr=base.lr * a.np if base.scale_lr else base.lr, scale_lr=False, sync_bn=False), None
+
+
+def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, diffs: dict[str, dict[str, Any]],
+           tol: dict[str, float]) -> Table:
+    others = list(diffs)
+    table = Table(title=f"parity after {a.steps} steps, np={a.np}: largest |difference| from {ref}")
+    table.add_column("tensor")
+    table.add_column("shape")
+    for s in others:
+        table.add_column(f"{s} (tol {tol[s]:g})", justify="right")
+    fmt = lambda v, t: f"[green]{v:.2e}[/]" if v <= t else f"[red]{v:.2e}[/]"  # noqa: E731
+    for k, v in results[ref]["weights"].items():
+        table.add_row(k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others))
+    table.add_section()
+    table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
+    table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
+    return table
+
+
+def _verdict(mode: str, passed: bool, ref: str, diffs: dict[str, dict[str, Any]], tol: dict[str, float]) -> str:
+    if mode == "distance":
+        return "[yellow]NOT MEANT TO MATCH[/]: " + ", ".join(
+            f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items())
+    return ("[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
+            if passed else "[red]FAIL[/]: differences above tolerance (red above)")
 
 
 def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_note: str | None) -> None:
@@ -143,33 +197,12 @@ def run_parity(a: argparse.Namespace) -> int:
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
                             resume=None, strategy=strategies[0])
-    runs: dict[str, TrainConfig] = {}
-    notes: list[str] = []
-    for s in strategies:  # a knob only one library has (Adasum, PowerSGD): the other runs without it
-        foreign = [k for k in knobs.active(base) if k not in backends.get(s).knobs]
-        runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s, out=str(out / s))
-        if foreign:
-            notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
-        backends.get(s).check_config(runs[s], a.np)  # refuse now, not after the other runs
+    runs, notes = _runs(a, base, strategies)
     mode, knob_tol, knob_note = judge(base)
-    if knob_note:
-        notes.append(knob_note)
-    single_note = None
-    unsupported = [k for k in knobs.active(base) if k not in backends.get("single").knobs]
-    if a.single and unsupported:
-        single_note = f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
-    elif a.single and base.amp != "none":
-        single_note = (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
-                       "from per-process ones")
-    elif a.single:
-        if base.sync_bn or not _has_batchnorm(base):
-            runs["single"] = dataclasses.replace(
-                base, strategy="single", out=str(out / "single"), batch_size=base.batch_size * a.np,
-                lr=base.lr * a.np if base.scale_lr else base.lr, scale_lr=False, sync_bn=False)
-        else:
-            single_note = (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
-                           "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
-
+    notes += [knob_note] if knob_note else []
+    single, single_note = _single(a, base)
+    if single is not None:
+        runs["single"] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -180,41 +213,20 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    others = [s for s in results if s != ref]
-    diffs = {s: compare_runs(results[ref], results[s]) for s in others}
-    tol = {s: (a.single_tolerance if s == "single" else max(a.tolerance, knob_tol)) for s in others}
-
-    table = Table(title=f"parity after {a.steps} steps, np={a.np}: largest |difference| from {ref}")
-    table.add_column("tensor")
-    table.add_column("shape")
-    for s in others:
-        table.add_column(f"{s} (tol {tol[s]:g})", justify="right")
-    fmt = lambda v, t: f"[green]{v:.2e}[/]" if v <= t else f"[red]{v:.2e}[/]"  # noqa: E731
-    for k, v in results[ref]["weights"].items():
-        table.add_row(k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others))
-    table.add_section()
-    table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
-    table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
-    console.print(table)
+    diffs = {s: compare_runs(results[ref], results[s]) for s in results if s != ref}
+    tol = {s: (a.single_tolerance if s == "single" else max(a.tolerance, knob_tol)) for s in diffs}
+    console.print(_table(a, results, ref, diffs, tol))
     for note in [*notes, *([single_note] if single_note else [])]:
         console.print(note)
-
-    if not others:  # every other run was left out: nothing was compared, which is no pass
+    if not diffs:  # every other run was left out: nothing was compared, which is no pass
         console.print(f"[red]NOTHING COMPARED[/]: only {ref} ran")
         return 1
-    within = all(diffs[s]["weights_max"] <= tol[s] and diffs[s]["loss_max"] <= tol[s] for s in others)
+    within = all(d["weights_max"] <= tol[s] and d["loss_max"] <= tol[s] for s, d in diffs.items())
     passed = within or mode == "distance"  # not meant to match: the distance is the result
     out.mkdir(parents=True, exist_ok=True)
     (out / "parity.json").write_text(json.dumps({
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
         "mode": mode, "knobs": knobs.active(base), "notes": notes,
         "config": base.to_dict(), "diffs": diffs}, indent=2) + "\n")
-    if mode == "distance":
-        verdict = ("[yellow]NOT MEANT TO MATCH[/]: " + ", ".join(
-            f"{s} is {diffs[s]['weights_max']:.2e} (weights) / {diffs[s]['loss_max']:.2e} (loss) from {ref}"
-            for s in others))
-    else:
-        verdict = ("[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in others)
-                   if passed else "[red]FAIL[/]: differences above tolerance (red above)")
-    console.print(f"{verdict} → {out / 'parity.json'}")
+    console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1

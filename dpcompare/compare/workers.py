@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from dpcompare.launch.jobs import leave, start_job, stop_job
+
 #: seconds a new worker job may take until every rank has connected
 START_TIMEOUT = 300.0
 #: how often waiting code checks that the worker job is still alive
@@ -78,13 +80,13 @@ def _output_to(stdout: str, stderr: str) -> Iterator[None]:
 
 def run_train(argv: list[str], stdout: str, stderr: str) -> int:
     """One ``dpcompare train`` in this process, its output in the run's logs; its exit code."""
-    from dpcompare import cli
+    from dpcompare.training import command as train_command
 
     base_env = dict(os.environ)
     _reset_peak_rss()
     with _output_to(stdout, stderr):
         try:
-            code = cli.main(["train", *argv])
+            code = train_command.main(argv)
         except SystemExit as e:  # argparse
             code = e.code if isinstance(e.code, int) else 1
         except BaseException:  # noqa: BLE001  (whatever it was, the run failed: its log says why)
@@ -98,7 +100,6 @@ def run_train(argv: list[str], stdout: str, stderr: str) -> int:
 def serve(address: str, key_file: str) -> int:
     from mpi4py import MPI  # noqa: F401  (MPI is the worker's: Horovod then leaves it running at shutdown)
 
-    from dpcompare import cli
     from dpcompare.launch.env import detect_launch_env
 
     rank = detect_launch_env().rank
@@ -113,8 +114,8 @@ def serve(address: str, key_file: str) -> int:
             code = run_train(req["argv"], req["stdout"], req["stderr"])
             _send(f, {"rc": code})
             if code != 0:  # the process group may be in any state: end the job, compare starts another
-                cli.leave(code)
-    cli.leave(0)
+                leave(code)
+    leave(0)
     return 0  # not reached
 
 
@@ -214,8 +215,7 @@ class WorkerPool:
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                                    start_new_session=True)
+            proc = start_job(cmd, self.env, f, subprocess.STDOUT)
         job = _Job(proc, log)
         self.jobs[np] = job
         deadline = time.monotonic() + min(START_TIMEOUT, timeout or START_TIMEOUT)
@@ -278,8 +278,6 @@ class WorkerPool:
             with contextlib.suppress(OSError):
                 f.close()
                 sock.close()
-        from dpcompare.compare.command import stop_job
-
         stop_job(job.proc)
 
 

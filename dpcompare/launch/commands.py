@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.launch import mpirun, slurm
+from dpcompare.launch.jobs import dpcompare_command
 
 #: sub-commands that may not be launched themselves (they start processes of their own)
 _NOT_LAUNCHABLE = ("launch", "slurm", "compare", "parity")
@@ -84,8 +85,8 @@ def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     if a.hostfile and not a.dry_run and not Path(a.hostfile).is_file():
         raise ConfigError(f"--hostfile {a.hostfile}: no such file")
     use_srun = {"auto": None, "mpirun": False, "srun": True}[a.launcher]
-    cmd = mpirun.job_command(a.np, [*mpirun.dpcompare_argv(), *words], hosts=a.hosts, hostfile=a.hostfile,
-                             use_srun=use_srun, flavor=a.mpi, mpi_net=a.mpi_net, iface=a.iface)
+    cmd = dpcompare_command(a.np, words, hosts=a.hosts, hostfile=a.hostfile, use_srun=use_srun, flavor=a.mpi,
+                            mpi_net=a.mpi_net, iface=a.iface)
     print(shlex.join(cmd), flush=True)
     if a.dry_run:
         return 0

@@ -2,7 +2,12 @@
 
 ``render(dir)`` needs nothing but ``DIR/results.json`` (schema: docs/results-schema.md).
 
-May import: the top-level modules only (errors, files, trace). It reads results.json and trace files as
+Modules: ``intervals`` (intervals and the decisions they imply), ``groups`` (arms, per-arm aggregates, the
+pairing of runs), ``verdicts`` (Verdict and the accuracy verdicts), ``stats`` (the throughput verdicts, the
+stopping rule, and every statistics name in one place), ``table``/``plots``/``html`` (the three renderings),
+``traces``/``timeline`` (reading and drawing traces).
+
+May import: the top-level modules only (errors, files, trace, knobs). It reads results.json and trace files as
 data; it never imports ``compare``, ``training`` or a strategy.
 """
 
@@ -58,14 +63,18 @@ def load_results(folder: str | Path) -> dict[str, Any]:
     return data
 
 
-def render(folder: str | Path, console: Any = None, quiet: bool = False) -> Rendered:
-    """Table and verdicts on the terminal, ``DIR/plots/*.png`` and ``DIR/report.html``, from results.json."""
+def render(folder: str | Path, console: Any = None, quiet: bool = False, recompute: bool = False) -> Rendered:
+    """Table and verdicts on the terminal, ``DIR/plots/*.png`` and ``DIR/report.html``, from results.json.
+
+    The verdicts are the ones compare stored in results.json; ``recompute`` (``dpcompare report --recompute``)
+    draws them again from the runs, as happens anyway when none were stored (an unfinished comparison).
+    """
     from dpcompare.report import html, plots, stats, table, traces
 
     folder = Path(folder)
     results = load_results(folder)
     groups = stats.aggregate(results)
-    verdicts = stats.verdicts(results, groups)
+    verdicts = stats.report_verdicts(results, groups, recompute=recompute)
     made = plots.make_all(results, groups, folder / "plots", verdicts)
     traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N
     page = html.write_html(folder / "report.html", results, groups, verdicts, made, [traced] if traced else [])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dpcompare.report.stats import Group, Interval
+from dpcompare.report.groups import Group
+from dpcompare.report.intervals import Interval
 
 
 def ms(v: float | None) -> str:

@@ -10,12 +10,10 @@ from typing import Any
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.plots import Plot, colors
-from dpcompare.report.stats import (
+from dpcompare.report.groups import (
     MEMORY_KINDS,
     MEMORY_LABELS,
     Group,
-    Verdict,
     arm_of,
     launch_note,
     measured_share,
@@ -23,6 +21,8 @@ from dpcompare.report.stats import (
     strategy_order,
     tta_target,
 )
+from dpcompare.report.plots import Plot, colors
+from dpcompare.report.verdicts import Verdict
 
 CSS = """
 :root { --fg:#1f2328; --muted:#626a73; --line:#e3e6ea; --bg:#f6f7f9; --ok:#1a7f37; --bad:#c0303a; --accent:#3b6fb6; }
@@ -279,57 +279,15 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     cfg = results.get("config") or {}
     train = cfg.get("train") or {}
     title = " vs ".join(strategies) if strategies else "comparison"
-    devices = sorted({str(r["device"]) for r in results.get("runs", []) if r.get("device")})
-    sub = " · ".join(_e(x) for x in (
-        "/".join(devices), train.get("model"), train.get("dataset"), train.get("epochs") and f"{train['epochs']} epochs",
-        train.get("batch_size") and f"batch {train['batch_size']}/process",
-        cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
-        cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
-        cfg.get("seeds") and "seeds " + ", ".join(map(str, cfg["seeds"])),
-        results.get("created")) if x)
 
-    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{sub}</p>']
+    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>']
     if verdicts:
-        eq = verdicts[0].equivalence
-        share = measured_share(results)
-        stop = cfg.get("stop") or {}
-        body.append('<div class="card verdict"><strong>Verdict</strong><ul>'
-                    + "".join(f"<li><strong>{_e(v.outcome)}</strong>: {_e(v.full_text)}"
-                              + (f'<br><span class="muted" style="font-size:13px">{_e(v.other)}/{_e(v.baseline)} '
-                                 f"throughput per block: {' '.join(f'{x:.3f}' for x in v.block_ratios)} "
-                                 + (f"({_e(v.method)} interval over {v.blocks} blocks"
-                                    + (f", in {len(v.unit_log_ratios)} units of neighbouring blocks"
-                                       if v.unit_blocks > 1 else "") + ")" if v.ci_low is not None else "")
-                                 + "</span>" if v.block_ratios else "")
-                              + "</li>" for v in verdicts) + "</ul>"
-                    + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
-                      f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
-                      f'of the two arms within a block. Throughput per run is the global batch over the slowest '
-                      f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
-                      f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
-                      f'bootstrap from 10 blocks, or units, on). <em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
-                      f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
-                      f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide.'
-                    + (f" Timed steps were {100 * share:.0f} % of the runs' wall time; "
-                       f"{_e(launch_note(results))}." if share is not None else "")
-                    + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
-                       f"{_e(stop.get('reason'))}." if stop else "")
-                    + "</p></div>")
+        body.append(_verdict_card(results, verdicts, strategies))
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
     if acc_verdicts:
-        body.append('<div class="card verdict"><strong>Accuracy</strong><ul>' + "".join(
-            f"<li><strong>{_e('accuracy' if v.metric == 'accuracy' else 'time to accuracy')}: {_e(v.outcome)}"
-            f"</strong> ({_e(v.other)} vs {_e(v.baseline)}, np={v.np})</li>" for v in acc_verdicts)
-                    + '</ul><p class="muted" style="margin:10px 0 0;font-size:13px">In words, with the table and '
-                      'the curves: <a href="#accuracy">Accuracy and time to accuracy</a>.</p></div>')
-    failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
-    if failed:
-        body.append(f'<div class="card warn"><strong class="failed">{len(failed)} of {len(results["runs"])} runs '
-                    f'failed.</strong> They are left out of every number below; their errors are listed under '
-                    f'<a href="#runs">Runs</a>.</div>')
-    if not results.get("complete", True):
-        body.append('<div class="card warn">results.json is incomplete: the comparison was interrupted.</div>')
+        body.append(_accuracy_card(acc_verdicts))
+    body.extend(_warnings(results))
 
     body.append("<h2>Results</h2>")
     if groups:
@@ -360,6 +318,77 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>dpcompare: {_e(title)}</title><style>{CSS}</style></head>"
             "<body><main>" + "\n".join(body) + "</main></body></html>\n")
+
+
+def _subtitle(results: dict[str, Any]) -> str:
+    """The line under the title: devices, workload, process counts, repeats, seeds, date."""
+    cfg = results.get("config") or {}
+    train = cfg.get("train") or {}
+    devices = sorted({str(r["device"]) for r in results.get("runs", []) if r.get("device")})
+    return " · ".join(_e(x) for x in (
+        "/".join(devices), train.get("model"), train.get("dataset"), train.get("epochs") and f"{train['epochs']} epochs",
+        train.get("batch_size") and f"batch {train['batch_size']}/process",
+        cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
+        cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
+        cfg.get("seeds") and "seeds " + ", ".join(map(str, cfg["seeds"])),
+        results.get("created")) if x)
+
+
+def _verdict_item(v: Verdict) -> str:
+    """One throughput verdict: its words, and under them the ratio of every block and how the interval was made."""
+    blocks = ""
+    if v.block_ratios:
+        how = ""
+        if v.ci_low is not None:
+            units = f", in {len(v.unit_log_ratios)} units of neighbouring blocks" if v.unit_blocks > 1 else ""
+            how = f"({_e(v.method)} interval over {v.blocks} blocks{units})"
+        blocks = (f'<br><span class="muted" style="font-size:13px">{_e(v.other)}/{_e(v.baseline)} '
+                  f"throughput per block: {' '.join(f'{x:.3f}' for x in v.block_ratios)} {how}</span>")
+    return f"<li><strong>{_e(v.outcome)}</strong>: {_e(v.full_text)}{blocks}</li>"
+
+
+def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategies: Sequence[str]) -> str:
+    """The throughput verdicts at the top of the page, with how they were drawn and why the comparison stopped."""
+    eq = verdicts[0].equivalence
+    share = measured_share(results)
+    stop = (results.get("config") or {}).get("stop") or {}
+    return ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
+            + "</ul>"
+            + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
+              f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
+              f'of the two arms within a block. Throughput per run is the global batch over the slowest '
+              f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
+              f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
+              f'bootstrap from 10 blocks, or units, on). <em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
+              f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
+              f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide.'
+            + (f" Timed steps were {100 * share:.0f} % of the runs' wall time; "
+               f"{_e(launch_note(results))}." if share is not None else "")
+            + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
+               f"{_e(stop.get('reason'))}." if stop else "")
+            + "</p></div>")
+
+
+def _accuracy_card(acc_verdicts: Sequence[Verdict]) -> str:
+    """The accuracy and time-to-accuracy outcomes at the top; their words are in the accuracy section."""
+    return ('<div class="card verdict"><strong>Accuracy</strong><ul>' + "".join(
+        f"<li><strong>{_e('accuracy' if v.metric == 'accuracy' else 'time to accuracy')}: {_e(v.outcome)}"
+        f"</strong> ({_e(v.other)} vs {_e(v.baseline)}, np={v.np})</li>" for v in acc_verdicts)
+            + '</ul><p class="muted" style="margin:10px 0 0;font-size:13px">In words, with the table and '
+              'the curves: <a href="#accuracy">Accuracy and time to accuracy</a>.</p></div>')
+
+
+def _warnings(results: dict[str, Any]) -> list[str]:
+    """Cards for failed runs and for an interrupted comparison."""
+    out = []
+    failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
+    if failed:
+        out.append(f'<div class="card warn"><strong class="failed">{len(failed)} of {len(results["runs"])} runs '
+                   f'failed.</strong> They are left out of every number below; their errors are listed under '
+                   f'<a href="#runs">Runs</a>.</div>')
+    if not results.get("complete", True):
+        out.append('<div class="card warn">results.json is incomplete: the comparison was interrupted.</div>')
+    return out
 
 
 def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],

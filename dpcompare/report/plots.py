@@ -21,9 +21,8 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt  # noqa: E402
-from dpcompare.report.stats import (  # noqa: E402
+from dpcompare.report.groups import (  # noqa: E402
     Group,
-    Verdict,
     arm_of,
     find,
     np_order,
@@ -31,6 +30,7 @@ from dpcompare.report.stats import (  # noqa: E402
     strategy_order,
     tta_target,
 )
+from dpcompare.report.verdicts import Verdict  # noqa: E402
 
 STRATEGY_COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46", "#d46ea8", "#6f7782")
 PHASE_COLORS = {"data": "#b9c0c8", "forward": "#6fb7c9", "backward": "#f2a541", "optimizer": "#a05fa8"}

@@ -11,15 +11,8 @@ from rich.table import Table
 
 from dpcompare.files import PHASES
 from dpcompare.report import fmt
-from dpcompare.report.stats import (
-    MEMORY_KINDS,
-    MEMORY_LABELS,
-    Group,
-    Verdict,
-    arm_of,
-    launch_note,
-    measured_share,
-)
+from dpcompare.report.groups import MEMORY_KINDS, MEMORY_LABELS, Group, arm_of, launch_note, measured_share
+from dpcompare.report.verdicts import Verdict
 
 PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 

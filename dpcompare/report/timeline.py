@@ -10,6 +10,7 @@ fused all-reduces followed by the wait at ``step()`` can be compared at a glance
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,24 @@ from dpcompare import trace as tr
 
 COMM_COLOR, COMM_PHASE_COLOR, GRAD_COLOR, WAIT_COLOR = "#2f6db5", "#15365c", "#333333", "#c0303a"
 LANES = ("compute", "grad ready", "all-reduce")
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """A trace.json (or a run folder holding one), checked enough to draw; ConfigError (one line) otherwise."""
+    from dpcompare.errors import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / tr.TRACE_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path} not found; run `dpcompare train --trace N --out DIR` first")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not a readable trace ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ConfigError(f"{path} is not a dpcompare trace (no traceEvents)")
+    return data
 
 
 def pick_step(events: Sequence[dict[str, Any]]) -> int | None:
@@ -141,7 +160,7 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
 
     loaded = []
     for i, r in enumerate(runs):
-        data = tr.load_trace(r)
+        data = load_trace(r)
         win = step_window(data, step)
         if win is None:
             raise ConfigError(f"{r}: no traced step{'' if step is None else f' {step}'} on rank 0 to draw")

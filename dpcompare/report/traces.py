@@ -30,7 +30,7 @@ def traced_arms(folder: Path, results: dict[str, Any]) -> dict[str, Path]:
 def section(folder: str | Path, results: dict[str, Any], plots_dir: str | Path) -> str:
     """HTML for the report (a heading, the picture, a table), or "" when no run was traced."""
     from dpcompare.report.html import data_uri
-    from dpcompare.report.timeline import render
+    from dpcompare.report.timeline import load_trace, render
 
     folder = Path(folder)
     arms = traced_arms(folder, results)
@@ -39,7 +39,7 @@ def section(folder: str | Path, results: dict[str, Any], plots_dir: str | Path) 
     png = render(list(arms.values()), Path(plots_dir) / PNG, labels=list(arms))
     rows = []
     for arm, path in arms.items():
-        f = tr.communication_figures(tr.load_trace(path)["traceEvents"])
+        f = tr.communication_figures(load_trace(path)["traceEvents"])
         cells = [arm, f"{f['traced_steps']}", f"{f['step_ms']:.2f}", f"{f['comm_ms_per_step']:.2f}",
                  "–" if f["overlap_pct"] is None else f"{f['overlap_pct']:.0f} %",
                  f"{f['allreduce_ops_per_step']:.1f}", f"{f['allreduce_bytes_per_step'] / 1e3:,.1f}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from dpcompare.options import add_config_options, config_from_args
 
@@ -38,3 +39,12 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_options(t)
     t.set_defaults(func=_cmd_train)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``dpcompare train ARGV`` in this process (how a persistent compare worker runs a run); its exit code."""
+    from dpcompare.launch.jobs import run_command
+
+    p = argparse.ArgumentParser(prog="dpcompare train")
+    add_config_options(p)
+    return run_command("train", _cmd_train, p.parse_args(list(argv)))

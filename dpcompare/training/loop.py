@@ -36,10 +36,10 @@ from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, rem
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
-from dpcompare.trace import TraceSession
 from dpcompare.training.evaluation import EvalCurve, evaluate
 from dpcompare.training.step import StepRunner
 from dpcompare.training.summary import memory_summary, metric_keys, run_summary, timing_summary
+from dpcompare.training.tracing import TraceSession
 from dpcompare.versions import versions
 
 

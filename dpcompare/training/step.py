@@ -17,7 +17,7 @@ from torch import nn
 from dpcompare import knobs
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
-from dpcompare.trace import TraceSession
+from dpcompare.training.tracing import TraceSession
 
 
 class StepTiming(NamedTuple):

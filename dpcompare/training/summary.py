@@ -18,11 +18,9 @@ from dpcompare import knobs
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
 from dpcompare.data.workload import Metric, Workload
-from dpcompare.files import PHASES
+from dpcompare.files import MEMORY_PARTS, PHASES
 from dpcompare.training.step import StepTiming
 from dpcompare.versions import versions
-
-MEMORY_KINDS = ("params", "grads", "optimizer_state")
 
 
 def peak_rss_mb() -> float:
@@ -67,11 +65,11 @@ def timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step
 def memory_summary(strategy: Strategy, mine: dict[str, int], timing: dict[str, Any]) -> dict[str, Any]:
     """Bytes of parameters, gradients and optimizer state on every rank (tensor accounting, at the end of
     training) with each rank's peak RSS; the top-level figures are the largest rank's, in MB."""
-    values = [float(mine[k]) for k in MEMORY_KINDS]
+    values = [float(mine[k]) for k in MEMORY_PARTS]
     table = strategy.all_gather_floats([*values, float(sum(values))])
-    per_rank = [{"rank": r, **{f"{k}_bytes": int(v) for k, v in zip((*MEMORY_KINDS, "total"), row, strict=True)},
+    per_rank = [{"rank": r, **{f"{k}_bytes": int(v) for k, v in zip((*MEMORY_PARTS, "total"), row, strict=True)},
                  "peak_rss_mb": timing["per_rank"][r]["peak_rss_mb"]} for r, row in enumerate(table)]
-    return {**{f"{k}_mb": max(r[f"{k}_bytes"] for r in per_rank) / 2**20 for k in (*MEMORY_KINDS, "total")},
+    return {**{f"{k}_mb": max(r[f"{k}_bytes"] for r in per_rank) / 2**20 for k in (*MEMORY_PARTS, "total")},
             "peak_rss_mb": timing["peak_rss_mb"], "per_rank": per_rank}
 
 

@@ -1,0 +1,149 @@
+"""The comparison's command line, with one owner: the options ``dpcompare compare`` reads and the flags it writes.
+
+results.json keeps the plan's flags (``config.cli``) and the shared train settings' (``config.train_flags``);
+``--resume`` reads them back with the parser these same definitions build (:func:`stored_args`), so what
+compare writes it can always read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from dpcompare.argtypes import nonneg_float, positive_float, positive_int
+from dpcompare.compare.plan import (
+    Arm,
+    Comparison,
+    parse_arm_strategies,
+    parse_np,
+    parse_repeats,
+    parse_seeds,
+    parse_sweep,
+    parse_variant,
+    value_text,
+)
+from dpcompare.compare.schedule import Schedule
+from dpcompare.config import TrainConfig
+from dpcompare.errors import ConfigError
+from dpcompare.options import add_config_options, train_argv
+
+#: compare's default --min-steps: about 1 s of timed steps for the demo's few-ms steps
+DEFAULT_MIN_STEPS = 200
+#: train settings compare sets for every run itself: not options of compare
+NOT_OPTIONS = ("strategy", "resume")
+#: ... and the options a stored comparison does not keep (each invocation's own choice)
+NOT_STORED = (*NOT_OPTIONS, "out", "overwrite", "progress")
+#: compare's defaults for train settings, where they differ from ``dpcompare train``'s
+TRAIN_DEFAULTS: dict[str, Any] = {"out": "runs/compare", "min_timed_steps": DEFAULT_MIN_STEPS, "tensorboard": False}
+TRAIN_HELPS = {"tensorboard": "let every run write TensorBoard events (default: off for compare)"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option of ``dpcompare compare``: the comparison's own, then every train setting's."""
+    g = p.add_argument_group("comparison")
+    g.add_argument("--np", type=parse_np, default=[2], metavar="N[,N2,...]",
+                   help="process counts to run every arm at (default: 2); include 1 for scaling efficiency")
+    g.add_argument("--strategies", type=parse_arm_strategies, default=["ddp", "horovod"], metavar="A,B[,...]",
+                   help="strategies to compare, one arm each; the first is the baseline of the verdicts; the same "
+                        "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
+    g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
+                   help="arms with their own train settings instead of --strategies, e.g. base=ddp "
+                        "fp16=horovod:grad_compression=fp16 (knobs are TrainConfig field names)")
+    g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
+                   help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
+                        "repeat the flag to cross several")
+    g.add_argument("--repeats", type=parse_repeats, default=0, metavar="N|auto",
+                   help="blocks to run (a block runs every arm once at every np), per seed with --seeds; auto: add "
+                        "blocks until every throughput verdict is precise enough to decide: from 10 blocks on, its "
+                        "95 %% interval within ±--target-ci and its equivalence interval within half of "
+                        "±--equivalence (so that no difference can come out equal); sooner once within ±--target-ci "
+                        "if settled beyond doubt at 99.9 %% (from 6 blocks on). A rule on the spread only, so looking after every block "
+                        "keeps the verdicts' 5 %% error rate (default: 3, or 1 per seed with --seeds)")
+    g.add_argument("--seeds", type=parse_seeds, metavar="N|S1,S2,...",
+                   help="run every block under another seed (initial weights and sampling), the same for every arm "
+                        "of the block: N seeds counted from --seed, or these seeds; adds accuracy verdicts over "
+                        "the seeds (with --target-accuracy also time-to-accuracy verdicts)")
+    g.add_argument("--accuracy-equivalence", type=positive_float, default=0.5, metavar="POINTS",
+                   help="arms whose paired difference of final test accuracy has its 95 %% interval inside "
+                        "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 %%) "
+                        "(default: 0.5)")
+    g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
+                   help="with --repeats auto: the 95 %% interval half-width to reach, in %%; the equivalence "
+                        "interval must also reach half of --equivalence (default: 5)")
+    g.add_argument("--max-repeats", type=positive_int, default=100, metavar="N",
+                   help="with --repeats auto: stop after this many blocks (default: 100)")
+    g.add_argument("--time-budget", type=nonneg_float, default=0, metavar="SECONDS",
+                   help="with --repeats auto: start no block that would end after this many seconds "
+                        "(default: 0, no limit)")
+    g.add_argument("--equivalence", type=positive_float, default=5.0, metavar="PCT",
+                   help="arms whose throughput ratio lies inside ±PCT %% by an equivalence test (two one-sided tests "
+                        "at 5 %%: the 90 %% interval inside the margin) are reported equal (default: 5)")
+    g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
+                   help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
+                        "persistent: one long-lived job per process count runs them one after another, each run "
+                        "still building its data, model and optimizer and joining and leaving its strategy's "
+                        "process group; a demo run then takes ~3 s instead of ~8 s (Python, torch and MPI start "
+                        "once), so the same time buys about three times the blocks, and the verdict's interval "
+                        "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
+                        "ends its job and the next run starts a new one (default: fresh)")
+    g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
+                   help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--resume", dest="resume_dir", metavar="DIR",
+                   help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
+                        "failed ones run; its plan and options are reused (any given must match them)")
+    add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
+    # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
+    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
+
+
+def train_flags(cfg: TrainConfig) -> list[str]:
+    """The shared train settings as compare's own flags (relative to its defaults), as results.json keeps them."""
+    return train_argv(cfg, skip=NOT_STORED, defaults=TRAIN_DEFAULTS)
+
+
+def _variant(a: Arm) -> str:
+    label = a.label if "=" not in a.label else a.slug  # a label with "=" (a swept arm's) would not parse back
+    return f"{label}={a.strategy}" + (":" + ",".join(f"{k}={value_text(v)}" for k, v in a.knobs) if a.knobs else "")
+
+
+def plan_flags(c: Comparison) -> list[str]:
+    """The comparison's own flags (not the train settings) that rebuild its plan: to print how to reproduce it,
+    and for --resume."""
+    s, default = c.schedule, Schedule()
+    flags = ["--np", ",".join(map(str, c.nps))]
+    if any(a.knobs or a.label != a.strategy for a in c.arms):
+        flags += ["--variants", *map(_variant, c.arms)]
+    else:
+        flags += ["--strategies", ",".join(a.strategy for a in c.arms)]
+    for name, values in c.sweeps:
+        flags += ["--sweep", f"{name}={','.join(map(value_text, values))}"]
+    flags += ["--repeats", "auto" if s.repeats is None else str(s.repeats)]
+    if s.seeds:
+        flags += ["--seeds", ",".join(map(str, s.seeds)) + ("," if len(s.seeds) == 1 else "")]
+    if s.repeats is None:
+        flags += ["--target-ci", f"{100 * s.target_ci:g}", "--max-repeats", str(s.max_repeats)]
+        if s.time_budget:
+            flags += ["--time-budget", f"{s.time_budget:g}"]
+    if s.equivalence != default.equivalence:
+        flags += ["--equivalence", f"{100 * s.equivalence:g}"]
+    if s.accuracy_equivalence != default.accuracy_equivalence:
+        flags += ["--accuracy-equivalence", f"{100 * s.accuracy_equivalence:g}"]
+    if c.options.workers != "fresh":
+        flags += ["--workers", c.options.workers]
+    return flags
+
+
+class _StoredParser(argparse.ArgumentParser):
+    """compare's options, for flags compare wrote itself: an error is the stored file's, one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"the stored comparison's flags cannot be read back ({message}); start a new "
+                          "comparison with another --out")
+
+
+def stored_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """``argv`` (stored flags) read by compare's own options, and those options' defaults."""
+    p = _StoredParser(prog="dpcompare compare", add_help=False)
+    add_arguments(p)
+    return p.parse_args(list(argv)), p.parse_args([])

@@ -1,0 +1,299 @@
+"""The plan of a comparison: its arms, the runs of a block, and the :class:`Comparison` that ``run_compare`` runs.
+
+An *arm* is a label, a strategy and train settings that differ from the shared ones (``--strategies``,
+``--variants``, ``--sweep``). Every (arm, np, repeat) is its own run (:class:`RunSpec`) with the same
+configuration and seed. Runs go in blocks: a block runs every (np, arm) once, with the order reversed on odd
+repeats, so slow drifts of the machine hit every arm of a block alike. The parsers here turn the comparison's
+flags into these objects; :mod:`.cmdline` writes them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpcompare.compare.schedule import Schedule
+from dpcompare.config import TrainConfig
+from dpcompare.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of a comparison: a label, a strategy, and train settings that differ from the shared ones."""
+
+    label: str
+    strategy: str
+    knobs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def slug(self) -> str:
+        """The label as a folder name (``ddp#1`` → ``ddp-1``, ``ddp/k=v`` → ``ddp-k-v``)."""
+        return re.sub(r"[^A-Za-z0-9_.]+", "-", self.label).strip("-") or "arm"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "strategy": self.strategy, "knobs": _jsonable(dict(self.knobs))}
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: Arm
+    np: int
+    repeat: int
+    seed: int | None = None  # --seeds: this block's seed (None: the shared --seed)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.arm, str):  # a bare strategy name is the arm of that strategy
+            object.__setattr__(self, "arm", Arm(self.arm, self.arm))
+
+    @property
+    def strategy(self) -> str:
+        return self.arm.strategy
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm.slug}-np{self.np}-r{self.repeat}" + ("" if self.seed is None else f"-s{self.seed}")
+
+
+def block(arms: Sequence[Arm], nps: Sequence[int], repeat: int, seeds: Sequence[int] = ()) -> list[RunSpec]:
+    """One block: every (np, arm) once; odd repeats run it backwards. With ``seeds`` the blocks take them in
+    turn (block k: seeds[k mod len(seeds)]), the same seed for every run of the block."""
+    configs = [(n, a) for n in nps for a in arms]
+    seed = seeds[repeat % len(seeds)] if seeds else None
+    return [RunSpec(a, n, repeat, seed) for n, a in (reversed(configs) if repeat % 2 else configs)]
+
+
+def plan(arms: Sequence[Arm | str], nps: Sequence[int], repeats: int) -> list[RunSpec]:
+    """Repeat-major order: every (np, arm) once per repeat; odd repeats run it backwards."""
+    arms_ = as_arms(arms)
+    return [spec for r in range(repeats) for spec in block(arms_, nps, r)]
+
+
+def parse_np(text: str) -> list[int]:
+    """``1,2,4`` → [1, 2, 4] (duplicates dropped, ascending)."""
+    try:
+        nps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of process counts like 1,2,4") from None
+    if not nps or min(nps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of process counts like 1,2,4")
+    return sorted(set(nps))
+
+
+def _check_strategy(name: str) -> str:
+    from dpcompare import backends
+
+    if name not in backends.names():
+        raise argparse.ArgumentTypeError(f"unknown strategy {name or '(empty)'}; choose from "
+                                         f"{', '.join(backends.names())}")
+    return name
+
+
+def parse_arm_strategies(text: str) -> list[str]:
+    """``ddp,horovod`` → ['ddp', 'horovod'] (order kept; a repeated name is an A/A control, kept too)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"unknown strategy {text!r}; give names like ddp,horovod")
+    return [_check_strategy(n) for n in names]
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``ddp,horovod`` → ['ddp', 'horovod'], checked against the registered strategies (order kept, no repeats)."""
+    return list(dict.fromkeys(parse_arm_strategies(text)))
+
+
+#: train settings an arm may not change: compare sets them for every run itself
+NOT_ARM_SETTINGS = ("strategy", "out", "overwrite", "progress", "resume")
+
+
+def parse_setting(name: str, text: str) -> Any:
+    """``text`` as the value of TrainConfig field ``name``, with the field's own type and choices."""
+    from dpcompare.options import _FIELDS, flag_of
+
+    f = _FIELDS.get(name)
+    if f is None or name in NOT_ARM_SETTINGS:
+        known = ", ".join(n for n, g in _FIELDS.items() if n not in NOT_ARM_SETTINGS and not g.metadata.get("hidden"))
+        raise argparse.ArgumentTypeError(f"unknown train setting {name!r}; choose from {known}")
+    md = f.metadata
+    if isinstance(f.default, bool):
+        low = text.strip().lower()
+        if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise argparse.ArgumentTypeError(f"{name}={text!r}: expected true or false")
+        return low in ("true", "1", "yes", "on")
+    conv = md.get("type") or (type(f.default) if isinstance(f.default, int | float) else str)
+    try:
+        value = conv(text)
+    except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(f"{name} ({flag_of(name)}) {text!r}: {e}") from None
+    choices = md.get("choices")
+    choices = choices() if callable(choices) else choices
+    if choices is not None and value not in choices:
+        raise argparse.ArgumentTypeError(f"{name}={text!r} is not one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """``a=1,b=x,y`` → [('a', '1'), ('b', 'x,y')]: a piece without ``=`` continues the previous value."""
+    out: list[tuple[str, str]] = []
+    for piece in text.split(","):
+        if "=" in piece:
+            k, v = piece.split("=", 1)
+            out.append((k.strip(), v.strip()))
+        elif out:
+            out[-1] = (out[-1][0], f"{out[-1][1]},{piece.strip()}")
+        elif piece.strip():
+            raise argparse.ArgumentTypeError(f"{text!r}: expected KNOB=VALUE pairs")
+    return out
+
+
+def parse_variant(text: str) -> Arm:
+    """``NAME=STRATEGY[:knob=value,...]`` → an arm labelled NAME."""
+    label, sep, rest = text.partition("=")
+    if not sep or not label.strip() or not rest.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=STRATEGY[:knob=value,...]")
+    strategy, _, knobs = rest.partition(":")
+    _check_strategy(strategy.strip())
+    values = tuple((k.replace("-", "_"), parse_setting(k.replace("-", "_"), v)) for k, v in _pairs(knobs))
+    return Arm(label.strip(), strategy.strip(), values)
+
+
+def parse_sweep(text: str) -> tuple[str, list[Any]]:
+    """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type."""
+    name, sep, values = text.partition("=")
+    name = name.strip().replace("-", "_").lstrip("_")
+    if not sep or not values.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE1,VALUE2")
+    vals = [parse_setting(name, v.strip()) for v in values.split(",") if v.strip()]
+    return name, list(dict.fromkeys(vals))
+
+
+def value_text(v: Any) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple | list) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def as_arms(arms: Sequence[Arm | str]) -> list[Arm]:
+    return [a if isinstance(a, Arm) else Arm(a, a) for a in arms]
+
+
+def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
+               sweeps: Sequence[tuple[str, list[Any]]] = ()) -> list[Arm]:
+    """The arms of a comparison: the variants (else one per strategy), crossed with every swept value.
+
+    A label that occurs more than once (``--strategies ddp,ddp``, the A/A control) gets ``#1``, ``#2``...
+    """
+    base = list(variants) or [Arm(s, s) for s in strategies]
+    for name, values in sweeps:
+        base = [Arm(f"{a.label}/{name}={value_text(v)}" if "/" not in a.label else f"{a.label},{name}={value_text(v)}",
+                    a.strategy, (*[kv for kv in a.knobs if kv[0] != name], (name, v)))
+                for a in base for v in values]
+    counts: dict[str, int] = {}
+    for a in base:
+        counts[a.label] = counts.get(a.label, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for a in base:
+        if counts[a.label] > 1:
+            seen[a.label] = seen.get(a.label, 0) + 1
+            a = Arm(f"{a.label}#{seen[a.label]}", a.strategy, a.knobs)
+        out.append(a)
+    slugs = [a.slug for a in out]
+    clash = next((a.label for a in out if slugs.count(a.slug) > 1), None)
+    if clash:
+        raise ConfigError(f"arm labels {', '.join(a.label for a in out if a.slug == Arm(clash, '').slug)} "
+                          "would share a run folder; give them labels that differ in letters or digits")
+    return out
+
+
+def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
+    """The run's own configuration: the shared one with its arm's strategy and settings, and its folder."""
+    seed = {} if spec.seed is None else {"seed": spec.seed}
+    return dataclasses.replace(cfg, **dict(spec.arm.knobs), **seed, strategy=spec.strategy, out=str(run_dir),
+                               overwrite=True, progress="lines")
+
+
+
+
+def parse_seeds(text: str) -> int | list[int]:
+    """``3`` → 3 (seeds --seed … --seed+2), ``1,7,9`` → [1, 7, 9] (these seeds)."""
+    from dpcompare.argtypes import positive_int
+
+    if "," not in text:
+        try:
+            return positive_int(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e}: give a number of seeds (3) or a list of seeds (1,7,9)") from None
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seeds (3) or a list of seeds (1,7,9)") from None
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r}: every seed once, e.g. 1,7,9")
+    return seeds
+
+
+def seed_list(seeds: int | list[int] | None, base: int) -> list[int]:
+    """The seeds of the blocks: N of them counted from ``base`` (--seed), or the ones given."""
+    if not seeds:
+        return []
+    return list(range(base, base + seeds)) if isinstance(seeds, int) else list(seeds)
+
+
+def parse_repeats(text: str) -> int | None:
+    """A number of blocks, or ``auto`` (None): add blocks until the verdicts are precise enough."""
+    if text.strip().lower() == "auto":
+        return None
+    from dpcompare.argtypes import positive_int
+
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or auto)") from None
+
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a comparison runs, as opposed to what it compares (none of it is part of the plan)."""
+
+    overwrite: bool = False  # replace a comparison in ``out``
+    progress: str = "auto"
+    run_timeout: float | None = None  # seconds; a run past it is stopped and recorded failed
+    resume: bool = False  # continue the comparison in ``out``: its ok runs are kept
+    workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What ``run_compare`` runs: the shared train ``config``, the ``arms`` (variants or one per strategy)
+    crossed with ``sweeps``, at every process count of ``nps``, in the blocks ``schedule`` decides, into ``out``."""
+
+    config: TrainConfig
+    arms: tuple[Arm, ...]
+    nps: tuple[int, ...]
+    schedule: Schedule = field(default_factory=Schedule)
+    out: Path = Path("runs/compare")
+    options: RunOptions = field(default_factory=RunOptions)
+    sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arms", tuple(as_arms(self.arms)))
+        object.__setattr__(self, "nps", tuple(self.nps))
+        object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "sweeps", tuple((n, tuple(v)) for n, v in self.sweeps))
+        if isinstance(self.schedule, int | type(None)):
+            object.__setattr__(self, "schedule", Schedule(repeats=self.schedule))
+
+    @property
+    def all_arms(self) -> list[Arm]:
+        """Every arm that runs: the arms crossed with the sweeps, a label given twice (A/A) labelled apart."""
+        if not self.sweeps and len({a.label for a in self.arms}) == len(self.arms):
+            return list(self.arms)
+        return build_arms([], self.arms, self.sweeps)

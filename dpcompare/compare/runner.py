@@ -1,0 +1,171 @@
+"""The run loop of ``dpcompare compare``: block after block until the schedule stops, each run its own job
+(or a run of a persistent worker), ``OUT/results.json`` rewritten after each run, the report at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dpcompare.compare import records
+from dpcompare.compare.cmdline import plan_flags, train_flags
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
+from dpcompare.compare.schedule import stop_reason
+from dpcompare.errors import ConfigError
+from dpcompare.files import RESULTS, atomic_write_json
+from dpcompare.launch.env import under_launcher
+from dpcompare.launch.jobs import dpcompare_command, run_job
+from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
+from dpcompare.options import train_argv
+from dpcompare.progress import ProgressLine
+
+#: how a fresh run starts: (command, run folder, environment, timeout) → (exit code or None, seconds)
+Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | None, float]]
+
+
+def child_command(cfg: Any, spec: RunSpec, run_dir: Path) -> list[str]:
+    """The job that runs ``spec`` on its own (recorded with the run: it reruns it)."""
+    return dpcompare_command(spec.np, ["train", *train_argv(child_config(cfg, spec, run_dir))])
+
+
+class _Run:
+    """One comparison in progress: its results object, the kept runs of a resumed one, and how runs start."""
+
+    def __init__(self, c: Comparison, console: Any, launch: Launch) -> None:
+        self.c, self.console, self.launch = c, console, launch
+        self.arms: list[Arm] = c.all_arms
+        self.per_block = len(self.arms) * len(c.nps)
+        self.results = records.new_results(c, self.arms, train_flags(c.config), plan_flags(c))
+        self.kept: dict[str, dict[str, Any]] = {}
+        if c.options.resume:
+            self.results, self.kept = records.resume_state(c.out, self.results)
+        self.env = job_env()
+        self.pool: Any = None
+        if c.options.workers == "persistent":
+            from dpcompare.compare.workers import WorkerPool
+
+            self.pool = WorkerPool(c.out / "runs", self.env, job_command, local=not in_slurm_allocation())
+
+    def save(self) -> None:
+        """results.json as it stands, with the kept runs not reused yet (so an interruption loses none)."""
+        used = {r["dir"] for r in self.results["runs"]}
+        atomic_write_json(self.c.out / RESULTS, {**self.results, "runs": [*self.results["runs"], *(
+            r for r in self.kept.values() if r["dir"] not in used)]})
+
+    def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
+        run_dir = self.c.out / "runs" / spec.name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
+            (run_dir / stale).unlink(missing_ok=True)
+        cfg, timeout = self.c.config, self.c.options.run_timeout
+        cmd = child_command(cfg, spec, run_dir)
+        bar.update(description=f"running {spec.name}")
+        rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
+                    if self.pool else self.launch(cmd, run_dir, self.env, timeout))
+        return records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
+
+    def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
+        """Run block number ``blocks`` (the kept runs of a resumed comparison are reused); runs done so far."""
+        for spec in block(self.arms, self.c.nps, blocks, self.c.schedule.seeds):
+            done += 1
+            self.results["config"]["order"].append(spec.name)
+            if spec.name in self.kept:
+                self.results["runs"].append(self.kept[spec.name])
+                bar.update(advance=1)
+                continue
+            try:
+                rec = self.run_one(spec, bar)
+            except KeyboardInterrupt:
+                self.save()  # valid, complete: false; this run is not in it
+                self.console.print(f"interrupted during {spec.name}: {len(self.results['runs'])} runs recorded in "
+                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --resume {self.c.out}",
+                                   soft_wrap=True)
+                raise
+            self.results["runs"].append(rec)
+            self.save()
+            bar.update(advance=1)
+            bar.print(_finished_line(done, self.per_block * max(planned, blocks + 1), spec, rec), markup=True)
+        return done
+
+
+def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job) -> int:
+    """Run every job, write results.json, render the report; 0 when every run succeeded, else 1.
+
+    ``c.options.resume``: continue the comparison in ``c.out`` (its plan and configuration must be the stored
+    ones): runs recorded ``ok`` are reused, the others run. ``c.options.workers``: ``fresh`` starts every run
+    as its own job (through ``launch``); ``persistent`` runs them in one long-lived job per process count
+    (:mod:`dpcompare.compare.workers`).
+    """
+    from dpcompare.report.table import console_for_report
+
+    if under_launcher():
+        raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
+    console = console or console_for_report()
+    if not c.options.resume:
+        records.prepare_out(c.out, c.options.overwrite)
+    t_start = time.perf_counter()
+    run = _Run(c, console, launch)
+    run.save()
+    schedule = c.schedule
+    planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
+    if c.options.progress != "none":
+        _announce(run)
+    done = blocks = 0
+    with ProgressLine(run.per_block * planned, "[bold]compare[/]", c.options.progress, console=console) as bar, \
+            (contextlib.closing(run.pool) if run.pool else contextlib.nullcontext()):
+        while (reason := stop_reason(run.results, schedule, blocks, time.perf_counter() - t_start)) is None:
+            done = run.run_block(blocks, done, planned, bar)
+            blocks += 1
+    return _finish(run, blocks, reason, time.perf_counter() - t_start)
+
+
+def _announce(run: _Run) -> None:
+    s, c = run.c.schedule, run.c
+    how = (f"{s.repeats} repeat{'s' if s.repeats != 1 else ''}"
+           + (f" × seeds {','.join(map(str, s.seeds))}" if s.seeds else "")
+           if s.repeats is not None
+           else f"blocks until ±{100 * s.target_ci:g} %, at most {s.max_repeats}"
+           + (f" or {s.time_budget:g} s" if s.time_budget else ""))
+    run.console.print(f"dpcompare compare: {', '.join(a.label for a in run.arms)} × np {','.join(map(str, c.nps))} × "
+                      f"{how} ({run.per_block} runs per block) → {c.out}", soft_wrap=True)
+    if c.options.resume:
+        run.console.print(f"resuming {c.out}: {len(run.kept)} finished runs are kept; the others run", soft_wrap=True)
+
+
+def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
+    """Verdicts into results.json (now complete), the report, and the exit code."""
+    from dpcompare.report import render, stats
+
+    c, results, console = run.c, run.results, run.console
+    results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
+    results["verdicts"] = [v.to_json() for v in stats.verdicts(
+        results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
+    results["complete"] = True
+    atomic_write_json(c.out / RESULTS, results)
+    render(c.out, console=console)
+    if c.options.progress != "none":
+        console.print(f"compare: {blocks} block{'s' if blocks != 1 else ''} in {elapsed:.0f} s; stopped: {reason}",
+                      soft_wrap=True)
+    failed = [r for r in results["runs"] if r["status"] != "ok"]
+    if failed:
+        diverged = sum(r["status"] == "diverged" for r in failed)
+        what = f" ({diverged} diverged)" if diverged else ""
+        console.print(f"[red]{len(failed)} of {len(results['runs'])} runs failed{what}[/] (their stderr is in "
+                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --resume {c.out}` reruns "
+                      "the failed ones)", soft_wrap=True)
+    return 1 if failed else 0
+
+
+def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
+    from dpcompare.report.fmt import headline
+
+    if rec["status"] == "diverged":
+        msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
+    elif rec["status"] == "ok":
+        msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
+               f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
+    else:
+        msg = f"[red]FAILED[/] {headline(rec['error'])}"
+    return f"[{done}/{total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"

@@ -1,0 +1,186 @@
+"""``dpcompare lab bench``: a nccl-tests-style message-size sweep between the lab's hosts, and an α-β fit.
+
+Three columns: gloo (torch.distributed), MPI (mpi4py, Open MPI's own all-reduce choice) and ``mpi-rd`` (Open
+MPI with recursive doubling forced for all-reduce). For each size: bytes, time (median over iterations of the
+slowest rank), algbw = bytes/time, busbw = algbw × 2(n−1)/n (all-reduce) or (n−1)/n (all-gather), and busbw as a
+share of the link. The fit, per backend and collective: time ≈ alpha_s + bytes × beta_s_per_byte, the fixed cost
+from the small messages, the bandwidth from the large ones (scipy.stats.theilslopes on each end).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.lab.core import Lab
+from dpcompare.lab.rates import format_rate
+
+SCHEMA = "dpcompare.lab.bench/1"
+BACKENDS = ("gloo", "mpi", "mpi-rd")
+COLLECTIVES = ("allreduce", "allgather")
+#: Open MPI's recursive doubling for all-reduce (coll/tuned algorithm 3)
+RECURSIVE_DOUBLING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "3")
+_SIZE = re.compile(r"^(\d+)([kmg]?)i?b?$")
+
+
+def parse_size(text: str) -> int:
+    """``4K`` → 4096, ``64M`` → 67108864, ``1000`` → 1000 (binary units, as nccl-tests' -b/-e)."""
+    m = _SIZE.match(text.strip().lower())
+    if not m:
+        raise ConfigError(f"size {text!r}: write bytes with an optional K, M or G (e.g. 4K, 64M)")
+    return int(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``4K:64M`` (doubling from 4 KiB to 64 MiB) or a list ``4K,1M,16M``."""
+    if ":" in text:
+        lo, _, hi = text.partition(":")
+        a, b = parse_size(lo), parse_size(hi)
+        if not 0 < a <= b:
+            raise ConfigError(f"--sizes {text!r}: MIN:MAX with 0 < MIN <= MAX")
+        out = [a]
+        while out[-1] * 2 <= b:
+            out.append(out[-1] * 2)
+        return out
+    sizes = sorted({parse_size(s) for s in text.split(",") if s.strip()})
+    if not sizes or sizes[0] <= 0:
+        raise ConfigError(f"--sizes {text!r}: give at least one positive size")
+    return sizes
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw/algbw: 2(n−1)/n for all-reduce, (n−1)/n for all-gather and reduce-scatter, 1 otherwise."""
+    if collective == "allreduce":
+        return 2 * (n - 1) / n
+    if collective in ("allgather", "reducescatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _jobs(backends: Sequence[str], collectives: Sequence[str]) -> list[tuple[list[str], list[str], str, tuple]]:
+    """(worker backends, collectives, MPI label, extra mca) for each mpirun the sweep needs."""
+    jobs = []
+    first = [b for b in backends if b in ("gloo", "mpi")]
+    if first:
+        jobs.append((first, list(collectives), "mpi", ()))
+    if "mpi-rd" in backends and "allreduce" in collectives:  # the forced algorithm changes all-reduce only
+        jobs.append((["mpi"], ["allreduce"], "mpi-rd", RECURSIVE_DOUBLING))
+    return jobs
+
+
+def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
+            collectives: Sequence[str] = COLLECTIVES, warmup: int = 1, iters: int = 5,
+            timeout: float = 600) -> dict:
+    """Run the sweep across ``lab`` (one rank per host) and return the results document (see :func:`analyse`)."""
+    if len(lab.hosts) < 2:
+        raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --hosts 2)")
+    raw_rows, ranks = [], len(lab.hosts)
+    for i, (bk, coll, label, mca) in enumerate(_jobs(backends, collectives)):
+        raw = lab.directory / f"bench-raw-{i}.json"
+        raw.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "dpcompare.lab.worker", "--sizes", ",".join(map(str, sizes)),
+                "--backends", ",".join(bk), "--collectives", ",".join(coll), "--mpi-label", label,
+                "--warmup", str(warmup), "--iters", str(iters), "--out", str(raw)]
+        # one rank per host: the link, not shared memory, is measured
+        p = lab.run(argv, np=len(lab.hosts), mca=mca, per_host=1, timeout=timeout, capture=True)
+        if p.returncode != 0 or not raw.is_file():
+            tail = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            raise LaunchError(f"the bench job ({', '.join(bk)}) exited {p.returncode}: {tail[0]}")
+        data = json.loads(raw.read_text())
+        raw.unlink()
+        raw_rows += data["rows"]
+        ranks = data["ranks"]
+    return analyse(raw_rows, ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
+                                                         "link": lab.link, "link_bps": lab.link_bps},
+                   warmup=warmup, iters=iters)
+
+
+def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: object) -> dict:
+    """Per size: time (median), algbw, busbw (bytes/s) and busbw % of the link; and the α-β fits."""
+    rows = []
+    for r in raw_rows:
+        t = statistics.median(r["times_s"])
+        algbw = r["bytes"] / t
+        busbw = algbw * bus_factor(r["collective"], ranks)
+        rows.append({"backend": r["backend"], "collective": r["collective"], "bytes": r["bytes"], "time_s": t,
+                     "algbw_Bps": algbw, "busbw_Bps": busbw,
+                     "busbw_pct_of_link": 100 * busbw * 8 / link_bps if link_bps else None,
+                     "times_s": r["times_s"]})
+    return {"schema": SCHEMA, **extra, "ranks": ranks, "rows": rows, "fits": fits(rows, ranks, link_bps)}
+
+
+def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
+    """α-β per backend and collective: α from a line through the smallest third of sizes, β from the largest
+    third (Theil-Sen lines, scipy.stats.theilslopes: one stray iteration does not tilt them)."""
+    from scipy.stats import pearsonr, theilslopes
+
+    out = []
+    for key in sorted({(r["backend"], r["collective"]) for r in rows}):
+        pts = sorted((r["bytes"], r["time_s"]) for r in rows if (r["backend"], r["collective"]) == key)
+        if len(pts) < 2:
+            continue
+        k = max(2, len(pts) // 3)
+        small, large = pts[:k], pts[-k:]
+        lo = theilslopes([t for _, t in small], [b for b, _ in small])
+        hi = theilslopes([t for _, t in large], [b for b, _ in large])
+        beta = float(hi.slope)
+        r2 = float(pearsonr([b for b, _ in large], [t for _, t in large]).statistic ** 2) if len(large) > 2 else 1.0
+        busbw = bus_factor(key[1], ranks) / beta if beta > 0 else None
+        out.append({"backend": key[0], "collective": key[1], "alpha_s": max(0.0, float(lo.intercept)),
+                    "beta_s_per_byte": beta, "algbw_Bps": 1 / beta if beta > 0 else None, "busbw_Bps": busbw,
+                    "busbw_pct_of_link": 100 * busbw * 8 / link_bps if (busbw and link_bps) else None,
+                    "r2_large": r2, "small_bytes": [b for b, _ in small],
+                    "large_bytes": [b for b, _ in large]})
+    return out
+
+
+def write(doc: dict, out: Path) -> None:
+    try:
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as e:
+        raise ConfigError(f"cannot write {out}: {e.strerror}") from None
+
+
+def tables(doc: dict) -> list[object]:
+    """rich tables: one per collective, a row per size, time / busbw / % of link per backend; then the fits."""
+    from rich.table import Table
+
+    out: list[object] = []
+    link = doc.get("lab", {}).get("link_bps")
+    for coll in COLLECTIVES:
+        rows = [r for r in doc["rows"] if r["collective"] == coll]
+        if not rows:
+            continue
+        backends = [b for b in BACKENDS if any(r["backend"] == b for r in rows)]
+        t = Table(title=f"{coll}, {doc['ranks']} ranks, link {format_rate(link)} (busbw = algbw × "
+                        f"{bus_factor(coll, doc['ranks']):.2g})")
+        t.add_column("bytes", justify="right")
+        for b in backends:
+            t.add_column(f"{b} ms", justify="right")
+            t.add_column(f"{b} busbw Gbit/s", justify="right")
+            if link:
+                t.add_column(f"{b} % link", justify="right")
+        by = {(r["backend"], r["bytes"]): r for r in rows}
+        for size in sorted({r["bytes"] for r in rows}):
+            cells = [f"{size:,}"]
+            for b in backends:
+                r = by.get((b, size))
+                cells += ["–", "–"] + (["–"] if link else []) if r is None else \
+                    [f"{r['time_s'] * 1e3:.3f}", f"{r['busbw_Bps'] * 8 / 1e9:.3f}"] + \
+                    ([f"{r['busbw_pct_of_link']:.0f}"] if link else [])
+            t.add_row(*cells)
+        out.append(t)
+    f = Table(title="α-β fit: time ≈ α + bytes × β (α from small messages, β from large)")
+    for c in ("backend", "collective", "α µs", "busbw Gbit/s", "% link", "r² (large)"):
+        f.add_column(c, justify="right" if c not in ("backend", "collective") else "left")
+    for x in doc["fits"]:
+        f.add_row(x["backend"], x["collective"], f"{x['alpha_s'] * 1e6:.0f}",
+                  f"{x['busbw_Bps'] * 8 / 1e9:.3f}" if x["busbw_Bps"] else "–",
+                  f"{x['busbw_pct_of_link']:.0f}" if x["busbw_pct_of_link"] else "–", f"{x['r2_large']:.3f}")
+    out.append(f)
+    return out

@@ -1,0 +1,147 @@
+"""``dpcompare lab up | down | status | bench | set-link``: an emulated cluster on this machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dpcompare.errors import ConfigError
+from dpcompare.lab import bench, core, netns
+from dpcompare.lab.rates import format_rate
+
+DESCRIPTION = """\
+An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
+namespace), each host's link shaped in both directions with the kernel's tbf qdisc. mpirun reaches the hosts
+through a remote agent instead of ssh. Needs root and iproute2 (ip, tc); shaping needs tbf. Bandwidth only:
+without netem no latency or loss can be added, and an unshaped veth is CPU-bound (13-25 Gbit/s here).
+"""
+
+EPILOG = """\
+examples:
+  dpcompare lab up --hosts 2 --link 1gbit          # hosts dplab-default-h0, -h1 on 10.250.200.0/24
+  dpcompare lab bench --out bench.json             # all-reduce/all-gather sweep: gloo, MPI, MPI recursive doubling
+  dpcompare lab set-link 200mbit                   # reshape every link (or --host I); down/up: a host's link
+  dpcompare lab status
+  dpcompare lab down                               # also after a crash; `lab down --all` sweeps every lab
+"""
+
+
+def _up(a: argparse.Namespace) -> int:
+    lab = core.Lab.up(a.hosts, a.link, a.slots, a.name)
+    print(f"lab {lab.name}: {len(lab.hosts)} hosts × {lab.slots} slot{'s' if lab.slots > 1 else ''} on "
+          f"{lab.subnet}, links {lab.link} both ways; state in {lab.directory}")
+    print(f"run across it:  ip netns exec {lab.hosts[0].namespace} mpirun {' '.join(lab.mpirun_args())} ...")
+    return 0
+
+
+def _down(a: argparse.Namespace) -> int:
+    netns.preflight()
+    if a.all and a.name != "default":
+        raise ConfigError("--all removes every lab; give it without --name")
+    removed = core.sweep(None if a.all else a.name)
+    print("\n".join(f"removed {r}" for r in removed) if removed else
+          f"nothing to remove ({'no lab' if a.all else f'no lab {a.name!r}'} exists)")
+    return 0
+
+
+def _status(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = core.lab_names()
+    console = Console()
+    if not names:
+        console.print("no lab exists (dpcompare lab up --hosts 2 --link 1gbit)")
+        return 0
+    for name in names:
+        try:
+            lab = core.Lab.load(name)
+        except ConfigError:
+            console.print(f"lab {name}: leftovers without a state file; `dpcompare lab down --name {name}` removes "
+                          "them")
+            continue
+        t = Table(title=f"lab {name}: {lab.status}, {lab.subnet}, link {lab.link}, {lab.slots} slot(s) per host, "
+                        f"since {lab.created}")
+        for col in ("host", "namespace", "present", "address", "switch port", "shaped", "tx bytes", "rx bytes"):
+            t.add_column(col)
+        for r in lab.host_rows():
+            t.add_row(*(str(r[k]) for k in ("host", "namespace", "present", "address", "port", "shaped",
+                                             "tx_bytes", "rx_bytes")))
+        console.print(t)
+    return 0
+
+
+def _bench(a: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    netns.preflight()
+    lab = core.Lab.load(a.name)
+    backends = [b.strip() for b in a.backends.split(",")]
+    collectives = [c.strip() for c in a.collectives.split(",")]
+    for x, allowed, flag in ((backends, bench.BACKENDS, "--backends"), (collectives, bench.COLLECTIVES,
+                                                                         "--collectives")):
+        bad = [v for v in x if v not in allowed]
+        if bad or not x:
+            raise ConfigError(f"{flag} {','.join(x)}: choose from {', '.join(allowed)}")
+    doc = bench.measure(lab, bench.parse_sizes(a.sizes), backends, collectives, a.warmup, a.iters, a.timeout)
+    for table in bench.tables(doc):
+        Console().print(table)
+    if a.out:
+        bench.write(doc, Path(a.out))
+        print(f"wrote {a.out}")
+    return 0
+
+
+def _set_link(a: argparse.Namespace) -> int:
+    netns.preflight()
+    lab = core.Lab.load(a.name)
+    if a.rate in ("down", "up"):
+        if a.host is None:
+            raise ConfigError(f"set-link {a.rate} takes a link down or up one host at a time: add --host I")
+        lab.set_link_state(a.host, a.rate == "up")
+        print(f"lab {lab.name}: host {a.host}'s link is {a.rate}")
+    else:
+        lab.set_link(a.rate, a.host)
+        which = "every host's link" if a.host is None else f"host {a.host}'s link"
+        print(f"lab {lab.name}: {which} shaped to {format_rate(lab._chosen(a.host)[0].link_bps)} both ways")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    from dpcompare.argtypes import nonneg_int, positive_int
+
+    p = sub.add_parser("lab", help="an emulated cluster on this machine: hosts in namespaces, shaped links",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    lab = p.add_subparsers(dest="lab_command", metavar="ACTION", parser_class=parser_class)
+    lab.required = True
+
+    def action(name: str, func: object, help: str) -> argparse.ArgumentParser:
+        q = lab.add_parser(name, help=help, description=help)
+        q.add_argument("--name", default="default", help="which lab (default: default); names carry the prefix "
+                                                          f"{core.PREFIX}")
+        q.set_defaults(func=func)
+        return q
+
+    up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
+    up.add_argument("--hosts", type=positive_int, default=2, help="number of hosts (default 2)")
+    up.add_argument("--link", default="unlimited", metavar="RATE",
+                    help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
+    up.add_argument("--slots", type=positive_int, default=1, help="MPI slots per host in the hostfile (default 1)")
+
+    down = action("down", _down, "remove a lab: its namespaces (found by prefix too, after a crash) and state")
+    down.add_argument("--all", action="store_true", help=f"remove every lab (every {core.PREFIX}* namespace)")
+    action("status", _status, "show the labs that exist, host by host")
+
+    b = action("bench", _bench, "all-reduce / all-gather sweep between the hosts (one rank each), nccl-tests style")
+    b.add_argument("--sizes", default="4K:64M", help="MIN:MAX doubling, or a list 4K,1M,16M (default 4K:64M)")
+    b.add_argument("--backends", default=",".join(bench.BACKENDS),
+                   help="gloo, mpi (Open MPI's default all-reduce), mpi-rd (recursive doubling forced)")
+    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help="allreduce, allgather")
+    b.add_argument("--warmup", type=nonneg_int, default=1, help="untimed iterations per size (default 1)")
+    b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size; the median counts")
+    b.add_argument("--timeout", type=positive_int, default=600, help="seconds each mpirun job may take")
+    b.add_argument("--out", metavar="FILE", help="write the results and α-β fits as JSON")
+
+    s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
+    s.add_argument("rate", metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
+    s.add_argument("--host", type=nonneg_int, help="only this host's link (0-based)")

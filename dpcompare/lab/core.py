@@ -1,0 +1,331 @@
+"""The :class:`Lab`: N hosts (network namespaces) on a bridge in a switch namespace, links shaped with tbf.
+
+Layout of lab ``NAME`` (every name starts with :data:`PREFIX`)::
+
+    namespace dplab-NAME-sw      bridge dplab-br, ports dplab-h0 .. dplab-h{N-1} (egress shaped: switch → host)
+    namespace dplab-NAME-hI      interface dplab0 = 10.250.X.(I+1)/24 (egress shaped: host → switch), lo
+    /run/dpcompare-lab/NAME/     state.json, hostfile, agent.sh (Open MPI's remote agent in place of ssh)
+
+The bridge lives in its own namespace, not the root one: the root namespace gets no interface, address or route,
+so nothing the machine already uses can clash with the lab or be touched by it. The price: the root namespace
+cannot reach the hosts, so mpirun runs inside host 0 (:meth:`Lab.mpirun_command` does that).
+Every host's interface has the same name, so one ``GLOO_SOCKET_IFNAME`` serves every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.lab import netns
+from dpcompare.lab.rates import LabSpec, check_hosts, check_name, format_rate, parse_rate
+from dpcompare.launch import mpirun
+
+PREFIX = "dplab-"
+IFACE = "dplab0"
+BRIDGE = "dplab-br"
+#: the lab's /24s: 10.250.200.0/24 and up (10.250.0.0/24 is tests/test_multihost.py's)
+FIRST_NET, LAST_NET = 200, 254
+
+
+def state_root() -> Path:
+    return Path(os.environ.get("DPCOMPARE_LAB_DIR", "/run/dpcompare-lab"))
+
+
+@dataclass
+class Host:
+    index: int
+    namespace: str
+    address: str
+    port: str  #: the switch-side end of its veth
+    link_bps: int | None = None
+    up: bool = True
+
+
+@dataclass
+class Lab:
+    name: str
+    switch: str
+    subnet: str
+    slots: int
+    link_bps: int | None
+    hosts: list[Host] = field(default_factory=list)
+    created: str = ""
+    status: str = "creating"
+
+    # -- files ---------------------------------------------------------------------------------------
+    @property
+    def directory(self) -> Path:
+        return state_root() / self.name
+
+    @property
+    def hostfile(self) -> Path:
+        return self.directory / "hostfile"
+
+    @property
+    def agent(self) -> Path:
+        return self.directory / "agent.sh"
+
+    @property
+    def link(self) -> str:
+        return format_rate(self.link_bps)
+
+    @property
+    def iface(self) -> str:
+        """The interface every host reaches the others by (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."""
+        return IFACE
+
+    def _save(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / "state.json.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(self.directory / "state.json")
+
+    @classmethod
+    def load(cls, name: str = "default") -> Lab:
+        path = state_root() / check_name(name) / "state.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"no lab named {name!r} is up (no {path}); start one with "
+                              f"`dpcompare lab up --hosts 2 --link 1gbit{_named(name)}`") from None
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{path} is unreadable ({e}); `dpcompare lab down{_named(name)}` clears it") from None
+        data["hosts"] = [Host(**h) for h in data.get("hosts", [])]
+        return cls(**data)
+
+    # -- up and down ---------------------------------------------------------------------------------
+    @classmethod
+    def up(cls, hosts: int = 2, link: str = "unlimited", slots: int = 1, name: str = "default") -> Lab:
+        """Create the lab (refusing when one of that name exists) and return it; on any failure, or Ctrl-C,
+        what was made so far is removed before the error goes on."""
+        check_name(name)
+        check_hosts(hosts, slots)
+        bps = parse_rate(link)
+        netns.preflight()
+        leftovers = [ns for ns in netns.namespaces() if ns.startswith(f"{PREFIX}{name}-")]
+        state_root().mkdir(parents=True, exist_ok=True)
+        try:
+            if leftovers:
+                raise FileExistsError
+            (state_root() / name).mkdir()  # the lock: one `lab up` of a name at a time
+        except FileExistsError:
+            raise ConfigError(f"lab {name!r} already exists; `dpcompare lab down{_named(name)}` first, "
+                              "or pick another --name") from None
+        try:
+            net = _free_subnet()
+            lab = cls(name=name, switch=f"{PREFIX}{name}-sw", subnet=str(net), slots=slots, link_bps=bps,
+                      created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+            lab.hosts = [Host(i, f"{PREFIX}{name}-h{i}", str(net.network_address + i + 1), f"dplab-h{i}", bps)
+                         for i in range(hosts)]
+            lab._save()  # first: a crash from here on leaves a state file `lab down` reads
+            lab._create()
+            lab._write_launch_files()
+            lab.status = "up"
+            lab._save()
+        except BaseException:
+            sweep(name)
+            raise
+        return lab
+
+    def _create(self) -> None:
+        sw = self.switch
+        netns.ip("netns", "add", sw)
+        netns.ip("-n", sw, "link", "set", "lo", "up")
+        netns.ip("-n", sw, "link", "add", BRIDGE, "type", "bridge")
+        netns.ip("-n", sw, "link", "set", BRIDGE, "up")
+        prefix = ipaddress.IPv4Network(self.subnet).prefixlen
+        for h in self.hosts:
+            netns.ip("netns", "add", h.namespace)
+            netns.ip("link", "add", IFACE, "netns", h.namespace, "type", "veth", "peer", "name", h.port, "netns", sw)
+            netns.ip("-n", sw, "link", "set", h.port, "master", BRIDGE)
+            netns.ip("-n", sw, "link", "set", h.port, "up")
+            netns.ip("-n", h.namespace, "addr", "add", f"{h.address}/{prefix}", "dev", IFACE)
+            netns.ip("-n", h.namespace, "link", "set", IFACE, "up")
+            netns.ip("-n", h.namespace, "link", "set", "lo", "up")
+        self.set_link(self.link_bps)
+
+    @classmethod
+    def from_spec(cls, spec: LabSpec) -> Lab:
+        """``with Lab.from_spec(parse_lab_spec("hosts=2,link=1gbit")) as lab:`` — up now, down at the end."""
+        return cls.up(spec.hosts, spec.link, spec.slots, spec.name)
+
+    def down(self) -> list[str]:
+        """Remove the lab's namespaces (ending what runs in them) and its state folder; what was removed."""
+        return sweep(self.name)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # -- shaping and faults --------------------------------------------------------------------------
+    def set_link(self, rate: str | int | None, host: int | None = None) -> None:
+        """Shape every host's link (or only ``host``'s) to ``rate`` in both directions; None/'unlimited' unshapes."""
+        bps = parse_rate(rate) if isinstance(rate, str) else rate
+        for h in self._chosen(host):
+            netns.shape(h.namespace, IFACE, bps)  # host → switch
+            netns.shape(self.switch, h.port, bps)  # switch → host
+            h.link_bps = bps
+        if host is None:
+            self.link_bps = bps
+        self._save()
+
+    def set_link_state(self, host: int, up: bool) -> None:
+        """Take ``host``'s link down (its switch port: the host sees no carrier) or bring it back."""
+        for h in self._chosen(host):
+            netns.ip("-n", self.switch, "link", "set", h.port, "up" if up else "down")
+            h.up = up
+        self._save()
+
+    def _chosen(self, host: int | None) -> list[Host]:
+        if host is None:
+            return self.hosts
+        if not 0 <= host < len(self.hosts):
+            raise ConfigError(f"--host {host}: lab {self.name!r} has hosts 0 to {len(self.hosts) - 1}")
+        return [self.hosts[host]]
+
+    # -- launching -----------------------------------------------------------------------------------
+    def _write_launch_files(self) -> None:
+        self.hostfile.write_text("".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
+        cases = "".join(f"  {h.address}|{h.namespace}) ns={h.namespace} ;;\n" for h in self.hosts)
+        self.agent.write_text(AGENT.format(name=self.name, cases=cases))
+        self.agent.chmod(0o755)
+
+    @property
+    def np(self) -> int:
+        return len(self.hosts) * self.slots
+
+    def launch_env(self) -> dict[str, str]:
+        """Variables that make a plain ``mpirun -hostfile HOSTFILE`` (or ``dpcompare launch``) run inside
+        host 0 reach the lab's hosts: the remote agent, MPI's TCP kept on the lab's subnet, gloo/NCCL's interface."""
+        return {"OMPI_MCA_plm_rsh_agent": str(self.agent), "OMPI_MCA_btl_tcp_if_include": self.subnet,
+                "OMPI_MCA_oob_tcp_if_include": self.subnet, "GLOO_SOCKET_IFNAME": IFACE, "NCCL_SOCKET_IFNAME": IFACE}
+
+    def mpirun_args(self) -> list[str]:
+        """Open MPI options placing ranks on the lab's hosts (the same as :meth:`launch_env`, as flags)."""
+        return ["-hostfile", str(self.hostfile), "--mca", "plm_rsh_agent", str(self.agent),
+                "--mca", "btl_tcp_if_include", self.subnet, "--mca", "oob_tcp_if_include", self.subnet,
+                "-x", f"GLOO_SOCKET_IFNAME={IFACE}", "-x", f"NCCL_SOCKET_IFNAME={IFACE}"]
+
+    def in_host(self, cmd: Sequence[str], host: int = 0) -> list[str]:
+        """``cmd`` run inside ``host``'s namespace."""
+        return ["ip", "netns", "exec", self._chosen(host)[0].namespace, *cmd]
+
+    def mpirun_command(self, argv: Sequence[str], np: int | None = None, mca: Sequence[str] = (),
+                       per_host: int | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
+        """The whole command running ``argv`` as ``np`` ranks (default: every slot) across the lab, from host 0.
+
+        Ranks fill host 0's slots first, then host 1's...; ``per_host`` places that many on each host instead.
+        ``mca``: more Open MPI options (e.g. ``--mca coll_tuned_use_dynamic_rules 1``). PATH, VIRTUAL_ENV and the
+        HOROVOD_/GLOO_/... variables set here are forwarded, as ``dpcompare launch`` does.
+        """
+        if mpirun.mpi_flavor() != "openmpi":
+            raise LaunchError("the lab's remote agent is Open MPI's (plm_rsh_agent); put Open MPI's mpirun on PATH")
+        environ = os.environ if environ is None else environ
+        env = mpirun.forwarded_env(environ, IFACE, mpirun.current_venv())
+        cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, environ=environ,
+                                     mpi_net=self.subnet)
+        if per_host:
+            cmd[cmd.index("-map-by") + 1] = f"ppr:{per_host}:node"
+        return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *mca, *cmd[1:]])
+
+    def run(self, argv: Sequence[str], np: int | None = None, mca: Sequence[str] = (), per_host: int | None = None,
+            timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` (e.g. ``[*dpcompare_argv(), "train", ...]``) across the lab and wait for it."""
+        cmd = self.mpirun_command(argv, np, mca, per_host)
+        pipe = subprocess.PIPE if capture else None
+        with subprocess.Popen(cmd, env=mpirun.job_env(), text=True, stdout=pipe, stderr=pipe) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except BaseException:  # a timeout or Ctrl-C: SIGTERM lets mpirun end its ranks on every host
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    # -- what exists ---------------------------------------------------------------------------------
+    def host_rows(self) -> list[dict[str, object]]:
+        """Per host: namespace present, link state, shaping read back from tc, bytes sent and received."""
+        present = set(netns.namespaces())
+        rows = []
+        for h in self.hosts:
+            link = netns.json_of(["ip", "-j", "-s", "-n", h.namespace, "link", "show", "dev", IFACE])
+            port = netns.json_of(["ip", "-j", "-n", self.switch, "link", "show", "dev", h.port])
+            qdisc = netns.json_of(["tc", "-j", "-n", h.namespace, "qdisc", "show", "dev", IFACE])
+            stats = (link[0].get("stats64") or link[0].get("stats") or {}) if link else {}
+            q = qdisc[0] if qdisc else {}
+            rate = q.get("options", {}).get("rate") if q.get("kind") == "tbf" else None
+            rows.append({"host": h.index, "namespace": h.namespace, "present": h.namespace in present,
+                         "address": h.address, "port": port[0].get("operstate", "?") if port else "missing",
+                         "shaped": format_rate(rate * 8) if rate else "unlimited",
+                         "tx_bytes": stats.get("tx", {}).get("bytes"), "rx_bytes": stats.get("rx", {}).get("bytes")})
+        return rows
+
+
+AGENT = """#!/bin/sh
+# dpcompare lab {name}: Open MPI's remote agent in place of ssh.
+# Called as AGENT [OPTIONS] HOST COMMAND...; runs COMMAND inside HOST's network namespace.
+while [ "${{1#-}}" != "$1" ]; do shift; done
+host=$1; shift
+case "$host" in
+{cases}  *) echo "dpcompare lab {name}: unknown host $host" >&2; exit 1 ;;
+esac
+exec ip netns exec "$ns" /bin/sh -c "$*"
+"""
+
+
+def _named(name: str) -> str:
+    return "" if name == "default" else f" --name {name}"
+
+
+def lab_names() -> list[str]:
+    """Labs that exist in any part: a state folder, or a namespace carrying the prefix."""
+    names = {p.name for p in state_root().glob("*") if p.is_dir()} if state_root().is_dir() else set()
+    names |= {ns[len(PREFIX):].rsplit("-", 1)[0] for ns in netns.namespaces() if ns.startswith(PREFIX)}
+    return sorted(names)
+
+
+def sweep(name: str | None = None) -> list[str]:
+    """Remove lab ``name`` (every lab when None): its namespaces, found by prefix whether or not a state file
+    names them, and its state folder. Returns what was removed."""
+    prefix = PREFIX if name is None else f"{PREFIX}{check_name(name)}-"
+    removed = []
+    # hosts before switches: a deleted host namespace takes its veth pair (and the bridge port) with it
+    for ns in sorted((n for n in netns.namespaces() if n.startswith(prefix)), key=lambda n: n.endswith("-sw")):
+        if netns.remove_namespace(ns):
+            removed.append(f"namespace {ns}")
+    root = state_root()
+    for d in ([root / name] if name is not None else list(root.glob("*")) if root.is_dir() else []):
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(f"state {d}")
+    with contextlib.suppress(OSError):
+        root.rmdir()  # only when empty
+    return removed
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """The first 10.250.X.0/24 (X from 200) no other lab holds and the root namespace does not use."""
+    taken = netns.root_networks()
+    for name in lab_names():
+        with contextlib.suppress(ConfigError):
+            taken.append(ipaddress.IPv4Network(Lab.load(name).subnet))
+    for x in range(FIRST_NET, LAST_NET + 1):
+        net = ipaddress.IPv4Network(f"10.250.{x}.0/24")
+        if not any(net.overlaps(t) for t in taken):
+            return net
+    raise ConfigError("no free 10.250.X.0/24 for a new lab (X 200-254 all in use); take a lab down first")

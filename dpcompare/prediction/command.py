@@ -1,0 +1,131 @@
+"""``dpcompare predict RUN_DIR...``: step time and scaling efficiency per strategy at many hosts, from traced runs."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+from dpcompare.argtypes import fraction, positive_float, positive_int
+from dpcompare.errors import ConfigError
+
+DEFAULT_HOSTS = "2,4,8,...,1024"
+
+
+def parse_hosts(text: str) -> list[int]:
+    """``2,4,8,...,1024`` → 2, 4, …, 1024 (``...`` continues the ratio of the two numbers before it)."""
+    parts = [p.strip() for p in text.replace("…", "...").split(",") if p.strip()]
+    try:
+        out: list[int] = []
+        for i, p in enumerate(parts):
+            if p != "...":
+                out.append(int(p))
+                continue
+            if len(out) < 2 or i + 1 >= len(parts) or out[-1] <= out[-2]:
+                raise ValueError
+            ratio, end = out[-1] / out[-2], int(parts[i + 1])
+            while round(out[-1] * ratio) < end:
+                out.append(round(out[-1] * ratio))
+    except ValueError:
+        raise ConfigError(f"--hosts {text!r}: give host counts like 2,4,8,16 or 2,4,8,...,1024") from None
+    if not out or min(out) < 1:
+        raise ConfigError(f"--hosts {text!r}: host counts are whole numbers of 1 or more")
+    return sorted(set(out))
+
+
+def source(folder: Path, world_size: int) -> str:
+    """A run's name for labels: its folder, less compare's ``-r<repeat>[-s<seed>]`` (repeats of an arm are one
+    curve), with the process count when the name does not say it."""
+    name = re.sub(r"-r\d+(-s\d+)?$", "", folder.resolve().name)
+    return name if re.search(rf"-np{world_size}\b", name) else f"{name}, np={world_size}"
+
+
+def _network(a: argparse.Namespace) -> Any:
+    from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration, parse_rate
+
+    alpha = parse_duration(a.latency)
+    intra = None
+    if a.ranks_per_host > 1:
+        if not a.intra_link:
+            raise ConfigError("--ranks-per-host above 1 needs --intra-link (e.g. 300gbyte for NVLink, 20gbyte "
+                              "for a CPU socket's memory)")
+        intra = Link(parse_duration(a.intra_latency), parse_rate(a.intra_link))
+    calibrated = load_calibration(a.calibration) if a.calibration else {}
+    return Network(1, Link(alpha, parse_rate(a.link)), a.ranks_per_host, intra, calibrated)
+
+
+def _cmd_predict(a: argparse.Namespace) -> int:
+    from dpcompare.prediction import output, strategies, sweep
+
+    hosts = parse_hosts(a.hosts)
+    net = _network(a)
+    asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
+    for s in asked or []:
+        strategies.schedule(s)
+    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb, "cycle_ms": a.cycle_ms, "fp16": a.fp16 or None}
+    curves, seen = [], set()
+    for folder in strategies.profile_runs(a.run_dirs):
+        p = strategies.profile(folder)
+        for name in strategies.modelled_as(p, asked):
+            label = f"{name} ({source(folder, p.world_size)})" if name == p.strategy else \
+                f"{name} (on {source(folder, p.world_size)})"
+            if label in seen:
+                continue  # another repeat of the same arm
+            seen.add(label)
+            c = sweep.curve(p, name, sweep.knobs_of(p, over), net, hosts, label)
+            c.advice = sweep.advise(c, p, net, a.threshold)
+            curves.append(c)
+    if not curves:
+        raise ConfigError("no traced run to predict from")
+    link = a.link + (f" + {a.ranks_per_host}/host on {a.intra_link}" if a.ranks_per_host > 1 else "")
+    lines = {"who_wins": sweep.verdict(curves, hosts),
+             "below_threshold": output.answers(curves, a.threshold, a.link),
+             "knob_advice": [c.advice for c in curves]}
+    out = Path(a.out or a.run_dirs[0])
+    title = f"predicted on {link}, {a.latency} latency" + (" (calibrated)" if a.calibration else "")
+    png = output.plot(curves, out / output.PNG_FILE, a.threshold, title)
+    inputs = {"runs": a.run_dirs, "hosts": hosts, "link": a.link, "latency": a.latency,
+              "ranks_per_host": a.ranks_per_host, "intra_link": a.intra_link, "calibration": a.calibration,
+              "threshold": a.threshold, "strategies": asked}
+    js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
+    console = output.make_console()
+    if not a.quiet:
+        console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement (docs/predict.md)")
+        output.show(console, curves, lines, a.threshold)
+    console.print(f"wrote {png} and {js}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "predict", help="predict step time and scaling efficiency at many hosts from traced runs",
+        description="Model one training step per strategy from traced runs (`dpcompare train --trace N`, or a "
+                    "`dpcompare compare ... --trace N` folder) at many host counts on a given network: the traced "
+                    "compute plus each strategy's collectives placed where the library runs them, priced by the "
+                    "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
+                    "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
+                    "A model, not a measurement: see docs/predict.md for its assumptions.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
+    p.add_argument("--hosts", default=DEFAULT_HOSTS, help=f"host counts (default {DEFAULT_HOSTS}; '...' continues "
+                   "the ratio)")
+    p.add_argument("--link", default="25gbit", help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
+    p.add_argument("--latency", default="5us", help="inter-host latency per message step (alpha), e.g. 5us")
+    p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
+                   help="ranks per host (hierarchical collectives on --intra-link inside a host; default 1)")
+    p.add_argument("--intra-link", default=None, help="intra-host link rate, e.g. 300gbyte (NVLink-class)")
+    p.add_argument("--intra-latency", default="1us", help="intra-host latency (default 1us)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a `dpcompare lab bench --out FILE` JSON: measured alpha and bandwidth share per backend "
+                        "and collective")
+    p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
+                   "each run's own; ddp,horovod for single)")
+    p.add_argument("--bucket-mb", type=positive_float, default=None, help="DDP/ZeRO bucket cap, MB (default: the run's)")
+    p.add_argument("--fusion-mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
+    p.add_argument("--cycle-ms", type=positive_float, default=None, help="Horovod cycle time, ms")
+    p.add_argument("--fp16", action="store_true", help="gradients in fp16 on the wire")
+    p.add_argument("--threshold", type=fraction, default=0.8, help="efficiency to report falling below (default 0.8)")
+    p.add_argument("--out", default=None, help="folder for prediction.png and prediction.json (default: the first "
+                   "RUN_DIR)")
+    p.add_argument("--quiet", action="store_true", help="write the files without printing the tables")
+    p.set_defaults(func=_cmd_predict)

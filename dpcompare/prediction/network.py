@@ -1,0 +1,185 @@
+"""The α-β (Hockney) network model: what a collective of N bytes costs among n ranks on a link.
+
+Ring all-reduce 2(n−1)α + 2(n−1)/n · N/B; ring all-gather and reduce-scatter (n−1)α + (n−1)/n · N/B (N the
+bytes of the whole gathered or reduced tensor); broadcast ⌈log2 n⌉α + N/B (a pipelined tree: bandwidth-bound
+for large messages). The reduction's own arithmetic is not priced. With G ranks per host (``--ranks-per-host``)
+the collectives are hierarchical: inside each host on the intra-host link, across hosts on the host's one
+inter-host link, which its G ranks share (so the cross-host part moves the full N bytes per host):
+all-reduce = reduce-scatter(G, intra) + all-reduce(H, inter) + all-gather(G, intra), and the others the sum
+of their cross-host and in-host parts. A calibration (``lab bench`` JSON) replaces α and B per backend and
+collective: a measured fraction of the link it was measured on, applied to the link asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpcompare.errors import ConfigError
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_BYTES = {"byte": 8, "kbyte": 8e3, "mbyte": 8e6, "gbyte": 8e9, "tbyte": 8e12}
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?(?:bit|byte))(?:/s)?$")
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|ms|us|ns)$")
+
+
+def parse_rate(text: str) -> float:
+    """``25gbit`` → 3.125e9 bytes/s; ``300gbyte`` → 3e11 bytes/s (tc's bit units, and bytes spelt out)."""
+    m = _RATE.match(text.strip().lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"link rate {text!r}: write a number and a unit, e.g. 25gbit, 200mbit or 300gbyte "
+                          f"(bits: {', '.join(_BITS)}; bytes: {', '.join(_BYTES)})")
+    unit = m.group(2)
+    return float(m.group(1)) * _BITS.get(unit, _BYTES.get(unit, 0.0)) / 8
+
+
+def parse_duration(text: str) -> float:
+    """``5us`` → 5e-6 s (units s, ms, us, ns)."""
+    m = _DURATION.match(text.strip().lower())
+    if not m:
+        raise ConfigError(f"latency {text!r}: write a number and a unit, e.g. 5us, 1.5us or 0.2ms")
+    return float(m.group(1)) * _TIME[m.group(2)]
+
+
+def format_rate(bytes_per_s: float) -> str:
+    bits = bytes_per_s * 8
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits >= _BITS[unit]:
+            return f"{bits / _BITS[unit]:g}{unit}"
+    return f"{bits:g}bit"
+
+
+@dataclass(frozen=True)
+class Link:
+    """α (seconds per message step) and B (bytes per second) of one link."""
+
+    alpha: float
+    bandwidth: float
+
+    def allreduce(self, nbytes: float, n: int) -> float:
+        return 0.0 if n <= 1 else 2 * (n - 1) * self.alpha + 2 * (n - 1) / n * nbytes / self.bandwidth
+
+    def allgather(self, nbytes: float, n: int) -> float:
+        return 0.0 if n <= 1 else (n - 1) * self.alpha + (n - 1) / n * nbytes / self.bandwidth
+
+    reduce_scatter = allgather
+
+    def broadcast(self, nbytes: float, n: int) -> float:
+        return 0.0 if n <= 1 else math.ceil(math.log2(n)) * self.alpha + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Network:
+    """``hosts`` hosts of ``per_host`` ranks; ``inter`` between hosts, ``intra`` inside one.
+
+    ``calibrated`` maps (backend, collective) to a measured (α, fraction of the link's B) that replaces the
+    plain link for that backend and collective across hosts.
+    """
+
+    hosts: int
+    inter: Link
+    per_host: int = 1
+    intra: Link | None = None
+    calibrated: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> int:
+        return self.hosts * self.per_host
+
+    def with_hosts(self, hosts: int) -> Network:
+        return Network(hosts, self.inter, self.per_host, self.intra, self.calibrated)
+
+    def link(self, backend: str, collective: str) -> Link:
+        alpha, share = self.calibrated.get((backend, collective), (self.inter.alpha, 1.0))
+        return Link(alpha, self.inter.bandwidth * share)
+
+    def cost(self, collective: str, nbytes: float, backend: str = "") -> float:
+        """Seconds for one ``collective`` of ``nbytes`` among all ranks."""
+        inter, g = self.link(backend, collective), self.per_host
+        if g == 1 or self.intra is None:
+            return float(getattr(inter, collective)(nbytes, self.hosts))
+        intra = self.intra
+        if collective == "allreduce":
+            return (intra.reduce_scatter(nbytes, g) + inter.allreduce(nbytes, self.hosts)
+                    + intra.allgather(nbytes, g))
+        return float(getattr(inter, collective)(nbytes, self.hosts) + getattr(intra, collective)(nbytes, g))
+
+
+# -- calibration ------------------------------------------------------------------------------------------
+def _terms(collective: str, n: int) -> tuple[int, float]:
+    """(message steps that pay α, the bus factor that turns bytes into bytes a link carries) at n ranks."""
+    return {"allreduce": (2 * (n - 1), 2 * (n - 1) / n), "broadcast": (math.ceil(math.log2(n)), 1.0)
+            }.get(collective, (n - 1, (n - 1) / n))
+
+
+def _fit(points: list[tuple[float, float]], collective: str, n: int) -> tuple[float, float]:
+    """(α, B) from (bytes, seconds) points of one collective at n ranks: a least-squares line through
+    time = a + b·bytes (scipy.stats.linregress) read as the α-β formula's fixed and per-byte terms."""
+    from scipy.stats import linregress
+
+    steps, share = _terms(collective, n)
+    xs, ys = zip(*points, strict=True)
+    fit = linregress(xs, ys)
+    if fit.slope <= 0:
+        raise ConfigError(f"calibration: {collective} times do not grow with the message size; rerun `lab bench`")
+    return max(fit.intercept, 0.0) / steps, share / fit.slope
+
+
+def _entries(data: Any) -> list[dict[str, Any]]:
+    """The calibration file's per backend+collective records, whether listed or nested backend → collective."""
+    fits = data.get("fits", data.get("results", data)) if isinstance(data, dict) else data
+    if isinstance(fits, list):
+        return [e for e in fits if isinstance(e, dict)]
+    out = []
+    for backend, per in (fits or {}).items():
+        for coll, rec in (per.items() if isinstance(per, dict) else []):
+            if isinstance(rec, dict):
+                out.append({"backend": backend, "collective": coll, **rec})
+    return out
+
+
+def _alpha_bandwidth(e: dict[str, Any], coll: str, n: int) -> tuple[float, float] | None:
+    """(α per message step, B in bytes/s comparable with the link) from one record, or None."""
+    steps, _ = _terms(coll, n)
+    if e.get("busbw_Bps"):  # `lab bench` (schema dpcompare.lab.bench/1): alpha_s is the whole fixed cost
+        return float(e.get("alpha_s", 0.0)) / steps, float(e["busbw_Bps"])
+    if e.get("bandwidth_bps"):
+        return float(e.get("latency_s", 0.0)), float(e["bandwidth_bps"]) / 8
+    pts = e.get("points") or list(zip(e.get("sizes", []), e.get("times_s", []), strict=False))
+    return _fit([(float(b), float(t)) for b, t in pts], coll, n) if len(pts) >= 2 else None
+
+
+def load_calibration(path: str | Path) -> dict[tuple[str, str], tuple[float, float]]:
+    """(backend, collective) → (α seconds, measured B as a fraction of the link rate it was measured on).
+
+    Reads the JSON ``dpcompare lab bench --out FILE`` writes (``fits``: ``backend``, ``collective``, ``alpha_s``,
+    ``busbw_Bps``; ``ranks``; ``lab.link_bps``). Also accepted, per record: a fit as ``latency_s`` (per message
+    step) and ``bandwidth_bps`` (bits/s), or points (``sizes`` in bytes + ``times_s``, or ``points`` as
+    [bytes, seconds]) fitted here; ``ranks`` and ``link_bps`` per record or at the top level.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--calibration {path}: cannot read it as JSON ({e})") from None
+    top = data if isinstance(data, dict) else {}
+    top_link = top.get("link_bps") or (top.get("lab") or {}).get("link_bps")
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for e in _entries(data):
+        coll = str(e.get("collective", "")).replace("-", "_").replace("all_reduce", "allreduce") \
+            .replace("all_gather", "allgather")
+        link_bps = e.get("link_bps") or top_link
+        if coll not in COLLECTIVES or not e.get("backend") or not link_bps:
+            continue
+        ab = _alpha_bandwidth(e, coll, int(e.get("ranks") or top.get("ranks") or 2))
+        if ab is not None:
+            out[(str(e["backend"]), coll)] = (ab[0], ab[1] / (float(link_bps) / 8))
+    if not out:
+        raise ConfigError(f"--calibration {path}: no backend+collective fit with the link rate it was measured on; "
+                          "give the JSON `dpcompare lab bench --out FILE` wrote (on a shaped link)")
+    return out

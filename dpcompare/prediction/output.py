@@ -1,0 +1,112 @@
+"""The prediction on the terminal (a rich table per curve), as a PNG (matplotlib, Agg) and as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from dpcompare.files import atomic_write_json
+from dpcompare.prediction.sweep import Curve, pct
+
+JSON_FILE, PNG_FILE = "prediction.json", "prediction.png"
+COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46")
+
+
+def table(c: Curve, threshold: float) -> Table:
+    t = Table(title=f"{c.label}  ·  one host: {c.base.step * 1e3:.2f} ms/step  ·  {c.knob_text}",
+              title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for head in ("hosts", "ranks", "step ms", "compute ms", "exposed comm ms", "hidden comm ms", "samples/s",
+                 "efficiency"):
+        t.add_column(head, justify="right")
+    for s in c.steps:
+        eff = c.efficiency(s)
+        t.add_row(f"{s.hosts}", f"{s.ranks}", f"{s.step * 1e3:.2f}", f"{s.compute * 1e3:.2f}",
+                  f"{s.exposed * 1e3:.2f}", f"{s.hidden * 1e3:.2f}", f"{s.throughput:,.0f}",
+                  f"[red]{pct(eff)}[/red]" if eff < threshold else pct(eff))
+    return t
+
+
+def answers(curves: Sequence[Curve], threshold: float, link: str) -> list[str]:
+    """"At how many hosts does each strategy fall below 80 % efficiency on LINK?", one line per curve."""
+    out = []
+    for c in curves:
+        h = c.below(threshold)
+        last = c.steps[-1]
+        out.append(f"{c.label}: below {pct(threshold)} efficiency on {link} from {h} hosts" if h is not None else
+                   f"{c.label}: stays at or above {pct(threshold)} on {link} up to {last.hosts} hosts "
+                   f"({pct(c.efficiency(last))} there)")
+    return out
+
+
+def make_console() -> Console:
+    """A console that does not squeeze the tables to 80 columns when the output is a file or a pipe."""
+    c = Console(highlight=False)
+    return c if c.is_terminal else Console(highlight=False, width=max(c.width, 130))
+
+
+def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]], threshold: float) -> None:
+    for c in curves:
+        console.print(table(c, threshold))
+        if chk := c.measured.get("self_check"):
+            console.print(f"  self-check at the traced size (np={c.measured['world_size']}, all-reduces at "
+                          f"{chk['busbw_gbit']:g} Gbit/s as traced): model {chk['model_step_ms']:.2f} ms per step, "
+                          f"traced {chk['traced_step_ms']:.2f} ms ({chk['error_pct']:+.0f} %)", style="dim")
+        for note in c.notes:
+            console.print(f"  note: {note}", style="dim")
+    headings = {"who_wins": "who wins", "below_threshold": f"below {pct(threshold)} efficiency",
+                "knob_advice": "the knob that would help most"}
+    for key, items in lines.items():
+        if items:
+            console.print(f"[bold]{headings.get(key, key)}[/bold]")
+            for line in items:
+                console.print(f"  {line}")
+
+
+def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
+
+    fig = Figure(figsize=(11, 4.2), dpi=120)
+    ax_t, ax_e = fig.subplots(1, 2)
+    for i, c in enumerate(curves):
+        hosts = [s.hosts for s in c.steps]
+        color = COLORS[i % len(COLORS)]
+        ax_t.plot(hosts, [s.step * 1e3 for s in c.steps], "o-", color=color, label=c.label)
+        ax_t.plot(hosts, [s.compute * 1e3 for s in c.steps], ":", color=color, linewidth=1)
+        ax_e.plot(hosts, [100 * c.efficiency(s) for s in c.steps], "o-", color=color, label=c.label)
+    ax_e.axhline(100 * threshold, color="#999999", linestyle="--", linewidth=1)
+    hosts = sorted({s.hosts for c in curves for s in c.steps})
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax, ylabel in ((ax_t, "step time, ms (dotted: compute alone)"), (ax_e, "scaling efficiency vs 1 host")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(hosts if len(hosts) <= 12 else hosts[:: -(-len(hosts) // 12)])
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("hosts")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, color="#e6e6e6")
+    ax_t.set_yscale("log")
+    ax_t.yaxis.set_major_formatter(plain)
+    ax_t.yaxis.set_minor_formatter(plain)
+    ax_e.set_ylim(0, 105)
+    ax_e.yaxis.set_major_formatter(PercentFormatter())
+    ax_e.legend(fontsize=8, frameon=False)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def write_json(path: Path, inputs: dict[str, Any], curves: Sequence[Curve], lines: dict[str, list[str]],
+               threshold: float) -> Path:
+    return atomic_write_json(path, {"inputs": inputs, "curves": [c.as_dict(threshold) for c in curves],
+                                    **lines})

@@ -1,0 +1,142 @@
+"""What every strategy's schedule shares: the knobs, the result of one predicted step, and two helpers.
+
+A schedule takes a compute :class:`~.profile.Profile` and the :class:`Knobs`, and for a
+:class:`~.network.Network` places the strategy's collectives on the step's timeline (in seconds from the start
+of the step's forward), one collective at a time on one communication channel (gloo, MPI and NCCL each run a
+process group's collectives in order). ``exposed`` is what the step lost to the network against the same step
+with none; ``hidden`` the rest of the time a collective was in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from dpcompare.prediction.network import Network
+from dpcompare.prediction.profile import Grad, Profile
+
+MB = 2**20
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings that change a schedule (MB are MiB, as the libraries count them)."""
+
+    bucket_mb: float = 25.0  # DDP bucket_cap_mb
+    #: DDP's first bucket; None: the same as the others. torch 2.15 uses its 1 MB first bucket only when
+    #: bucket_cap_mb is left unset, and dpcompare always sets it (older torch used 1 MB always)
+    first_bucket_mb: float | None = None
+    fusion_mb: float = 128.0  # HOROVOD_FUSION_THRESHOLD
+    cycle_ms: float = 1.0  # HOROVOD_CYCLE_TIME
+    fp16: bool = False  # gradients cast to 16 bits on the wire
+
+    @property
+    def wire(self) -> float:
+        """Bytes on the wire per byte of fp32 gradient."""
+        return 0.5 if self.fp16 else 1.0
+
+
+@dataclass
+class Step:
+    """One predicted step (seconds)."""
+
+    strategy: str
+    hosts: int
+    ranks: int
+    step: float
+    compute: float  # the same step with an infinitely fast network
+    comm: float  # total time a collective was in flight
+    ops: int  # collectives per step
+    wire_bytes: float  # bytes each rank sends into its collectives per step (the messages' sizes)
+    batch: int  # samples per rank per step
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exposed(self) -> float:
+        return max(self.step - self.compute, 0.0)
+
+    @property
+    def hidden(self) -> float:
+        return max(self.comm - self.exposed, 0.0)
+
+    @property
+    def throughput(self) -> float:
+        return self.ranks * self.batch / self.step if self.step > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        ms = {k: round(getattr(self, k) * 1e3, 4) for k in ("step", "compute", "comm", "exposed", "hidden")}
+        return {"strategy": self.strategy, "hosts": self.hosts, "ranks": self.ranks,
+                **{f"{k}_ms": v for k, v in ms.items()}, "ops": self.ops, "wire_bytes": round(self.wire_bytes),
+                "samples_per_s": round(self.throughput, 3), **self.detail}
+
+
+class Schedule:
+    """Base of the per-strategy schedules: subclasses set ``name`` and write :meth:`predict`."""
+
+    name: ClassVar[str] = ""
+    #: the optimizer updates 1/n of the parameters (ZeRO, FSDP): its compute shrinks with the ranks
+    shards_optimizer: ClassVar[bool] = False
+    #: the :class:`Knobs` fields this schedule reads (what ``predict`` tries ×2, ×4, ÷2 for advice)
+    tunable: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, profile: Profile, knobs: Knobs) -> None:
+        self.profile, self.knobs = profile, knobs
+
+    def backend(self) -> str:
+        """The library that carries the collectives (the key into a calibration): torch's process group."""
+        return "nccl" if self.profile.device.startswith("cuda") else "gloo"
+
+    def optimizer(self, ranks: int) -> float:
+        p = self.profile
+        full = p.optimizer * (p.world_size if p.sharded else 1)
+        return full / ranks if self.shards_optimizer else full
+
+    def compute(self, ranks: int) -> float:
+        p = self.profile
+        return p.data + p.forward + p.backward + self.optimizer(ranks)
+
+    def step(self, net: Network, step: float, comm: Sequence[float], nbytes: float, **detail: Any) -> Step:
+        return Step(self.name, net.hosts, net.ranks, step, self.compute(net.ranks), sum(comm), len(comm), nbytes,
+                    self.profile.batch, detail)
+
+    def predict(self, net: Network) -> Step:
+        raise NotImplementedError
+
+    def run(self, net: Network) -> Step:
+        """:meth:`predict`, except that one rank alone communicates nothing (Horovod registers no hooks then)."""
+        if net.ranks == 1:
+            return self.step(net, self.compute(1), [], 0.0)
+        return self.predict(net)
+
+    def describe_knobs(self) -> str:
+        """The knobs this schedule reads, as the flags spell them."""
+        k = self.knobs
+        said = {"bucket_mb": f"bucket {k.bucket_mb:g} MB", "fusion_mb": f"fusion {k.fusion_mb:g} MB",
+                "cycle_ms": f"cycle {k.cycle_ms:g} ms", "fp16": "fp16" if k.fp16 else "fp32 on the wire"}
+        return ", ".join(said[t] for t in self.tunable)
+
+
+def one_at_a_time(ops: Iterable[tuple[float, float]], free: float = 0.0) -> list[tuple[float, float]]:
+    """(start, end) of operations given as (ready, duration), run in the given order on one channel."""
+    out = []
+    for ready, cost in ops:
+        start = max(ready, free)
+        free = start + cost
+        out.append((start, free))
+    return out
+
+
+def fill(grads: Sequence[Grad], caps: Sequence[float]) -> list[list[Grad]]:
+    """Consecutive groups of ``grads``, each closed once it holds at least its cap in bytes (the k-th group's cap
+    is ``caps[min(k, len(caps) - 1)]``); a gradient is never split, so a group can exceed its cap."""
+    groups: list[list[Grad]] = []
+    current: list[Grad] = []
+    size = 0.0
+    for g in grads:
+        current.append(g)
+        size += g.nbytes
+        if size >= caps[min(len(groups), len(caps) - 1)]:
+            groups.append(current)
+            current, size = [], 0.0
+    return groups + [current] if current else groups

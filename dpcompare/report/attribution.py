@@ -1,0 +1,150 @@
+"""Why one arm is faster: the difference of each phase of the step, paired over blocks like the verdict.
+
+For every throughput verdict, each block gives the other arm's median phase times minus the baseline's
+(data, forward, backward, optimizer, and *other*: the step's median less the phases, where bookkeeping,
+the divergence check and waits outside the phases land). The mean of those per-block differences, with its
+95 % Student-t interval, says how much of the gap each phase holds. The strategies' declared communication
+(:data:`dpcompare.backends.catalog.COMMUNICATION`) says what each does in the phases that account for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpcompare.backends.catalog import COMMUNICATION
+from dpcompare.files import PHASES
+from dpcompare.report.groups import arm_of, unit_blocks
+from dpcompare.report.intervals import Interval, mean_ci, unit_means
+
+#: the phases of a step in the attribution: the timed ones and the rest of the step
+STEP_PARTS = (*PHASES, "other")
+#: a phase "accounts for" the gap when it holds at least this share of it
+MAIN_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class PhaseShift:
+    phase: str
+    diff: Interval           # other − baseline, ms per step
+    share: float | None      # diff.mean ÷ the step's mean difference
+
+
+@dataclass(frozen=True)
+class Attribution:
+    np: int
+    baseline: str
+    other: str
+    step_diff: Interval      # other − baseline, ms per step (median step time)
+    shifts: list[PhaseShift]
+    main: list[str]          # phases that account for the gap, largest first
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        def iv(i: Interval) -> dict[str, Any]:
+            return {"mean_ms": i.mean, "ci_low_ms": i.lo, "ci_high_ms": i.hi, "blocks": i.n}
+
+        return {"np": self.np, "baseline": self.baseline, "other": self.other, "step": iv(self.step_diff),
+                "phases": {s.phase: {**iv(s.diff), "share": s.share} for s in self.shifts},
+                "main": self.main, "text": self.text}
+
+
+def _parts(run: dict[str, Any]) -> dict[str, float] | None:
+    """A run's median ms per step by part, 'other' being the step less the timed phases."""
+    phases, step = run.get("phases_ms"), (run.get("step_ms") or {}).get("median")
+    if not phases or step is None:
+        return None
+    parts = {p: float(phases.get(p, 0.0)) for p in PHASES}
+    parts["other"] = max(float(step) - sum(parts.values()), 0.0)
+    parts["step"] = float(step)
+    return parts
+
+
+def _paired_parts(results: dict[str, Any], baseline: str, other: str, np_: int) -> list[tuple[dict, dict]]:
+    per: dict[str, dict[int, dict[str, float]]] = {baseline: {}, other: {}}
+    for r in results.get("runs", []):
+        a = arm_of(r)
+        if a in per and int(r["np"]) == np_ and r.get("status") == "ok" and (parts := _parts(r)):
+            per[a][int(r["repeat"])] = parts
+    reps = sorted(set(per[baseline]) & set(per[other]))
+    return [(per[baseline][k], per[other][k]) for k in reps]
+
+
+def attribute(results: dict[str, Any], baseline: str, other: str, np_: int) -> Attribution | None:
+    """The per-phase paired difference between two arms at ``np_``; None without two common blocks."""
+    pairs = _paired_parts(results, baseline, other, np_)
+    if len(pairs) < 2:
+        return None
+    unit = unit_blocks(results)
+
+    def diff(key: str) -> Interval:
+        d = unit_means([o[key] - b[key] for b, o in pairs], unit)
+        iv = mean_ci(d)
+        assert iv is not None
+        return iv
+
+    step = diff("step")
+    shifts = [PhaseShift(p, iv := diff(p), iv.mean / step.mean if step.mean else None) for p in STEP_PARTS]
+    main = _main_phases(shifts, step)
+    return Attribution(np_, baseline, other, step, shifts, main,
+                       _explain(results, baseline, other, step, shifts, main))
+
+
+def _main_phases(shifts: list[PhaseShift], step: Interval) -> list[str]:
+    """Phases that move the same way as the step and hold a real share of it, largest first."""
+    same_way = [s for s in shifts if s.share is not None and s.share >= MAIN_SHARE]
+    return [s.phase for s in sorted(same_way, key=lambda s: -abs(s.diff.mean))]
+
+
+def _strategy(results: dict[str, Any], arm: str) -> str:
+    for a in (results.get("config") or {}).get("arms") or []:
+        if a.get("label") == arm:
+            return str(a.get("strategy"))
+    return arm
+
+
+def communication_in(strategy: str, phase: str) -> str | None:
+    """What ``strategy`` declares it communicates in ``phase`` (None: nothing)."""
+    return COMMUNICATION.get(strategy, {}).get(phase)
+
+
+def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
+             main: list[str]) -> str:
+    faster, slower = (other, baseline) if step.mean < 0 else (baseline, other)
+    gap = abs(step.mean)
+    if not main:
+        return (f"{faster} is {gap:.2f} ms a step faster, but no single phase holds a quarter of the gap: "
+                "it is spread over the step.")
+    by = {s.phase: s for s in shifts}
+    parts = [f"{p} {abs(by[p].diff.mean):.2f} ms ({100 * (by[p].share or 0):.0f} %)" for p in main]
+    text = f"{faster} is {gap:.2f} ms a step faster; the gap lies in " + ", ".join(parts) + "."
+    comm = []
+    for p in main:
+        for arm in (baseline, other):
+            what = communication_in(_strategy(results, arm), p)
+            if what:
+                comm.append(f"in {p}, {arm}: {what}")
+    if comm:
+        return text + " Communication there — " + "; ".join(comm) + "."
+    return text + (" Neither strategy communicates in " + " or ".join(main) + ": look at threads and CPU "
+                   "contention (a background thread competing for cores, vCPU wake-ups) and per-step framework "
+                   "overhead, not at the network.")
+
+
+def attributions(results: dict[str, Any]) -> list[Attribution]:
+    """One attribution per throughput verdict that has at least two paired blocks."""
+    arms = [a["label"] for a in (results.get("config") or {}).get("arms") or []]
+    nps = sorted({int(r["np"]) for r in results.get("runs", [])})
+    out = []
+    for n in nps:
+        for other in arms[1:]:
+            if arms and (a := attribute(results, arms[0], other, n)) is not None:
+                out.append(a)
+    return out
+
+
+def shares_table(a: Attribution) -> list[tuple[str, float, float | None, float | None]]:
+    """(phase, mean ms, ci low, ci high) rows for a table or a bar chart, in step order."""
+    return [(s.phase, s.diff.mean, s.diff.lo, s.diff.hi) for s in a.shifts if np.isfinite(s.diff.mean)]

@@ -1,0 +1,216 @@
+"""The runs of results.json, grouped: arms and process counts, per-arm aggregates, and the pairing of runs.
+
+Pure functions on the ``runs`` of results.json (unpaired figures for the table and plots), and the two
+pairings every verdict is built on: :func:`arm_pairs` (every arm after the first against the first, at
+every np) and :func:`paired_blocks` (the repeats where both arms of a pair succeeded).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpcompare.files import MEMORY_KINDS, PHASES
+from dpcompare.report.intervals import CONFIDENCE, Interval, mean_ci
+
+
+def scaling_efficiency(throughput_np: float, np_: int, throughput_1: float) -> float:
+    """throughput(np) / (np · throughput(1)): 1.0 is perfect linear scaling."""
+    return throughput_np / (np_ * throughput_1) if throughput_1 > 0 and np_ > 0 else float("nan")
+
+
+# -- runs and arms -----------------------------------------------------------------------------------
+def arm_of(run: dict[str, Any]) -> str:
+    """The arm a run belongs to (its label); results without arms use the strategy name."""
+    return str(run.get("arm") or run["strategy"])
+
+
+def run_throughput(run: dict[str, Any]) -> float | None:
+    """The per-run statistic of the verdicts: global batch ÷ the slowest rank's median step time (samples/s).
+
+    Falls back to the run's samples/s (timed steps ÷ timed seconds) when the global batch is not recorded.
+    """
+    step = (run.get("step_ms") or {}).get("median")
+    batch = run.get("global_batch")
+    if step and batch:
+        return float(batch) * 1000.0 / float(step)
+    v = run.get("samples_per_sec")
+    return None if v is None else float(v)
+
+
+def arm_order(results: dict[str, Any]) -> list[str]:
+    """Arm labels in the order given (the first is the baseline), then any other arm the runs name."""
+    cfg = results.get("config") or {}
+    given = [a["label"] for a in cfg.get("arms") or []] or list(cfg.get("strategies") or [])
+    return list(dict.fromkeys([*given, *(arm_of(r) for r in results.get("runs", []))]))
+
+
+strategy_order = arm_order  # the name the report used before runs were generalised to arms
+
+
+def np_order(results: dict[str, Any]) -> list[int]:
+    given = [int(n) for n in (results.get("config") or {}).get("np") or []]
+    return sorted(set(given) | {int(r["np"]) for r in results.get("runs", [])})
+
+
+MEMORY_LABELS = {"params": "params", "grads": "grads", "optimizer_state": "opt state", "total": "total"}
+
+
+# -- per-arm aggregates ------------------------------------------------------------------------------
+@dataclass
+class Group:
+    """All repeats of one (arm, np)."""
+
+    arm: str
+    np: int
+    runs: int
+    ok: int
+    strategy: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    samples_per_sec: Interval | None = None
+    throughputs: list[float] = field(default_factory=list)
+    step_ms_median: float | None = None
+    step_ms_p95: float | None = None
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    accuracy: Interval | None = None
+    accuracies: list[float] = field(default_factory=list)
+    final_train_loss: float | None = None
+    peak_rss_mb: float | None = None
+    #: MB of parameters / gradients / optimizer state (and their total) on the largest rank, mean over repeats
+    memory_mb: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float | None = None
+    efficiency: float | None = None  # scaling efficiency against the same arm at np=1
+
+
+def _mean(xs: Iterable[Any]) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def aggregate(results: dict[str, Any], confidence: float = CONFIDENCE) -> list[Group]:
+    """One :class:`Group` per (arm, np), arms in the given order, np ascending (unpaired figures)."""
+    runs = results.get("runs", [])
+    groups: list[Group] = []
+    for s in arm_order(results):
+        for n in np_order(results):
+            rs = [r for r in runs if arm_of(r) == s and int(r["np"]) == n]
+            if not rs:
+                continue
+            ok = [r for r in rs if r.get("status") == "ok"]
+            g = Group(s, n, len(rs), len(ok), strategy=str(rs[0]["strategy"]), knobs=dict(rs[0].get("knobs") or {}))
+            g.throughputs = [float(r["samples_per_sec"]) for r in ok if r.get("samples_per_sec") is not None]
+            g.samples_per_sec = mean_ci(g.throughputs, confidence)
+            g.step_ms_median = _mean((r.get("step_ms") or {}).get("median") for r in ok)
+            g.step_ms_p95 = _mean((r.get("step_ms") or {}).get("p95") for r in ok)
+            for p in PHASES:
+                v = _mean((r.get("phases_ms") or {}).get(p) for r in ok)
+                if v is not None:
+                    g.phases_ms[p] = v
+            g.accuracies = [float(r["final_test_accuracy"]) for r in ok if r.get("final_test_accuracy") is not None]
+            g.accuracy = mean_ci(g.accuracies, confidence)
+            g.final_train_loss = _mean(r.get("final_train_loss") for r in ok)
+            rss = [float(r["peak_rss_mb"]) for r in ok if r.get("peak_rss_mb") is not None]
+            g.peak_rss_mb = max(rss) if rss else None
+            for k in MEMORY_KINDS:
+                v = _mean((r.get("memory_mb") or {}).get(k) for r in ok)
+                if v is not None:
+                    g.memory_mb[k] = v
+            g.wall_seconds = _mean(r.get("wall_seconds") for r in ok)
+            groups.append(g)
+    for g in groups:
+        one = find(groups, g.arm, 1)
+        if one and one.samples_per_sec and g.samples_per_sec:
+            g.efficiency = scaling_efficiency(g.samples_per_sec.mean, g.np, one.samples_per_sec.mean)
+    return groups
+
+
+def find(groups: Sequence[Group], arm: str, np_: int) -> Group | None:
+    return next((g for g in groups if g.arm == arm and g.np == np_), None)
+
+
+def measured_share(results: dict[str, Any]) -> float | None:
+    """Share of the runs' wall time (launcher start-up included) spent in timed steps."""
+    ok = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("measured_seconds")]
+    wall = sum(float(r.get("wall_seconds") or 0.0) for r in ok)
+    return sum(float(r["measured_seconds"]) for r in ok) / wall if wall > 0 else None
+
+
+def launch_note(results: dict[str, Any]) -> str:
+    """How the comparison started its runs (``compare --workers``), in a sentence's words."""
+    if (results.get("config") or {}).get("workers") == "persistent":
+        return ("runs ran one after another in a persistent job per process count (started once; each run builds "
+                "its data, model and optimizer and joins and leaves its strategy's process group itself), so "
+                "the interval counts each two neighbouring blocks as one unit")
+    return "every run was a job of its own (a fresh launch)"
+
+
+def unit_blocks(results: dict[str, Any]) -> int:
+    """Blocks per independent unit of the throughput interval: 2 when persistent workers ran the blocks.
+
+    A persistent worker runs the blocks seconds apart, and neighbouring blocks share the machine's state:
+    their log ratios correlated (lag-1 Spearman 0.07–0.42 in 6 of 7 measured comparisons), which an
+    interval for independent blocks does not see. Each two neighbouring blocks (one in each order) then
+    count as one unit: batch means of two.
+    """
+    return 2 if (results.get("config") or {}).get("workers") == "persistent" else 1
+
+
+
+def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
+                  statistic: Any = run_throughput) -> tuple[list[int], list[float], list[float]]:
+    """Repeats where both arms succeeded at ``np_``, with each arm's per-run statistic."""
+    per: dict[str, dict[int, float]] = {baseline: {}, other: {}}
+    for r in results.get("runs", []):
+        a = arm_of(r)
+        if a in per and int(r["np"]) == np_ and r.get("status") == "ok" and (v := statistic(r)):
+            per[a][int(r["repeat"])] = float(v)
+    reps = sorted(set(per[baseline]) & set(per[other]))
+    return reps, [per[baseline][k] for k in reps], [per[other][k] for k in reps]
+
+
+def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:
+    """``(np, baseline, other)``: every arm after the first against the first (the baseline), np ascending.
+
+    The one pairing every verdict (throughput, accuracy, time to accuracy) iterates over.
+    """
+    arms = arm_order(results)
+    for n in np_order(results):
+        for other in arms[1:]:
+            yield n, arms[0], other
+
+
+def phase_shifts(groups: Sequence[Group], arm: str) -> dict[int, dict[str, float]]:
+    """Per np > 1: how much each phase's time per step grew against the same arm at np=1 (ms)."""
+    one = find(groups, arm, 1)
+    if one is None or not one.phases_ms:
+        return {}
+    return {g.np: {p: g.phases_ms[p] - one.phases_ms.get(p, 0.0) for p in g.phases_ms}
+            for g in groups if g.arm == arm and g.np > 1 and g.phases_ms}
+
+
+def per_seed(results: dict[str, Any], arm: str, np_: int, key: str) -> dict[int, float]:
+    """Seed → the mean of ``key`` over the arm's ok runs at ``np_`` with that seed (repeats of a seed averaged)."""
+    vals: dict[int, list[float]] = {}
+    for r in results.get("runs", []):
+        if arm_of(r) == arm and int(r["np"]) == np_ and r.get("status") == "ok" and r.get(key) is not None \
+                and r.get("seed") is not None:
+            vals.setdefault(int(r["seed"]), []).append(float(r[key]))
+    return {k: statistics.fmean(v) for k, v in vals.items()}
+
+
+def exact_by_construction(results: dict[str, Any]) -> bool:
+    """Every arm trains the same model bit for bit: they differ only in strategy and exact knobs."""
+    from dpcompare.knobs import exact_equivalents
+
+    arms = (results.get("config") or {}).get("arms") or []
+    return bool(arms) and exact_equivalents([dict(a.get("knobs") or {}) for a in arms])
+
+
+def tta_target(results: dict[str, Any]) -> float | None:
+    t = ((results.get("config") or {}).get("train") or {}).get("target_accuracy")
+    if not t:
+        t = next((r.get("target_accuracy") for r in results.get("runs", []) if r.get("target_accuracy")), None)
+    return float(t) if t else None
+

@@ -1,0 +1,77 @@
+"""The trainer's side of ``dpcompare train --trace N``: which steps to record, and the merge at the end.
+
+The recorder and the trace format are :mod:`dpcompare.trace`; each strategy adds its communication through
+:meth:`~dpcompare.backends.base.Strategy.start_trace` and, on rank 0, the library's own events
+(:meth:`~dpcompare.backends.base.Strategy.trace_library_events`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpcompare.trace import CAT_STEP, TRACE_FILE, TraceRecorder, communication_figures, write_trace
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.optim import Optimizer
+
+    from dpcompare.backends.base import Strategy
+
+
+class TraceSession:
+    """The trainer's side of ``--trace N``: which steps to record, and the merge at the end.
+
+    ``before_step(done)`` is called before every step with the number of steps done so far in this run,
+    ``after_step(...)`` after it; recording covers steps ``warmup + 1 .. warmup + N``. ``finish`` is a
+    collective (every rank calls it); rank 0 writes ``trace.json`` and every rank gets the figures.
+    """
+
+    def __init__(self, steps: int, warmup: int, strategy: Strategy, model: nn.Module, optimizer: Optimizer) -> None:
+        self.steps, self.warmup = steps, warmup
+        self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        self.recorder = TraceRecorder(strategy.rank)
+        self.recorded = 0
+        self.active = False
+
+    def before_step(self, done_steps: int) -> None:
+        if not self.active and done_steps == self.warmup and self.recorded < self.steps:
+            self.strategy.start_trace(self.model, self.optimizer, self.recorder)
+            self.active = True
+
+    def after_step(self, global_step: int, start_perf: float, laps: dict[str, float]) -> None:
+        if not self.active:
+            return
+        self.recorder.step(global_step, start_perf, laps)
+        self.recorded += 1
+        if self.recorded >= self.steps:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.active:
+            self.strategy.stop_trace()
+            self.active = False
+
+    def finish(self, out: Path, info: dict[str, Any]) -> dict[str, Any] | None:
+        """Gather every rank's events to rank 0, add the library's own (Horovod's timeline), write the file."""
+        self._stop()
+        rec = self.recorder
+        mine = rec.metadata() + rec.events
+        gathered = self.strategy.gather_bytes(json.dumps({"events": mine, "notes": rec.notes}).encode())
+        if not self.strategy.is_main:
+            return None
+        events: list[dict[str, Any]] = []
+        notes: list[str] = []
+        for blob in gathered:
+            part = json.loads(blob)
+            events += part["events"]
+            notes += part["notes"]
+        steps = [e for e in events if e.get("cat") == CAT_STEP and e["pid"] == 0]
+        lib_events, lib_notes = self.strategy.trace_library_events(rec, [(e["ts"], e["ts"] + e["dur"]) for e in steps])
+        events += lib_events
+        notes += lib_notes
+        if not steps:
+            notes.append(f"no step was traced: the run took no more than --warmup-steps ({self.warmup}) steps")
+        write_trace(out / TRACE_FILE, events, {**info, "traced_steps": len(steps), "notes": notes})
+        return communication_figures(events) if steps else None

@@ -1,0 +1,68 @@
+"""Attribution by phase and the regime card, from hand-made results.json contents."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from dpcompare.report.attribution import attribute, attributions
+from dpcompare.report.regime import regime, tiny_warning
+
+
+def _run(arm: str, repeat: int, phases: dict[str, float], extra_ms: float, np_: int = 2,
+         params_mb: float = 0.06, **more: Any) -> dict[str, Any]:
+    step = sum(phases.values()) + extra_ms
+    return {"arm": arm, "strategy": arm, "np": np_, "repeat": repeat, "status": "ok",
+            "phases_ms": phases, "step_ms": {"median": step, "p95": step * 1.1}, "device": "cpu",
+            "memory_mb": {"params": params_mb}, **more}
+
+
+def _results(forward_gap: float, data_gap: float = 0.0, blocks: int = 8, params_mb: float = 0.06) -> dict[str, Any]:
+    rng = random.Random(1)
+    runs = []
+    for k in range(blocks):
+        noise = rng.uniform(-0.05, 0.05)
+        base = {"data": 0.4 + noise, "forward": 0.85 + noise, "backward": 1.2, "optimizer": 0.5}
+        ddp = {**base, "forward": base["forward"] + forward_gap + rng.uniform(-0.02, 0.02),
+               "data": base["data"] + data_gap}
+        runs += [_run("ddp", k, ddp, 0.1, params_mb=params_mb), _run("horovod", k, base, 0.1, params_mb=params_mb)]
+    return {"config": {"arms": [{"label": "ddp", "strategy": "ddp"}, {"label": "horovod", "strategy": "horovod"}],
+                       "workers": "fresh", "train": {}},
+            "environment": {"cpus": 2}, "runs": runs}
+
+
+def test_the_forward_gap_is_named_with_ddps_buffer_broadcast() -> None:
+    a = attribute(_results(forward_gap=0.8), "ddp", "horovod", 2)
+    assert a is not None
+    assert a.main[0] == "forward"
+    fwd = next(s for s in a.shifts if s.phase == "forward")
+    assert fwd.diff.hi < 0  # horovod's forward is shorter in every block: the interval excludes zero
+    assert "horovod is" in a.text and "forward" in a.text and "broadcast" in a.text
+
+
+def test_a_gap_where_nobody_communicates_points_at_the_machine() -> None:
+    a = attribute(_results(forward_gap=0.0, data_gap=1.5), "ddp", "horovod", 2)
+    assert a is not None and a.main == ["data"]
+    assert "Neither strategy communicates in data" in a.text and "CPU contention" in a.text
+
+
+def test_one_attribution_per_verdict_and_none_without_pairs() -> None:
+    res = _results(forward_gap=0.5)
+    assert [(a.np, a.other) for a in attributions(res)] == [(2, "horovod")]
+    res["runs"] = res["runs"][:2]  # one block: nothing to pair an interval over
+    assert attributions(res) == []
+
+
+def test_tiny_steps_get_the_warning_and_large_ones_do_not() -> None:
+    small = _results(forward_gap=0.5)
+    r = regime(small, 2)
+    assert r.tiny and "Fixed per-step costs decide" in r.sentence
+    assert "shared memory" in r.link and r.threads == 1
+    assert tiny_warning(small) is not None
+
+    big = _results(forward_gap=0.5, params_mb=44.7)
+    for run in big["runs"]:
+        run["step_ms"]["median"] *= 40  # ~120 ms steps
+    r = regime(big, 2)
+    assert not r.tiny and "44.7 MB" in r.sentence
+    assert tiny_warning(big) is None

@@ -1,0 +1,283 @@
+"""``dpcompare predict``: the α-β formulas, each schedule on hand-made compute profiles, the trace reader and
+the command on a hand-made trace (no torch, no MPI)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dpcompare.errors import ConfigError
+from dpcompare.prediction import strategies, sweep
+from dpcompare.prediction.command import parse_hosts
+from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration, parse_rate
+from dpcompare.prediction.profile import Grad, Profile
+from dpcompare.prediction.schedule import MB, Knobs, fill
+
+from conftest import dpcompare
+
+MS = 1e-3
+
+
+def profile(grads, backward, forward=2 * MS, optimizer=1 * MS, strategy="ddp", **kw) -> Profile:
+    return Profile(run="hand-made", strategy=strategy, sharded=False, world_size=1, data=0.0, forward=forward,
+                   backward=backward, optimizer=optimizer, grads=[Grad(n, r, b) for n, r, b in grads], **kw)
+
+
+def net(hosts=2, mib_ms=2.0, alpha=0.0) -> Network:
+    """A link on which moving 1 MiB takes ``mib_ms`` ms (so an all-reduce of N MiB at n=2 takes N·mib_ms)."""
+    return Network(hosts, Link(alpha, MB / (mib_ms * MS)))
+
+
+# -- the α-β model ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [2, 8])
+def test_alpha_beta_formulas(n):
+    link, nbytes = Link(alpha=5e-6, bandwidth=1e9), 1e8
+    assert link.allreduce(nbytes, n) == pytest.approx(2 * (n - 1) * 5e-6 + 2 * (n - 1) / n * 0.1)
+    assert link.allgather(nbytes, n) == pytest.approx((n - 1) * 5e-6 + (n - 1) / n * 0.1)
+    assert link.reduce_scatter(nbytes, n) == link.allgather(nbytes, n)
+    assert link.broadcast(nbytes, n) == pytest.approx(math.log2(n) * 5e-6 + 0.1)
+    assert link.allreduce(nbytes, 1) == 0.0
+    assert Network(n, link).cost("allreduce", nbytes) == link.allreduce(nbytes, n)
+
+
+def test_hierarchy_prices_the_host_link_once_and_the_inside_on_the_fast_link():
+    inter, intra = Link(5e-6, 25e9 / 8), Link(1e-6, 300e9)
+    net8 = Network(2, inter, per_host=4, intra=intra)
+    assert net8.ranks == 8
+    expected = intra.reduce_scatter(1e8, 4) + inter.allreduce(1e8, 2) + intra.allgather(1e8, 4)
+    assert net8.cost("allreduce", 1e8) == pytest.approx(expected)
+    # one host of 4 ranks: only the intra-host part
+    assert net8.with_hosts(1).cost("allreduce", 1e8) == pytest.approx(intra.allreduce(1e8, 4), rel=1e-9)
+
+
+def test_units():
+    assert parse_rate("25gbit") == 25e9 / 8 and parse_rate("300gbyte") == 300e9 and parse_rate("200Mbit/s") == 25e6
+    assert parse_duration("5us") == pytest.approx(5e-6) and parse_duration("0.2ms") == pytest.approx(2e-4)
+    assert parse_hosts("2,4,8,...,1024") == [2 ** k for k in range(1, 11)]
+    assert parse_hosts("1,3,...,27") == [1, 3, 9, 27] and parse_hosts("4, 2") == [2, 4]
+    for bad in ("25gbps", "fast", "0gbit"):
+        with pytest.raises(ConfigError, match="unit"):
+            parse_rate(bad)
+    with pytest.raises(ConfigError, match="--hosts"):
+        parse_hosts("2,...")
+
+
+def test_fill_never_splits_a_gradient_and_closes_at_the_cap():
+    grads = [Grad(str(i), i, b * MB) for i, b in enumerate([0.5, 0.7, 3, 30, 1])]
+    groups = fill(grads, [1 * MB, 25 * MB])
+    assert [[g.name for g in b] for b in groups] == [["0", "1"], ["2", "3"], ["4"]]
+
+
+# -- the schedules ----------------------------------------------------------------------------------------
+def test_ddp_two_buckets_one_hidden():
+    # a 1 MiB gradient ready at 1 ms fills the first (1 MB) bucket: all-reduced 1–3 ms, inside backward;
+    # a 4 MiB one ready when backward ends (10 ms) fills the second: 8 ms, all exposed
+    p = profile([("b", 1 * MS, 1 * MB), ("a", 10 * MS, 4 * MB)], backward=10 * MS)
+    s = strategies.schedule("ddp")(p, Knobs(first_bucket_mb=1)).predict(net())
+    assert s.ops == 2 and s.detail["buckets"] == 2
+    assert s.compute == pytest.approx(13 * MS)
+    assert s.exposed == pytest.approx(8 * MS) and s.hidden == pytest.approx(2 * MS)
+    assert s.step == pytest.approx(21 * MS)
+    # fp16 halves both; without a small first bucket both gradients share one, all exposed
+    half = strategies.schedule("ddp")(p, Knobs(first_bucket_mb=1, fp16=True)).predict(net())
+    assert half.exposed == pytest.approx(4 * MS) and half.hidden == pytest.approx(1 * MS)
+    one = strategies.schedule("ddp")(p, Knobs()).predict(net())
+    assert one.ops == 1 and one.exposed == pytest.approx(10 * MS) and one.hidden == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ddp_one_big_bucket_hides_nothing():
+    p = profile([("c", 1 * MS, 0.25 * MB), ("b", 2 * MS, 0.25 * MB), ("a", 10 * MS, 4 * MB)], backward=10 * MS)
+    s = strategies.schedule("ddp")(p, Knobs()).predict(net())
+    assert s.ops == 1 and s.hidden == pytest.approx(0.0, abs=1e-12) and s.exposed == pytest.approx(9 * MS)
+
+
+def test_ddp_broadcasts_buffers_in_forward():
+    p = profile([("a", 1 * MS, 1 * MB)], backward=10 * MS, buffer_bytes=0.5 * MB)
+    s = strategies.schedule("ddp")(p, Knobs()).predict(net())
+    assert s.ops == 2 and s.exposed == pytest.approx(0.5 * 2 * MS)  # the broadcast: N/B, never hidden
+
+
+def test_horovod_fusion_merges_three_tensors():
+    p = profile([("c", 0.1 * MS, 1 * MB), ("b", 0.2 * MS, 1 * MB), ("a", 0.3 * MS, 1 * MB)], backward=5 * MS,
+                strategy="horovod")
+    s = strategies.schedule("horovod")(p, Knobs(cycle_ms=1)).predict(net())
+    assert s.detail["cycles"] == 1 and s.detail["fused_allreduces"] == 1
+    # the cycle wakes at 1 ms, one 3 MiB all-reduce (6 ms) ends at 7 ms; backward's compute ends at 5 ms
+    assert s.detail["wait_in_step_ms"] == pytest.approx(2.0)
+    assert s.exposed == pytest.approx(2 * MS) and s.hidden == pytest.approx(4 * MS)
+    # a 2 MB fusion buffer takes two all-reduces of 2 and 1 MiB
+    small = strategies.schedule("horovod")(p, Knobs(cycle_ms=1, fusion_mb=2)).predict(net())
+    assert small.detail["fused_allreduces"] == 2 and small.comm == pytest.approx(6 * MS)
+
+
+def test_horovod_fusion_never_exceeds_its_threshold():
+    from dpcompare.prediction.horovod import fuse
+
+    grads = [Grad(str(i), 0.0, b * MB) for i, b in enumerate([1, 3, 0.5, 0.5, 1, 0.25])]
+    assert [[g.name for g in b] for b in fuse(grads, 2 * MB)] == [["0"], ["1"], ["2", "3", "4"], ["5"]]
+
+
+def test_horovod_cycle_splits_late_tensors_into_a_second_allreduce():
+    p = profile([("c", 0.1 * MS, 1 * MB), ("b", 0.2 * MS, 1 * MB), ("a", 3.5 * MS, 1 * MB)], backward=4 * MS,
+                strategy="horovod")
+    s = strategies.schedule("horovod")(p, Knobs(cycle_ms=1)).predict(net())
+    assert s.detail["cycles"] == 2 and s.detail["fused_allreduces"] == 2
+    # first: 1 → 5 ms (2 MiB); the late tensor is ready at 3.5 ms but the thread is busy: 5 → 7 ms
+    assert s.detail["wait_in_step_ms"] == pytest.approx(3.0)
+
+
+def test_horovod_negotiation_costs_latency_per_cycle():
+    p = profile([("a", 0.1 * MS, 1 * MB)], backward=4 * MS, strategy="horovod")
+    fast = strategies.schedule("horovod")(p, Knobs()).predict(net(hosts=8, alpha=0))
+    slow = strategies.schedule("horovod")(p, Knobs()).predict(net(hosts=8, alpha=10e-6))
+    assert slow.comm - fast.comm == pytest.approx(2 * 3 * 10e-6 + 2 * 7 * 10e-6)
+
+
+def test_zero_adds_the_parameter_gather_and_shrinks_the_optimizer():
+    p = profile([("a", 10 * MS, 4 * MB)], backward=10 * MS, optimizer=8 * MS)
+    ddp = strategies.schedule("ddp")(p, Knobs()).predict(net(hosts=4))
+    zero = strategies.schedule("zero")(p, Knobs()).predict(net(hosts=4))
+    gather = Link(0.0, MB / (2 * MS)).allgather(4 * MB, 4)
+    assert zero.step == pytest.approx(ddp.step - 6 * MS + gather)
+    assert zero.ops == ddp.ops + 1
+
+
+def test_fsdp_gathers_twice_and_scatters_once_per_unit():
+    grads = [("l2.bias", 1 * MS, 0.5 * MB), ("l2.weight", 1 * MS, 0.5 * MB), ("l1.weight", 6 * MS, 1 * MB)]
+    p = profile(grads, backward=6 * MS, strategy="fsdp")
+    s = strategies.schedule("fsdp")(p, Knobs()).predict(net())
+    assert s.detail["units"] == 2 and s.ops == 6
+    # per unit (1 MiB): two all-gathers and a reduce-scatter at n=2, each (n−1)/n · 1 MiB = 1 ms
+    assert s.comm == pytest.approx(6 * MS)
+    assert s.step > s.compute
+
+
+def test_efficiency_falls_with_hosts_and_the_80_percent_answer():
+    p = profile([("b", 2 * MS, 2 * MB), ("a", 10 * MS, 8 * MB)], backward=10 * MS)
+    hosts = parse_hosts("2,4,...,1024")
+    c = sweep.curve(p, "ddp", Knobs(), Network(1, Link(5e-6, 25e9 / 8)), hosts, "ddp")
+    eff = [c.efficiency(s) for s in c.steps]
+    assert all(a >= b for a, b in zip(eff, eff[1:], strict=False)) and eff[-1] < eff[0] <= 1.0
+    assert c.below(0.8) == next(s.hosts for s in c.steps if c.efficiency(s) < 0.8)
+    assert c.below(0.0) is None
+
+
+def test_advice_names_a_bucket_that_helps():
+    # ten 2 MiB gradients, one a millisecond, fp16 on the wire (1 MiB each, 0.2 ms at n=2): a 25 MB bucket
+    # fills only when backward ends (2 ms exposed); a 12.5 MB one is all-reduced from 7 ms, inside backward
+    p = profile([(f"g{i}", (i + 1) * MS, 2 * MB) for i in range(10)], backward=10 * MS)
+    c = sweep.curve(p, "ddp", Knobs(bucket_mb=25, fp16=True), net(mib_ms=0.2), [2], "ddp")
+    line = sweep.advise(c, p, net(mib_ms=0.2), 0.8)
+    assert line.startswith("ddp at 2 hosts: --bucket-mb 12.5 would cut exposed communication from 2.00 to 0.60 ms")
+    c = sweep.curve(p, "ddp", Knobs(bucket_mb=8, fp16=True), net(mib_ms=0.2), [2], "ddp")
+    assert "none of --bucket-mb, --fp16" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
+
+
+# -- reading traces, the command ----------------------------------------------------------------------------
+def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3):
+    """A trace.json + summary.json as `train --trace` writes them: per rank and step, phases, 3 gradient ticks."""
+    events = [{"name": "model_buffers", "ph": "M", "pid": 0, "args": {"bytes": 1024}}]
+    sizes = {"fc2.bias": 40, "fc2.weight": 4 * MB, "fc1.weight": 8 * MB}
+    for rank in range(world_size):
+        for k in range(steps):
+            t0 = k * 30_000.0 + rank * 10
+            phases = [("data", 1000), ("forward", 4000), ("backward", 12_000), ("optimizer", 3000)]
+            events.append({"name": f"step {k}", "cat": "step", "ph": "X", "ts": t0, "dur": 20_000, "pid": rank,
+                           "tid": 0, "args": {"step": k}})
+            t = t0
+            for name, dur in phases:
+                events.append({"name": name, "cat": "phase", "ph": "X", "ts": t, "dur": dur, "pid": rank, "tid": 0,
+                               "args": {"step": k}})
+                if name == "backward":
+                    for (pname, b), off in zip(sizes.items(), (1000, 5000, 10_000), strict=True):
+                        ev = {"name": pname, "cat": "grad_ready", "ph": "i", "s": "t", "ts": t + off, "pid": rank,
+                              "tid": 1}
+                        if with_bytes:
+                            ev["args"] = {"bytes": b}
+                        events.append(ev)
+                    events.append({"name": "all-reduce bucket 0", "cat": "allreduce", "ph": "X", "ts": t + 10_500,
+                                   "dur": 1000, "pid": rank, "tid": 100,
+                                   "args": {"bytes": 12 * MB, "tensors": list(sizes)}})
+                t += dur
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "trace.json").write_text(json.dumps({"traceEvents": events, "otherData": {
+        "strategy": strategy, "world_size": world_size, "batch_size": 32}}))
+    (folder / "summary.json").write_text(json.dumps({"strategy": strategy, "world_size": world_size,
+                                                     "device": "cpu", "config": {"bucket_mb": 0.0}}))
+    return folder
+
+
+def test_profile_reads_phases_ticks_and_bytes(tmp_path):
+    p = strategies.profile(fake_run(tmp_path / "r"))
+    assert (p.forward, p.backward, p.optimizer, p.data) == pytest.approx((4 * MS, 10 * MS, 3 * MS, 1 * MS))
+    assert [(g.name, round(g.ready * 1e3, 3), g.nbytes) for g in p.grads] == [
+        ("fc2.bias", 1.0, 40), ("fc2.weight", 5.0, 4 * MB), ("fc1.weight", 10.0, 8 * MB)]
+    assert p.buffer_bytes == 1024 and p.batch == 32 and not p.notes
+    old = strategies.profile(fake_run(tmp_path / "old", with_bytes=False))  # before ticks carried bytes
+    assert [g.nbytes for g in old.grads] == [4 * MB] * 3 and "bucket bytes" in old.notes[0]
+
+
+def test_predict_command_on_a_compare_folder(tmp_path):
+    fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r0")
+    fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1")  # a repeat: the same curve, shown once
+    p = dpcompare("predict", str(tmp_path / "cmp"), "--hosts", "2,4,...,64", "--link", "1gbit",
+                  "--strategies", "ddp,horovod,zero,fsdp")
+    out = json.loads((tmp_path / "cmp" / "prediction.json").read_text())
+    assert [c["strategy"] for c in out["curves"]] == ["ddp", "horovod", "zero", "fsdp"]
+    assert [s["hosts"] for s in out["curves"][0]["steps"]] == [2, 4, 8, 16, 32, 64]
+    assert (tmp_path / "cmp" / "prediction.png").stat().st_size > 10_000
+    assert "fastest at" in p.stdout and "efficiency on 1gbit" in p.stdout and "would cut" in p.stdout
+    assert out["who_wins"] and out["knob_advice"]
+    ddp, hvd = out["curves"][0]["traced_run"], out["curves"][1]["traced_run"]
+    assert ddp["world_size"] == 2 and ddp["compute_ms"] == 18.0
+    # the model at np=2 on the trace's own all-reduce speed (12 MiB in 1 ms): one bucket ready at 10 ms, done at 11
+    chk = ddp["self_check"]
+    assert chk["model_step_ms"] == pytest.approx(19.0, abs=0.01) and chk["traced_step_ms"] == 20.0
+    assert hvd["self_check"] is None and "self-check at the traced size" in p.stdout
+
+
+def test_predict_refusals_are_one_line(tmp_path):
+    run = fake_run(tmp_path / "r")
+    for args, words in ((["--ranks-per-host", "4"], "--intra-link"), (["--link", "fast"], "link rate"),
+                        (["--strategies", "adam"], "no model of strategy"), ([], "no trace.json")):
+        target = str(run) if words != "no trace.json" else str(tmp_path / "nothing")
+        p = dpcompare("predict", target, *args, check=False)
+        assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_calibration_scales_the_link_per_backend_and_collective(tmp_path):
+    path = tmp_path / "bench.json"
+    # gloo all-reduce reached 95 % of a 1 Gbit/s link; mpi's 70 %, from points (fitted)
+    n, a, bw = 2, 50e-6, 0.7e9 / 8
+    pts = [[s, 2 * (n - 1) * a + 2 * (n - 1) / n * s / bw] for s in (1e5, 1e6, 1e7)]
+    path.write_text(json.dumps({"link_bps": 1e9, "fits": [
+        {"backend": "gloo", "collective": "allreduce", "latency_s": 20e-6, "bandwidth_bps": 0.95e9},
+        {"backend": "mpi", "collective": "all_reduce", "points": pts, "ranks": 2}]}))
+    cal = load_calibration(path)
+    assert cal[("gloo", "allreduce")] == pytest.approx((20e-6, 0.95))
+    assert cal[("mpi", "allreduce")] == pytest.approx((a, 0.7))
+    net25 = Network(4, Link(5e-6, 25e9 / 8), calibrated=cal)
+    assert net25.cost("allreduce", 1e8, "mpi") == pytest.approx(Link(a, 0.7 * 25e9 / 8).allreduce(1e8, 4))
+    assert net25.cost("allgather", 1e8, "mpi") == Link(5e-6, 25e9 / 8).allgather(1e8, 4)  # not calibrated
+    # the file `dpcompare lab bench --out` writes: alpha_s is the whole fixed cost, busbw comparable with the link
+    lab = tmp_path / "lab.json"
+    lab.write_text(json.dumps({"schema": "dpcompare.lab.bench/1", "lab": {"link_bps": 200e6}, "ranks": 3, "fits": [
+        {"backend": "gloo", "collective": "allreduce", "alpha_s": 8e-4, "busbw_Bps": 0.95 * 200e6 / 8},
+        {"backend": "mpi", "collective": "allgather", "alpha_s": 4e-4, "busbw_Bps": 0.5 * 200e6 / 8}]}))
+    cal = load_calibration(lab)
+    assert set(cal) == {("gloo", "allreduce"), ("mpi", "allgather")}
+    assert cal[("gloo", "allreduce")] == pytest.approx((2e-4, 0.95)) and cal[("mpi", "allgather")] == pytest.approx(
+        (2e-4, 0.5))
+    (tmp_path / "empty.json").write_text("{}")
+    with pytest.raises(ConfigError, match="lab bench"):
+        load_calibration(tmp_path / "empty.json")
+
+
+def test_labels_keep_arms_apart_and_repeats_together(tmp_path):
+    from dpcompare.prediction.command import source
+
+    assert source(tmp_path / "ddp-np2-r0", 2) == source(tmp_path / "ddp-np2-r3-s7", 2) == "ddp-np2"
+    assert source(tmp_path / "ddp-bucket5-np2-r0", 2) == "ddp-bucket5-np2"
+    assert source(tmp_path / "mine", 4) == "mine, np=4"
