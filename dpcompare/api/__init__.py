@@ -6,6 +6,10 @@ Run the script the way you run ``dpcompare train``, under the launcher::
 
 ``dpcompare.train`` and ``dpcompare.compare_runs`` are these functions (``import dpcompare`` stays light: torch
 is imported on the first call). This module also holds ``dpcompare workloads``, the list of built-ins.
+
+A package rather than a top-level module only to keep the count of top-level modules within the house limit.
+May import: anything (like ``cli`` it stands above every room); nothing imports it but ``dpcompare/__init__``
+and ``cli``.
 """
 
 from __future__ import annotations
