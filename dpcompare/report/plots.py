@@ -192,7 +192,8 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
                 ax.scatter([x + o for o in offs], g.throughputs, s=14, color="white", edgecolor="#222222",
                            linewidth=0.8, zorder=5)
                 label = f"{iv.mean:,.0f}" + ("" if iv.has_ci else "\n(n=1, no CI)")
-                ax.annotate(label, (x, label_y), xytext=(0, 4), textcoords="offset points", ha="center",
+                label_y = max([label_y, *(t for t in g.throughputs if t <= top / 1.12)])  # above the dots too
+                ax.annotate(label, (x, label_y), xytext=(0, 6), textcoords="offset points", ha="center",
                             va="bottom", fontsize=8.5, color="#333333", zorder=6,
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}
                             if clipped else None)
