@@ -50,6 +50,7 @@ details > summary { cursor: pointer; color: var(--accent); }
 .tiny { border-left: 4px solid var(--bad); background: #fdf3f3; padding: 8px 12px; border-radius: 6px;
         margin: 10px 0 0; font-size: 14px; }
 .sentence { margin: 10px 0 0; font-size: 14px; }
+.card > h3:first-child { margin-top: 0; }
 .bar { display: inline-block; height: 10px; border-radius: 2px; vertical-align: -1px; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:0; }
 .ok { color: var(--ok); font-weight: 600; } .failed { color: var(--bad); font-weight: 600; }
@@ -58,7 +59,8 @@ figcaption { color: var(--muted); font-size: 13.5px; margin-top: 8px; }
 pre, code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
 pre { background: #f3f4f6; padding: 10px 12px; border-radius: 6px; overflow-x: auto; white-space: pre-wrap; }
 .cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
-@media (max-width: 800px) { .cols { grid-template-columns: 1fr; } }
+@media (max-width: 800px) { .cols { grid-template-columns: 1fr; } main { padding: 20px 12px 40px; }
+  .card { padding: 14px 12px; } table { font-size: 12.5px; } th, td { padding: 5px 5px; } }
 .muted { color: var(--muted); } footer { color: var(--muted); font-size: 12.5px; margin-top: 40px; }
 dl.kv { display:grid; grid-template-columns: max-content 1fr; gap: 4px 18px; margin: 0; font-size: 13.5px; }
 dl.kv dt { color: var(--muted); }
@@ -86,6 +88,10 @@ cycle set by HOROVOD_CYCLE_TIME). <code>backward()</code> returns without waitin
 <code>synchronize()</code>, which blocks until every all-reduce is done, so the waiting is counted in the
 <strong>optimizer</strong> phase.</p></div>
 </div>
+<p>The gradient all-reduce is not all: with a model that has buffers (BatchNorm's running statistics), DDP
+(<code>broadcast_buffers=True</code>, its default) broadcasts rank 0's buffers to every rank at the start of
+<em>every forward</em>, a collective in the <strong>forward</strong> phase; Horovod synchronises no buffers.
+The attribution under the verdict names what each strategy communicates in the phases that carry the gap.</p>
 <p>The step-time breakdown is the evidence: compare the <strong>backward</strong> bar with the
 <strong>optimizer</strong> bar of each strategy, and their growth from np=1 to more processes. The sum
 (the time per step) is what decides throughput; which phase the communication hides in is how each
@@ -317,7 +323,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
 
     body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>']
     if verdicts:
-        body.append(_verdict_card(results, verdicts, strategies, attributions))
+        body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
     if acc_verdicts:
@@ -342,8 +348,9 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
     body.append("<h2>Configuration</h2>"
                 f'<div class="card"><p style="margin-top:0">Reproduce with:</p><pre>{_e(command_line(results))}</pre>'
+                + "<details><summary>Every training setting</summary>"
                 + _kv({k: v for k, v in train.items() if k not in ("out", "overwrite", "progress", "strategy")})
-                + "</div>")
+                + "</details></div>")
     env = results.get("environment") or {}
     body.append("<h2>Environment</h2><div class=\"card\">" + _kv(env) + "</div>")
     body.append(f"<footer>Rendered by dpcompare {_e(env.get('dpcompare', ''))} from results.json (schema "
@@ -384,7 +391,7 @@ def _verdict_item(v: Verdict) -> str:
 
 
 def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategies: Sequence[str],
-                  attributions: Sequence[dict[str, Any]] = ()) -> str:
+                  attributions: Sequence[dict[str, Any]] = (), groups: Sequence[Group] = ()) -> str:
     """The throughput verdicts at the top of the page; beside them where the difference lies (attribution) and
     what the comparison measured (the regime); then how the verdicts were drawn and why the comparison stopped."""
     eq = verdicts[0].equivalence
@@ -393,7 +400,7 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
     verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
                + "</ul></div>")
     why = _attribution_card(attributions)
-    regimes = "".join(_regime_card(r) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})
+    regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})
     how = (f'<details class="card"><summary>How the verdict is drawn</summary>'
            f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
            f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
@@ -455,9 +462,11 @@ def _signed(v: float | None) -> str:
     return "–" if v is None else f"{v:+.2f}".replace("-", "−")
 
 
-def _regime_card(r: regime.Regime) -> str:
+def _regime_card(r: regime.Regime, groups: Sequence[Group] = ()) -> str:
     """What a verdict at one np speaks for: step time, gradient bytes, communication share, link, threads."""
-    kv = {"step time (median)": "–" if r.step_ms is None else f"{fmt.ms(r.step_ms)} ms",
+    per_arm = " · ".join(f"{g.arm} {fmt.ms(g.step_ms_median)}" for g in groups
+                         if g.np == r.np and g.step_ms_median is not None)
+    kv = {"step time (median)": f"{per_arm} ms" if per_arm else "–" if r.step_ms is None else f"{fmt.ms(r.step_ms)} ms",
           "gradients per step": "–" if r.gradient_mb is None else f"{fmt.size_mb(r.gradient_mb)} MB",
           "communicating or waiting": "not traced (--trace N measures it)" if r.comm_share is None
           else fmt.pct(r.comm_share, 0),

@@ -203,7 +203,7 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.grid(axis="x", visible=False)
         ax.set_title("Throughput")
-        ax.legend(loc="upper left", ncols=len(strategies))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, clear of the labels
         _save(fig, path)
     cap = ("Bars: mean over repeats; whiskers: 95 % t-interval; dots: individual repeats. Throughput is the "
            "global rate over the timed steps, decided by the slowest rank.")
