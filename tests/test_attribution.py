@@ -49,6 +49,10 @@ def test_a_gap_where_nobody_communicates_points_at_the_machine() -> None:
 def test_one_attribution_per_verdict_and_none_without_pairs() -> None:
     res = _results(forward_gap=0.5)
     assert [(a.np, a.other) for a in attributions(res)] == [(2, "horovod")]
+    res["config"]["workers"] = "persistent"  # 2 neighbouring blocks make one unit
+    res["runs"] = res["runs"][:4]
+    (a,) = attributions(res)
+    assert a.step_diff.lo is None and "no intervals yet" in a.text
     res["runs"] = res["runs"][:2]  # one block: nothing to pair an interval over
     assert attributions(res) == []
 

@@ -130,7 +130,7 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
     if against:
         text += ", partly offset by " + ", ".join(
             f"{s.phase} ({slower} {abs(s.diff.mean):.2f} ms faster there)" for s in against)
-    text += "."
+    text += "." if step.has_ci else " (one unit of blocks: no intervals yet)."
     comm = []
     for p in [*main, *(s.phase for s in against)]:
         what = {arm: communication_in(_strategy(results, arm), p) for arm in (baseline, other)}
