@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from dpcompare.report.attribution import attribute, attributions
+from dpcompare.report.attribution import attribute, attributions, for_report
 from dpcompare.report.regime import regime, tiny_warning
 
 
@@ -49,6 +49,10 @@ def test_a_gap_where_nobody_communicates_points_at_the_machine() -> None:
 def test_one_attribution_per_verdict_and_none_without_pairs() -> None:
     res = _results(forward_gap=0.5)
     assert [(a.np, a.other) for a in attributions(res)] == [(2, "horovod")]
+    res["config"]["workers"] = "persistent"  # 2 neighbouring blocks make one unit
+    res["runs"] = res["runs"][:4]
+    (a,) = attributions(res)
+    assert a.step_diff.lo is None and "no intervals yet" in a.text
     res["runs"] = res["runs"][:2]  # one block: nothing to pair an interval over
     assert attributions(res) == []
 
@@ -66,3 +70,33 @@ def test_tiny_steps_get_the_warning_and_large_ones_do_not() -> None:
     r = regime(big, 2)
     assert not r.tiny and "44.7 MB" in r.sentence
     assert tiny_warning(big) is None
+
+
+def test_the_other_strategy_is_named_as_silent_and_an_offset_is_said() -> None:
+    res = _results(forward_gap=0.8)
+    for r in res["runs"]:  # horovod waits 0.5 ms longer in step(): against the gap
+        if r["arm"] == "horovod":
+            r["phases_ms"]["optimizer"] += 0.5
+            r["step_ms"]["median"] += 0.5
+    a = attribute(res, "ddp", "horovod", 2)
+    assert a is not None and a.main == ["forward"]
+    assert "horovod communicates nothing" in a.text
+    assert "partly offset by optimizer (ddp 0.50 ms faster there)" in a.text and "synchronize()" in a.text
+
+
+def test_stored_attributions_are_used_only_when_the_comparison_is_complete() -> None:
+    res = _results(forward_gap=0.5)
+    res["attributions"] = [{"np": 2, "baseline": "ddp", "other": "horovod", "phases": {}, "text": "stored"}]
+    assert [a["text"] for a in for_report(res)] == ["stored"]
+    assert for_report(res, recompute=True)[0]["text"] != "stored"
+    res["complete"] = False  # an unfinished comparison: its stored attributions may be stale
+    assert for_report(res)[0]["main"] == ["forward"]
+
+
+def test_the_tiny_warning_needs_only_one_of_step_time_and_gradients() -> None:
+    res = _results(forward_gap=0.5)
+    for r in res["runs"]:
+        del r["memory_mb"]  # no gradient size recorded: the 3 ms steps alone make it tiny
+    assert regime(res, 2).gradient_mb is None
+    warning = tiny_warning(res)
+    assert warning is not None and "steps of 3." in warning and "MB" not in warning

@@ -271,7 +271,8 @@ def test_render_from_handmade_results(handmade: Path) -> None:
     # ddp/horovod per block at np=2: 3600/4000, 3700/4100, 3650/3900 → horovod about 9 % slower
     assert out.details[1].outcome == "slower" and out.details[1].np == 2
     assert out.verdicts[1].startswith("horovod 8.7 % slower than ddp at np=2 (95 % CI 3.6–13.6 %)")
-    assert "<strong>slower</strong>: horovod 8.7 % slower than ddp at np=2" in page
+    assert '<strong class="outcome-slower">horovod 8.7 % slower than ddp at np=2' in page
+    assert page.count("8.7 % slower") == 1  # each verdict stated once
     assert "synchronize" in page and "backward" in page  # the teaching section
     assert any("at np=2" in v for v in out.verdicts)
 
@@ -284,6 +285,78 @@ def test_render_prints_table_and_verdict(handmade: Path) -> None:
     text = console.export_text()
     assert "samples/s" in text and "Verdict" in text and "horovod" in text and "at np=2" in text
     assert "report.html" in text
+
+
+def _cells(table: str) -> list[list[str]]:
+    """The text of every row's cells as the page lays it out: a data cell on one line, a header wrapped at
+    ``<br>`` and at spaces (the CSS: ``td`` nowrap, ``th`` and ``td.l`` normal), so its longest word counts."""
+    rows = []
+    for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S):
+        row = []
+        for tag, attrs, c in re.findall(r"<(t[hd])([^>]*)>(.*?)</t[hd]>", tr, re.S):
+            text = re.sub(r"<[^>]+>", " ", c).replace("&amp;", "&").strip()
+            wraps = tag == "th" or 'class="l"' in attrs
+            row.append(max(text.split() or [""], key=len) if wraps else re.sub(r"\s+", " ", text))
+        rows.append(row)
+    return rows
+
+
+#: the page's text column: main's max-width less its padding and the card's
+TEXT_PX, CHAR_PX, CELL_PAD_PX = 1120 - 48 - 46, 7.5, 18
+
+
+def test_the_report_fits_1300_px_and_states_attribution_and_regime(handmade: Path) -> None:
+    """No table wider than the page at 1300 px (text width by characters, 7.5 px each at 13.5 px tabular figures, plus padding),
+    wrappers that scroll inside the card, long values that wrap; the verdict card's attribution and regime."""
+    results = json.loads((handmade / "results.json").read_text())
+    for r in results["runs"]:  # a sharded-looking run: the memory columns must not join the main table
+        r["memory_mb"] = {"params": 0.06, "grads": 0.06, "optimizer_state": 0.12, "total": 0.24}
+    (handmade / "results.json").write_text(json.dumps(results))
+    render(handmade, quiet=True)
+    page = (handmade / "report.html").read_text()
+    css = page[page.index("<style>"):page.index("</style>")]
+    assert ".scroll { overflow-x: auto; max-width: 100%; }" in css and "overflow-wrap: anywhere" in css
+    assert "<h3>Memory per rank</h3>" in page
+    tables = re.findall(r"<table>.*?</table>", page, re.S)
+    assert tables and all(page[:page.index(t)].endswith('<div class="scroll">') for t in tables)
+    for t in tables:
+        rows = _cells(t)
+        widths = [max(len(r[i]) for r in rows if i < len(r)) * CHAR_PX + CELL_PAD_PX for i in range(len(rows[0]))]
+        assert sum(widths) <= TEXT_PX, f"a table of {sum(widths):.0f} px: {rows[0]}"
+    # attribution: per phase with intervals, and the sentence; the regime card with the tiny-step warning
+    assert "Where the difference lies · horovod vs ddp at np=2" in page
+    # horovod's all-reduce wait moved 2 ms from backward into optimizer (run_entry), and its step is longer
+    assert re.search(r"<td>optimizer ◀</td><td>\+2\.00</td>", page)  # the phases that carry the gap are marked
+    assert "gap lies in optimizer 2.00 ms" in page and "partly offset by backward (horovod 2.00 ms faster there)" in page
+    assert "synchronize()" in page and "bucketed all-reduce" in page
+    assert "What was measured · np=2" in page and "threads per rank" in page and "gradients per step" in page
+    assert page.count('class="tiny"') == 2  # 1 ms steps of a model with no recorded gradients: np=1 and np=2
+    # runs: 13 of them, collapsed; the per-block ratios behind a <details>
+    assert "<details><summary>13 runs, 1 failed</summary>" in page
+    assert "<details><summary>horovod/ddp throughput ratio per block" in page
+
+
+def test_the_terminal_table_warns_of_tiny_steps_and_says_why(handmade: Path) -> None:
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    render(handmade, console=console)
+    text = console.export_text()
+    assert "fixed per-step costs decide this verdict" in text and re.search(r"note: steps of 1[67]\.\d ms \(np=2\)", text)
+    assert "why: ddp is" in text and "gap lies in optimizer" in text
+
+
+def test_attributions_are_read_back_as_stored(handmade: Path) -> None:
+    results = json.loads((handmade / "results.json").read_text())
+    from dpcompare.report.attribution import attributions
+
+    results["attributions"] = [a.to_json() for a in attributions(results)]
+    results["attributions"][0]["text"] = "EDITED: the attribution compare stored"
+    (handmade / "results.json").write_text(json.dumps(results))
+    render(handmade, quiet=True)
+    assert "EDITED: the attribution compare stored" in (handmade / "report.html").read_text()
+    render(handmade, quiet=True, recompute=True)
+    assert "EDITED" not in (handmade / "report.html").read_text()
 
 
 def test_one_repeat_says_no_ci(tmp_path: Path) -> None:

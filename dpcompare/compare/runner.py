@@ -136,12 +136,13 @@ def _announce(run: _Run) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
-    from dpcompare.report import render, stats
+    from dpcompare.report import attribution, render, stats
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
     results["verdicts"] = [v.to_json() for v in stats.verdicts(
         results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
+    results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
     results["complete"] = True
     atomic_write_json(c.out / RESULTS, results)
     render(c.out, console=console)

@@ -69,7 +69,7 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     The verdicts are the ones compare stored in results.json; ``recompute`` (``dpcompare report --recompute``)
     draws them again from the runs, as happens anyway when none were stored (an unfinished comparison).
     """
-    from dpcompare.report import html, plots, stats, table, traces
+    from dpcompare.report import attribution, html, plots, stats, table, traces
 
     folder = Path(folder)
     results = load_results(folder)
@@ -77,7 +77,8 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     verdicts = stats.report_verdicts(results, groups, recompute=recompute)
     made = plots.make_all(results, groups, folder / "plots", verdicts)
     traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N
-    page = html.write_html(folder / "report.html", results, groups, verdicts, made, [traced] if traced else [])
+    why = attribution.for_report(results, recompute=recompute)
+    page = html.write_html(folder / "report.html", results, groups, verdicts, made, [traced] if traced else [], why)
     if not quiet:
-        table.print_report(console or table.console_for_report(), results, groups, verdicts, str(page))
+        table.print_report(console or table.console_for_report(), results, groups, verdicts, str(page), why)
     return Rendered(page, [p.path for p in made], [v.full_text for v in verdicts], verdicts)

@@ -16,7 +16,7 @@ import numpy as np
 
 from dpcompare.backends.catalog import COMMUNICATION
 from dpcompare.files import PHASES
-from dpcompare.report.groups import arm_of, unit_blocks
+from dpcompare.report.groups import arm_of, arm_order, unit_blocks
 from dpcompare.report.intervals import Interval, mean_ci, unit_means
 
 #: the phases of a step in the attribution: the timed ones and the rest of the step
@@ -102,12 +102,17 @@ def _strategy(results: dict[str, Any], arm: str) -> str:
     for a in (results.get("config") or {}).get("arms") or []:
         if a.get("label") == arm:
             return str(a.get("strategy"))
-    return arm
+    return next((str(r["strategy"]) for r in results.get("runs", []) if arm_of(r) == arm), arm)
 
 
 def communication_in(strategy: str, phase: str) -> str | None:
     """What ``strategy`` declares it communicates in ``phase`` (None: nothing)."""
     return COMMUNICATION.get(strategy, {}).get(phase)
+
+
+def _unsure(iv: Interval) -> str:
+    """A warning when the phase's own interval does not exclude zero."""
+    return ", its interval includes 0" if iv.has_ci and iv.lo <= 0.0 <= iv.hi else ""  # type: ignore[operator]
 
 
 def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
@@ -118,16 +123,22 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
         return (f"{faster} is {gap:.2f} ms a step faster, but no single phase holds a quarter of the gap: "
                 "it is spread over the step.")
     by = {s.phase: s for s in shifts}
-    parts = [f"{p} {abs(by[p].diff.mean):.2f} ms ({100 * (by[p].share or 0):.0f} %)" for p in main]
-    text = f"{faster} is {gap:.2f} ms a step faster; the gap lies in " + ", ".join(parts) + "."
+    parts = [f"{p} {abs(by[p].diff.mean):.2f} ms ({100 * (by[p].share or 0):.0f} % of it{_unsure(by[p].diff)})"
+             for p in main]
+    text = f"{faster} is {gap:.2f} ms a step faster; the gap lies in " + ", ".join(parts)
+    against = [s for s in shifts if s.share is not None and s.share <= -MAIN_SHARE]
+    if against:
+        text += ", partly offset by " + ", ".join(
+            f"{s.phase} ({slower} {abs(s.diff.mean):.2f} ms faster there)" for s in against)
+    text += "." if step.has_ci else " (one unit of blocks: no intervals yet)."
     comm = []
-    for p in main:
-        for arm in (baseline, other):
-            what = communication_in(_strategy(results, arm), p)
-            if what:
-                comm.append(f"in {p}, {arm}: {what}")
+    for p in [*main, *(s.phase for s in against)]:
+        what = {arm: communication_in(_strategy(results, arm), p) for arm in (baseline, other)}
+        if any(what.values()):
+            comm.append(f"in {p}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
+                                                 for arm, w in what.items()))
     if comm:
-        return text + " Communication there — " + "; ".join(comm) + "."
+        return text + " Communication there — " + " — ".join(comm) + "."
     return text + (" Neither strategy communicates in " + " or ".join(main) + ": look at threads and CPU "
                    "contention (a background thread competing for cores, vCPU wake-ups) and per-step framework "
                    "overhead, not at the network.")
@@ -135,7 +146,7 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
 
 def attributions(results: dict[str, Any]) -> list[Attribution]:
     """One attribution per throughput verdict that has at least two paired blocks."""
-    arms = [a["label"] for a in (results.get("config") or {}).get("arms") or []]
+    arms = arm_order(results)
     nps = sorted({int(r["np"]) for r in results.get("runs", [])})
     out = []
     for n in nps:
@@ -143,6 +154,16 @@ def attributions(results: dict[str, Any]) -> list[Attribution]:
             if arms and (a := attribute(results, arms[0], other, n)) is not None:
                 out.append(a)
     return out
+
+
+def for_report(results: dict[str, Any], recompute: bool = False) -> list[dict[str, Any]]:
+    """The attributions as results.json stores them (``attributions``), computed from the runs when absent,
+    when the comparison is unfinished, or with ``recompute``."""
+    stored = results.get("attributions")
+    if not recompute and results.get("complete", True) and isinstance(stored, list) and stored \
+            and all(isinstance(a, dict) and "phases" in a for a in stored):
+        return stored
+    return [a.to_json() for a in attributions(results)]
 
 
 def shares_table(a: Attribution) -> list[tuple[str, float, float | None, float | None]]:

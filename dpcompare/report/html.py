@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.files import PHASES
-from dpcompare.report import fmt
+from dpcompare.report import attribution, fmt, regime
 from dpcompare.report.groups import (
     MEMORY_KINDS,
     MEMORY_LABELS,
@@ -40,10 +40,18 @@ h3 { font-size: 16px; margin: 22px 0 6px; }
 .warn { border-left: 5px solid var(--bad); }
 table { border-collapse: collapse; width: 100%; font-size: 13.5px; font-variant-numeric: tabular-nums; }
 th, td { padding: 6px 9px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
+th { white-space: normal; min-width: 3.5em; }
 th { background: #fafbfc; font-weight: 600; color: #3a4047; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
 td.l, th.l { text-align: left; white-space: normal; }
-.scroll { overflow-x: auto; }
+.scroll { overflow-x: auto; max-width: 100%; }
+details > summary { cursor: pointer; color: var(--accent); }
+.ratios { color: var(--muted); font-size: 13px; overflow-wrap: anywhere; margin: 4px 0 0; }
+.tiny { border-left: 4px solid var(--bad); background: #fdf3f3; padding: 8px 12px; border-radius: 6px;
+        margin: 10px 0 0; font-size: 14px; }
+.sentence { margin: 10px 0 0; font-size: 14px; }
+.card > h3:first-child { margin-top: 0; }
+.bar { display: inline-block; height: 10px; border-radius: 2px; vertical-align: -1px; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:0; }
 .ok { color: var(--ok); font-weight: 600; } .failed { color: var(--bad); font-weight: 600; }
 figure { margin: 0; } figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
@@ -51,10 +59,13 @@ figcaption { color: var(--muted); font-size: 13.5px; margin-top: 8px; }
 pre, code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
 pre { background: #f3f4f6; padding: 10px 12px; border-radius: 6px; overflow-x: auto; white-space: pre-wrap; }
 .cols { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
-@media (max-width: 800px) { .cols { grid-template-columns: 1fr; } }
+@media (max-width: 800px) { .cols { grid-template-columns: 1fr; } main { padding: 20px 12px 40px; }
+  .card { padding: 14px 12px; } table { font-size: 12.5px; } th, td { padding: 5px 5px; } }
 .muted { color: var(--muted); } footer { color: var(--muted); font-size: 12.5px; margin-top: 40px; }
 dl.kv { display:grid; grid-template-columns: max-content 1fr; gap: 4px 18px; margin: 0; font-size: 13.5px; }
-dl.kv dt { color: var(--muted); } dl.kv dd { margin: 0; font-family: ui-monospace, Menlo, Consolas, monospace; }
+dl.kv dt { color: var(--muted); }
+dl.kv dd { margin: 0; font-family: ui-monospace, Menlo, Consolas, monospace; overflow-wrap: anywhere; min-width: 0; }
+.cols > * { min-width: 0; }
 """
 
 TEACHING = """
@@ -77,6 +88,10 @@ cycle set by HOROVOD_CYCLE_TIME). <code>backward()</code> returns without waitin
 <code>synchronize()</code>, which blocks until every all-reduce is done, so the waiting is counted in the
 <strong>optimizer</strong> phase.</p></div>
 </div>
+<p>The gradient all-reduce is not all: with a model that has buffers (BatchNorm's running statistics), DDP
+(<code>broadcast_buffers=True</code>, its default) broadcasts rank 0's buffers to every rank at the start of
+<em>every forward</em>, a collective in the <strong>forward</strong> phase; Horovod synchronises no buffers.
+The attribution under the verdict names what each strategy communicates in the phases that carry the gap.</p>
 <p>The step-time breakdown is the evidence: compare the <strong>backward</strong> bar with the
 <strong>optimizer</strong> bar of each strategy, and their growth from np=1 to more processes. The sum
 (the time per step) is what decides throughput; which phase the communication hides in is how each
@@ -93,13 +108,11 @@ def data_uri(path: Path) -> str:
 
 
 def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
+    """Throughput, step and phase times, accuracy, peak RSS: one row per (arm, np); memory has its own table."""
     col = colors(strategies)
     several_np = len({g.np for g in groups}) > 1
     head = ["arm", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
             *(f"{p}<br>ms" for p in PHASES), "test accuracy", "final train loss", "peak RSS<br>MB"]
-    memory = any(g.memory_mb for g in groups)
-    if memory:
-        head += [f"{MEMORY_LABELS[k]}<br>MB/rank" for k in MEMORY_KINDS]
     if several_np:
         head.append("scaling<br>efficiency")
     rows = []
@@ -110,16 +123,35 @@ def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
                  f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                  *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
                  "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}", fmt.mb(g.peak_rss_mb)]
-        if memory:
-            cells += [fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS]
         if several_np:
             cells.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+        rows.append(cells)
+    return _html_table(head, rows)
+
+
+def _memory_table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
+    """Tensor memory per rank (what sharding saves), when the runs recorded it."""
+    if not any(g.memory_mb for g in groups):
+        return ""
+    col = colors(strategies)
+    head = ["arm", "np", *(f"{MEMORY_LABELS[k]}<br>MB/rank" for k in MEMORY_KINDS)]
+    rows = [[f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm)}', str(g.np),
+             *(fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS)] for g in groups]
+    return ('<h3>Memory per rank</h3>' + _html_table(head, rows)
+            + '<p class="muted" style="font-size:13px;margin:10px 0 0">Tensors held by the largest rank at the end '
+              "of training (a sharded strategy counts only its own shards).</p>")
+
+
+def _html_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table in a wrapper that scrolls inside its card, never the page, on a narrow screen."""
     return ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
-            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+            + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+            + "</tbody></table></div>")
 
 
 MEASURABLE_MS = 0.05
+#: a run table longer than this starts collapsed
+OPEN_RUNS = 12
 
 
 def _signed_ms(v: float) -> str:
@@ -173,8 +205,13 @@ def _runs(results: dict[str, Any]) -> str:
             rows.append(f'<tr><td colspan="7" class="l"><details><summary class="failed">'
                         f'{_e(fmt.headline(r["error"]))}</summary><pre>{_e(r["error"])}</pre></details></td></tr>')
     head = ["run", "status", "samples/s", "step ms", "test acc", "wall s", "folder"]
-    return ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
-            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+    runs = results.get("runs", [])
+    failed = sum(r.get("status") != "ok" for r in runs)
+    table = ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+    summary = f"{len(runs)} runs" + (f", {failed} failed" if failed else ", all ok")
+    return f'<details{" open" if len(runs) <= OPEN_RUNS else ""}><summary>{summary}</summary>{table}</details>'
+
 
 
 def _kv(d: dict[str, Any]) -> str:
@@ -269,8 +306,12 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
 
 
 def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
-                plots: Sequence[Plot], extra: Sequence[str] = ()) -> str:
-    """The page; ``extra``: self-contained HTML sections added after the plots (e.g. the traced step)."""
+                plots: Sequence[Plot], extra: Sequence[str] = (),
+                attributions: Sequence[dict[str, Any]] | None = None) -> str:
+    """The page; ``extra``: self-contained HTML sections added after the plots (e.g. the traced step);
+    ``attributions``: as results.json stores them (default: stored, else computed from the runs)."""
+    if attributions is None:
+        attributions = attribution.for_report(results)
     acc_verdicts = [v for v in verdicts if v.metric != "throughput"]
     verdicts = [v for v in verdicts if v.metric == "throughput"]
     acc_plots = [p for p in plots if p.key == "accuracy"]
@@ -282,7 +323,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
 
     body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>']
     if verdicts:
-        body.append(_verdict_card(results, verdicts, strategies))
+        body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
     if acc_verdicts:
@@ -295,7 +336,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + '<p class="muted" style="font-size:13px;margin:10px 0 0">Step and phase times are medians '
                       "over the timed steps (warm-up excluded): step times of the slowest rank, phases averaged "
                       "over ranks, then averaged over repeats. Peak RSS is the largest resident memory of any "
-                      "rank.</p></div>")
+                      "rank.</p>" + _memory_table(groups, strategies) + "</div>")
     for p in plots:
         body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
                     f"<figcaption><strong>{_e(p.title)}.</strong> {_e(p.caption)}</figcaption></figure></div>")
@@ -307,8 +348,9 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
     body.append("<h2>Configuration</h2>"
                 f'<div class="card"><p style="margin-top:0">Reproduce with:</p><pre>{_e(command_line(results))}</pre>'
+                + "<details><summary>Every training setting</summary>"
                 + _kv({k: v for k, v in train.items() if k not in ("out", "overwrite", "progress", "strategy")})
-                + "</div>")
+                + "</details></div>")
     env = results.get("environment") or {}
     body.append("<h2>Environment</h2><div class=\"card\">" + _kv(env) + "</div>")
     body.append(f"<footer>Rendered by dpcompare {_e(env.get('dpcompare', ''))} from results.json (schema "
@@ -335,38 +377,105 @@ def _subtitle(results: dict[str, Any]) -> str:
 
 
 def _verdict_item(v: Verdict) -> str:
-    """One throughput verdict: its words, and under them the ratio of every block and how the interval was made."""
+    """One throughput verdict, stated once (its words carry the outcome); the ratio of every block and how the
+    interval was made behind a <details> (the drift plot draws them)."""
     blocks = ""
     if v.block_ratios:
         how = ""
         if v.ci_low is not None:
             units = f", in {len(v.unit_log_ratios)} units of neighbouring blocks" if v.unit_blocks > 1 else ""
-            how = f"({_e(v.method)} interval over {v.blocks} blocks{units})"
-        blocks = (f'<br><span class="muted" style="font-size:13px">{_e(v.other)}/{_e(v.baseline)} '
-                  f"throughput per block: {' '.join(f'{x:.3f}' for x in v.block_ratios)} {how}</span>")
-    return f"<li><strong>{_e(v.outcome)}</strong>: {_e(v.full_text)}{blocks}</li>"
+            how = f" ({_e(v.method)} interval over {v.blocks} blocks{units})"
+        blocks = (f"<details><summary>{_e(v.other)}/{_e(v.baseline)} throughput ratio per block{how}</summary>"
+                  f'<p class="ratios">{" ".join(f"{x:.3f}" for x in v.block_ratios)}</p></details>')
+    return f'<li><strong class="outcome-{_e(v.outcome)}">{_e(v.full_text)}</strong>{blocks}</li>'
 
 
-def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategies: Sequence[str]) -> str:
-    """The throughput verdicts at the top of the page, with how they were drawn and why the comparison stopped."""
+def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategies: Sequence[str],
+                  attributions: Sequence[dict[str, Any]] = (), groups: Sequence[Group] = ()) -> str:
+    """The throughput verdicts at the top of the page; beside them where the difference lies (attribution) and
+    what the comparison measured (the regime); then how the verdicts were drawn and why the comparison stopped."""
     eq = verdicts[0].equivalence
     share = measured_share(results)
     stop = (results.get("config") or {}).get("stop") or {}
-    return ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
-            + "</ul>"
-            + f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
-              f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
-              f'of the two arms within a block. Throughput per run is the global batch over the slowest '
-              f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
-              f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
-              f'bootstrap from 10 blocks, or units, on). <em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
-              f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
-              f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide.'
-            + (f" Timed steps were {100 * share:.0f} % of the runs' wall time; "
-               f"{_e(launch_note(results))}." if share is not None else "")
-            + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
-               f"{_e(stop.get('reason'))}." if stop else "")
-            + "</p></div>")
+    verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
+               + "</ul></div>")
+    why = _attribution_card(attributions)
+    regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})
+    how = (f'<details class="card"><summary>How the verdict is drawn</summary>'
+           f'<p class="muted" style="margin:10px 0 0;font-size:13px">Paired verdicts: every repeat is a '
+           f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
+           f'of the two arms within a block. Throughput per run is the global batch over the slowest '
+           f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
+           f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
+           f'bootstrap from 10 blocks, or units, on). <em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
+           f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
+           f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide. '
+           f'The phase differences are paired the same way: per block, the other arm\'s median phase time less '
+           f'the baseline\'s, with a 95 % Student-t interval over the blocks.'
+           + (f" Timed steps were {100 * share:.0f} % of the runs' wall time; "
+              f"{_e(launch_note(results))}." if share is not None else "")
+           + (f" {_e(stop.get('blocks'))} block{'s' if stop.get('blocks') != 1 else ''}: "
+              f"{_e(stop.get('reason'))}." if stop else "")
+           + "</p></details>")
+    return verdict + f'<div class="cols">{why or ""}<div>{regimes}</div></div>' + how
+
+
+def _attribution_card(attributions: Sequence[dict[str, Any]]) -> str:
+    """Per verdict: each phase's paired difference with its interval, as a table with a bar, and the sentence."""
+    out = [f"<h3>Where the difference lies · {_e(a['other'])} vs {_e(a['baseline'])} at np={a['np']}</h3>"
+           + _html_table(["phase", f"{_e(a['other'])} − {_e(a['baseline'])}<br>ms/step", "95 % CI<br>ms",
+                          "share of<br>the gap", ""], _attribution_rows(a))
+           + f'<p class="sentence">{_e(a.get("text", ""))}</p>' for a in attributions]
+    if not out:
+        return ""
+    return ('<div class="card">' + "".join(out) + '<p class="muted" style="font-size:12.5px;margin:8px 0 0">'
+            "Negative: the other arm spends less time there. ◀ marks the phases that hold at least a quarter of the "
+            "gap; <em>other</em> is the step less the four timed phases (bookkeeping, waits outside them).</p></div>")
+
+
+def _attribution_rows(a: dict[str, Any]) -> list[list[str]]:
+    """(phase, mean, interval, share, bar) per phase, then the whole step."""
+    phases = a.get("phases") or {}
+    top = max((abs(p.get("mean_ms") or 0.0) for p in phases.values()), default=0.0) or 1.0
+    rows = []
+    for name, p in phases.items():
+        m = p.get("mean_ms")
+        if m is None:
+            continue
+        colour = "var(--ok)" if m < 0 else "var(--bad)"
+        bar = f'<span class="bar" style="width:{60 * abs(m) / top:.0f}px;background:{colour}"></span>'
+        share = p.get("share")
+        rows.append([_e(name) + (" ◀" if name in (a.get("main") or []) else ""), _signed(m),
+                     _span(p.get("ci_low_ms"), p.get("ci_high_ms")), "–" if share is None else f"{100 * share:.0f} %",
+                     bar])
+    step = a.get("step") or {}
+    rows.append(["<strong>step</strong>", f"<strong>{_signed(step.get('mean_ms'))}</strong>",
+                 _span(step.get("ci_low_ms"), step.get("ci_high_ms")), "100 %", ""])
+    return rows
+
+
+def _span(lo: float | None, hi: float | None) -> str:
+    return "–" if lo is None or hi is None else f"{_signed(lo)} … {_signed(hi)}"
+
+
+def _signed(v: float | None) -> str:
+    return "–" if v is None else f"{v:+.2f}".replace("-", "−")
+
+
+def _regime_card(r: regime.Regime, groups: Sequence[Group] = ()) -> str:
+    """What a verdict at one np speaks for: step time, gradient bytes, communication share, link, threads."""
+    per_arm = " · ".join(f"{g.arm} {fmt.ms(g.step_ms_median)}" for g in groups
+                         if g.np == r.np and g.step_ms_median is not None)
+    kv = {"step time (median)": f"{per_arm} ms" if per_arm else "–" if r.step_ms is None else f"{fmt.ms(r.step_ms)} ms",
+          "gradients per step": "–" if r.gradient_mb is None else f"{fmt.size_mb(r.gradient_mb)} MB",
+          "communicating or waiting": "not traced (--trace N measures it)" if r.comm_share is None
+          else fmt.pct(r.comm_share, 0),
+          "link": r.link, "threads per rank": "–" if r.threads is None else str(r.threads)}
+    items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in kv.items())
+    warn = (f'<p class="tiny"><strong>Tiny steps:</strong> under {regime.TINY_STEP_MS:g} ms or under '
+            f"{regime.TINY_GRADIENT_MB:g} MB of gradients, fixed per-step costs decide.</p>" if r.tiny else "")
+    return (f'<div class="card regime"><strong>What was measured · np={r.np}</strong>'
+            f'<dl class="kv" style="margin-top:8px">{items}</dl>{warn}<p class="sentence">{_e(r.sentence)}</p></div>')
 
 
 def _accuracy_card(acc_verdicts: Sequence[Verdict]) -> str:
@@ -392,9 +501,10 @@ def _warnings(results: dict[str, Any]) -> list[str]:
 
 
 def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
-               plots: Sequence[Plot], extra: Sequence[str] = ()) -> Path:
+               plots: Sequence[Plot], extra: Sequence[str] = (),
+               attributions: Sequence[dict[str, Any]] | None = None) -> Path:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(results, groups, verdicts, plots, extra), encoding="utf-8")
+    tmp.write_text(render_html(results, groups, verdicts, plots, extra, attributions), encoding="utf-8")
     tmp.replace(path)
     return path
 

@@ -192,7 +192,8 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
                 ax.scatter([x + o for o in offs], g.throughputs, s=14, color="white", edgecolor="#222222",
                            linewidth=0.8, zorder=5)
                 label = f"{iv.mean:,.0f}" + ("" if iv.has_ci else "\n(n=1, no CI)")
-                ax.annotate(label, (x, label_y), xytext=(0, 4), textcoords="offset points", ha="center",
+                label_y = max([label_y, *(t for t in g.throughputs if t <= top / 1.12)])  # above the dots too
+                ax.annotate(label, (x, label_y), xytext=(0, 6), textcoords="offset points", ha="center",
                             va="bottom", fontsize=8.5, color="#333333", zorder=6,
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}
                             if clipped else None)
@@ -202,7 +203,7 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.grid(axis="x", visible=False)
         ax.set_title("Throughput")
-        ax.legend(loc="upper left", ncols=len(strategies))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, clear of the labels
         _save(fig, path)
     cap = ("Bars: mean over repeats; whiskers: 95 % t-interval; dots: individual repeats. Throughput is the "
            "global rate over the timed steps, decided by the slowest rank.")

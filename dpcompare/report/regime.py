@@ -112,5 +112,9 @@ def tiny_warning(results: dict[str, Any]) -> str | None:
     if not tiny:
         return None
     r = tiny[0]
-    return (f"note: steps of {r.step_ms:.1f} ms and {r.gradient_mb:.2f} MB of gradients — fixed per-step costs "
-            "decide this verdict, not communication; it does not generalise to larger models or clusters")
+    what = " and ".join(x for x in (
+        r.step_ms is not None and r.step_ms < TINY_STEP_MS and f"steps of {r.step_ms:.1f} ms",
+        r.gradient_mb is not None and r.gradient_mb < TINY_GRADIENT_MB and f"{r.gradient_mb:.2f} MB of gradients")
+        if x)
+    return (f"note: {what} (np={r.np}) — fixed per-step costs decide this verdict, not communication; it does not "
+            "generalise to larger models or clusters")

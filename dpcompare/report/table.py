@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare.files import PHASES
-from dpcompare.report import fmt
+from dpcompare.report import attribution, fmt, regime
 from dpcompare.report.groups import MEMORY_KINDS, MEMORY_LABELS, Group, arm_of, launch_note, measured_share
 from dpcompare.report.verdicts import Verdict
 
@@ -62,7 +62,7 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
 
 
 def print_report(console: Console, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
-                 html_path: str | None = None) -> None:
+                 html_path: str | None = None, attributions: Sequence[dict[str, Any]] | None = None) -> None:
     cfg = (results.get("config") or {}).get("train") or {}
     desc = " · ".join(str(x) for x in (cfg.get("model"), cfg.get("dataset"),
                                          cfg.get("epochs") and f"{cfg['epochs']} epochs",
@@ -75,20 +75,16 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
     if share is not None:
         console.print(f"[dim]timed steps: {100 * share:.0f} % of the runs' wall time (the rest is start-up, "
                       f"data loading, evaluation and warm-up); {launch_note(results)}[/]", soft_wrap=True)
+    tiny = regime.tiny_warning(results)
+    if tiny:
+        console.print(f"[yellow]{tiny}[/]", soft_wrap=True, highlight=False)
     stop = (results.get("config") or {}).get("stop")
     if stop:
         console.print(f"[dim]{stop.get('blocks')} block{'s' if stop.get('blocks') != 1 else ''}: "
                       f"{stop.get('reason')}[/]", soft_wrap=True)
     console.print()
     if verdicts:
-        console.print("[bold]Verdict[/] (paired over blocks: each repeat runs every arm once, side by side)")
-        for v in (v for v in verdicts if v.metric == "throughput"):
-            colour = {"faster": "green", "slower": "red", "equal": "cyan"}.get(v.outcome, "yellow")
-            console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
-            if v.block_ratios:
-                ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
-                console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,
-                              highlight=False)
+        _print_throughput_verdicts(console, results, verdicts, attributions)
         others = [v for v in verdicts if v.metric != "throughput"]
         if others:
             console.print("[bold]Accuracy[/] (paired by seed; time to accuracy paired over blocks, training "
@@ -108,3 +104,21 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
                       "(`dpcompare compare --resume DIR` continues it)")
     if html_path:
         console.print(f"report: [bold]{html_path}[/]", soft_wrap=True)
+
+
+def _print_throughput_verdicts(console: Console, results: dict[str, Any], verdicts: Sequence[Verdict],
+                               attributions: Sequence[dict[str, Any]] | None) -> None:
+    """Each throughput verdict once, its per-block ratios, and the sentence on where the difference lies."""
+    why = {(a["np"], a["other"]): a for a in (attribution.for_report(results) if attributions is None
+                                               else attributions)}
+    console.print("[bold]Verdict[/] (paired over blocks: each repeat runs every arm once, side by side)")
+    for v in (v for v in verdicts if v.metric == "throughput"):
+        colour = {"faster": "green", "slower": "red", "equal": "cyan"}.get(v.outcome, "yellow")
+        console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
+        if v.block_ratios:
+            ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
+            console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,
+                          highlight=False)
+        a = why.get((v.np, v.other))
+        if a and a.get("text"):
+            console.print(f"    why: {a['text']}", soft_wrap=True, highlight=False, markup=False)
