@@ -45,18 +45,23 @@ FLAGS = ("--seq-len", "32", "--batch-size", "8", "--epochs", "1", "--max-steps",
 
 @needs_mpi
 @needs_horovod
-def test_a_plugin_transformer_trains_the_same_under_ddp_and_horovod(tmp_path: Path) -> None:
+def test_a_plugin_transformer_compares_the_same_under_ddp_and_horovod(tmp_path: Path) -> None:
+    """A compare of the plug-in: both arms end 0.0 apart, and the report names the workload's metric."""
     plugin = tmp_path / "tiny_lm.py"
     plugin.write_text(TRANSFORMER)
-    results = {}
-    for strategy in ("ddp", "horovod"):
-        dpcompare("train", "--strategy", strategy, "--workload", f"{plugin}:workload", *FLAGS,
-                  "--out", str(tmp_path / strategy), np=2)
-        results[strategy] = summary(tmp_path / strategy)
-    ddp, hvd = results["ddp"], results["horovod"]
-    assert ddp["metric"]["name"] == "perplexity" and ddp["workload"]["source"] == f"{plugin}:workload"
+    out = tmp_path / "ab"
+    dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--repeats", "1", "--min-steps", "0",
+              "--workload", f"{plugin}:workload", *FLAGS, "--out", str(out))
+    results = json.loads((out / "results.json").read_text())
+    ddp, hvd = ({r["strategy"]: r for r in results["runs"]}[s] for s in ("ddp", "horovod"))
+    assert ddp["status"] == hvd["status"] == "ok"
+    assert ddp["metric"]["name"] == "perplexity" and not ddp["metric"]["higher_is_better"]
     assert ddp["final_train_loss"] == hvd["final_train_loss"]  # 0.0 apart
     assert ddp["final_metric"] == hvd["final_metric"] < 256  # it learnt something about the bytes
+    s = summary(out / ddp["dir"])
+    assert s["workload"]["source"] == f"{plugin}:workload"
+    html = (out / "report.html").read_text()
+    assert "test perplexity" in html and "test accuracy" not in html
 
 
 @needs_mpi

@@ -26,11 +26,26 @@ def pct(v: float | None, digits: int = 1) -> str:
 
 
 def accuracy(g: Group) -> str:
+    """The group's final metric (accuracy for classifiers), with its 95 % half-width over repeats."""
     if g.accuracy is None:
         return "–"
-    if g.accuracy.has_ci and g.accuracy.half_width:
-        return f"{100 * g.accuracy.mean:.2f} ± {100 * g.accuracy.half_width:.2f} %"
-    return f"{100 * g.accuracy.mean:.2f} %"
+    half = g.accuracy.half_width if g.accuracy.has_ci and g.accuracy.half_width else None
+    if g.metric.get("unit") == "%":
+        return f"{100 * g.accuracy.mean:.2f} ± {100 * half:.2f} %" if half else f"{100 * g.accuracy.mean:.2f} %"
+    return f"{g.accuracy.mean:.3g} ± {half:.2g}" if half else f"{g.accuracy.mean:.3g}"
+
+
+def metric_value(metric: dict, v: float | None) -> str:
+    """One run's final metric, as its unit says."""
+    if v is None:
+        return "–"
+    return f"{100 * v:.2f} %" if metric.get("unit") == "%" else f"{v:.3g}"
+
+
+def metric_label(metric: dict, short: bool = False) -> str:
+    """The column header: "test acc" / "test accuracy", "test perplexity ↓"."""
+    name = "acc" if short and metric.get("name") == "accuracy" else str(metric.get("name", "accuracy"))
+    return f"test {name}" + ("" if metric.get("higher_is_better", True) else " ↓")
 
 
 def mb(v: float | None) -> str:

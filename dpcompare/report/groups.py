@@ -22,6 +22,21 @@ def scaling_efficiency(throughput_np: float, np_: int, throughput_1: float) -> f
 
 
 # -- runs and arms -----------------------------------------------------------------------------------
+#: what runs recorded before workloads declared their metric were measured in
+ACCURACY_METRIC = {"name": "accuracy", "higher_is_better": True, "unit": "%"}
+
+
+def final_metric(run: dict[str, Any]) -> float | None:
+    """A run's final value of its workload's metric (older records: the test accuracy)."""
+    v = run.get("final_metric", run.get("final_test_accuracy"))
+    return None if v is None else float(v)
+
+
+def metric_of(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The metric the runs' workload declares: name, direction and unit."""
+    return next((dict(r["metric"]) for r in runs if r.get("metric")), dict(ACCURACY_METRIC))
+
+
 def arm_of(run: dict[str, Any]) -> str:
     """The arm a run belongs to (its label); results without arms use the strategy name."""
     return str(run.get("arm") or run["strategy"])
@@ -74,8 +89,9 @@ class Group:
     step_ms_median: float | None = None
     step_ms_p95: float | None = None
     phases_ms: dict[str, float] = field(default_factory=dict)
-    accuracy: Interval | None = None
+    accuracy: Interval | None = None  # the workload's metric (accuracy for the built-in classifiers)
     accuracies: list[float] = field(default_factory=list)
+    metric: dict[str, Any] = field(default_factory=lambda: dict(ACCURACY_METRIC))
     final_train_loss: float | None = None
     peak_rss_mb: float | None = None
     #: MB of parameters / gradients / optimizer state (and their total) on the largest rank, mean over repeats
@@ -108,7 +124,8 @@ def aggregate(results: dict[str, Any], confidence: float = CONFIDENCE) -> list[G
                 v = _mean((r.get("phases_ms") or {}).get(p) for r in ok)
                 if v is not None:
                     g.phases_ms[p] = v
-            g.accuracies = [float(r["final_test_accuracy"]) for r in ok if r.get("final_test_accuracy") is not None]
+            g.accuracies = [v for r in ok if (v := final_metric(r)) is not None]
+            g.metric = metric_of(ok)
             g.accuracy = mean_ci(g.accuracies, confidence)
             g.final_train_loss = _mean(r.get("final_train_loss") for r in ok)
             rss = [float(r["peak_rss_mb"]) for r in ok if r.get("peak_rss_mb") is not None]

@@ -15,8 +15,10 @@ from dpcompare.report.groups import (
     MEMORY_LABELS,
     Group,
     arm_of,
+    final_metric,
     launch_note,
     measured_share,
+    metric_of,
     phase_shifts,
     strategy_order,
     tta_target,
@@ -112,7 +114,8 @@ def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
     col = colors(strategies)
     several_np = len({g.np for g in groups}) > 1
     head = ["arm", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
-            *(f"{p}<br>ms" for p in PHASES), "test accuracy", "final train loss", "peak RSS<br>MB"]
+            *(f"{p}<br>ms" for p in PHASES), fmt.metric_label(groups[0].metric if groups else {}),
+            "final train loss", "peak RSS<br>MB"]
     if several_np:
         head.append("scaling<br>efficiency")
     rows = []
@@ -191,20 +194,21 @@ def _mechanisms(results: dict[str, Any], arms: Sequence[str]) -> str:
 
 def _runs(results: dict[str, Any]) -> str:
     rows = []
+    metric = metric_of(results.get("runs", []))
     for r in results.get("runs", []):
         ok = r.get("status") == "ok"
         step = (r.get("step_ms") or {}).get("median")
         cells = [f"{_e(arm_of(r))}-np{r['np']}-r{r['repeat']}",
                  f'<span class="{"ok" if ok else "failed"}">{_e(r.get("status"))}</span>',
                  "–" if r.get("samples_per_sec") is None else f"{r['samples_per_sec']:,.0f}",
-                 fmt.ms(step), "–" if r.get("final_test_accuracy") is None else f"{100 * r['final_test_accuracy']:.2f} %",
+                 fmt.ms(step), fmt.metric_value(metric, final_metric(r)),
                  "–" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f}",
                  f'<code>{_e(r.get("dir", ""))}</code>']
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         if not ok and r.get("error"):
             rows.append(f'<tr><td colspan="7" class="l"><details><summary class="failed">'
                         f'{_e(fmt.headline(r["error"]))}</summary><pre>{_e(r["error"])}</pre></details></td></tr>')
-    head = ["run", "status", "samples/s", "step ms", "test acc", "wall s", "folder"]
+    head = ["run", "status", "samples/s", "step ms", fmt.metric_label(metric, short=True), "wall s", "folder"]
     runs = results.get("runs", [])
     failed = sum(r.get("status") != "ok" for r in runs)
     table = ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
@@ -242,7 +246,8 @@ def _accuracy_table(results: dict[str, Any], groups: Sequence[Group], strategies
     """Per (arm, np): final accuracy and loss over seeds, time and steps to the target, next to throughput."""
     col = colors(strategies)
     target = tta_target(results)
-    head = ["arm", "np", "seeds", "test accuracy<br>mean ± 95 % CI", "final train loss"]
+    head = ["arm", "np", "seeds", f"{fmt.metric_label(groups[0].metric if groups else {})}<br>mean ± 95 % CI",
+            "final train loss"]
     if target:
         head += [f"reached<br>{100 * target:g} %", "time to accuracy<br>s (mean)", "steps to<br>accuracy",
                  "epochs to<br>accuracy"]

@@ -159,7 +159,7 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
                    math.exp(log_iv.lo) if log_iv.has_ci else None,  # type: ignore[arg-type]
                    math.exp(log_iv.hi) if log_iv.has_ci else None,  # type: ignore[arg-type]
                    len(reps), text, "" if seeded else accuracy_verdict(s, base, b.accuracies, o.accuracies,
-                                                                        confidence),
+                                                                        confidence, b.metric),
                    method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
                    needed if outcome == "undecided" else None, eq, _ratio_ci(log_eq_iv), unit_blocks=unit)
 

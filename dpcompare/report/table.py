@@ -38,7 +38,7 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
     t.add_column("step ms\nmed / p95", justify="right")
     for p in PHASES:
         t.add_column(f"{PHASE_LABELS[p]}\nms", justify="right")
-    t.add_column("test acc", justify="right")
+    t.add_column(fmt.metric_label(groups[0].metric if groups else {}, short=True), justify="right")
     t.add_column("peak RSS\nMB", justify="right")
     memory = any(g.memory_mb for g in groups)
     if memory:  # tensor accounting per rank: what sharding saves
@@ -92,7 +92,7 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
         for v in others:
             colour = {"equal": "cyan", "faster": "green", "slower": "red", "mismatch": "bold red"}.get(
                 v.outcome, "yellow")
-            console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
+            console.print(_bullet(v, colour), soft_wrap=True, highlight=False)
     elif groups:
         console.print("[bold]Verdict[/]: one arm only, nothing to compare", soft_wrap=True)
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
@@ -106,6 +106,13 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
         console.print(f"report: [bold]{html_path}[/]", soft_wrap=True)
 
 
+def _bullet(v: Verdict, colour: str) -> str:
+    """A verdict's line, its outcome said once: as a coloured tag, unless the sentence already says it."""
+    if v.outcome in v.full_text.split(":")[0].split():
+        return f"  • [{colour}]{v.full_text}[/]"
+    return f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}"
+
+
 def _print_throughput_verdicts(console: Console, results: dict[str, Any], verdicts: Sequence[Verdict],
                                attributions: Sequence[dict[str, Any]] | None) -> None:
     """Each throughput verdict once, its per-block ratios, and the sentence on where the difference lies."""
@@ -114,7 +121,7 @@ def _print_throughput_verdicts(console: Console, results: dict[str, Any], verdic
     console.print("[bold]Verdict[/] (paired over blocks: each repeat runs every arm once, side by side)")
     for v in (v for v in verdicts if v.metric == "throughput"):
         colour = {"faster": "green", "slower": "red", "equal": "cyan"}.get(v.outcome, "yellow")
-        console.print(f"  • [{colour}]{v.outcome:<9}[/] {v.full_text}", soft_wrap=True, highlight=False)
+        console.print(_bullet(v, colour), soft_wrap=True, highlight=False)
         if v.block_ratios:
             ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
             console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,

@@ -50,21 +50,28 @@ def _pct(x: float, signed: bool = False, digits: int | None = None) -> str:
 
 
 def accuracy_verdict(other: str, baseline: str, base_acc: Sequence[float], other_acc: Sequence[float],
-                     confidence: float = CONFIDENCE) -> str:
-    """Test accuracy: identical, equal within noise (Welch CI spans 0), or the difference stated."""
+                     confidence: float = CONFIDENCE, metric: dict[str, Any] | None = None) -> str:
+    """The workload's test metric (accuracy for classifiers): identical, equal within noise (Welch CI spans 0),
+    or the difference stated."""
+    name = f"test {(metric or {}).get('name', 'accuracy')}"
+    pct = (metric or {}).get("unit", "%") == "%"
+
+    def val(x: float) -> str:
+        return f"{100 * x:.2f} %" if pct else f"{x:.4g}"
+
     if not base_acc or not other_acc:
-        return "test accuracy not compared"
+        return f"{name} not compared"
     if len(set(base_acc) | set(other_acc)) == 1:
-        return f"test accuracy identical ({100 * base_acc[0]:.2f} %)"
+        return f"{name} identical ({val(base_acc[0])})"
     d = welch_diff_ci(base_acc, other_acc, confidence)
     assert d is not None
     if d.spans_zero():
-        return "test accuracy equal within noise"
+        return f"{name} equal within noise"
     ma, mb = statistics.fmean(base_acc), statistics.fmean(other_acc)
     word = "higher" if d.mean > 0 else "lower"
     tail = "" if d.has_ci else f"; {min(len(base_acc), len(other_acc))} repeat: spread unknown"
-    return (f"test accuracy {100 * abs(d.mean):.2f} points {word} for {other} "
-            f"({100 * mb:.2f} % vs {100 * ma:.2f} %{tail})")
+    size = f"{100 * abs(d.mean):.2f} points" if pct else f"{abs(d.mean):.4g}"
+    return f"{name} {size} {word} for {other} ({val(mb)} vs {val(ma)}{tail})"
 
 
 @dataclass

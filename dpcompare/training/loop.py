@@ -38,7 +38,7 @@ from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
 from dpcompare.training.evaluation import EvalCurve, evaluate
 from dpcompare.training.step import StepRunner
-from dpcompare.training.summary import memory_summary, metric_keys, run_summary, timing_summary
+from dpcompare.training.summary import memory_summary, metric_keys, regime_facts, run_summary, timing_summary
 from dpcompare.training.tracing import TraceSession
 from dpcompare.versions import versions
 
@@ -384,6 +384,7 @@ class Run:
             self.start.resume_path)
         if communication is not None:  # rank 0, from OUT/trace.json
             summary["communication"] = communication
+        summary["regime"] = regime_facts(strategy, self.model, communication)
         if strategy.is_main:
             self.write_summary(summary)
         strategy.barrier()

@@ -8,11 +8,13 @@ history rows' ``test_accuracy``; for every workload the generic ``metric``, ``fi
 from __future__ import annotations
 
 import resource
+import socket
 import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from dpcompare import knobs
 from dpcompare.backends.base import Strategy
@@ -110,3 +112,17 @@ def run_summary(cfg: TrainConfig, strategy: Strategy, workload: Workload, histor
         "config": f["run_info"], "versions": versions(),
         **workload_keys(workload), "final_metric": last.get("test_metric"),
     }
+
+
+def regime_facts(strategy: Strategy, model: Any, communication: dict[str, Any] | None) -> dict[str, Any]:
+    """What a report's regime card needs: the gradient MB a rank exchanges per step, intra-op threads per rank,
+    the number of distinct hosts, and (traced runs) the communication the step waited for."""
+    params = [p for p in strategy.unwrap_model(model).parameters() if p.requires_grad]
+    hosts = {h.decode() for h in strategy.gather_bytes(socket.gethostname().encode())}
+    facts: dict[str, Any] = {"gradient_mb": sum(p.numel() * p.element_size() for p in params) / 2**20,
+                             "threads": torch.get_num_threads(), "hosts": len(hosts)}
+    if communication:
+        facts["communication"] = {k: communication[k] for k in ("exposed_ms_per_step", "hidden_ms_per_step",
+                                                                 "wait_ms_per_step", "comm_ms_per_step")
+                                  if k in communication}
+    return facts
