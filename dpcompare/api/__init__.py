@@ -36,7 +36,11 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
         workload: a :class:`~dpcompare.data.workload.Workload`, a plug-in path (``"my_pkg.bench:workload"`` or
             ``"path/to/file.py:workload"``), or None for the built-in job that ``model=``/``dataset=`` name.
         strategy: ``single``, ``ddp``, ``horovod``, ``zero`` or ``fsdp``; every process of the job passes the same.
-        epochs, batch_size (per process), lr, seed, max_steps (0: every epoch): as the ``dpcompare train`` flags.
+        epochs: as ``dpcompare train --epochs``.
+        batch_size: per process, as ``--batch-size``.
+        lr: as ``--lr`` (used as given under every strategy).
+        seed: initial weights and data order, as ``--seed``.
+        max_steps: stop after this many optimizer steps (0: every epoch), as ``--max-steps``.
         out: the run folder (summary.json, metrics.jsonl, checkpoints); default ``runs/<strategy>-np<N>``.
         settings: any other ``dpcompare train`` setting by its field name, e.g. ``optimizer="adam"``,
             ``accumulate=2``, ``checkpoint_every=1``, ``overwrite=True`` (``dpcompare train --help`` lists them).
