@@ -196,6 +196,8 @@ def test_timeline_draws_both_strategies_and_the_report_embeds_them(traced, tmp_p
     html = section(ddp.parent.parent, results, tmp_path / "plots")
     assert "One step, drawn" in html and "data:image/png;base64," in html
     assert "<td>ddp-np2</td>" in html and "<td>horovod-np2</td>" in html and " %</td>" in html
+    assert "busbw" in html and "exposed" in html and html.count("<td>all-reduce</td>") == 2  # one per arm
+    assert "<td>broadcast</td>" in html  # DDP's buffers (convnet has BatchNorm)
     assert section(tmp_path, {"runs": []}, tmp_path / "plots") == ""
 
 
