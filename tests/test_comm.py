@@ -140,3 +140,29 @@ def test_lab_busbw_follows_the_shaped_link(lab, strategy, tmp_path):
         assert 30 <= ar["busbw_pct_link"] <= 125, ar
     assert c["hidden_ms_per_step"] >= 0 and c["exposed_ms_per_step"] > 0
     assert c["hidden_ms_per_step"] + c["exposed_ms_per_step"] == pytest.approx(c["comm_ms_per_step"])
+
+
+# -- sharding strategies on one machine -----------------------------------------------------------------
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["zero", "fsdp"])
+def test_sharding_strategies_trace_their_collectives(strategy, tmp_path):
+    """ZeRO: DDP's all-reduce plus, after step(), the broadcast of every parameter from its owner (and DDP's
+    buffer broadcast: convnet has BatchNorm). FSDP: all-gathers in forward and backward, one reduce-scatter of
+    the gradients."""
+    from conftest import FAST, dpcompare, summary
+
+    dpcompare("train", "--strategy", strategy, *FAST, "--epochs", "0", "--max-steps", "4", "--trace", "2",
+              "--out", str(tmp_path), np=2)
+    c = summary(tmp_path)["communication"]
+    kinds = c["collectives"]
+    grads = 58_536  # convnet's parameters, float32
+    if strategy == "zero":
+        assert set(kinds) == {"all_reduce", "broadcast"} and kinds["all_reduce"]["bytes_per_step"] == grads
+        assert kinds["broadcast"]["bytes_per_step"] > grads and kinds["broadcast"]["count"] == 2
+    else:
+        assert set(kinds) == {"all_gather", "reduce_scatter"} and c["allreduce_ops_per_step"] == 0
+        assert kinds["all_gather"]["bytes_per_step"] == pytest.approx(2 * grads, rel=0.02)  # forward + backward
+        assert kinds["reduce_scatter"]["bytes_per_step"] == pytest.approx(grads, rel=0.02)
+        ag = kinds["all_gather"]
+        assert ag["busbw_gbit_s"] == pytest.approx(ag["algbw_gbit_s"] / 2)  # (n-1)/n at np=2
+    assert c["hidden_ms_per_step"] + c["exposed_ms_per_step"] == pytest.approx(c["comm_ms_per_step"])
