@@ -182,9 +182,35 @@ def collective_of(event: dict[str, Any]) -> str:
     return str((event.get("args") or {}).get("collective", ALL_REDUCE))
 
 
-def _step_row(events: Sequence[dict[str, Any]], st: dict[str, Any]) -> dict[str, Any]:
-    """One rank's traced step: collective time (union), the part hidden behind backward's computation (between
-    the start of backward and its last gradient-ready tick), per collective the same, bytes and operations."""
+def aligned_starts(events: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """``id(event)`` → when its collective could start: the latest start of the same operation over the ranks.
+
+    A rank's span begins when *it* issued the operation, so it includes waiting for slower ranks; the
+    operation itself cannot begin before the last rank issued it (nccl-tests synchronises ranks for this
+    reason). The same operation: the same step, collective and position among that rank's operations of the
+    kind in the step. Where the ranks recorded different numbers of them (or one rank only, as with Horovod's
+    own timeline), the spans are kept as they are.
+    """
+    ops: dict[tuple[int, str], dict[int, list[dict[str, Any]]]] = {}
+    for rank, steps in steps_by_rank(events).items():
+        for st in steps:
+            for e in sorted(events_in(events, st, CAT_COMM), key=lambda e: e["ts"]):
+                ops.setdefault((st["args"]["step"], collective_of(e)), {}).setdefault(rank, []).append(e)
+    out: dict[int, float] = {}
+    for per_rank in ops.values():
+        lists = list(per_rank.values())
+        if len(lists) < 2 or len({len(x) for x in lists}) != 1:
+            continue
+        for same in zip(*lists, strict=True):
+            start = max(e["ts"] for e in same)
+            out.update({id(e): min(max(e["ts"], start), e["ts"] + e["dur"]) for e in same})
+    return out
+
+
+def _step_row(events: Sequence[dict[str, Any]], st: dict[str, Any], starts: dict[int, float]) -> dict[str, Any]:
+    """One rank's traced step: collective time (union of the spans from :func:`aligned_starts`), the part hidden
+    behind backward's computation (between the start of backward and its last gradient-ready tick), per
+    collective the same, bytes and operations."""
     comm = events_in(events, st, CAT_COMM)
     bw = next((e for e in events_in(events, st, CAT_PHASE) if e["name"] == "backward"), None)
     computing: tuple[float, float] | None = None
@@ -193,7 +219,7 @@ def _step_row(events: Sequence[dict[str, Any]], st: dict[str, Any]) -> dict[str,
         computing = (bw["ts"], min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"]))
 
     def split(spans: list[dict[str, Any]]) -> tuple[float, float]:
-        busy = _union((e["ts"], e["ts"] + e["dur"]) for e in spans)
+        busy = _union((starts.get(id(e), e["ts"]), e["ts"] + e["dur"]) for e in spans)
         return _length(busy), _length(_clip(busy, *computing)) if computing else 0.0
 
     kinds = {}
@@ -228,7 +254,8 @@ def communication_figures(events: Sequence[dict[str, Any]], world_size: int | No
                           link: float | None = None) -> dict[str, Any]:
     """Per traced step (means over steps and over the ranks that recorded communication).
 
-    ``comm_ms_per_step``: time with at least one collective in flight, split into ``hidden_ms_per_step`` (behind
+    ``comm_ms_per_step``: time with at least one collective in flight (from the moment the last rank issued it:
+    :func:`aligned_starts`; waiting for a slower rank is not communication), split into ``hidden_ms_per_step`` (behind
     backward's computation: between the start of ``backward`` and its last gradient-ready tick; DDP's backward
     also waits for the last buckets, which is not hidden) and ``exposed_ms_per_step`` (the rest: the step waited);
     ``overlap_pct`` = ``hidden_pct``; ``collectives``: per kind (all_reduce, broadcast, all_gather,
@@ -237,7 +264,8 @@ def communication_figures(events: Sequence[dict[str, Any]], world_size: int | No
     ``allreduce_ops_per_step``: the all-reduces (DDP: buckets; Horovod: fused operations);
     ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for them (Horovod).
     """
-    rows = [_step_row(events, st) for steps in steps_by_rank(events).values() for st in steps]
+    starts = aligned_starts(events)
+    rows = [_step_row(events, st, starts) for steps in steps_by_rank(events).values() for st in steps]
     ranks = sorted({r["rank"] for r in rows})
     n = world_size or max(len(ranks), 1)
     with_comm = sorted({r["rank"] for r in rows if r["ops"]})

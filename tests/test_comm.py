@@ -68,6 +68,18 @@ def test_per_collective_figures_busbw_and_exposed_plus_hidden():
     assert no_link["world_size"] == 1 and no_link["collectives"][tr.ALL_REDUCE]["busbw_pct_link"] is None
 
 
+def test_an_operation_starts_when_the_last_rank_issued_it():
+    """Rank 1 issues its all-reduce at 10 µs, rank 0 (late) at 40: both finish at 60, so 20 µs on the wire."""
+    ev = [_x(0, tr.CAT_STEP, "step 1", 0, 100, step=1), _x(1, tr.CAT_STEP, "step 1", 0, 100, step=1),
+          _x(0, tr.CAT_COMM, "ar", 40, 20, bytes=1000), _x(1, tr.CAT_COMM, "ar", 10, 50, bytes=1000)]
+    assert sorted(tr.aligned_starts(ev).values()) == [40, 40]
+    f = tr.communication_figures(ev)
+    assert f["comm_ms_per_step"] == pytest.approx(0.02) and f["world_size"] == 2
+    assert f["collectives"][tr.ALL_REDUCE]["algbw_gbit_s"] == pytest.approx(1000 * 8 / 20e-6 / 1e9)
+    ev.append(_x(1, tr.CAT_COMM, "extra", 70, 5, bytes=10))  # rank 1 has one more: not matched, kept as is
+    assert tr.aligned_starts(ev) == {}
+
+
 def test_trace_figures_read_world_size_and_link_from_the_file():
     ev = [_x(0, tr.CAT_STEP, "step 1", 0, 10, step=1), _x(1, tr.CAT_STEP, "step 1", 0, 10, step=1),
           _x(0, tr.CAT_COMM, "ar", 0, 8, bytes=1000)]

@@ -255,7 +255,8 @@ class HorovodStrategy(Strategy):
         except (OSError, json.JSONDecodeError) as e:
             return [], [f"Horovod's timeline {path} could not be read ({e})"]
         return horovod_timeline_events(raw, recorder.rank, steps), [
-            "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer slowed every step of this run on rank 0"]
+            "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer spins on rank 0 for the whole run, which slows "
+            "every step (not only the traced ones)"]
 
 
 def _gloo_controller() -> bool:
