@@ -28,6 +28,7 @@ for Horovod, one lane per tensor as Horovod's timeline draws it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Any
 from dpcompare.files import PHASES, atomic_write_json
 
 TRACE_FILE = "trace.json"
-LANE_PHASES, LANE_GRADS, LANE_COMM = 0, 1, 2
+LANE_PHASES, LANE_GRADS, LANE_COMM, LANE_BROADCAST = 0, 1, 2, 3
 #: DDP bucket ``i`` is drawn on lane ``LANE_BUCKETS + i``; Horovod tensor ``j`` on ``LANE_TENSORS + j``
 LANE_BUCKETS, LANE_TENSORS = 100, 1000
 CAT_STEP, CAT_PHASE, CAT_GRAD, CAT_COMM, CAT_COMM_PHASE, CAT_WAIT = (
@@ -147,45 +148,152 @@ def events_in(events: Sequence[dict[str, Any]], step: dict[str, Any], cat: str) 
     return [e for e in events if e.get("cat") == cat and e["pid"] == step["pid"] and a <= e["ts"] <= b]
 
 
-def communication_figures(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per traced step (means over steps and over the ranks that recorded communication).
+# -- collectives, nccl-tests style -----------------------------------------------------------------------
+#: the collective a ``CAT_COMM`` event stands for (``args["collective"]``; absent: an all-reduce)
+ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "broadcast", "all_gather", "reduce_scatter"
+COLLECTIVES = (ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER)
+#: bits per second of each host's link, set by ``dpcompare lab`` for the ranks it runs (or by the user)
+LINK_ENV = "DPCOMPARE_LINK_BPS"
 
-    ``comm_ms_per_step``: time with at least one all-reduce in flight; ``overlap_pct``: the share of it
-    hidden behind backward's computation, i.e. between the start of ``backward`` and its last
-    gradient-ready tick (DDP's backward also waits for the last buckets: that part is not hidden);
-    ``allreduce_bytes_per_step`` and
-    ``allreduce_ops_per_step``: what was all-reduced (DDP: buckets; Horovod: fused operations);
-    ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for it (Horovod).
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for ``collective`` over ``n`` ranks: what each rank's link must carry per
+    byte of the operation (``bytes`` is the full buffer: all-gather's output, reduce-scatter's input)."""
+    if collective == ALL_REDUCE:
+        return 2.0 * (n - 1) / n
+    if collective in (ALL_GATHER, REDUCE_SCATTER):
+        return (n - 1) / n
+    if collective == BROADCAST:
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def link_bps(environ: dict[str, str] | None = None) -> float | None:
+    """The link rate ``DPCOMPARE_LINK_BPS`` gives (bits/s), or None (unset, empty, not a positive number)."""
+    raw = (os.environ if environ is None else environ).get(LINK_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def collective_of(event: dict[str, Any]) -> str:
+    return str((event.get("args") or {}).get("collective", ALL_REDUCE))
+
+
+def aligned_starts(events: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """``id(event)`` → when its collective could start: the latest start of the same operation over the ranks.
+
+    A rank's span begins when *it* issued the operation, so it includes waiting for slower ranks; the
+    operation itself cannot begin before the last rank issued it (nccl-tests synchronises ranks for this
+    reason). The same operation: the same step, collective and position among that rank's operations of the
+    kind in the step. Where the ranks recorded different numbers of them (or one rank only, as with Horovod's
+    own timeline), the spans are kept as they are.
     """
-    rows = []
+    ops: dict[tuple[int, str], dict[int, list[dict[str, Any]]]] = {}
     for rank, steps in steps_by_rank(events).items():
         for st in steps:
-            comm = events_in(events, st, CAT_COMM)
-            phases = {e["name"]: e for e in events_in(events, st, CAT_PHASE)}
-            waits = events_in(events, st, CAT_WAIT)
-            busy = _union((e["ts"], e["ts"] + e["dur"]) for e in comm)
-            bw = phases.get("backward")
-            hidden = 0.0
-            if bw:  # backward computes until its last gradient is ready; after that it only waits
-                ticks = [e["ts"] for e in events_in(events, st, CAT_GRAD) if bw["ts"] <= e["ts"]]
-                computing_until = min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"])
-                hidden = _length(_clip(busy, bw["ts"], computing_until))
-            rows.append({"rank": rank, "comm": _length(busy), "hidden": hidden, "ops": len(comm),
-                         "bytes": sum((e.get("args") or {}).get("bytes", 0) for e in comm),
-                         "wait": sum(e["dur"] for e in waits), "step": st["dur"],
-                         "backward": bw["dur"] if bw else 0.0})
+            for e in sorted(events_in(events, st, CAT_COMM), key=lambda e: e["ts"]):
+                ops.setdefault((st["args"]["step"], collective_of(e)), {}).setdefault(rank, []).append(e)
+    out: dict[int, float] = {}
+    for per_rank in ops.values():
+        lists = list(per_rank.values())
+        if len(lists) < 2 or len({len(x) for x in lists}) != 1:
+            continue
+        for same in zip(*lists, strict=True):
+            start = max(e["ts"] for e in same)
+            out.update({id(e): min(max(e["ts"], start), e["ts"] + e["dur"]) for e in same})
+    return out
+
+
+def _step_row(events: Sequence[dict[str, Any]], st: dict[str, Any], starts: dict[int, float]) -> dict[str, Any]:
+    """One rank's traced step: collective time (union of the spans from :func:`aligned_starts`), the part hidden
+    behind backward's computation (between the start of backward and its last gradient-ready tick), per
+    collective the same, bytes and operations."""
+    comm = events_in(events, st, CAT_COMM)
+    bw = next((e for e in events_in(events, st, CAT_PHASE) if e["name"] == "backward"), None)
+    computing: tuple[float, float] | None = None
+    if bw:  # backward computes until its last gradient is ready; after that it only waits
+        ticks = [e["ts"] for e in events_in(events, st, CAT_GRAD) if bw["ts"] <= e["ts"]]
+        computing = (bw["ts"], min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"]))
+
+    def split(spans: list[dict[str, Any]]) -> tuple[float, float]:
+        busy = _union((starts.get(id(e), e["ts"]), e["ts"] + e["dur"]) for e in spans)
+        return _length(busy), _length(_clip(busy, *computing)) if computing else 0.0
+
+    kinds = {}
+    for kind in COLLECTIVES:
+        mine = [e for e in comm if collective_of(e) == kind]
+        if mine:
+            busy, hidden = split(mine)
+            kinds[kind] = {"ops": len(mine), "bytes": sum((e.get("args") or {}).get("bytes", 0) for e in mine),
+                           "busy": busy, "hidden": hidden}
+    busy, hidden = split(comm)
+    return {"rank": st["pid"], "comm": busy, "hidden": hidden, "kinds": kinds, "ops": len(comm),
+            "wait": sum(e["dur"] for e in events_in(events, st, CAT_WAIT)), "step": st["dur"],
+            "backward": bw["dur"] if bw else 0.0}
+
+
+def _collective_figures(kind: str, rows: list[dict[str, Any]], n: int, link: float | None) -> dict[str, Any]:
+    """Per traced step (mean over ``rows``): operations, bytes, time with one in flight; algbw = bytes / that
+    time, busbw = algbw × :func:`bus_factor`, in Gbit/s, and busbw as a share of the link when it is known."""
+    per = [r["kinds"].get(kind, {"ops": 0, "bytes": 0, "busy": 0.0, "hidden": 0.0}) for r in rows]
+    m = max(len(per), 1)
+    busy_s = sum(p["busy"] for p in per) / 1e6
+    algbw = sum(p["bytes"] for p in per) * 8 / busy_s / 1e9 if busy_s > 0 else None
+    busbw = algbw * bus_factor(kind, n) if algbw is not None else None
+    return {"count": sum(p["ops"] for p in per) / m, "bytes_per_step": sum(p["bytes"] for p in per) / m,
+            "ms_per_step": busy_s * 1e3 / m,
+            "hidden_pct": 100.0 * sum(p["hidden"] for p in per) / (busy_s * 1e6) if busy_s > 0 else None,
+            "algbw_gbit_s": algbw, "busbw_gbit_s": busbw,
+            "busbw_pct_link": 100.0 * busbw * 1e9 / link if busbw is not None and link else None}
+
+
+def communication_figures(events: Sequence[dict[str, Any]], world_size: int | None = None,
+                          link: float | None = None) -> dict[str, Any]:
+    """Per traced step (means over steps and over the ranks that recorded communication).
+
+    ``comm_ms_per_step``: time with at least one collective in flight (from the moment the last rank issued it:
+    :func:`aligned_starts`; waiting for a slower rank is not communication), split into ``hidden_ms_per_step`` (behind
+    backward's computation: between the start of ``backward`` and its last gradient-ready tick; DDP's backward
+    also waits for the last buckets, which is not hidden) and ``exposed_ms_per_step`` (the rest: the step waited);
+    ``overlap_pct`` = ``hidden_pct``; ``collectives``: per kind (all_reduce, broadcast, all_gather,
+    reduce_scatter) what :func:`_collective_figures` gives, nccl-tests' algbw and busbw with ``world_size`` ranks
+    (default: the ranks in the trace) and busbw as a share of ``link`` (bits/s); ``allreduce_bytes_per_step`` and
+    ``allreduce_ops_per_step``: the all-reduces (DDP: buckets; Horovod: fused operations);
+    ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for them (Horovod).
+    """
+    starts = aligned_starts(events)
+    rows = [_step_row(events, st, starts) for steps in steps_by_rank(events).values() for st in steps]
+    ranks = sorted({r["rank"] for r in rows})
+    n = world_size or max(len(ranks), 1)
     with_comm = sorted({r["rank"] for r in rows if r["ops"]})
     use = [r for r in rows if r["rank"] in with_comm] or rows
-    n = max(len(use), 1)
-    comm = sum(r["comm"] for r in use)
+    m = max(len(use), 1)
+    comm, hidden = sum(r["comm"] for r in use), sum(r["hidden"] for r in use)
+    kinds = {k: _collective_figures(k, use, n, link) for k in COLLECTIVES if any(k in r["kinds"] for r in use)}
+    allreduce = kinds.get(ALL_REDUCE, {"count": 0.0, "bytes_per_step": 0.0})
     return {
-        "traced_steps": len(rows) // max(len({r["rank"] for r in rows}), 1),
+        "traced_steps": len(rows) // max(len(ranks), 1),
+        "world_size": n,
         "ranks_with_comm": with_comm,
-        "comm_ms_per_step": comm / n / 1e3,
-        "overlap_pct": 100.0 * sum(r["hidden"] for r in use) / comm if comm > 0 else None,
-        "allreduce_bytes_per_step": sum(r["bytes"] for r in use) / n,
-        "allreduce_ops_per_step": sum(r["ops"] for r in use) / n,
+        "link_gbit_s": link / 1e9 if link else None,
+        "comm_ms_per_step": comm / m / 1e3,
+        "exposed_ms_per_step": (comm - hidden) / m / 1e3,
+        "hidden_ms_per_step": hidden / m / 1e3,
+        "hidden_pct": 100.0 * hidden / comm if comm > 0 else None,
+        "overlap_pct": 100.0 * hidden / comm if comm > 0 else None,
+        "collectives": kinds,
+        "allreduce_bytes_per_step": allreduce["bytes_per_step"],
+        "allreduce_ops_per_step": allreduce["count"],
         "wait_ms_per_step": sum(r["wait"] for r in rows) / max(len(rows), 1) / 1e3,
         "step_ms": sum(r["step"] for r in rows) / max(len(rows), 1) / 1e3,
         "backward_ms": sum(r["backward"] for r in rows) / max(len(rows), 1) / 1e3,
     }
+
+
+def trace_figures(data: dict[str, Any]) -> dict[str, Any]:
+    """:func:`communication_figures` of a loaded trace.json, with the world size and link rate it recorded."""
+    other = data.get("otherData") or {}
+    return communication_figures(data["traceEvents"], other.get("world_size"), other.get("link_bps"))

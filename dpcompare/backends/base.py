@@ -21,10 +21,8 @@ from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.trace import CAT_GRAD
 
 if TYPE_CHECKING:
-    from dpcompare.trace import TraceRecorder
-
-if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
+    from dpcompare.trace import TraceRecorder
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 
@@ -268,16 +266,21 @@ class Strategy(ABC):
         def ready(name: str) -> Callable[[torch.Tensor], None]:
             return lambda p: recorder.tick(name, CAT_GRAD, recorder.now(), bytes=p.numel() * p.element_size())
 
+        self._trace_undo: list[Callable[[], None]] = []
         self._trace_handles = [p.register_post_accumulate_grad_hook(ready(n))
                                for n, p in self.unwrap_model(model).named_parameters() if p.requires_grad]
         recorder.events.append({"name": "model_buffers", "ph": "M", "pid": recorder.rank,  # for dpcompare predict
                                 "args": {"bytes": tensor_bytes(self.unwrap_model(model).buffers())}})
 
     def stop_trace(self) -> None:
-        """Stop recording: remove every hook :meth:`start_trace` added."""
+        """Stop recording: remove every hook :meth:`start_trace` added and undo every :func:`patch` listed in
+        ``self._trace_undo``."""
         for h in getattr(self, "_trace_handles", []):
             h.remove()
         self._trace_handles = []
+        for undo in reversed(getattr(self, "_trace_undo", [])):
+            undo()
+        self._trace_undo = []
 
     def trace_library_events(self, recorder: TraceRecorder,
                              steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -285,6 +288,37 @@ class Strategy(ABC):
         the recorder's clock), converted to that clock, and notes. Most strategies have none."""
         return [], []
 
+
+
+def patch(obj: object, name: str, value: Any) -> Callable[[], None]:
+    """Set ``obj.name = value`` on the instance (tracing wraps a method for the traced steps only); return
+    what restores the attribute as it was."""
+    had, old = name in vars(obj), vars(obj).get(name)
+    setattr(obj, name, value)
+
+    def undo() -> None:
+        if had:
+            setattr(obj, name, old)
+        elif name in vars(obj):
+            delattr(obj, name)  # the class's attribute again
+
+    return undo
+
+
+def timed_collective(recorder: TraceRecorder, run: Callable[[], Any], name: str, collective: str, nbytes: int,
+                     tid: int) -> Callable[[], Any]:
+    """``run`` that records itself as a blocking collective span (``bytes``, ``collective``) on lane ``tid``."""
+    from dpcompare.trace import CAT_COMM
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = recorder.now()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            recorder.span(name, CAT_COMM, t0, recorder.now(), tid=tid, bytes=nbytes, collective=collective,
+                          blocking=True)
+
+    return timed
 
 
 def tensor_bytes(tensors: Iterable[object]) -> int:

@@ -20,11 +20,18 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import ReduceOp, Strategy, require_gpu_for_sync_bn
+from dpcompare.backends.base import (
+    ReduceOp,
+    Strategy,
+    patch,
+    require_gpu_for_sync_bn,
+    tensor_bytes,
+    timed_collective,
+)
 from dpcompare.backends.registry import register
 from dpcompare.errors import ConfigError
 from dpcompare.launch.rendezvous import ensure_rendezvous
-from dpcompare.trace import CAT_COMM, LANE_BUCKETS, TraceRecorder
+from dpcompare.trace import ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, TraceRecorder
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -140,6 +147,13 @@ class DDPStrategy(Strategy):
             recorder.notes.append("DDP's bucket all-reduces are not traced: the model was wrapped before "
                                   "tracing was prepared")
         self._recorder = recorder
+        if isinstance(model, DistributedDataParallel) and hasattr(model, "_sync_buffers"):
+            # DDP broadcasts rank 0's buffers at the start of each forward (when it has buffers to sync)
+            nbytes = tensor_bytes(getattr(model, "modules_buffers", None) or model.module.buffers())
+            timed = timed_collective(recorder, model._sync_buffers, "broadcast buffers", BROADCAST, nbytes,
+                                     LANE_BROADCAST)
+            recorder.lanes[LANE_BROADCAST] = "broadcast"
+            self._trace_undo.append(patch(model, "_sync_buffers", timed))
 
     def stop_trace(self) -> None:
         self._recorder = None
@@ -220,7 +234,7 @@ def tracing_comm_hook(inner: CommHook, recorder: Callable[[], TraceRecorder | No
 
         def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             rec.span(f"all-reduce bucket {index}", CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
-                     bucket=index, bytes=nbytes, tensors=names)
+                     bucket=index, bytes=nbytes, tensors=names, collective=ALL_REDUCE)
             return f.value()
 
         return fut.then(done)

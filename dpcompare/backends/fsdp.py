@@ -12,15 +12,17 @@ gradient of its own shard only. Checkpoints gather the full model and optimizer 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from dpcompare.backends.base import Strategy, patch
 from dpcompare.backends.ddp import DDPStrategy
 from dpcompare.backends.registry import register
+from dpcompare.trace import ALL_GATHER, CAT_COMM, LANE_BUCKETS, REDUCE_SCATTER, TraceRecorder
 
 
 def _full_options(**kw: bool) -> Any:
@@ -57,6 +59,25 @@ class FSDPStrategy(DDPStrategy):
             fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
+
+    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        """Each parameter group's all-gather (from ``unshard`` issuing it to ``wait_for_unshard`` returning) and
+        reduce-scatter (``post_backward``, which issues it after the group's gradients are ready), patched on the
+        groups for the traced steps only. Bytes: the all-gather's output, the same size as the reduce-scatter's
+        input (reduce dtype aside)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        Strategy.start_trace(self, model, optimizer, recorder)  # no DDP comm hook under FSDP
+        groups = []
+        for m in model.modules():
+            state = m._get_fsdp_state() if isinstance(m, FSDPModule) else None
+            mine = getattr(state, "_fsdp_param_groups", None)
+            if mine is None:  # earlier torch: at most one group per module
+                mine = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+            groups += mine
+        for i, group in enumerate(groups):
+            self._trace_undo += _trace_group(group, recorder, LANE_BUCKETS + i)
+            recorder.lanes[LANE_BUCKETS + i] = f"FSDP {group._module_fqn or 'root'}"
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module in place; its state_dict holds DTensor shards
@@ -97,6 +118,42 @@ class FSDPStrategy(DDPStrategy):
             for m in units:
                 m.set_reshard_after_forward(True, recurse=False)
                 m.reshard()
+
+
+def _trace_group(group: Any, recorder: TraceRecorder, lane: int) -> list[Callable[[], None]]:
+    """Patch one FSDP parameter group's ``unshard``/``wait_for_unshard``/``post_backward`` to record spans."""
+    started: list[tuple[float, int]] = []
+    unshard, wait, post_backward = group.unshard, group.wait_for_unshard, group.post_backward
+    name = group._module_fqn or "root"
+
+    def traced_unshard(*args: Any, **kwargs: Any) -> Any:
+        t0, before = recorder.now(), group._all_gather_result
+        out = unshard(*args, **kwargs)
+        result = group._all_gather_result
+        if before is None and result is not None and result.param_all_gather_input_numels:  # one was issued
+            started.append((t0, result.all_gather_output.numel() * result.all_gather_output.element_size()))
+        return out
+
+    def traced_wait(*args: Any, **kwargs: Any) -> Any:
+        out = wait(*args, **kwargs)
+        if started:
+            t0, nbytes = started.pop()
+            group._dpcompare_bytes = nbytes
+            recorder.span(f"all-gather {name}", CAT_COMM, t0, recorder.now(), tid=lane,
+                          bytes=nbytes, collective=ALL_GATHER)
+        return out
+
+    def traced_post_backward(*args: Any, **kwargs: Any) -> Any:
+        t0 = recorder.now()
+        out = post_backward(*args, **kwargs)
+        nbytes = getattr(group, "_dpcompare_bytes", 0)
+        if nbytes:
+            recorder.span(f"reduce-scatter {name}", CAT_COMM, t0, recorder.now(), tid=lane,
+                          bytes=nbytes, collective=REDUCE_SCATTER)
+        return out
+
+    return [patch(group, "unshard", traced_unshard), patch(group, "wait_for_unshard", traced_wait),
+            patch(group, "post_backward", traced_post_backward)]
 
 
 def _fqn_to_ids(sd: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from dpcompare import trace as tr
-from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
+from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, patch, require_gpu_for_sync_bn
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
+from dpcompare.backends.horovod_watch import HandleWatcher
 from dpcompare.backends.registry import register
 from dpcompare.errors import ConfigError, LaunchError
 
@@ -186,57 +187,76 @@ class HorovodStrategy(Strategy):
     def barrier(self) -> None:
         self._hvd.barrier()
 
-    # -- tracing: Horovod's own timeline (rank 0 writes it) + the wait inside step() ---------------------
+    # -- tracing: the all-reduces from their handles (or Horovod's own timeline) + the wait inside step() -------
     def prepare_trace(self, folder: Path) -> None:
-        """Horovod reads HOROVOD_TIMELINE at init: DYNAMIC lets start_trace/stop_trace open and close it."""
+        """Horovod's timeline only when the user asks for it with ``HOROVOD_TIMELINE=DYNAMIC``: it must be set
+        before init, and then its writer thread spins on rank 0 for the whole run, slowing every step
+        (:mod:`dpcompare.backends.horovod_watch` says more). Otherwise the handles are watched."""
         super().prepare_trace(folder)
-        os.environ["HOROVOD_TIMELINE"] = os.environ.get("HOROVOD_TIMELINE") or "DYNAMIC"
-        self._timeline = Path(folder) / TIMELINE_FILE
+        if os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC":
+            self._timeline = Path(folder) / TIMELINE_FILE
 
     def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: tr.TraceRecorder) -> None:
         super().start_trace(model, optimizer, recorder)
         self._timeline_on = False
+        if self.world_size == 1:  # DistributedOptimizer registers no hooks at size 1: no all-reduce, no wait
+            return
         path = getattr(self, "_timeline", None)
-        if path is None:
-            recorder.notes.append("Horovod's timeline is not traced: Horovod was initialised before tracing "
-                                  "was prepared")
-        else:
+        if path is not None:
             try:
                 self._hvd.start_timeline(str(path.resolve()), mark_cycles=False)
                 self._timeline_on = True
             except ValueError as e:
                 recorder.notes.append(f"Horovod's timeline is not traced: {e}")
-        if self.world_size > 1:  # DistributedOptimizer waits in synchronize() (no hooks, no wait at size 1)
-            wait = optimizer.synchronize
+        watcher = None if path is not None else HandleWatcher(recorder, self._hvd.poll)
+        self._watcher = watcher
+        if watcher is not None:
+            send, names = optimizer._allreduce_grad_async, optimizer._parameter_names  # type: ignore[attr-defined]
+            wire = 2 if self.cfg.grad_compression in ("fp16", "bf16") else None
 
-            def synchronize() -> None:
-                t0 = recorder.now()
-                wait()
-                recorder.span("wait in step()", tr.CAT_WAIT, t0, recorder.now(), tid=tr.LANE_PHASES)
+            def allreduce_grad_async(p: torch.Tensor) -> Any:
+                handle, ctx = send(p)
+                g = p.grad if p.grad is not None else p
+                watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
+                return handle, ctx
 
-            optimizer.synchronize = synchronize  # type: ignore[method-assign]  (an instance attribute)
-            self._traced_optimizer = optimizer
+            self._trace_undo.append(patch(optimizer, "_allreduce_grad_async", allreduce_grad_async))
+        wait = optimizer.synchronize  # type: ignore[attr-defined]
+
+        def synchronize() -> None:
+            t0 = recorder.now()
+            if watcher is not None:
+                watcher.wait_idle(self.timeout_s)
+            wait()
+            recorder.span("wait in step()", tr.CAT_WAIT, t0, recorder.now(), tid=tr.LANE_PHASES)
+
+        self._trace_undo.append(patch(optimizer, "synchronize", synchronize))
 
     def stop_trace(self) -> None:
         if getattr(self, "_timeline_on", False):
             self._hvd.stop_timeline()
             self._timeline_on = False
-        opt = getattr(self, "_traced_optimizer", None)
-        if opt is not None:
-            del opt.synchronize  # the class's method again
-            self._traced_optimizer = None
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+            watcher.recorder.events.extend(watcher.events())
+            self._watcher = None
         super().stop_trace()
 
     def trace_library_events(self, recorder: tr.TraceRecorder,
                              steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
         path = getattr(self, "_timeline", None)
-        if path is None or not path.is_file():
-            return [], ([f"Horovod wrote no timeline ({path})"] if path is not None else [])
+        if path is None:
+            return [], []
+        if not path.is_file():
+            return [], [f"Horovod wrote no timeline ({path})"]
         try:
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             return [], [f"Horovod's timeline {path} could not be read ({e})"]
-        return horovod_timeline_events(raw, recorder.rank, steps), []
+        return horovod_timeline_events(raw, recorder.rank, steps), [
+            "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer spins on rank 0 for the whole run, which slows "
+            "every step (not only the traced ones)"]
 
 
 def _gloo_controller() -> bool:

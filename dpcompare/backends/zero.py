@@ -16,8 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from dpcompare.backends.base import patch, tensor_bytes, timed_collective
 from dpcompare.backends.ddp import DDPStrategy
 from dpcompare.backends.registry import register
+from dpcompare.trace import BROADCAST, LANE_BROADCAST, TraceRecorder
 
 
 @register
@@ -31,6 +33,17 @@ class ZeroStrategy(DDPStrategy):
             raise NotImplementedError("zero: one parameter group expected")
         params = optimizer.param_groups[0]["params"]
         return _zero_optimizer_class()(params, optimizer_class=type(optimizer), **optimizer.defaults)
+
+    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        """DDP's all-reduces and buffer broadcast, and after ``step()`` each rank's broadcast of its updated shard
+        (``_sync_params``: every parameter byte is broadcast once, from its owner)."""
+        super().start_trace(model, optimizer, recorder)
+        if hasattr(optimizer, "_sync_params"):
+            nbytes = tensor_bytes(p for g in optimizer.param_groups for p in g["params"])
+            timed = timed_collective(recorder, optimizer._sync_params, "broadcast parameter shards", BROADCAST,
+                                     nbytes, LANE_BROADCAST)
+            recorder.lanes[LANE_BROADCAST] = "broadcast"
+            self._trace_undo.append(patch(optimizer, "_sync_params", timed))
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # Each rank holds only its shard of the optimizer state (loaded from the same checkpoint on resume):

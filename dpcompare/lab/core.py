@@ -234,6 +234,7 @@ class Lab:
             raise LaunchError("the lab's remote agent is Open MPI's (plm_rsh_agent); put Open MPI's mpirun on PATH")
         environ = os.environ if environ is None else environ
         env = mpirun.forwarded_env(environ, IFACE, mpirun.current_venv())
+        env["DPCOMPARE_LINK_BPS"] = str(self.link_bps or "")  # busbw as a share of the link (dpcompare.trace)
         cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, environ=environ,
                                      mpi_net=self.subnet)
         if per_host:

@@ -83,7 +83,8 @@ def _bytes_from_comm(events: list[dict[str, Any]]) -> dict[str, float]:
 def _allreduces(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """(bytes, seconds) of every traced all-reduce (DDP's buckets on every rank, Horovod's fused operations)."""
     return [(float(e["args"]["bytes"]), e["dur"] / 1e6) for e in events
-            if e.get("cat") == tr.CAT_COMM and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
+            if e.get("cat") == tr.CAT_COMM and tr.collective_of(e) == tr.ALL_REDUCE
+            and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
 
 
 def _per_step(events: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dict[str, list[float]],

@@ -37,23 +37,54 @@ def section(folder: str | Path, results: dict[str, Any], plots_dir: str | Path) 
     if not arms:
         return ""
     png = render(list(arms.values()), Path(plots_dir) / PNG, labels=list(arms))
-    rows = []
-    for arm, path in arms.items():
-        f = tr.communication_figures(load_trace(path)["traceEvents"])
-        cells = [arm, f"{f['traced_steps']}", f"{f['step_ms']:.2f}", f"{f['comm_ms_per_step']:.2f}",
-                 "–" if f["overlap_pct"] is None else f"{f['overlap_pct']:.0f} %",
-                 f"{f['allreduce_ops_per_step']:.1f}", f"{f['allreduce_bytes_per_step'] / 1e3:,.1f}",
-                 f"{f['wait_ms_per_step']:.2f}"]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-    head = ["arm", "traced steps", "step ms", "all-reduce ms<br>per step", "overlap<br>(inside backward)",
-            "all-reduce ops<br>per step", "kB all-reduced<br>per step", "wait in step()<br>ms"]
-    table = ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
-             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+    figures = {arm: tr.trace_figures(load_trace(path)) for arm, path in arms.items()}
+    table = _steps_table(figures) + _collectives_table(figures)
     return ('<h2 id="timeline">One step, drawn</h2><div class="card">'
             f'<figure><img alt="one traced step per arm" src="{data_uri(png)}"><figcaption>One traced step of '
             "the first run of each arm, every rank on one clock and every arm on the same time axis: compute "
             "phases as bands, a tick when each gradient was ready, the all-reduces on their own lane. DDP "
             "all-reduces its buckets while backward still runs; Horovod's background thread all-reduces fused "
-            "tensors and <code>optimizer.step()</code> waits for them (hatched). Tracing slows the runs (Horovod's "
-            "timeline writer thread polls on rank 0 for the whole run), so read throughput from an untraced "
-            "comparison; the figures below come from the traces.</figcaption></figure>" + table + "</div>")
+            "tensors and <code>optimizer.step()</code> waits for them (hatched). Only the traced steps carry the "
+            "tracing hooks; the figures below come from them. <b>Exposed</b> communication is collective time "
+            "the step waited for, <b>hidden</b> the part overlapped with backward's computation. Per collective, "
+            "as nccl-tests reports it: algbw = bytes ÷ time with one in flight, busbw = algbw × 2(n−1)/n "
+            "(all-reduce), (n−1)/n (all-gather, reduce-scatter) or 1 (broadcast), comparable with the link rate "
+            "(given in a lab).</figcaption></figure>" + table + "</div>")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
+            + "</tr></thead><tbody>" + body + "</tbody></table></div>")
+
+
+def _num(x: float | None, fmt: str, unit: str = "") -> str:
+    return "–" if x is None else f"{x:{fmt}}{unit}"
+
+
+def _steps_table(figures: dict[str, dict[str, Any]]) -> str:
+    """Per arm: step, communication split into exposed and hidden, all-reduces, the wait in step()."""
+    rows = [[arm, f"{f['traced_steps']}", f"{f['step_ms']:.2f}", f"{f['comm_ms_per_step']:.2f}",
+             f"{f['exposed_ms_per_step']:.2f}", f"{f['hidden_ms_per_step']:.2f}", _num(f["hidden_pct"], ".0f", " %"),
+             f"{f['allreduce_ops_per_step']:.1f}", f"{f['allreduce_bytes_per_step'] / 1e3:,.1f}",
+             f"{f['wait_ms_per_step']:.2f}"] for arm, f in figures.items()]
+    return _table(["arm", "traced steps", "step ms", "communication<br>ms per step", "exposed<br>ms",
+                   "hidden<br>ms", "hidden<br>(overlap)", "all-reduce ops<br>per step", "kB all-reduced<br>per step",
+                   "wait in step()<br>ms"], rows)
+
+
+def _collectives_table(figures: dict[str, dict[str, Any]]) -> str:
+    """Per arm and collective, nccl-tests' way: count, bytes, time, algbw, busbw and busbw as % of the link."""
+    rows = []
+    for arm, f in figures.items():
+        for kind, c in f["collectives"].items():
+            rows.append([arm, kind.replace("_", "-"), f"{c['count']:.1f}", f"{c['bytes_per_step'] / 1e6:,.3f}",
+                         f"{c['ms_per_step']:.2f}", _num(c["algbw_gbit_s"], ".3f"), _num(c["busbw_gbit_s"], ".3f"),
+                         _num(c["busbw_pct_link"], ".0f", " %"), _num(c["hidden_pct"], ".0f", " %")])
+    if not rows:
+        return ""
+    link = next((f["link_gbit_s"] for f in figures.values() if f.get("link_gbit_s")), None)
+    head = ["arm", "collective", "ops<br>per step", "MB<br>per step", "ms<br>per step", "algbw<br>Gbit/s",
+            "busbw<br>Gbit/s", "busbw, % of link" + (f"<br>({link:g} Gbit/s)" if link else "<br>(no lab)"),
+            "hidden"]
+    return _table(head, rows)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpcompare.trace import CAT_STEP, TRACE_FILE, TraceRecorder, communication_figures, write_trace
+from dpcompare.trace import CAT_STEP, TRACE_FILE, TraceRecorder, communication_figures, link_bps, write_trace
 
 if TYPE_CHECKING:
     from torch import nn
@@ -73,5 +73,8 @@ class TraceSession:
         notes += lib_notes
         if not steps:
             notes.append(f"no step was traced: the run took no more than --warmup-steps ({self.warmup}) steps")
-        write_trace(out / TRACE_FILE, events, {**info, "traced_steps": len(steps), "notes": notes})
-        return communication_figures(events) if steps else None
+        link = link_bps()  # DPCOMPARE_LINK_BPS: set by `dpcompare lab` for its runs
+        world = self.strategy.world_size
+        write_trace(out / TRACE_FILE, events, {**info, "world_size": world, "link_bps": link,
+                                               "traced_steps": len(steps), "notes": notes})
+        return communication_figures(events, world, link) if steps else None
