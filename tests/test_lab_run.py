@@ -103,3 +103,17 @@ def test_compare_across_a_lab_gives_a_verdict_per_link(tmp_path: Path) -> None:
     # every run's ranks sat on two hosts: the job line ran mpirun inside the lab's host 0
     assert all(r["command"][:3] == ["ip", "netns", "exec"] for r in res["runs"]), res["runs"][0]["command"]
     assert (out / "report.html").is_file()
+
+
+@pytest.mark.netns
+def test_launch_with_a_lab_prints_the_line_inside_host_0_and_leaves_nothing() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        missing("a lab needs root and iproute2")
+    name = f"t{secrets.token_hex(3)}"
+    p = dpcompare("launch", "--np", "2", "--lab", f"hosts=2,link=1gbit,name={name}", "--dry-run", "--",
+                  "train", "--strategy", "ddp")
+    line = p.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"ip netns exec dplab-{name}-h0 mpirun") and "plm_rsh_agent" in line, line
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"dplab-{name}-")]
+    bad = dpcompare("launch", "--np", "3", "--lab", f"hosts=2,name={name}", "--", "train", check=False)
+    assert bad.returncode == 2 and "--np 3" in bad.stderr, bad.stderr
