@@ -84,6 +84,8 @@ class _Run:
         bar.update(description=f"running {spec.name}")
         rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
                     if self.pool else self.launch(cmd, run_dir, self.env, timeout))
+        if self.lab is not None and rc != 0:
+            _name_lost_hosts(self.lab, run_dir)
         return records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
 
     def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
@@ -108,6 +110,15 @@ class _Run:
             bar.update(advance=1)
             bar.print(_finished_line(done, self.per_block * max(planned, blocks + 1), spec, rec), markup=True)
         return done
+
+
+def _name_lost_hosts(lab: Any, run_dir: Path) -> None:
+    """After a failed run across a lab: the hosts it lost, in one line at the end of its stderr.log."""
+    logs = [run_dir / "stdout.log", run_dir / "stderr.log"]
+    line = lab.lost_line("".join(p.read_text(errors="replace") for p in logs if p.exists()))
+    if line:
+        with open(run_dir / "stderr.log", "a") as err:
+            err.write(line + "\n")
 
 
 def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from dpcompare.errors import ConfigError
@@ -187,4 +188,7 @@ def _launch_in_lab(a: argparse.Namespace, sub: argparse._SubParsersAction) -> in
         if a.dry_run:
             return 0
         rc = lab.run(argv, a.np).returncode
+        line = lab.lost_line() if rc != 0 else None
+        if line:
+            print(line, file=sys.stderr, flush=True)
     return rc if rc >= 0 else 128 - rc
