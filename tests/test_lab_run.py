@@ -117,3 +117,20 @@ def test_launch_with_a_lab_prints_the_line_inside_host_0_and_leaves_nothing() ->
     assert not [ns for ns in netns.namespaces() if ns.startswith(f"dplab-{name}-")]
     bad = dpcompare("launch", "--np", "3", "--lab", f"hosts=2,name={name}", "--", "train", check=False)
     assert bad.returncode == 2 and "--np 3" in bad.stderr, bad.stderr
+
+
+def test_the_lost_host_is_named_in_one_line_and_kept_with_the_run(tmp_path: Path) -> None:
+    """mpirun's message about a lost daemon becomes one line naming the lab's host, appended to the run's
+    stderr.log (what compare records as the failed run's error). No namespace is needed: none of this lab exists."""
+    from dpcompare.compare.runner import _name_lost_hosts
+    from dpcompare.lab import Host, Lab
+
+    lab = Lab("nolab", "dplab-nolab-sw", "10.250.250.0/24", 1, None,
+              [Host(i, f"dplab-nolab-h{i}", f"10.250.250.{i + 1}", f"dplab-h{i}") for i in range(2)])
+    mpirun_says = "ORTE has lost communication with a remote daemon.\n  Remote daemon: [[26165,0],1] on node 10.250.250.2\n"
+    line = lab.lost_line(mpirun_says)
+    assert line is not None and "lost host 1 (10.250.250.2" in line and "\n" not in line
+    assert lab.lost_line("some other failure") is None
+    (tmp_path / "stderr.log").write_text(mpirun_says)
+    _name_lost_hosts(lab, tmp_path)
+    assert (tmp_path / "stderr.log").read_text().splitlines()[-1] == line
