@@ -77,10 +77,10 @@ class _Run:
         for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
             (run_dir / stale).unlink(missing_ok=True)
         cfg, timeout = self.c.config, self.c.options.run_timeout
-        cmd = child_command(cfg, spec, run_dir, self.lab)
         link = arm_link(spec.arm)
         if self.lab is not None and link is not None and self.lab.link != link:
             self.lab.set_link(link)  # instant; the arms of one link run side by side (plan.build_arms)
+        cmd = child_command(cfg, spec, run_dir, self.lab)  # after the reshape: the line may carry the link's rate
         bar.update(description=f"running {spec.name}")
         rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
                     if self.pool else self.launch(cmd, run_dir, self.env, timeout))
