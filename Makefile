@@ -1,9 +1,10 @@
-# dpcompare: `make demo` (A/B comparison on digits) and `make test`; both set up everything first.
+# dpcompare: `make demo` (A/B comparison on digits), `make lab-demo` (the same across 2 emulated hosts on a
+# shaped link) and `make test`; all set up everything first.
 VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 
-.PHONY: setup demo test lint bench figures docs clean
+.PHONY: setup demo lab-demo test lint bench figures docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -12,6 +13,14 @@ demo: setup
 	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 \
 	    --max-repeats 60 --time-budget 260 --workers persistent --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
 	@echo "open runs/demo/report.html (one self-contained file; dpcompare report runs/demo re-renders it)"
+
+# Across 2 emulated hosts (network namespaces) on a 1 Gbit/s link: the mlp's 17 MB of gradients per step cross
+# the link, so communication decides the verdict. Needs root, iproute2 and the tbf qdisc (docs/lab.md).
+lab-demo: setup
+	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --lab hosts=2,link=1gbit,name=demo \
+	    --repeats auto --target-ci 5 --max-repeats 30 --time-budget 240 --model mlp --width 2048 --dataset digits \
+	    --epochs 1 --max-steps 20 --min-steps 15 --warmup-steps 3 --out runs/lab-demo --overwrite
+	@echo "open runs/lab-demo/report.html; the same across links: add --sweep link=unlimited,1gbit,200mbit"
 
 test: setup
 	$(VENV)/bin/ruff check dpcompare tests bench

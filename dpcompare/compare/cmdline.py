@@ -26,6 +26,7 @@ from dpcompare.compare.plan import (
 from dpcompare.compare.schedule import Schedule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.lab.rates import lab_spec_arg, spec_text
 from dpcompare.options import add_config_options, train_argv
 
 #: compare's default --min-steps: about 1 s of timed steps for the demo's few-ms steps
@@ -87,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "once), so the same time buys about three times the blocks, and the verdict's interval "
                         "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
                         "ends its job and the next run starts a new one (default: fresh)")
+    g.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
+                   help="run every job across an emulated cluster made for this comparison and removed after it: N "
+                        "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
+                        "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
+                        "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--resume", dest="resume_dir", metavar="DIR",
@@ -129,6 +135,8 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--equivalence", f"{100 * s.equivalence:g}"]
     if s.accuracy_equivalence != default.accuracy_equivalence:
         flags += ["--accuracy-equivalence", f"{100 * s.accuracy_equivalence:g}"]
+    if c.lab is not None:
+        flags += ["--lab", spec_text(c.lab)]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
     return flags

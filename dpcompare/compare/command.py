@@ -72,7 +72,8 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     options = RunOptions(overwrite=a.overwrite, progress=a.progress, run_timeout=a.run_timeout or None,
                          resume=bool(a.resume_dir), workers=a.workers or "fresh")
-    c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()))
+    c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
+                   lab=getattr(a, "lab", None))
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
     return c
 
@@ -101,7 +102,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare compare --variants base=ddp small=ddp:batch_size=16 --out runs/batch\n"
                "  dpcompare compare --strategies ddp,horovod --sweep batch_size=16,64 --out runs/sweep\n"
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
-               "  dpcompare compare --resume runs/ab   # continue an interrupted comparison",
+               "  dpcompare compare --resume runs/ab   # continue an interrupted comparison\n"
+               "  sudo dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
+               "--out runs/links",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=_cmd_compare)

@@ -7,6 +7,7 @@ the global batch), then compares the final weights tensor by tensor and the loss
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -50,6 +51,11 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="largest allowed |difference| against one process with the global batch, whose batch "
                         "mean is summed in another order (default: 1e-5)")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
+    from dpcompare.lab.rates import lab_spec_arg
+
+    p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
+                   help="run the distributed runs across an emulated cluster made for this check and removed after "
+                        "it (root, iproute2, tbf; docs/lab.md); the one-process run stays on this host")
     add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
     p.set_defaults(func=run_parity)
 
@@ -98,11 +104,15 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
             "steps": len(la)}
 
 
-def _run_one(cfg: TrainConfig, np_: int, console: Console) -> dict[str, Any]:
+def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Any = None) -> dict[str, Any]:
     from dpcompare import checkpoint
+    from dpcompare.launch.mpirun import dpcompare_argv
     from dpcompare.options import train_argv
 
-    cmd = dpcompare_command(np_ if cfg.strategy != "single" else None, ["train", *train_argv(cfg)])
+    words = ["train", *train_argv(cfg)]
+    distributed = cfg.strategy != "single"
+    cmd = (lab.mpirun_command([*dpcompare_argv(), *words], np_) if lab is not None and distributed
+           else dpcompare_command(np_ if distributed else None, words))
     console.print(f"[bold]{cfg.strategy}[/] at np={np_ if cfg.strategy != 'single' else 1} "
                   f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
     t0 = time.perf_counter()
@@ -184,6 +194,25 @@ def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_not
                       f"{', '.join(runs)}{why}; name another, e.g. --strategies {runs[0]},{other}")
 
 
+def _lab(a: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    """The lab of ``--lab`` (up now, down when the runs end, also on failure and Ctrl-C), or none."""
+    spec = getattr(a, "lab", None)
+    if spec is None:
+        return contextlib.nullcontext()
+    if a.np > spec.hosts * spec.slots:
+        raise ConfigError(f"--np {a.np} but --lab has {spec.hosts} host(s) × slots={spec.slots}; raise hosts= or "
+                          "slots=, or lower --np")
+    from dpcompare.lab import Lab
+
+    return Lab.from_spec(spec)
+
+
+def _lab_json(a: argparse.Namespace) -> dict[str, Any]:
+    from dpcompare.lab.rates import spec_json
+
+    return {"lab": spec_json(a.lab)} if getattr(a, "lab", None) is not None else {}
+
+
 def run_parity(a: argparse.Namespace) -> int:
     from dpcompare.options import config_from_args
 
@@ -206,8 +235,9 @@ def run_parity(a: argparse.Namespace) -> int:
     refuse_nothing_to_compare(a, list(runs), single_note)
     results: dict[str, dict[str, Any]] = {}
     try:
-        for name, cfg in runs.items():
-            results[name] = _run_one(cfg, a.np, console)
+        with _lab(a) as lab:
+            for name, cfg in runs.items():
+                results[name] = _run_one(cfg, a.np, console, lab)
     except RuntimeError as e:
         console.print(f"[red]parity: {e}[/]")
         return 1
@@ -226,7 +256,7 @@ def run_parity(a: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "parity.json").write_text(json.dumps({
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
-        "mode": mode, "knobs": knobs.active(base), "notes": notes,
+        "mode": mode, "knobs": knobs.active(base), "notes": notes, **_lab_json(a),
         "config": base.to_dict(), "diffs": diffs}, indent=2) + "\n")
     console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1

@@ -165,13 +165,30 @@ def parse_variant(text: str) -> Arm:
     return Arm(label.strip(), strategy.strip(), values)
 
 
+#: the swept setting that is no train setting: the lab's link rate (``--lab`` with ``--sweep link=...``)
+LINK = "link"
+
+
+def parse_link(text: str) -> str:
+    """A link rate as the lab writes it (``1Gbit`` → ``1gbit``, ``none`` → ``unlimited``)."""
+    from dpcompare.errors import DpcompareError
+    from dpcompare.lab.rates import format_rate, parse_rate
+
+    try:
+        return format_rate(parse_rate(text))
+    except DpcompareError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
-    """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type."""
+    """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type; ``link=RATE,...``
+    sweeps the lab's link rate instead of a train setting."""
     name, sep, values = text.partition("=")
     name = name.strip().replace("-", "_").lstrip("_")
     if not sep or not values.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE1,VALUE2")
-    vals = [parse_setting(name, v.strip()) for v in values.split(",") if v.strip()]
+    parse = parse_link if name == LINK else lambda v: parse_setting(name, v)
+    vals = [parse(v.strip()) for v in values.split(",") if v.strip()]
     return name, list(dict.fromkeys(vals))
 
 
@@ -191,9 +208,11 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
     """
     base = list(variants) or [Arm(s, s) for s in strategies]
     for name, values in sweeps:
+        # a link sweep goes link-major: the arms of one link side by side, the link reshaped once per link
+        pairs = [(a, v) for v in values for a in base] if name == LINK else [(a, v) for a in base for v in values]
         base = [Arm(f"{a.label}/{name}={value_text(v)}" if "/" not in a.label else f"{a.label},{name}={value_text(v)}",
                     a.strategy, (*[kv for kv in a.knobs if kv[0] != name], (name, v)))
-                for a in base for v in values]
+                for a, v in pairs]
     counts: dict[str, int] = {}
     for a in base:
         counts[a.label] = counts.get(a.label, 0) + 1
@@ -215,7 +234,8 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
 def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
     """The run's own configuration: the shared one with its arm's strategy and settings, and its folder."""
     seed = {} if spec.seed is None else {"seed": spec.seed}
-    return dataclasses.replace(cfg, **dict(spec.arm.knobs), **seed, strategy=spec.strategy, out=str(run_dir),
+    knobs = {k: v for k, v in spec.arm.knobs if k != LINK}  # the link is the lab's, not a train setting
+    return dataclasses.replace(cfg, **knobs, **seed, strategy=spec.strategy, out=str(run_dir),
                                overwrite=True, progress="lines")
 
 
@@ -270,6 +290,11 @@ class RunOptions:
     workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
 
 
+def arm_link(arm: Arm) -> str | None:
+    """The link rate an arm of a ``--sweep link=...`` runs on (None: the lab's own, or no lab)."""
+    return next((str(v) for k, v in arm.knobs if k == LINK), None)
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What ``run_compare`` runs: the shared train ``config``, the ``arms`` (variants or one per strategy)
@@ -282,6 +307,7 @@ class Comparison:
     out: Path = Path("runs/compare")
     options: RunOptions = field(default_factory=RunOptions)
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    lab: Any = None  # a dpcompare.lab.LabSpec: run every job across emulated hosts (``--lab``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))
@@ -290,6 +316,22 @@ class Comparison:
         object.__setattr__(self, "sweeps", tuple((n, tuple(v)) for n, v in self.sweeps))
         if isinstance(self.schedule, int | type(None)):
             object.__setattr__(self, "schedule", Schedule(repeats=self.schedule))
+        self._check_lab()
+
+    def _check_lab(self) -> None:
+        """Refuse, in one line, what a lab cannot run (before anything starts)."""
+        links = any(n == LINK for n, _ in self.sweeps) or any(arm_link(a) for a in self.arms)
+        if self.lab is None:
+            if links:
+                raise ConfigError("--sweep link=... shapes the link of a lab: add --lab hosts=2 (root, iproute2)")
+            return
+        if self.options.workers == "persistent":
+            raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "
+                              "changes); leave --workers out with --lab")
+        slots = self.lab.hosts * self.lab.slots
+        if max(self.nps) > slots:
+            raise ConfigError(f"--np {max(self.nps)} but --lab {self.lab.hosts} host(s) × slots={self.lab.slots} has "
+                              f"{slots} slot(s); raise hosts= or slots= in --lab, or lower --np")
 
     @property
     def all_arms(self) -> list[Arm]:

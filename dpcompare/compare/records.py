@@ -120,6 +120,18 @@ def prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def _lab_json(c: Comparison) -> dict[str, Any]:
+    from dpcompare.lab.rates import spec_json
+
+    if c.lab is None:
+        return {}
+    lab = spec_json(c.lab)
+    links = next((list(v) for n, v in c.sweeps if n == "link"), None)
+    if links:  # swept: every link the arms ran on (the report's regime card shows `link`)
+        lab.update(link=", ".join(links), links=links)
+    return {"lab": lab}
+
+
 def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli: list[str]) -> dict[str, Any]:
     """The results object a comparison starts with (no runs yet, ``complete`` false)."""
     schedule = c.schedule.to_json()
@@ -130,7 +142,7 @@ def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli:
                    "np": list(c.nps), "repeats": schedule["repeats"], "baseline": arms[0].label,
                    **{k: v for k, v in schedule.items() if k != "repeats"},
                    "order": [], "workers": c.options.workers, "train": c.config.to_dict(),
-                   "train_flags": train_flags, "cli": cli},
+                   "train_flags": train_flags, "cli": cli, **_lab_json(c)},
         "environment": environment(list(dict.fromkeys(a.strategy for a in arms))), "runs": [], "verdicts": [],
     }
 

@@ -11,13 +11,13 @@ from typing import Any
 
 from dpcompare.compare import records
 from dpcompare.compare.cmdline import plan_flags, train_flags
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, arm_link, block, child_config
 from dpcompare.compare.schedule import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, atomic_write_json
 from dpcompare.launch.env import under_launcher
 from dpcompare.launch.jobs import dpcompare_command, run_job
-from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
+from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
 from dpcompare.options import train_argv
 from dpcompare.progress import ProgressLine
 
@@ -25,16 +25,33 @@ from dpcompare.progress import ProgressLine
 Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | None, float]]
 
 
-def child_command(cfg: Any, spec: RunSpec, run_dir: Path) -> list[str]:
-    """The job that runs ``spec`` on its own (recorded with the run: it reruns it)."""
-    return dpcompare_command(spec.np, ["train", *train_argv(child_config(cfg, spec, run_dir))])
+def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Any = None) -> list[str]:
+    """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``
+    (:class:`dpcompare.lab.Lab`), mpirun started inside its host 0 placing the ranks on its hosts."""
+    words = ["train", *train_argv(child_config(cfg, spec, run_dir))]
+    if lab is not None:
+        return lab.mpirun_command([*dpcompare_argv(), *words], spec.np)
+    return dpcompare_command(spec.np, words)
+
+
+def lab_context(c: Comparison, console: Any) -> contextlib.AbstractContextManager[Any]:
+    """The lab the comparison runs across (up now, down at the end, also on failure and Ctrl-C), or None."""
+    if c.lab is None:
+        return contextlib.nullcontext()
+    from dpcompare.lab import Lab
+
+    lab = Lab.from_spec(c.lab)
+    if c.options.progress != "none":
+        console.print(f"lab {lab.name!r} up: {len(lab.hosts)} hosts × {lab.slots} slot(s) on {lab.subnet}, "
+                      f"link {lab.link} (removed when the comparison ends)", soft_wrap=True)
+    return lab
 
 
 class _Run:
     """One comparison in progress: its results object, the kept runs of a resumed one, and how runs start."""
 
-    def __init__(self, c: Comparison, console: Any, launch: Launch) -> None:
-        self.c, self.console, self.launch = c, console, launch
+    def __init__(self, c: Comparison, console: Any, launch: Launch, lab: Any = None) -> None:
+        self.c, self.console, self.launch, self.lab = c, console, launch, lab
         self.arms: list[Arm] = c.all_arms
         self.per_block = len(self.arms) * len(c.nps)
         self.results = records.new_results(c, self.arms, train_flags(c.config), plan_flags(c))
@@ -60,10 +77,15 @@ class _Run:
         for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
             (run_dir / stale).unlink(missing_ok=True)
         cfg, timeout = self.c.config, self.c.options.run_timeout
-        cmd = child_command(cfg, spec, run_dir)
+        link = arm_link(spec.arm)
+        if self.lab is not None and link is not None and self.lab.link != link:
+            self.lab.set_link(link)  # instant; the arms of one link run side by side (plan.build_arms)
+        cmd = child_command(cfg, spec, run_dir, self.lab)  # after the reshape: the line may carry the link's rate
         bar.update(description=f"running {spec.name}")
         rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
                     if self.pool else self.launch(cmd, run_dir, self.env, timeout))
+        if self.lab is not None and rc != 0:
+            _name_lost_hosts(self.lab, run_dir)
         return records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
 
     def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
@@ -90,6 +112,15 @@ class _Run:
         return done
 
 
+def _name_lost_hosts(lab: Any, run_dir: Path) -> None:
+    """After a failed run across a lab: the hosts it lost, in one line at the end of its stderr.log."""
+    logs = [run_dir / "stdout.log", run_dir / "stderr.log"]
+    line = lab.lost_line("".join(p.read_text(errors="replace") for p in logs if p.exists()))
+    if line:
+        with open(run_dir / "stderr.log", "a") as err:
+            err.write(line + "\n")
+
+
 def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job) -> int:
     """Run every job, write results.json, render the report; 0 when every run succeeded, else 1.
 
@@ -106,18 +137,19 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     if not c.options.resume:
         records.prepare_out(c.out, c.options.overwrite)
     t_start = time.perf_counter()
-    run = _Run(c, console, launch)
-    run.save()
-    schedule = c.schedule
-    planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
-    if c.options.progress != "none":
-        _announce(run)
-    done = blocks = 0
-    with ProgressLine(run.per_block * planned, "[bold]compare[/]", c.options.progress, console=console) as bar, \
-            (contextlib.closing(run.pool) if run.pool else contextlib.nullcontext()):
-        while (reason := stop_reason(run.results, schedule, blocks, time.perf_counter() - t_start)) is None:
-            done = run.run_block(blocks, done, planned, bar)
-            blocks += 1
+    with lab_context(c, console) as lab:
+        run = _Run(c, console, launch, lab)
+        run.save()
+        schedule = c.schedule
+        planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
+        if c.options.progress != "none":
+            _announce(run)
+        done = blocks = 0
+        with ProgressLine(run.per_block * planned, "[bold]compare[/]", c.options.progress, console=console) as bar, \
+                (contextlib.closing(run.pool) if run.pool else contextlib.nullcontext()):
+            while (reason := stop_reason(run.results, schedule, blocks, time.perf_counter() - t_start)) is None:
+                done = run.run_block(blocks, done, planned, bar)
+                blocks += 1
     return _finish(run, blocks, reason, time.perf_counter() - t_start)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from dpcompare.errors import ConfigError
@@ -145,3 +146,49 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
     s.add_argument("rate", metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
     s.add_argument("--host", type=nonneg_int, help="only this host's link (0-based)")
+    add_lab_to_launch(sub)
+
+
+def add_lab_to_launch(sub: argparse._SubParsersAction) -> None:
+    """``dpcompare launch --lab hosts=N,link=RATE[,slots=K] --np N -- train ...``: the job across a lab made for
+    it and removed after it (also on failure and Ctrl-C), as ``horovodrun -np 2 -H a:1,b:1`` places a job.
+
+    The launch command is launch/'s; the lab is added here because launch/ may not import the lab.
+    """
+    from dpcompare.lab.rates import lab_spec_arg
+
+    launch = sub.choices.get("launch")
+    if launch is None:
+        return
+    launch.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
+                        help="run the job across an emulated cluster made for it and removed after it: N network "
+                             "namespaces on links shaped to RATE, K ranks per host (default 1); needs root, iproute2 "
+                             "and tbf (docs/lab.md)")
+    plain = launch.get_default("func")
+    launch.set_defaults(func=lambda a: _launch_in_lab(a, sub) if a.lab is not None else plain(a))
+
+
+def _launch_in_lab(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
+    import shlex
+
+    from dpcompare.launch.commands import command_words
+    from dpcompare.launch.mpirun import dpcompare_argv
+
+    if a.hosts or a.hostfile or a.mpi_net or a.iface or a.launcher == "srun" or a.mpi == "mpich":
+        raise ConfigError("--lab places the ranks itself (Open MPI's mpirun inside the lab's host 0): leave out "
+                          "--hosts, --hostfile, --mpi-net, --iface, --launcher srun and --mpi mpich")
+    words = command_words(a, sub)
+    spec = a.lab
+    if a.np > spec.hosts * spec.slots:
+        raise ConfigError(f"--np {a.np} but --lab has {spec.hosts} host(s) × slots={spec.slots}; raise hosts= or "
+                          "slots=, or lower --np")
+    with core.Lab.from_spec(spec) as lab:
+        argv = [*dpcompare_argv(), *words]
+        print(shlex.join(lab.mpirun_command(argv, a.np)), flush=True)
+        if a.dry_run:
+            return 0
+        rc = lab.run(argv, a.np).returncode
+        line = lab.lost_line() if rc != 0 else None
+        if line:
+            print(line, file=sys.stderr, flush=True)
+    return rc if rc >= 0 else 128 - rc

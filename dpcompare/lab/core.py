@@ -19,6 +19,7 @@ import datetime
 import ipaddress
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,12 @@ from dpcompare.launch import mpirun
 PREFIX = "dplab-"
 IFACE = "dplab0"
 BRIDGE = "dplab-br"
+#: Open MPI's daemons probe their idle connections every second after 2 s: a host whose link goes down is noticed
+#: by mpirun within ~5 s ("ORTE has lost communication with a remote daemon"), which then ends the whole job.
+#: Without it MPI never notices (Horovod waits forever) and mpirun waits on the lost host after a rank fails.
+KEEPALIVE = ("--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
+             "--mca", "oob_tcp_keepalive_probes", "3")
+_LOST_DAEMON = re.compile(r"Remote daemon:\s*\S+ on node (\S+)")
 #: the lab's /24s: 10.250.200.0/24 and up (10.250.0.0/24 is tests/test_multihost.py's)
 FIRST_NET, LAST_NET = 200, 254
 
@@ -239,7 +246,7 @@ class Lab:
                                      mpi_net=self.subnet)
         if per_host:
             cmd[cmd.index("-map-by") + 1] = f"ppr:{per_host}:node"
-        return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *mca, *cmd[1:]])
+        return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *KEEPALIVE, *mca, *cmd[1:]])
 
     def run(self, argv: Sequence[str], np: int | None = None, mca: Sequence[str] = (), per_host: int | None = None,
             timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess[str]:
@@ -257,6 +264,21 @@ class Lab:
                     proc.kill()
                 raise
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    def lost_line(self, output: str = "") -> str | None:
+        """One line naming the hosts a failed job lost: those mpirun says it lost contact with (in ``output``)
+        and those whose switch port is down now; None when there is none."""
+        named = set(_LOST_DAEMON.findall(output))
+        try:
+            down = {r["address"] for r in self.host_rows() if r["port"] == "DOWN"}
+        except LaunchError:
+            down = set()
+        lost = [h for h in self.hosts if h.address in named | down]
+        if not lost:
+            return None
+        what = ", ".join(f"host {h.index} ({h.address}, namespace {h.namespace})" for h in lost)
+        why = "its link is down" if all(h.address in down for h in lost) else "mpirun lost contact with its daemon"
+        return f"dpcompare lab {self.name}: lost {what}: {why}; the job was ended"
 
     # -- what exists ---------------------------------------------------------------------------------
     def host_rows(self) -> list[dict[str, object]]:

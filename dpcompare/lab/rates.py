@@ -87,3 +87,24 @@ def parse_lab_spec(text: str) -> LabSpec:
     check_hosts(spec.hosts, spec.slots)
     parse_rate(spec.link)
     return spec
+
+
+def spec_text(spec: LabSpec) -> str:
+    """The ``--lab`` text that parses back to ``spec``."""
+    return f"hosts={spec.hosts},link={spec.link},slots={spec.slots}" + (
+        f",name={spec.name}" if spec.name != "default" else "")
+
+
+def lab_spec_arg(text: str) -> LabSpec:
+    """``--lab`` as an argparse type (a bad spec is argparse's one-line error, exit 2)."""
+    import argparse
+
+    try:
+        return parse_lab_spec(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def spec_json(spec: LabSpec) -> dict[str, object]:
+    """What results.json keeps as ``config.lab`` (the report's regime card reads hosts and link)."""
+    return {"hosts": spec.hosts, "link": format_rate(parse_rate(spec.link)), "slots": spec.slots}

@@ -66,7 +66,7 @@ def _time(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _command(a: argparse.Namespace, sub: argparse._SubParsersAction) -> list[str]:
+def command_words(a: argparse.Namespace, sub: argparse._SubParsersAction) -> list[str]:
     """The dpcompare command after ``--``, checked by its own parser (exit 2 on a bad flag)."""
     words = list(a.command_argv)
     if words[:1] == ["--"]:
@@ -81,7 +81,7 @@ def _command(a: argparse.Namespace, sub: argparse._SubParsersAction) -> list[str
 
 
 def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
-    words = _command(a, sub)
+    words = command_words(a, sub)
     if a.hostfile and not a.dry_run and not Path(a.hostfile).is_file():
         raise ConfigError(f"--hostfile {a.hostfile}: no such file")
     use_srun = {"auto": None, "mpirun": False, "srun": True}[a.launcher]
@@ -98,7 +98,7 @@ def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
 
 
 def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
-    words = _command(a, sub)
+    words = command_words(a, sub)
     out = Path(a.out)
     if out.exists() and not a.force:
         raise ConfigError(f"{out} already exists; pass --force to replace it, or another --out")

@@ -69,13 +69,14 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     The verdicts are the ones compare stored in results.json; ``recompute`` (``dpcompare report --recompute``)
     draws them again from the runs, as happens anyway when none were stored (an unfinished comparison).
     """
-    from dpcompare.report import attribution, html, plots, stats, table, traces
+    from dpcompare.report import attribution, html, links, plots, stats, table, traces
 
     folder = Path(folder)
     results = load_results(folder)
     groups = stats.aggregate(results)
     verdicts = stats.report_verdicts(results, groups, recompute=recompute)
     made = plots.make_all(results, groups, folder / "plots", verdicts)
+    made += [p for p in [links.link_plot(results, groups, folder / "plots" / "links.png")] if p]  # --sweep link=
     traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N
     why = attribution.for_report(results, recompute=recompute)
     page = html.write_html(folder / "report.html", results, groups, verdicts, made, [traced] if traced else [], why)

@@ -7,6 +7,7 @@ every np) and :func:`paired_blocks` (the repeats where both arms of a pair succe
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -187,15 +188,31 @@ def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
     return reps, [per[baseline][k] for k in reps], [per[other][k] for k in reps]
 
 
+def arm_links(results: dict[str, Any]) -> dict[str, str]:
+    """Arm label → the link rate it ran on, for a comparison that swept the lab's link (``--sweep link=``)."""
+    arms = (results.get("config") or {}).get("arms") or []
+    return {a["label"]: str(a["knobs"]["link"]) for a in arms if "link" in (a.get("knobs") or {})}
+
+
+def without_link(label: str) -> str:
+    """``horovod/link=1gbit`` → ``horovod``; ``ddp/batch_size=8,link=1gbit`` → ``ddp/batch_size=8``."""
+    return re.sub(r"[/,]link=[^,]*$", "", re.sub(r"([/,])link=[^,]*,", r"\1", label))
+
+
 def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:
-    """``(np, baseline, other)``: every arm after the first against the first (the baseline), np ascending.
+    """``(np, baseline, other)``: every arm after the first against the first (the baseline), np ascending;
+    with a link sweep, within each link: every arm on that link against the first arm on it.
 
     The one pairing every verdict (throughput, accuracy, time to accuracy) iterates over.
     """
-    arms = arm_order(results)
+    arms, links = arm_order(results), arm_links(results)
+    by_link: dict[str | None, list[str]] = {}
+    for a in arms:
+        by_link.setdefault(links.get(a), []).append(a)
     for n in np_order(results):
-        for other in arms[1:]:
-            yield n, arms[0], other
+        for same in by_link.values():
+            for other in same[1:]:
+                yield n, same[0], other
 
 
 def phase_shifts(groups: Sequence[Group], arm: str) -> dict[int, dict[str, float]]:

@@ -37,6 +37,7 @@ from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the 
     MEMORY_LABELS,
     Group,
     aggregate,
+    arm_links,
     arm_of,
     arm_order,
     arm_pairs,
@@ -53,6 +54,7 @@ from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the 
     strategy_order,
     tta_target,
     unit_blocks,
+    without_link,
 )
 from dpcompare.report.intervals import (  # noqa: F401
     BOOTSTRAP_MIN_BLOCKS,
@@ -152,6 +154,7 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
     needed_units = blocks_needed([math.log(y / x) for x, y in zip(ub, uo, strict=True)], eq, confidence)
     needed = None if needed_units is None else needed_units * unit
     outcome, text = throughput_verdict(s, base, n, log_iv, eq, needed, confidence, log_eq_iv, len(reps))
+    text = _on_link(results, text, base, s, n)
     _, sb, so = paired_blocks(results, base, s, n, statistic=lambda r: r.get("samples_per_sec"))
     sps_ratio = math.exp(statistics.fmean(math.log(y / x) for x, y in zip(sb, so, strict=True))) if sb else None
     assert log_iv is not None
@@ -162,6 +165,16 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
                                                                         confidence, b.metric),
                    method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
                    needed if outcome == "undecided" else None, eq, _ratio_ci(log_eq_iv), unit_blocks=unit)
+
+
+def _on_link(results: dict[str, Any], text: str, base: str, other: str, n: int) -> str:
+    """A verdict between two arms on the same swept link in the words "horovod X % slower than ddp at np=2 on 1gbit"."""
+    link = arm_links(results).get(base)
+    if link is None or arm_links(results).get(other) != link:
+        return text
+    for label in (other, base):
+        text = text.replace(label, without_link(label), 1)
+    return text.replace(f" at np={n}", f" at np={n} on {link}", 1)
 
 
 def stored_verdicts(results: dict[str, Any]) -> list[Verdict] | None:

@@ -1,0 +1,74 @@
+"""Faults on a real link: a host's link taken down mid-run ends the job within --timeout, naming the lost host.
+
+DDP (gloo) would raise on the surviving rank when --timeout expires, but mpirun then waits on the unreachable
+host; Horovod over MPI never notices at all. What ends both: the lab's mpirun line has Open MPI's daemons probe
+their connections (core.KEEPALIVE), so mpirun notices the lost host within ~5 s and ends the job. Needs root,
+iproute2, Open MPI (and Horovod for its case): skips locally with the reason, fails under CI.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dpcompare import checkpoint
+from dpcompare.lab import Lab, netns
+from dpcompare.launch.mpirun import dpcompare_argv, job_env
+
+from conftest import missing, needs_horovod, needs_mpi
+
+TIMEOUT = 10  # train's --timeout: seconds a collective may wait for a lost peer
+
+
+def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], log: Path, limit: float = 300.0) -> None:
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        assert proc.poll() is None, f"the job ended before {path.name}: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {path.name} within {limit:.0f} s"
+        time.sleep(0.1)  # polling a file, bounded: not synchronisation by sleeping
+
+
+@pytest.mark.netns
+@pytest.mark.mpi
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_a_link_down_ends_the_job_in_time_and_names_the_host(strategy: str, tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        missing("a lab needs root and iproute2")
+    name = f"f{secrets.token_hex(3)}"
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    lab = Lab.up(hosts=2, link="unlimited", name=name)
+    proc = None
+    try:
+        argv = [*dpcompare_argv(), "train", "--strategy", strategy, "--model", "convnet", "--dataset", "digits",
+                "--threads", "1", "--epochs", "50", "--checkpoint-every", "1", "--timeout", str(TIMEOUT),
+                "--no-tensorboard", "--progress", "lines", "--out", str(out)]
+        with open(log, "w") as f:
+            proc = subprocess.Popen(lab.mpirun_command(argv, 2), env=job_env(), stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        _wait_for_file(out / "checkpoints" / "epoch-1.pt", proc, log)
+        t0 = time.monotonic()
+        lab.set_link_state(1, up=False)
+        try:
+            rc = proc.wait(timeout=TIMEOUT + 20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{strategy}: the job still ran {TIMEOUT + 20} s after host 1's link went down")
+        took = time.monotonic() - t0
+        text = log.read_text()
+        assert rc != 0 and took < TIMEOUT + 5, (rc, took, text[-2000:])
+        line = lab.lost_line(text)
+        assert line is not None and "host 1" in line and lab.hosts[1].address in line, (line, text[-2000:])
+        state = checkpoint.load_checkpoint(out / "checkpoints" / "epoch-1.pt")  # written before: still loadable
+        assert state["model"] and state["epoch"] == 1
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        lab.down()
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"dplab-{name}-")]
