@@ -45,9 +45,7 @@ def _torchvision() -> str:
 
 
 def _hint(what: str) -> str:
-    import torch
-
-    return HINTS[what].format(torch=str(torch.__version__))
+    return HINTS[what].format(torch=_dist_version("torch"))  # the distribution's version: no +cu local part
 
 
 def _launchers() -> dict[str, str | None]:

@@ -94,7 +94,7 @@ def test_pip_install_keeps_torch_and_doctor_says_what_is_missing(tmp_path):
     assert info["strategies"]["horovod"]["installed"] is False and info["strategies"]["ddp"]["installed"]
     hints = {m["what"]: m["hint"] for m in info["missing"]}
     assert "scripts/setup.sh" in hints["strategy horovod"] and "module load" in hints["strategy horovod"]
-    assert f"torch=={before['torch_build']}" in next(h for w, h in hints.items() if w.startswith("torchvision"))
+    assert f"torch=={before['torch']}'" in next(h for w, h in hints.items() if w.startswith("torchvision"))
     assert info["datasets"]["digits"] == "ready" and info["datasets"]["mnist"] == "needs torchvision"
     assert "strategy horovod" in run([dpc, "doctor"], env=env).stdout
 
