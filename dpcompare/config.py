@@ -21,10 +21,17 @@ KNOBS = "communication knobs (each strategy refuses the ones it cannot honour)"
 #: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
 TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
     "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
+    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
     "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
     "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
-    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
 }
+
+
+class NameList(list):
+    """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n)
 
 
 def tracker_list(text: str) -> str:
@@ -174,7 +181,7 @@ class TrainConfig:
                                           "config and the versions, comma-separated: " + "; ".join(
                        f"{n}: {w}" for n, (_, _, w) in TRACKERS.items()) + "; none: only dpcompare's own files "
                                                                             "(default: tensorboard)",
-                   type=tracker_list, group=OUTPUT, metavar="LIST")
+                   type=tracker_list, choices=lambda: NameList(TRACKERS), group=OUTPUT, metavar="LIST")
     mlflow_uri: str | None = opt(None, "--log mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
                                        "sqlite:///FILE.db or a server's http(s):// address (default: "
                                        "$MLFLOW_TRACKING_URI, else OUT/mlflow.db)",

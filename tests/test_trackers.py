@@ -84,7 +84,7 @@ def _mlflow_runs(uri: str) -> dict:
 
 # -- the option ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, words", [
-    ("tensorboard,nope", "unknown tracker 'nope'; choose from tensorboard, wandb, mlflow, csv"),
+    ("tensorboard,nope", "unknown tracker 'nope'; choose from tensorboard, csv, wandb, mlflow"),
     ("wandb", "wandb is not installed: pip install 'dpcompare[wandb]'"),
 ])
 def test_log_refuses_unknown_or_absent_tracker_before_training(tmp_path, monkeypatch, capsys, value, words):
