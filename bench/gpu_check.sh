@@ -83,10 +83,16 @@ step() {  # step NAME COMMAND...: run it, keep its output in logs/NAME.log, neve
   "$@" >"$log" 2>&1
   rc=$?
   if [ $rc = 0 ]; then record "$name" PASS $((SECONDS - t0)) ""
-  else record "$name" FAIL $((SECONDS - t0)) "exit $rc: $(grep -v '^\s*$' "$log" | tail -3 | tr '\n' ' ' | cut -c1-400)"
+  else record "$name" FAIL $((SECONDS - t0)) "exit $rc: $(why "$log")"
   fi
 }
 skip() { wanted "$1" && record "$1" SKIP 0 "$2"; }
+why() {  # why LOG: the lines that say what went wrong (dpcompare's one-line errors, exceptions), else the tail
+  local lines
+  lines=$(grep -E "error|Error|Exception|FAILED|Traceback|mismatch" "$1" | grep -vE "Process name|Exit code|^-+$" | tail -3)
+  [ -n "$lines" ] || lines=$(grep -v '^\s*$' "$1" | tail -3)
+  tr '\n' ' ' <<<"$lines" | cut -c1-400
+}
 on_device() {  # on_device RUN_DIR: the run's summary.json says it trained on CUDA
   "$PY" -c 'import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
 print(s["strategy"], s["world_size"], s["device"], s["samples_per_sec"])
@@ -105,7 +111,7 @@ step ddp-nccl-np1 train ddp-nccl-np1 1 ddp
 if [ "$gpus" -ge 2 ]; then step ddp-nccl-np2 train ddp-nccl-np2 2 ddp
 else skip ddp-nccl-np2 "one GPU: NCCL refuses two ranks on one device"
 fi
-step gloo-cuda-np2 "$PY" "$ROOT/bench/gpu_gloo.py"
+step gloo-cuda-np2 "$PY" "$ROOT/bench/gpu_gloo.py" --require-gpu
 step horovod-nccl-build "$PY" -c 'import sys, horovod.torch as hvd
 print("nccl_built", hvd.nccl_built(), "cuda_built", hvd.cuda_built())
 sys.exit(0 if hvd.nccl_built() and hvd.cuda_built() else "Horovod was built without NCCL/CUDA operations")'

@@ -1,7 +1,8 @@
 """gloo on CUDA tensors: two processes on one GPU (NCCL refuses that), an all-reduce and a few DDP steps.
 
 Part of bench/gpu_check.sh; runs on its own too: ``python bench/gpu_gloo.py``. Exit code 0 when the
-all-reduce gives the right sum and both ranks end with the same weights.
+all-reduce gives the right sum and both ranks end with the same weights (or, without ``--require-gpu``,
+when there is no GPU).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("no GPU")
-        return 0
+        print("no GPU: torch sees no CUDA device")
+        return 1 if "--require-gpu" in sys.argv else 0
     world = 2
     mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
     return 0
