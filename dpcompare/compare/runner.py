@@ -59,6 +59,12 @@ class _Run:
         if c.options.resume:
             self.results, self.kept = records.resume_state(c.out, self.results)
         self.env = job_env()
+        from dpcompare.training.trackers import (
+            start_comparison,  # W&B group / MLflow parent run, if asked for
+        )
+
+        self.group = start_comparison(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
+        self.env.update(self.group.env)
         self.pool: Any = None
         if c.options.workers == "persistent":
             from dpcompare.compare.workers import WorkerPool
@@ -177,6 +183,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
     results["complete"] = True
     atomic_write_json(c.out / RESULTS, results)
+    run.group.finish(results["verdicts"])
     render(c.out, console=console)
     if c.options.progress != "none":
         console.print(f"compare: {blocks} block{'s' if blocks != 1 else ''} in {elapsed:.0f} s; stopped: {reason}",

@@ -245,7 +245,7 @@ class Lab:
         cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, environ=environ,
                                      mpi_net=self.subnet)
         if per_host:
-            cmd[cmd.index("-map-by") + 1] = f"ppr:{per_host}:node"
+            cmd[cmd.index("--map-by") + 1] = f"ppr:{per_host}:node"
         return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *KEEPALIVE, *mca, *cmd[1:]])
 
     def run(self, argv: Sequence[str], np: int | None = None, mca: Sequence[str] = (), per_host: int | None = None,

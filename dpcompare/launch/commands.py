@@ -20,7 +20,7 @@ LAUNCH_DESCRIPTION = """\
 Print the command line that runs a dpcompare command as N processes, then run it (exit code: the job's).
 
 Outside Slurm the line is Open MPI's or MPICH/Intel MPI's mpirun (told apart by `mpirun --version`,
-or --mpi), with the flags Horovod's docs recommend (-bind-to none -map-by slot) and PATH,
+or --mpi), with the flags Horovod's docs recommend (--bind-to none --map-by slot) and PATH,
 LD_LIBRARY_PATH, VIRTUAL_ENV (this Python's), OMP_NUM_THREADS and every HOROVOD_*, NCCL_*, GLOO_*,
 MASTER_* variable set here forwarded to every rank. Inside a Slurm allocation (salloc, sbatch) with no
 --hosts it is srun. The line is the same for every --strategy: DDP finds its rendezvous address and

@@ -25,7 +25,7 @@ from dpcompare.errors import ConfigError, LaunchError
 FLAVORS = ("openmpi", "mpich")
 #: forwarded to every rank when set here (VIRTUAL_ENV: see :func:`forwarded_env`)
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
-FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "GLOO_", "MASTER_")
+FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "GLOO_", "MASTER_", "WANDB_", "MLFLOW_", "DPCOMPARE_")
 #: variables ``--iface`` sets on every rank (rendezvous.py leaves them alone when already set)
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -133,7 +133,7 @@ def openmpi_command(np: int, argv: Sequence[str], *, hosts: str | None = None, h
     own TCP traffic (``btl_tcp_if_include``, ``oob_tcp_if_include``) to that network.
     """
     environ = os.environ if environ is None else environ
-    cmd = [mpirun, "-np", str(np), "-bind-to", "none", "-map-by", "slot"]
+    cmd = [mpirun, "-np", str(np), "--bind-to", "none", "--map-by", "slot"]  # two dashes: Open MPI 4 and 5
     if oversubscribe:
         cmd.append("--oversubscribe")
     if hosts:

@@ -40,6 +40,7 @@ from dpcompare.training.evaluation import EvalCurve, evaluate
 from dpcompare.training.step import StepRunner
 from dpcompare.training.summary import memory_summary, metric_keys, regime_facts, run_summary, timing_summary
 from dpcompare.training.tracing import TraceSession
+from dpcompare.training.trackers import Trackers, open_trackers
 from dpcompare.versions import versions
 
 
@@ -191,7 +192,7 @@ class Run:
         self.train_seconds = 0.0  # this rank's time in optimizer steps (the eval curve's clock)
         self.step_losses: list[float] = []
         self.curve = EvalCurve(cfg.target_accuracy, self.metric.name, self.metric.higher_is_better)
-        self.writer: Any = None
+        self.trackers = Trackers()  # TensorBoard, W&B, MLflow, CSV: opened on the reporting rank
         self.timing_only = 0
 
     def train(self) -> dict[str, Any]:
@@ -200,14 +201,15 @@ class Run:
         self.strategy.broadcast_initial_state(self.model, self.optimizer)
         self.lay_out()
         self.open_outputs()
-        self.announce()
-        self.steps = self.step_runner()
-        with self.rep:
-            for epoch in range(self.start_epoch + 1, self.last_epoch + 1):
-                self.end_epoch(epoch, *self.run_epoch(epoch))
-                self.checkpoint(epoch)
-            self.time_only()
-        return self.finish()
+        with self.trackers:  # a run that fails is marked failed in W&B/MLflow
+            self.announce()
+            self.steps = self.step_runner()
+            with self.rep:
+                for epoch in range(self.start_epoch + 1, self.last_epoch + 1):
+                    self.end_epoch(epoch, *self.run_epoch(epoch))
+                    self.checkpoint(epoch)
+                self.time_only()
+            return self.finish()
 
     def restore(self) -> None:
         """From the checkpoint (if resuming): optimizer state, RNG, position and history."""
@@ -248,15 +250,12 @@ class Run:
         self.global_batch = cfg.batch_size * strategy.world_size * accumulate
 
     def open_outputs(self) -> None:
-        """Rank 0: OUT, ``metrics.jsonl`` (a fresh run's empty, a resumed one's past) and TensorBoard."""
-        if not self.strategy.is_main:
-            return
-        self.out.mkdir(parents=True, exist_ok=True)
-        _write_jsonl(self.out / "metrics.jsonl", self.history)
-        if self.cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        """Rank 0: OUT, ``metrics.jsonl`` (a fresh run's empty, a resumed one's past) and the trackers."""
+        if self.strategy.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _write_jsonl(self.out / "metrics.jsonl", self.history)
+            self.trackers = open_trackers(self.cfg, self.run_info, self.out, True, self.history)
+        self.strategy.barrier()  # rank 0's tracker start-up (W&B, MLflow) must not land in the first epoch's time
 
     def announce(self) -> None:
         """The progress line and the banner: who runs what, on what, how."""
@@ -346,10 +345,7 @@ class Run:
         if strategy.is_main:
             with open(self.out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
-            if self.writer:
-                for k, v in (("train_loss", train_loss), *((f"test_{n}", x) for n, x in values.items()),
-                             ("samples_per_sec", row["samples_per_sec"])):
-                    self.writer.add_scalar(k, v, epoch)
+            self.trackers.log_epoch(self.global_step, row)
 
     def checkpoint(self, epoch: int) -> None:
         cfg = self.cfg
@@ -396,8 +392,8 @@ class Run:
         if cfg.record_step_loss:
             (out / "step_losses.json").write_text(json.dumps(self.step_losses))
         atomic_write_json(out / "summary.json", summary)
-        if self.writer:
-            self.writer.close()
+        self.trackers.log_timing(summary["timing"])
+        self.trackers.finish(summary)
         if cfg.target_accuracy:
             r = self.curve.reached
             self.rep.print(f"time to {name} {cfg.target_accuracy:g}: " + (
