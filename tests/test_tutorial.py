@@ -26,4 +26,5 @@ def test_tutorial_notebook_runs(tmp_path, monkeypatch):
     assert "largest difference: 0.0" in text  # parity: bit-identical losses at np=2
     assert "has the drawn step: True" in text
     pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(pngs) == 2 and (tmp_path / "out" / "compare" / "report.html").is_file()
+    assert len(pngs) == 3 and (tmp_path / "out" / "compare" / "report.html").is_file()  # 2 timelines, 1 projection
+    assert "falls below 80 % efficiency on 25 Gbit/s" in text  # the tutorial ends with the cluster question
