@@ -197,3 +197,27 @@ def test_a_comparison_groups_its_runs(tmp_path, offline, monkeypatch):
     assert run["run_group"] == "ab-test" and run["job_type"] == "comparison"
     summary = {k: v for r in recs if r["type"] == "summary" for k, v in r["summary"]["update"].items()}
     assert summary["throughput/horovod_vs_ddp/np2/ratio"] == 1.2 and summary[f"verdict/{key}"] == verdicts[0]["text"]
+
+
+@pytest.mark.mpi
+def test_a_real_compare_logs_every_run_and_groups_them(tmp_path, offline):
+    """``compare --log wandb,mlflow``: each ``mpirun -np 2`` run logs its epochs from the reporting rank, and
+    the comparison is the W&B group and the MLflow parent run holding the verdicts."""
+    _need("wandb", "mlflow")
+    from conftest import FAST, dpcompare
+
+    out = tmp_path / "ab"
+    dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--repeats", "1", "--min-steps", "0",
+              *FAST, "--epochs", "2", "--log", "wandb,mlflow", "--out", str(out))
+    client, runs = _mlflow_runs(trackers.mlflow_store(None, out))
+    parent = runs["ab"]
+    assert parent.info.status == "FINISHED" and any(k.startswith("verdict.") for k in parent.data.tags)
+    children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 2
+    for child in children:
+        history = client.get_metric_history(child.info.run_id, "train_loss")
+        assert len(history) == 2  # one point per epoch, from rank 0 only
+    results = json.loads((out / "results.json").read_text())
+    for r in results["runs"]:
+        run = next(x["run"] for x in wandb_records(out / r["dir"]) if x["type"] == "run")
+        assert run["run_group"] == "ab"
