@@ -275,6 +275,43 @@ def test_calibration_scales_the_link_per_backend_and_collective(tmp_path):
         load_calibration(tmp_path / "empty.json")
 
 
+def test_a_bench_file_is_fitted_over_every_size_by_default(tmp_path):
+    """Rows whose speed per byte grows with the size (Open MPI in the lab): the bench's own fits (α from the
+    smallest sizes, B from the largest) make a 4 MiB all-reduce too fast; the fit over the range does not."""
+    n, link = 2, 1e9
+    rows = [(2**18, 0.026), (2**20, 0.074), (2**22, 0.147), (2**24, 0.359)]  # measured, 1 Gbit/s, mpi
+    doc = {"schema": "dpcompare.lab.bench/1", "lab": {"link_bps": link}, "ranks": n,
+           "rows": [{"backend": "mpi", "collective": "allreduce", "bytes": b, "time_s": t} for b, t in rows],
+           "fits": [{"backend": "mpi", "collective": "allreduce", "alpha_s": 0.010,
+                     "busbw_Bps": (2**24 - 2**22) / (0.359 - 0.147)}]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    ends, whole = load_calibration(path, fit="ends"), load_calibration(path)
+    at = {k: Network(n, Link(0.0, link / 8), calibrated=c).cost("allreduce", 2**22, "mpi")
+          for k, c in (("ends", ends), ("range", whole))}
+    assert at["ends"] < 0.8 * 0.147 and at["range"] == pytest.approx(0.147, rel=0.2)
+
+
+def test_floor_from_the_trace_bounds_an_all_reduce_from_below():
+    """A library that took 100 ms + 10 ms/MiB on the traced run's unlimited link takes no less on a fast one,
+    the link's time on a slow one; at more ranks the floor grows with the ring's factors."""
+    from dpcompare.prediction.network import floor_from
+
+    f = floor_from([(MB, 0.110), (4 * MB, 0.140), (16 * MB, 0.260)], ranks=2)
+    assert f == pytest.approx((0.100, 0.010 / MB, 2))
+    fast, slow = (Network(2, Link(0.0, r), floors={"mpi": f}) for r in (1e12, 1e6))
+    assert fast.cost("allreduce", 4 * MB, "mpi") == pytest.approx(0.140)
+    assert fast.cost("allreduce", 4 * MB, "gloo") == pytest.approx(Link(0.0, 1e12).allreduce(4 * MB, 2))
+    assert slow.cost("allreduce", 4 * MB, "mpi") == pytest.approx(Link(0.0, 1e6).allreduce(4 * MB, 2))
+    assert fast.with_hosts(4).cost("allreduce", 4 * MB, "mpi") == pytest.approx(0.300 + 0.040 * 1.5)
+    assert fast.cost("allgather", 4 * MB, "mpi") < 0.001 and floor_from([(MB, 0.05)] * 3, 2) == (0.05, 0.0, 2)
+    # from a profile: under the trace's own strategy's backend (horovod → mpi)
+    p = profile([("w", 1 * MS, MB)], 2 * MS, strategy="horovod",
+                measured={"allreduces": [(MB, 0.110), (4 * MB, 0.140)]})
+    p.world_size = 2
+    assert set(strategies.trace_floors(p)) == {"mpi"}
+
+
 def test_labels_keep_arms_apart_and_repeats_together(tmp_path):
     from dpcompare.prediction.command import source
 
