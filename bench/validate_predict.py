@@ -15,7 +15,8 @@ calibration, and prints predicted against measured with the median and worst |er
 ``plain`` (the nominal link, no α); ``bench`` (the bench at the same H and rate: α and B a least-squares line
 through every size it measured); ``ends`` (the same bench, with its own fits: α from the smallest sizes, B from
 the largest); ``one`` (one bench, H=2 at the first rate, its α and share of the link applied everywhere);
-``floor`` (``bench``, and no all-reduce faster than the unshaped trace's own of that size: Network.floors). ``--plot`` draws the table.
+``floor`` (``bench``, and no all-reduce faster than the unshaped trace's own of that size: Network.floors);
+``ddpcompute`` (``bench``, every strategy on the unshaped DDP trace's compute). ``--plot`` draws the table.
 
 Every number here was taken on a 2-core machine shared with other work: read the spread of the repeats.
 """
@@ -49,7 +50,7 @@ COMMON = ("--dataset", "synthetic", "--input-shape", "1,28,28", "--samples", "40
 RESULTS = "results.json"
 #: Open MPI's session folders apart from other jobs' on this machine (they clashed once in /tmp/ompi.*)
 OWN_TMP = ("--mca", "orte_tmpdir_base", "/tmp/dpcompare-validate-ompi")
-CALIBRATIONS = ("plain", "ends", "bench", "one", "floor")
+CALIBRATIONS = ("plain", "ends", "bench", "one", "floor", "ddpcompute")
 
 
 def train_argv(strategy: str, workload: str, out: Path, steps: int, warmup: int, trace: int = 0) -> list[str]:
@@ -111,14 +112,31 @@ def measure_hosts(h: int, a: argparse.Namespace, out: Path, log: list[dict[str, 
 
 def predict(rec: dict[str, Any], how: str, one: dict[str, str]) -> float:
     """Predicted step (ms) of one configuration: the unshaped trace's compute, the shaped link, a calibration."""
-    p = strategies.profile(Path(rec["trace"]))
+    trace = Path(rec["trace"])
+    if how == "ddpcompute":  # every strategy on the DDP run's compute (Horovod's timeline slows its own)
+        trace = trace.with_name(trace.name.replace(rec["strategy"], "ddp", 1))
+    p = strategies.profile(trace)
     sched = strategies.schedule(rec["strategy"])(p, knobs_of(p, {}))
     cal = {"plain": None, "ends": rec["bench"], "bench": rec["bench"], "floor": rec["bench"],
-           "one": one.get("path")}[how]
+           "ddpcompute": rec["bench"], "one": one.get("path")}[how]
     calibrated = load_calibration(cal, fit="ends" if how == "ends" else "range") if cal else {}
     floors = strategies.trace_floors(p) if how == "floor" else {}
     net = Network(rec["hosts"], Link(0.0, parse_rate(rec["link"])), 1, None, calibrated, floors)
     return sched.run(net).step * 1e3
+
+
+def drift(rec: dict[str, Any]) -> float | None:
+    """ms by which the measured runs' phases without communication (data and forward; DDP's optimizer too:
+    Horovod's holds its wait) exceeded the unshaped trace's: the compute the model could not know about."""
+    p = strategies.profile(Path(rec["trace"]))
+    runs = sorted((Path(rec["trace"]).parents[1] / rec["link"]).glob(f"{rec['strategy']}-{rec['workload']}-r*"))
+    if not runs:
+        return None
+    keys = ("data", "forward", "optimizer") if rec["strategy"] == "ddp" else ("data", "forward")
+    traced = sum(getattr(p, k) for k in keys) * 1e3
+    measured = [sum(json.loads((r / "summary.json").read_text())["timing"]["phases_ms"][k] for k in keys)
+                for r in runs]
+    return statistics.median(measured) - traced
 
 
 def rows(log: list[dict[str, Any]], how: str) -> list[dict[str, Any]]:
@@ -132,7 +150,8 @@ def rows(log: list[dict[str, Any]], how: str) -> list[dict[str, Any]]:
         spread = (max(rec["measured_ms"]) - min(rec["measured_ms"])) / measured if measured else 0.0
         out.append({**{k: rec[k] for k in ("hosts", "link", "strategy", "workload")}, "predicted_ms": pred,
                     "measured_ms": measured, "spread_pct": 100 * spread, "error_pct": 100 * (pred / measured - 1),
-                    "traced_ms": statistics.median(rec["traced_ms"]) if rec["traced_ms"] else None})
+                    "traced_ms": statistics.median(rec["traced_ms"]) if rec["traced_ms"] else None,
+                    "compute_drift_ms": drift(rec)})
     return out
 
 
@@ -148,15 +167,29 @@ def show(table: list[dict[str, Any]], how: str) -> None:
 
     t = Table(title=f"predicted vs measured step (calibration: {how})")
     for col in ("hosts", "link", "strategy", "workload", "predicted ms", "measured ms", "repeats spread",
-                "error", "horovod traced ms"):
+                "error", "compute drift ms", "horovod traced ms"):
         t.add_column(col, justify="right")
     for r in table:
         t.add_row(str(r["hosts"]), r["link"], r["strategy"], r["workload"], f"{r['predicted_ms']:.1f}",
                   f"{r['measured_ms']:.1f}", f"{r['spread_pct']:.0f} %", f"{r['error_pct']:+.1f} %",
+                  "" if r["compute_drift_ms"] is None else f"{r['compute_drift_ms']:+.0f}",
                   "" if r["traced_ms"] is None else f"{r['traced_ms']:.1f}")
     console = Console(width=160)
     console.print(t)
     console.print(summary_line(table))
+
+
+def markdown(tables: dict[str, list[dict[str, Any]]], main: str) -> str:
+    """The ``main`` calibration's rows as a Markdown table, and one summary line per calibration."""
+    out = ["| hosts | link | strategy | workload | predicted ms | measured ms | error | compute drift ms |",
+           "|---:|---|---|---|---:|---:|---:|---:|"]
+    out += [f"| {r['hosts']} | {r['link']} | {r['strategy']} | {r['workload']} | {r['predicted_ms']:.0f} | "
+            f"{r['measured_ms']:.0f} | {r['error_pct']:+.1f} % | {r['compute_drift_ms']:+.0f} |" for r in tables[main]]
+    out += ["", "| calibration | median \\|error\\| | worst |", "|---|---:|---:|"]
+    for how, t in tables.items():
+        errs = [abs(r["error_pct"]) for r in t]
+        out.append(f"| {how} | {statistics.median(errs):.1f} % | {max(errs):.1f} % |")
+    return "\n".join(out) + "\n"
 
 
 def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -207,8 +240,10 @@ def parse() -> argparse.Namespace:
     n = sub.add_parser("analyse", help="predict every measured configuration and compare")
     n.add_argument("out", type=Path)
     n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="only this one (default: all)")
-    n.add_argument("--plot", type=Path, default=None, help="write the scatter plot (calibration 'bench')")
+    n.add_argument("--plot", type=Path, default=None, help="write the scatter plot")
     n.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
+    n.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
+    n.add_argument("--main", choices=CALIBRATIONS, default="floor", help="the calibration plotted and tabulated")
     a = ap.parse_args()
     for k in ("hosts", "links", "strategies", "workloads"):
         if hasattr(a, k):
@@ -235,9 +270,11 @@ def main() -> None:
         show(tables[how], how)
     if a.json:
         a.json.write_text(json.dumps(tables, indent=1) + "\n")
+    how = a.calibration or a.main
+    if a.markdown:
+        a.markdown.write_text(markdown(tables, how))
     if a.plot:
-        how = a.calibration or "bench"
-        plot(tables[how], a.plot, f"dpcompare predict vs lab ({summary_line(tables[how])})")
+        plot(tables[how], a.plot, f"predicted vs measured in the lab, calibration '{how}'\n{summary_line(tables[how])}")
 
 
 if __name__ == "__main__":

@@ -238,6 +238,18 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert hvd["self_check"] is None and "self-check at the traced size" in p.stdout
 
 
+def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_path):
+    """The hand-made trace's bucket took 1 ms at np=2; on a 1000 Gbit/s link the wire alone would take 0.2 ms."""
+    run = fake_run(tmp_path / "r")
+    steps = {}
+    for flag in ((), ("--floor-from-trace",)):
+        dpcompare("predict", str(run), "--hosts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
+        out = json.loads((run / "prediction.json").read_text())
+        steps[bool(flag)] = out["curves"][0]["steps"][0]["step_ms"]
+    assert out["inputs"]["floor_from_trace"] is True
+    assert steps[True] == pytest.approx(19.0, abs=0.01) and steps[False] == pytest.approx(18.2, abs=0.1)
+
+
 def test_predict_refusals_are_one_line(tmp_path):
     run = fake_run(tmp_path / "r")
     for args, words in ((["--ranks-per-host", "4"], "--intra-link"), (["--link", "fast"], "link rate"),
