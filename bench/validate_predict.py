@@ -16,7 +16,8 @@ calibration, and prints predicted against measured with the median and worst |er
 through every size it measured); ``ends`` (the same bench, with its own fits: α from the smallest sizes, B from
 the largest); ``one`` (one bench, H=2 at the first rate, its α and share of the link applied everywhere);
 ``floor`` (``bench``, and no all-reduce faster than the unshaped trace's own of that size: Network.floors);
-``ddpcompute`` (``bench``, every strategy on the unshaped DDP trace's compute). ``--plot`` draws the table.
+``onefloor`` (``one`` with the floor); ``ddpcompute`` (``bench``, every strategy on the unshaped DDP trace's
+compute). ``--plot`` draws the table.
 
 Every number here was taken on a 2-core machine shared with other work: read the spread of the repeats.
 """
@@ -50,7 +51,7 @@ COMMON = ("--dataset", "synthetic", "--input-shape", "1,28,28", "--samples", "40
 RESULTS = "results.json"
 #: Open MPI's session folders apart from other jobs' on this machine (they clashed once in /tmp/ompi.*)
 OWN_TMP = ("--mca", "orte_tmpdir_base", "/tmp/dpcompare-validate-ompi")
-CALIBRATIONS = ("plain", "ends", "bench", "one", "floor", "ddpcompute")
+CALIBRATIONS = ("plain", "ends", "bench", "one", "floor", "onefloor", "ddpcompute")
 
 
 def train_argv(strategy: str, workload: str, out: Path, steps: int, warmup: int, trace: int = 0) -> list[str]:
@@ -118,9 +119,9 @@ def predict(rec: dict[str, Any], how: str, one: dict[str, str]) -> float:
     p = strategies.profile(trace)
     sched = strategies.schedule(rec["strategy"])(p, knobs_of(p, {}))
     cal = {"plain": None, "ends": rec["bench"], "bench": rec["bench"], "floor": rec["bench"],
-           "ddpcompute": rec["bench"], "one": one.get("path")}[how]
+           "ddpcompute": rec["bench"], "one": one.get("path"), "onefloor": one.get("path")}[how]
     calibrated = load_calibration(cal, fit="ends" if how == "ends" else "range") if cal else {}
-    floors = strategies.trace_floors(p) if how == "floor" else {}
+    floors = strategies.trace_floors(p) if how in ("floor", "onefloor") else {}
     net = Network(rec["hosts"], Link(0.0, parse_rate(rec["link"])), 1, None, calibrated, floors)
     return sched.run(net).step * 1e3
 
@@ -243,7 +244,7 @@ def parse() -> argparse.Namespace:
     n.add_argument("--plot", type=Path, default=None, help="write the scatter plot")
     n.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     n.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
-    n.add_argument("--main", choices=CALIBRATIONS, default="floor", help="the calibration plotted and tabulated")
+    n.add_argument("--main", choices=CALIBRATIONS, default="onefloor", help="the calibration plotted and tabulated")
     a = ap.parse_args()
     for k in ("hosts", "links", "strategies", "workloads"):
         if hasattr(a, k):
