@@ -8,6 +8,7 @@ import pytest
 
 from dpcompare import trace as tr
 from dpcompare.prediction import strategies
+from dpcompare.report.timeline import load_trace
 
 from conftest import dpcompare, needs_horovod, needs_mpi, summary
 
@@ -27,7 +28,7 @@ def runs(tmp_path_factory):
 @needs_horovod
 def test_ticks_carry_bytes_and_the_ddp_bucket_model_matches_the_trace(runs):
     ddp = runs / "runs" / "ddp-np2-r0"
-    events = tr.load_trace(ddp)["traceEvents"]
+    events = load_trace(ddp)["traceEvents"]
     assert any(e.get("name") == "model_buffers" and e["args"]["bytes"] == 0 for e in events)  # an mlp has none
     p = strategies.profile(ddp)
     assert p.grad_bytes == pytest.approx(summary(ddp)["memory"]["params_mb"] * 2**20, rel=1e-6) and not p.notes
