@@ -238,6 +238,18 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert hvd["self_check"] is None and "self-check at the traced size" in p.stdout
 
 
+def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_path):
+    """The hand-made trace's bucket took 1 ms at np=2; on a 1000 Gbit/s link the wire alone would take 0.2 ms."""
+    run = fake_run(tmp_path / "r")
+    steps = {}
+    for flag in ((), ("--floor-from-trace",)):
+        dpcompare("predict", str(run), "--hosts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
+        out = json.loads((run / "prediction.json").read_text())
+        steps[bool(flag)] = out["curves"][0]["steps"][0]["step_ms"]
+    assert out["inputs"]["floor_from_trace"] is True
+    assert steps[True] == pytest.approx(19.0, abs=0.01) and steps[False] == pytest.approx(18.2, abs=0.1)
+
+
 def test_predict_refusals_are_one_line(tmp_path):
     run = fake_run(tmp_path / "r")
     for args, words in ((["--ranks-per-host", "4"], "--intra-link"), (["--link", "fast"], "link rate"),
@@ -273,6 +285,43 @@ def test_calibration_scales_the_link_per_backend_and_collective(tmp_path):
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(ConfigError, match="lab bench"):
         load_calibration(tmp_path / "empty.json")
+
+
+def test_a_bench_file_is_fitted_over_every_size_by_default(tmp_path):
+    """Rows whose speed per byte grows with the size (Open MPI in the lab): the bench's own fits (α from the
+    smallest sizes, B from the largest) make a 4 MiB all-reduce too fast; the fit over the range does not."""
+    n, link = 2, 1e9
+    rows = [(2**18, 0.026), (2**20, 0.074), (2**22, 0.147), (2**24, 0.359)]  # measured, 1 Gbit/s, mpi
+    doc = {"schema": "dpcompare.lab.bench/1", "lab": {"link_bps": link}, "ranks": n,
+           "rows": [{"backend": "mpi", "collective": "allreduce", "bytes": b, "time_s": t} for b, t in rows],
+           "fits": [{"backend": "mpi", "collective": "allreduce", "alpha_s": 0.010,
+                     "busbw_Bps": (2**24 - 2**22) / (0.359 - 0.147)}]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    ends, whole = load_calibration(path, fit="ends"), load_calibration(path)
+    at = {k: Network(n, Link(0.0, link / 8), calibrated=c).cost("allreduce", 2**22, "mpi")
+          for k, c in (("ends", ends), ("range", whole))}
+    assert at["ends"] < 0.8 * 0.147 and at["range"] == pytest.approx(0.147, rel=0.2)
+
+
+def test_floor_from_the_trace_bounds_an_all_reduce_from_below():
+    """A library that took 100 ms + 10 ms/MiB on the traced run's unlimited link takes no less on a fast one,
+    the link's time on a slow one; at more ranks the floor grows with the ring's factors."""
+    from dpcompare.prediction.network import floor_from
+
+    f = floor_from([(MB, 0.110), (4 * MB, 0.140), (16 * MB, 0.260)], ranks=2)
+    assert f == pytest.approx((0.100, 0.010 / MB, 2))
+    fast, slow = (Network(2, Link(0.0, r), floors={"mpi": f}) for r in (1e12, 1e6))
+    assert fast.cost("allreduce", 4 * MB, "mpi") == pytest.approx(0.140)
+    assert fast.cost("allreduce", 4 * MB, "gloo") == pytest.approx(Link(0.0, 1e12).allreduce(4 * MB, 2))
+    assert slow.cost("allreduce", 4 * MB, "mpi") == pytest.approx(Link(0.0, 1e6).allreduce(4 * MB, 2))
+    assert fast.with_hosts(4).cost("allreduce", 4 * MB, "mpi") == pytest.approx(0.300 + 0.040 * 1.5)
+    assert fast.cost("allgather", 4 * MB, "mpi") < 0.001 and floor_from([(MB, 0.05)] * 3, 2) == (0.05, 0.0, 2)
+    # from a profile: under the trace's own strategy's backend (horovod → mpi)
+    p = profile([("w", 1 * MS, MB)], 2 * MS, strategy="horovod",
+                measured={"allreduces": [(MB, 0.110), (4 * MB, 0.140)]})
+    p.world_size = 2
+    assert set(strategies.trace_floors(p)) == {"mpi"}
 
 
 def test_labels_keep_arms_apart_and_repeats_together(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -67,14 +68,15 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     curves, seen = [], set()
     for folder in strategies.profile_runs(a.run_dirs):
         p = strategies.profile(folder)
+        net_p = dataclasses.replace(net, floors=strategies.trace_floors(p)) if a.floor_from_trace else net
         for name in strategies.modelled_as(p, asked):
             label = f"{name} ({source(folder, p.world_size)})" if name == p.strategy else \
                 f"{name} (on {source(folder, p.world_size)})"
             if label in seen:
                 continue  # another repeat of the same arm
             seen.add(label)
-            c = sweep.curve(p, name, sweep.knobs_of(p, over), net, hosts, label)
-            c.advice = sweep.advise(c, p, net, a.threshold)
+            c = sweep.curve(p, name, sweep.knobs_of(p, over), net_p, hosts, label)
+            c.advice = sweep.advise(c, p, net_p, a.threshold)
             curves.append(c)
     if not curves:
         raise ConfigError("no traced run to predict from")
@@ -87,7 +89,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     png = output.plot(curves, out / output.PNG_FILE, a.threshold, title)
     inputs = {"runs": a.run_dirs, "hosts": hosts, "link": a.link, "latency": a.latency,
               "ranks_per_host": a.ranks_per_host, "intra_link": a.intra_link, "calibration": a.calibration,
-              "threshold": a.threshold, "strategies": asked}
+              "threshold": a.threshold, "strategies": asked, "floor_from_trace": a.floor_from_trace}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
     console = output.make_console()
     if not a.quiet:
@@ -118,6 +120,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a `dpcompare lab bench --out FILE` JSON: measured alpha and bandwidth share per backend "
                         "and collective")
+    p.add_argument("--floor-from-trace", action="store_true",
+                   help="no all-reduce faster than the traced run's own of that size (its library on the traced "
+                        "machine's CPUs, unlimited link): for a slower link on the same machine, e.g. the lab")
     p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
                    "each run's own; ddp,horovod for single)")
     p.add_argument("--bucket-mb", type=positive_float, default=None, help="DDP/ZeRO bucket cap, MB (default: the run's)")

@@ -79,7 +79,9 @@ class Network:
     """``hosts`` hosts of ``per_host`` ranks; ``inter`` between hosts, ``intra`` inside one.
 
     ``calibrated`` maps (backend, collective) to a measured (α, fraction of the link's B) that replaces the
-    plain link for that backend and collective across hosts.
+    plain link for that backend and collective across hosts. ``floors`` maps a backend to the time its
+    all-reduce took on the traced run's own, unlimited link (:func:`floor_from`): an all-reduce then costs at
+    least that, rescaled to these ranks (see :meth:`floor`).
     """
 
     hosts: int
@@ -87,20 +89,34 @@ class Network:
     per_host: int = 1
     intra: Link | None = None
     calibrated: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    floors: dict[str, tuple[float, float, int]] = field(default_factory=dict)
 
     @property
     def ranks(self) -> int:
         return self.hosts * self.per_host
 
     def with_hosts(self, hosts: int) -> Network:
-        return Network(hosts, self.inter, self.per_host, self.intra, self.calibrated)
+        return Network(hosts, self.inter, self.per_host, self.intra, self.calibrated, self.floors)
+
+    def floor(self, collective: str, nbytes: float, backend: str) -> float:
+        """The library's own time for an all-reduce of ``nbytes`` when the link is not the limit: the traced
+        run's ``a + b·bytes`` at its n₀ ranks, its fixed part scaled by (n−1)/(n₀−1) and its per-byte part by
+        the ring's bus factor 2(n−1)/n over 2(n₀−1)/n₀; 0 for other collectives or without a floor."""
+        f, n = self.floors.get(backend), self.ranks
+        if collective != "allreduce" or f is None or n < 2 or f[2] < 2:
+            return 0.0
+        a, b, n0 = f
+        return a * (n - 1) / (n0 - 1) + b * nbytes * ((n - 1) / n) / ((n0 - 1) / n0)
 
     def link(self, backend: str, collective: str) -> Link:
         alpha, share = self.calibrated.get((backend, collective), (self.inter.alpha, 1.0))
         return Link(alpha, self.inter.bandwidth * share)
 
     def cost(self, collective: str, nbytes: float, backend: str = "") -> float:
-        """Seconds for one ``collective`` of ``nbytes`` among all ranks."""
+        """Seconds for one ``collective`` of ``nbytes`` among all ranks (never less than its :meth:`floor`)."""
+        return max(self._wire(collective, nbytes, backend), self.floor(collective, nbytes, backend))
+
+    def _wire(self, collective: str, nbytes: float, backend: str) -> float:
         inter, g = self.link(backend, collective), self.per_host
         if g == 1 or self.intra is None:
             return float(getattr(inter, collective)(nbytes, self.hosts))
@@ -109,6 +125,26 @@ class Network:
             return (intra.reduce_scatter(nbytes, g) + inter.allreduce(nbytes, self.hosts)
                     + intra.allgather(nbytes, g))
         return float(getattr(inter, collective)(nbytes, self.hosts) + getattr(intra, collective)(nbytes, g))
+
+
+def floor_from(ops: list[tuple[float, float]], ranks: int) -> tuple[float, float, int] | None:
+    """(a seconds, b seconds per byte, ranks) of a traced run's all-reduces given as (bytes, seconds): a
+    least-squares line (scipy.stats.linregress), or the median time when they all had one size; None without
+    any or at one rank. On an unlimited link (a lab host's unshaped veth, shared memory) this is what the
+    library itself costs on those CPUs: copies, the reduction, progress threads competing for the cores."""
+    import statistics
+
+    from scipy.stats import linregress
+
+    if ranks < 2 or not ops:
+        return None
+    xs, ys = zip(*ops, strict=True)
+    if len(set(xs)) < 2:
+        return statistics.median(ys), 0.0, ranks
+    fit = linregress(xs, ys)
+    if fit.slope <= 0:
+        return statistics.median(ys), 0.0, ranks
+    return float(max(fit.intercept, 0.0)), float(fit.slope), ranks
 
 
 # -- calibration ------------------------------------------------------------------------------------------
@@ -128,7 +164,7 @@ def _fit(points: list[tuple[float, float]], collective: str, n: int) -> tuple[fl
     fit = linregress(xs, ys)
     if fit.slope <= 0:
         raise ConfigError(f"calibration: {collective} times do not grow with the message size; rerun `lab bench`")
-    return max(fit.intercept, 0.0) / steps, share / fit.slope
+    return float(max(fit.intercept, 0.0)) / steps, float(share / fit.slope)
 
 
 def _entries(data: Any) -> list[dict[str, Any]]:
@@ -155,13 +191,31 @@ def _alpha_bandwidth(e: dict[str, Any], coll: str, n: int) -> tuple[float, float
     return _fit([(float(b), float(t)) for b, t in pts], coll, n) if len(pts) >= 2 else None
 
 
-def load_calibration(path: str | Path) -> dict[tuple[str, str], tuple[float, float]]:
+def _rows_as_points(data: Any) -> list[dict[str, Any]]:
+    """A `lab bench` file's measured rows as one record of (bytes, median seconds) points per backend and
+    collective, to be fitted over the whole range of sizes."""
+    rows = data.get("rows") if isinstance(data, dict) else None
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows if isinstance(rows, list) else []:
+        if isinstance(r, dict) and r.get("bytes") and r.get("time_s"):
+            key = (str(r.get("backend")), str(r.get("collective")))
+            rec = out.setdefault(key, {"backend": key[0], "collective": key[1], "points": []})
+            rec["points"].append((float(r["bytes"]), float(r["time_s"])))
+    return [r for r in out.values() if len(r["points"]) >= 2]
+
+
+def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, str], tuple[float, float]]:
     """(backend, collective) → (α seconds, measured B as a fraction of the link rate it was measured on).
 
-    Reads the JSON ``dpcompare lab bench --out FILE`` writes (``fits``: ``backend``, ``collective``, ``alpha_s``,
-    ``busbw_Bps``; ``ranks``; ``lab.link_bps``). Also accepted, per record: a fit as ``latency_s`` (per message
-    step) and ``bandwidth_bps`` (bits/s), or points (``sizes`` in bytes + ``times_s``, or ``points`` as
-    [bytes, seconds]) fitted here; ``ranks`` and ``link_bps`` per record or at the top level.
+    Reads the JSON ``dpcompare lab bench --out FILE`` writes (``rows``: the median time per size; ``fits``:
+    ``backend``, ``collective``, ``alpha_s``, ``busbw_Bps``; ``ranks``; ``lab.link_bps``). With ``fit="range"``
+    (the default) α and B are a least-squares line through every size the bench measured, one effective α and B
+    over the range training's buckets fall in; ``fit="ends"`` keeps the bench's own fits (α from the smallest
+    sizes, B from the largest), which make the middle sizes too fast when a library's speed per byte changes
+    with the size (Open MPI's all-reduce in the lab: 1 MiB at 11 % of 1 Gbit/s, 16 MiB at 37 %; docs/predict.md).
+    Also accepted, per record: a fit as ``latency_s`` (per message step) and ``bandwidth_bps`` (bits/s), or
+    points (``sizes`` in bytes + ``times_s``, or ``points`` as [bytes, seconds]) fitted here; ``ranks`` and
+    ``link_bps`` per record or at the top level.
     """
     try:
         data = json.loads(Path(path).read_text())
@@ -170,7 +224,7 @@ def load_calibration(path: str | Path) -> dict[tuple[str, str], tuple[float, flo
     top = data if isinstance(data, dict) else {}
     top_link = top.get("link_bps") or (top.get("lab") or {}).get("link_bps")
     out: dict[tuple[str, str], tuple[float, float]] = {}
-    for e in _entries(data):
+    for e in _entries(data) + (_rows_as_points(data) if fit == "range" else []):  # rows last: they win
         coll = str(e.get("collective", "")).replace("-", "_").replace("all_reduce", "allreduce") \
             .replace("all_gather", "allgather")
         link_bps = e.get("link_bps") or top_link

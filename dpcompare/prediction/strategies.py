@@ -36,6 +36,18 @@ def modelled_as(p: Profile, asked: list[str] | None) -> list[str]:
     return [p.strategy] if p.strategy in SCHEDULES else list(DEFAULT_FOR_UNKNOWN)
 
 
+def trace_floors(p: Profile) -> dict[str, tuple[float, float, int]]:
+    """{backend: floor} from the all-reduces traced in ``p`` (under its own strategy's backend), for
+    :attr:`.network.Network.floors`; empty when its strategy has no schedule or it traced none."""
+    from dpcompare.prediction.network import floor_from
+    from dpcompare.prediction.schedule import Knobs
+
+    if p.strategy not in SCHEDULES:
+        return {}
+    f = floor_from(p.measured.get("allreduces") or [], p.world_size)
+    return {SCHEDULES[p.strategy](p, Knobs()).backend(): f} if f else {}
+
+
 def profile_runs(paths: list[str]) -> list[Path]:
     """The traced run folders among ``paths`` (run folders, or compare folders with runs/*/trace.json)."""
     return find_runs(paths)
