@@ -11,7 +11,7 @@ from conftest import FAST, dpcompare, needs_mpi
 
 @pytest.mark.parametrize("args, words", [
     (["train", "--strategy", "nope"], "invalid choice: 'nope'"),
-    (["train", "--model", "nope"], "invalid choice: 'nope'"),
+    (["train", "--model", "nope"], "unknown model 'nope'; choose from convnet, mlp"),
     (["train", "--dataset", "mnist"], "MNIST/raw/{train-images-idx3-ubyte, train-labels-idx1-ubyte, "
                                       "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte} under --data-dir DIR (none given)"),
     (["train", "--dataset", "mnist", "--data-dir", "/nonexistent"],

@@ -86,7 +86,8 @@ def test_resume_refuses_another_plan_or_configuration(tmp_path: Path, capsys: py
 
 
 # -- what compare writes, compare reads back -----------------------------------------------------------------
-CANDIDATES = ("3", "2", "1", "0.25", "0", "7", "auto", "x", "1,2", "3,16,16", "true", "false")
+CANDIDATES = ("3", "2", "1", "0.25", "0", "7", "auto", "x", "1,2", "3,16,16", "true", "false",
+              "mlp", "synthetic", "my_pkg.bench:workload")
 
 
 def _other_value(name: str, default: Any) -> Any:

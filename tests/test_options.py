@@ -30,7 +30,9 @@ def _changed(f: dataclasses.Field) -> object:
         return d * 2 + 0.5
     if isinstance(d, int):
         return d + 3
-    return "runs/x y" if f.name == "out" else "a value"
+    # strings that the field's own parser checks (plug-in specs, model and dataset names) get a valid one
+    return {"out": "runs/x y", "workload": "my_pkg.bench:workload", "model": "mlp",
+            "dataset": "synthetic"}.get(f.name, "a value")
 
 
 def _everything_changed() -> TrainConfig:
