@@ -23,7 +23,7 @@ lab-demo: setup
 	@echo "open runs/lab-demo/report.html; the same across links: add --sweep link=unlimited,1gbit,200mbit"
 
 test: setup
-	$(VENV)/bin/ruff check dpcompare tests bench
+	$(VENV)/bin/ruff check dpcompare tests bench examples
 	$(VENV)/bin/python -m pytest -q tests
 
 bench: setup
