@@ -6,11 +6,13 @@ import contextlib
 import io
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,3 +161,20 @@ def ckpt_tensors(ck: dict) -> dict:
     for pid, state in ck["optimizer"]["state"].items():
         out.update({f"opt.{pid}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
     return out
+
+
+def lab_of(prefix: str, link: str) -> Iterator[Any]:
+    """A 2-host emulated lab at ``link`` for one test module (as a fixture's body), removed afterwards; a
+    machine that cannot make one (not Linux, no iproute2, not root) skips locally and fails under CI."""
+    from dpcompare.errors import LaunchError
+    from dpcompare.lab import Lab, core, parse_lab_spec
+
+    if not sys.platform.startswith("linux") or shutil.which("ip") is None or os.geteuid() != 0:
+        missing("a lab needs Linux, iproute2 and root")
+    name = f"{prefix}{secrets.token_hex(3)}"
+    try:
+        the_lab = Lab.from_spec(parse_lab_spec(f"hosts=2,link={link},name={name}"))
+    except LaunchError as e:
+        missing(f"cannot make a lab here: {e}")
+    yield the_lab
+    core.sweep(name)

@@ -8,17 +8,13 @@ skips with the reason locally and fails under CI when they are missing).
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
-import sys
 
 import pytest
 
 from dpcompare import trace as tr
 from dpcompare.backends.horovod_watch import HandleWatcher
 
-from conftest import missing, needs_horovod, needs_mpi
+from conftest import lab_of, needs_horovod, needs_mpi
 
 HOROVOD = pytest.param("horovod", marks=needs_horovod)
 
@@ -116,18 +112,7 @@ def test_handle_watcher_stamps_completions_from_its_thread():
 # -- a 2-host lab at 200 Mbit/s -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lab():
-    from dpcompare.errors import LaunchError
-    from dpcompare.lab import Lab, core, parse_lab_spec
-
-    if not sys.platform.startswith("linux") or shutil.which("ip") is None or os.geteuid() != 0:
-        missing("a lab needs Linux, iproute2 and root")
-    name = f"c{secrets.token_hex(3)}"
-    try:
-        the_lab = Lab.from_spec(parse_lab_spec(f"hosts=2,link=200mbit,name={name}"))
-    except LaunchError as e:
-        missing(f"cannot make a lab here: {e}")
-    yield the_lab
-    core.sweep(name)
+    yield from lab_of("c", "200mbit")
 
 
 @pytest.mark.netns

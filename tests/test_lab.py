@@ -11,7 +11,7 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from dpcompare.lab import Lab, core, format_rate, netns, parse_lab_spec, parse_r
 from dpcompare.lab import bench as labbench
 from dpcompare.launch.mpirun import dpcompare_argv
 
-from conftest import FAST, dpcompare, missing, needs_mpi, summary
+from conftest import FAST, dpcompare, lab_of, missing, needs_mpi, summary
 
 
 # -- no root needed -----------------------------------------------------------------------------------
@@ -95,16 +95,8 @@ def _ours(name: str) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def lab() -> Lab:
-    if not sys.platform.startswith("linux") or shutil.which("ip") is None or os.geteuid() != 0:
-        missing("a lab needs Linux, iproute2 and root")
-    name = f"t{secrets.token_hex(3)}"
-    try:
-        the_lab = Lab.from_spec(parse_lab_spec(f"hosts=2,link=200mbit,name={name}"))
-    except LaunchError as e:
-        missing(f"cannot make a lab here: {e}")
-    yield the_lab
-    core.sweep(name)
+def lab() -> Iterator[Lab]:
+    yield from lab_of("t", "200mbit")
 
 
 @pytest.mark.netns

@@ -7,23 +7,19 @@ Needs root, iproute2, tbf and Open MPI: skips with the reason locally and fails 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dpcompare.errors import LaunchError
-from dpcompare.lab import Lab, core
+from dpcompare.lab import Lab
 from dpcompare.lab import bench as labbench
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import strategies
 from dpcompare.prediction.network import Link, Network, load_calibration, parse_rate
 from dpcompare.prediction.sweep import knobs_of
 
-from conftest import missing, needs_mpi
+from conftest import lab_of, needs_mpi
 
 #: 2.7 MB of gradients (784·512 + 512·512 + 512·10 parameters): ~0.11 s of all-reduce a step at 200 Mbit/s
 MLP = ("--model", "mlp", "--width", "512", "--dataset", "synthetic", "--input-shape", "1,28,28", "--epochs", "0",
@@ -32,16 +28,8 @@ BOUND = 0.35
 
 
 @pytest.fixture(scope="module")
-def lab() -> Lab:
-    if not sys.platform.startswith("linux") or shutil.which("ip") is None or os.geteuid() != 0:
-        missing("a lab needs Linux, iproute2 and root")
-    name = f"p{secrets.token_hex(3)}"
-    try:
-        the_lab = Lab.up(hosts=2, link="unlimited", name=name)
-    except LaunchError as e:
-        missing(f"cannot make a lab here: {e}")
-    yield the_lab
-    core.sweep(name)
+def lab() -> Iterator[Lab]:
+    yield from lab_of("p", "unlimited")
 
 
 def _train(lab: Lab, out: Path, *extra: str) -> dict:
