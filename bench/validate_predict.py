@@ -17,7 +17,8 @@ through every size it measured); ``ends`` (the same bench, with its own fits: α
 the largest); ``one`` (one bench, H=2 at the first rate, its α and share of the link applied everywhere);
 ``floor`` (``bench``, and no all-reduce faster than the unshaped trace's own of that size: Network.floors);
 ``onefloor`` (``one`` with the floor); ``ddpcompute`` (``bench``, every strategy on the unshaped DDP trace's
-compute). ``--plot`` draws the table.
+compute); ``profile`` (``bench``, the share of the link read off the measured sizes: ``predict --calibration``'s
+default); ``oneprofile`` (``one``, the same way). ``--plot`` draws the table.
 
 Every number here was taken on a 2-core machine shared with other work: read the spread of the repeats.
 """
@@ -38,7 +39,7 @@ from dpcompare.lab import Lab
 from dpcompare.lab import bench as labbench
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import strategies
-from dpcompare.prediction.network import Link, Network, load_calibration, parse_rate
+from dpcompare.prediction.network import Link, Network, load_calibration, load_profiles, parse_rate
 from dpcompare.prediction.sweep import knobs_of
 
 #: communication-heavy (23.3 MB of gradients a step) and light (2.7 MB): an mlp on 1×28×28 synthetic samples
@@ -51,7 +52,8 @@ COMMON = ("--dataset", "synthetic", "--input-shape", "1,28,28", "--samples", "40
 RESULTS = "results.json"
 #: Open MPI's session folders apart from other jobs' on this machine (they clashed once in /tmp/ompi.*)
 OWN_TMP = ("--mca", "orte_tmpdir_base", "/tmp/dpcompare-validate-ompi")
-CALIBRATIONS = ("plain", "ends", "bench", "one", "floor", "onefloor", "ddpcompute")
+CALIBRATIONS = ("plain", "ends", "bench", "one", "floor", "onefloor", "ddpcompute", "profile", "oneprofile",
+                "plainfloor", "profilefloor")
 
 
 def train_argv(strategy: str, workload: str, out: Path, steps: int, warmup: int, trace: int = 0) -> list[str]:
@@ -111,6 +113,21 @@ def measure_hosts(h: int, a: argparse.Namespace, out: Path, log: list[dict[str, 
                     (out / RESULTS).write_text(json.dumps(log, indent=1))
 
 
+def rebench(a: argparse.Namespace, log: list[dict[str, Any]]) -> None:
+    """Measure every (hosts, link) calibration of ``log`` again (the lab's current `lab bench`), keeping the
+    earlier file beside it as ``bench-LINK-before.json``."""
+    for h in sorted({r["hosts"] for r in log}):
+        with Lab.up(hosts=h, link="unlimited", name=f"reb{h}{secrets.token_hex(2)}") as lab:
+            for link in dict.fromkeys(r["link"] for r in log if r["hosts"] == h):
+                path = Path(next(r["bench"] for r in log if r["hosts"] == h and r["link"] == link))
+                before = path.with_name(path.stem + "-before.json")
+                if path.is_file() and not before.is_file():
+                    path.rename(before)
+                lab.set_link(link)
+                bench(lab, path, a.bench_sizes)
+                print(f"h={h} {link}: {path}", flush=True)
+
+
 def predict(rec: dict[str, Any], how: str, one: dict[str, str]) -> float:
     """Predicted step (ms) of one configuration: the unshaped trace's compute, the shaped link, a calibration."""
     trace = Path(rec["trace"])
@@ -119,10 +136,13 @@ def predict(rec: dict[str, Any], how: str, one: dict[str, str]) -> float:
     p = strategies.profile(trace)
     sched = strategies.schedule(rec["strategy"])(p, knobs_of(p, {}))
     cal = {"plain": None, "ends": rec["bench"], "bench": rec["bench"], "floor": rec["bench"],
-           "ddpcompute": rec["bench"], "one": one.get("path"), "onefloor": one.get("path")}[how]
+           "ddpcompute": rec["bench"], "one": one.get("path"), "onefloor": one.get("path"),
+           "profile": rec["bench"], "oneprofile": one.get("path"), "plainfloor": None,
+           "profilefloor": rec["bench"]}[how]
     calibrated = load_calibration(cal, fit="ends" if how == "ends" else "range") if cal else {}
-    floors = strategies.trace_floors(p) if how in ("floor", "onefloor") else {}
-    net = Network(rec["hosts"], Link(0.0, parse_rate(rec["link"])), 1, None, calibrated, floors)
+    floors = strategies.trace_floors(p) if how.endswith("floor") else {}
+    profiles = load_profiles(cal) if cal and "profile" in how else {}
+    net = Network(rec["hosts"], Link(0.0, parse_rate(rec["link"])), 1, None, calibrated, floors, profiles)
     return sched.run(net).step * 1e3
 
 
@@ -236,8 +256,11 @@ def parse() -> argparse.Namespace:
     m.add_argument("--trace", type=int, default=5, help="traced steps of the unshaped runs")
     m.add_argument("--repeats", type=int, default=2, help="untraced runs per configuration")
     m.add_argument("--no-trace-horovod", dest="trace_horovod", action="store_false")
-    m.add_argument("--bench-sizes", default="256K,1M,4M,16M")
+    m.add_argument("--bench-sizes", default="64K,256K,1M,2M,4M,8M,16M,32M")
     m.add_argument("--timeout", type=float, default=600)
+    r = sub.add_parser("rebench", help="measure the calibrations of a finished `measure` again (root)")
+    r.add_argument("out", type=Path)
+    r.add_argument("--bench-sizes", default="64K,256K,1M,2M,4M,8M,16M,32M")
     n = sub.add_parser("analyse", help="predict every measured configuration and compare")
     n.add_argument("out", type=Path)
     n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="only this one (default: all)")
@@ -265,6 +288,9 @@ def main() -> None:
         print(f"measured in {time.monotonic() - t0:.0f} s; `analyse {a.out}` compares", flush=True)
         return
     log = json.loads((a.out / RESULTS).read_text())
+    if a.cmd == "rebench":
+        rebench(a, log)
+        return
     tables = {}
     for how in ([a.calibration] if a.calibration else CALIBRATIONS):
         tables[how] = rows(log, how)

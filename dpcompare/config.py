@@ -28,6 +28,11 @@ TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
 }
 
 
+#: ``--mpi-allreduce``: name → Open MPI's coll_tuned_allreduce_algorithm number (0: Open MPI decides)
+MPI_ALLREDUCE: dict[str, int] = {"default": 0, "linear": 1, "nonoverlapping": 2, "recursive-doubling": 3, "ring": 4,
+                                 "segmented-ring": 5, "rabenseifner": 6}
+
+
 class NameList(list):
     """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
 
@@ -195,6 +200,11 @@ class TrainConfig:
     horovod_ops: str = opt("default", "horovod only: HOROVOD_CPU_OPERATIONS, the CPU all-reduce implementation "
                                       "(gloo needs `horovodrun --gloo`)", choices=["default", "mpi", "gloo"],
                            group=KNOBS, resume=True)
+    mpi_allreduce: str = opt("default", "horovod over Open MPI only: the all-reduce algorithm Open MPI's tuned "
+                                        "collectives use (coll_tuned_allreduce_algorithm with dynamic rules); "
+                                        "default: Open MPI's choice by message size, which reached only about half "
+                                        "to three quarters of a shaped lab link (docs/lab.md)",
+                             choices=list(MPI_ALLREDUCE), group=KNOBS, resume=True)
     adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "
                               "needs a power-of-two number of processes", group=KNOBS, resume=True)
     powersgd_rank: int = opt(0, "ddp only: PowerSGD low-rank gradient compression of this rank (powerSGD_hook, "

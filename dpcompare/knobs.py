@@ -39,6 +39,8 @@ TABLE: dict[str, Knob] = {
                       "same sums grouped differently (at 2 processes the order of a sum of two cannot differ)"),
     "horovod_cycle_ms": Knob("—", "HOROVOD_CYCLE_TIME", "exact", "when fusion happens, not what is summed"),
     "horovod_ops": Knob("—", "HOROVOD_CPU_OPERATIONS", "exact", "another implementation of the same sum"),
+    "mpi_allreduce": Knob("—", "OMPI_MCA_coll_tuned_allreduce_algorithm (+ use_dynamic_rules)", "exact",
+                          "another algorithm for the same sum; beyond 2 processes it may add in another order"),
     "adasum": Knob("— (no equivalent)", "op=hvd.Adasum", "different",
                    "Adasum combines gradients by their angles instead of averaging them: not meant to match"),
     "powersgd_rank": Knob("register_comm_hook(powerSGD_hook)", "— (no equivalent)", "different",

@@ -40,6 +40,19 @@ def test_the_forward_gap_is_named_with_ddps_buffer_broadcast() -> None:
     assert "horovod is" in a.text and "forward" in a.text and "broadcast" in a.text
 
 
+def test_the_buffer_broadcast_is_named_only_when_the_runs_had_buffers() -> None:
+    res = _results(forward_gap=0.8)
+    for r in res["runs"]:
+        r["regime"] = {"buffer_mb": 0.0}
+    a = attribute(res, "ddp", "horovod", 2)
+    assert a is not None and a.main[0] == "forward" and "broadcast" not in a.text
+    assert "Neither strategy communicates in forward" in a.text  # an mlp: DDP broadcasts nothing there
+    for r in res["runs"]:
+        r["regime"] = {"buffer_mb": 0.01}
+    a = attribute(res, "ddp", "horovod", 2)
+    assert a is not None and "broadcast of rank 0's buffers" in a.text and "when the model has buffers" not in a.text
+
+
 def test_a_gap_where_nobody_communicates_points_at_the_machine() -> None:
     a = attribute(_results(forward_gap=0.0, data_gap=1.5), "ddp", "horovod", 2)
     assert a is not None and a.main == ["data"]

@@ -39,6 +39,7 @@ def test_every_knob_is_in_the_table_and_honoured_by_someone():
     ("ddp", {"adasum": True}, "--strategy horovod"),
     ("ddp", {"horovod_cycle_ms": 3.0}, "--strategy horovod"),
     ("ddp", {"horovod_ops": "mpi"}, "--strategy horovod"),
+    ("zero", {"mpi_allreduce": "recursive-doubling"}, "--strategy horovod"),
     ("horovod", {"powersgd_rank": 2}, "--strategy ddp"),
     ("horovod", {"static_graph": True}, "--strategy ddp"),
     ("single", {"grad_compression": "fp16"}, "--strategy ddp or --strategy horovod or --strategy zero"),
@@ -60,8 +61,12 @@ def test_values_a_strategy_cannot_take_are_refused(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(ConfigError, match="horovodrun --gloo"):
         hvd_cls.check_config(_cfg(strategy="horovod", horovod_ops="gloo"), 2)
+    hvd_cls.check_config(_cfg(strategy="horovod", mpi_allreduce="ring"), 2)
     monkeypatch.setenv("HOROVOD_CONTROLLER", "gloo")
     hvd_cls.check_config(_cfg(strategy="horovod", horovod_ops="gloo"), 2)
+    with pytest.raises(ConfigError, match="--mpi-allreduce ring chooses Open MPI's all-reduce, but this run's "
+                                          "all-reduces go through gloo: launch with mpirun"):
+        hvd_cls.check_config(_cfg(strategy="horovod", mpi_allreduce="ring"), 2)
     with pytest.raises(ConfigError, match="choose one"):
         ddp_cls.check_config(_cfg(strategy="ddp", powersgd_rank=1, grad_compression="fp16"), 2)
 
@@ -143,6 +148,7 @@ def ddp_fp16(tmp_path_factory):
 def test_ddp_knobs_take_effect(ddp_fp16):
     s = summary(ddp_fp16)
     c = s["comm"]
+    assert c["library"] == "gloo"
     assert (c["comm_hook"], c["wire_dtype"], c["bucket_cap_mb"], c["static_graph"]) == (
         "fp16_compress_hook", "float16", 0.05, True)
     n_params = sum(t.numel() for t in torch.load(ddp_fp16 / "checkpoints" / "epoch-1.pt",
@@ -160,7 +166,7 @@ def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_t
     # 11 steps of 2 micro-batches per epoch: the checkpoint ends epoch 1, so epoch 2 runs steps 5-12
     p = dpcompare("train", "--strategy", "horovod", *MLP, "--max-steps", "12", "--resume",
                   str(ddp_fp16 / "checkpoints" / "epoch-1.pt"), "--accumulate", "2", "--grad-compression", "fp16",
-                  "--bucket-mb", "0.05", "--horovod-cycle-ms", "2", "--horovod-ops", "mpi", "--amp", "fp16",
+                  "--bucket-mb", "0.05", "--horovod-cycle-ms", "2", "--horovod-ops", "mpi", "--mpi-allreduce", "recursive-doubling", "--amp", "fp16",
                   "--progress", "lines", "--out", str(out), np=2)
     changed = [x for x in p.stdout.splitlines() if "differs from the checkpoint's run" in x]
     assert len(changed) == 1
@@ -173,6 +179,9 @@ def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_t
         "FP16Compressor", "float16", 2, "Average")
     assert (c["HOROVOD_FUSION_THRESHOLD"], c["HOROVOD_CYCLE_TIME"], c["HOROVOD_CPU_OPERATIONS"]) == (
         str(int(0.05 * 1024 * 1024)), "2", "mpi")
+    # Open MPI's MCA settings for recursive doubling, in the environment before hvd.init() (MPI_Init reads them)
+    assert (c["library"], c["OMPI_MCA_coll_tuned_use_dynamic_rules"], c["OMPI_MCA_coll_tuned_allreduce_algorithm"]) == (
+        "mpi", "1", "3")
     # one all-reduce per tensor per optimizer step, i.e. per 2 micro-batches
     assert c["micro_batches"] == 2 * c["optimizer_steps"] and c["grad_allreduces"] == MLP_TENSORS * c["optimizer_steps"]
 

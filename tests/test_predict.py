@@ -112,6 +112,18 @@ def test_horovod_fusion_merges_three_tensors():
     assert small.detail["fused_allreduces"] == 2 and small.comm == pytest.approx(6 * MS)
 
 
+@pytest.mark.parametrize("config, device, backend", [
+    ({}, "cpu", "mpi"), ({"mpi_allreduce": "recursive-doubling"}, "cpu", "mpi-rd"),
+    ({"mpi_allreduce": "ring"}, "cpu", "mpi-ring"), ({"horovod_ops": "gloo"}, "cpu", "gloo"), ({}, "cuda:0", "nccl")])
+def test_horovod_prices_the_library_and_algorithm_its_run_used(config, device, backend):
+    """``--mpi-allreduce recursive-doubling`` is priced with `lab bench`'s mpi-rd record, not Open MPI's default."""
+    p = profile([("a", 0.1 * MS, 1 * MB)], backward=1 * MS, strategy="horovod", config=config, device=device)
+    assert strategies.schedule("horovod")(p, Knobs()).backend() == backend
+    slow = Network(2, Link(0.0, MB / MS), calibrated={("mpi", "allreduce"): (0.0, 0.5)})
+    ms = strategies.schedule("horovod")(p, Knobs(cycle_ms=1)).predict(slow).comm / MS
+    assert ms == pytest.approx(2.0 if backend == "mpi" else 1.0)  # only Open MPI's default record is slow
+
+
 def test_horovod_fusion_never_exceeds_its_threshold():
     from dpcompare.prediction.horovod import fuse
 
@@ -330,3 +342,39 @@ def test_labels_keep_arms_apart_and_repeats_together(tmp_path):
     assert source(tmp_path / "ddp-np2-r0", 2) == source(tmp_path / "ddp-np2-r3-s7", 2) == "ddp-np2"
     assert source(tmp_path / "ddp-bucket5-np2-r0", 2) == "ddp-bucket5-np2"
     assert source(tmp_path / "mine", 4) == "mine, np=4"
+
+
+def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):
+    from dpcompare.prediction.command import project
+    from dpcompare.report.projection import section
+
+    assert project(tmp_path, "25gbit") is None and section(tmp_path) == ""  # nothing traced: no section
+    fake_run(tmp_path / "runs" / "ddp-np2-r0")
+    fake_run(tmp_path / "runs" / "horovod-np2-r0", strategy="horovod")
+    where = project(tmp_path, "10gbit")
+    doc = json.loads((where / "prediction.json").read_text())
+    assert doc["inputs"]["link"] == "10gbit" and [c["strategy"] for c in doc["curves"]] == ["ddp", "horovod"]
+    assert doc["inputs"]["hosts"][0] == 2 and doc["inputs"]["hosts"][-1] == 1024
+    text = section(tmp_path)
+    assert "Projected to a cluster" in text and "data:image/png;base64," in text and "10gbit link" in text
+    assert text.count("<tr><td>") == 2 and "1024 hosts" in text and "a model, not a measurement" in text.lower()
+
+
+def test_a_bench_profile_gives_back_every_measured_size_and_follows_the_curve_between(tmp_path):
+    """`predict --calibration` reads the share of the link off the measured sizes (Open MPI's speed per byte
+    changes with the size as it switches algorithms): no straight line's intercept paid by every small op."""
+    from dpcompare.prediction.network import load_profiles, share_at
+
+    n, link = 2, 1e9
+    rows = [(2**18, 0.0021), (2**20, 0.0087), (2**22, 0.051), (2**24, 0.216)]
+    doc = {"schema": "dpcompare.lab.bench/1", "lab": {"link_bps": link}, "ranks": n,
+           "rows": [{"backend": "mpi", "collective": "allreduce", "bytes": b, "time_s": t} for b, t in rows]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    net = Network(n, Link(0.0, link / 8), calibrated=load_calibration(path), profiles=load_profiles(path))
+    for b, t in rows:
+        assert net.cost("allreduce", b, "mpi") == pytest.approx(t)
+    profile = load_profiles(path)[("mpi", "allreduce")]
+    assert share_at(profile, 2**21) == pytest.approx((share_at(profile, 2**20) + share_at(profile, 2**22)) / 2)
+    assert share_at(profile, 2**30) == share_at(profile, 2**24)  # beyond the sizes: the nearest end's share
+    assert net.cost("allreduce", 1, "gloo") == pytest.approx(1 / (link / 8))  # no record: the plain link

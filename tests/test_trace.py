@@ -204,3 +204,25 @@ def test_timeline_draws_both_strategies_and_the_report_embeds_them(traced, tmp_p
 def test_timeline_refuses_a_folder_without_trace(tmp_path):
     p = dpcompare("timeline", str(tmp_path), check=False)
     assert p.returncode == 2 and "trace.json not found" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_report_advises_the_mpi_algorithm_when_open_mpi_lags_gloo_on_a_lab_link(tmp_path):
+    from dpcompare.report.traces import library_advice
+
+    def arm(name, library, algorithm, share):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(
+            {"comm": {"library": library}, "config": {"mpi_allreduce": algorithm}}))
+        return tmp_path / name / "trace.json", {"collectives": {"all_reduce": {"busbw_pct_link": share}}}
+
+    runs = {"ddp-np2": arm("d", "gloo", "default", 94.0), "horovod-np2": arm("h", "mpi", "default", 61.0),
+            "hvd-rd-np2": arm("r", "mpi", "recursive-doubling", 70.0)}
+    paths, figures = ({k: v[i] for k, v in runs.items()} for i in (0, 1))
+    text = library_advice(paths, figures)
+    assert "<b>horovod-np2</b>: Open MPI's default all-reduce moved 61 % of the link where ddp-np2's gloo " \
+           "all-reduce reached 94 %" in text and "--mpi-allreduce recursive-doubling" in text
+    assert "hvd-rd-np2" not in text  # its algorithm was already chosen
+    figures["horovod-np2"]["collectives"]["all_reduce"]["busbw_pct_link"] = 85.0
+    assert library_advice(paths, figures) == ""  # close enough to the link
+    figures["horovod-np2"]["collectives"]["all_reduce"]["busbw_pct_link"] = None
+    assert library_advice(paths, figures) == ""  # no lab: no link to compare with

@@ -108,6 +108,11 @@ class Strategy(ABC):
             scaler.step(optimizer)
             scaler.update()
 
+    def library(self) -> str:
+        """The library that carries the gradient exchange between processes (gloo, nccl, mpi), for
+        summary.json["comm"]["library"]: the report reads it to advise on the library's own settings."""
+        return "none"
+
     def comm_report(self) -> dict[str, Any]:
         """What this strategy installed for gradient exchange (hooks, compressor, sizes) and counted."""
         return dict(self.counters)

@@ -24,12 +24,15 @@ def names() -> list[str]:
     return list(STRATEGIES)
 
 
+#: the ending of a declaration that holds only for models with buffers (the report drops it for models without)
+IF_BUFFERS = ", when the model has buffers"
+
 #: name → {phase of the step: the communication the strategy does there}. Every collective a strategy issues is
 #: declared here, so a report can say which communication sits in the phase that accounts for a difference.
 COMMUNICATION: dict[str, dict[str, str]] = {
     "ddp": {
         "forward": "broadcast of rank 0's buffers (BatchNorm statistics) at the start of every forward "
-                   "(broadcast_buffers=True), when the model has buffers",
+                   "(broadcast_buffers=True)" + IF_BUFFERS,
         "backward": "bucketed all-reduce of the gradients, started from hooks on the model as each bucket "
                     "fills; whatever backward's remaining computation does not hide is waited for here",
     },
@@ -39,7 +42,7 @@ COMMUNICATION: dict[str, dict[str, str]] = {
         "optimizer": "step() waits for the fused all-reduces (synchronize()) before it updates",
     },
     "zero": {
-        "forward": "DDP's buffer broadcast, when the model has buffers",
+        "forward": "DDP's buffer broadcast" + IF_BUFFERS,
         "backward": "DDP's bucketed gradient all-reduce",
         "optimizer": "each rank updates its shard of the parameters, then broadcasts it to the others",
     },

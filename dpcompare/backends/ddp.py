@@ -66,6 +66,9 @@ class DDPStrategy(Strategy):
     def backend(self) -> str:
         return "nccl" if self.device.type == "cuda" else "gloo"
 
+    def library(self) -> str:
+        return self.backend
+
     def setup(self) -> None:
         if dist.is_initialized():
             return

@@ -24,6 +24,7 @@ from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, pat
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
 from dpcompare.backends.registry import register
+from dpcompare.config import MPI_ALLREDUCE
 from dpcompare.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
@@ -33,6 +34,12 @@ TIMELINE_FILE = "horovod_timeline.json"
 
 INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in this Python: run `make setup` "
                 "(builds horovod 0.28.1 with the C++17 fix) or `pip install 'dpcompare[horovod]'`")
+
+
+def mpi_allreduce_env(algorithm: str) -> dict[str, str]:
+    """The Open MPI MCA settings (as environment variables) that force ``algorithm`` for MPI_Allreduce."""
+    return {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+            "OMPI_MCA_coll_tuned_allreduce_algorithm": str(MPI_ALLREDUCE[algorithm])}
 
 
 def _hvd() -> Any:
@@ -48,7 +55,7 @@ class HorovodStrategy(Strategy):
                       "thread fuses; optimizer.step() waits for them (synchronize) before updating")
 
     knobs = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "horovod_cycle_ms", "horovod_ops",
-                       "adasum"})
+                       "mpi_allreduce", "adasum"})
 
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
@@ -64,6 +71,10 @@ class HorovodStrategy(Strategy):
         if cfg.horovod_ops == "gloo" and not gloo_controller:
             raise ConfigError("--horovod-ops gloo needs Horovod's gloo controller: launch with `horovodrun --gloo "
                               "-np N dpcompare train ...` (under mpirun Horovod's gloo operations crash)")
+        if cfg.mpi_allreduce != "default" and (gloo_controller or cfg.horovod_ops == "gloo"):
+            raise ConfigError(f"--mpi-allreduce {cfg.mpi_allreduce} chooses Open MPI's all-reduce, but this run's "
+                              "all-reduces go through gloo: launch with mpirun and drop --horovod-ops gloo, or drop "
+                              "--mpi-allreduce")
         if cfg.horovod_ops == "mpi" and gloo_controller:
             raise ConfigError("--horovod-ops mpi needs Horovod's MPI controller: launch with mpirun (or horovodrun "
                               "--mpi), not horovodrun --gloo")
@@ -77,6 +88,8 @@ class HorovodStrategy(Strategy):
             os.environ["HOROVOD_CYCLE_TIME"] = f"{cfg.horovod_cycle_ms:g}"
         if cfg.horovod_ops != "default":
             os.environ["HOROVOD_CPU_OPERATIONS"] = cfg.horovod_ops
+        if cfg.mpi_allreduce != "default":  # Open MPI reads its MCA parameters from the environment at MPI_Init
+            os.environ.update(mpi_allreduce_env(cfg.mpi_allreduce))
 
     @classmethod
     def check_available(cls) -> None:
@@ -117,6 +130,13 @@ class HorovodStrategy(Strategy):
                               f"{self.env.rank} of {self.env.world_size}; launch with mpirun/srun/horovodrun")
         self._hvd = hvd
 
+    def library(self) -> str:
+        """Horovod's tensor operations: NCCL on GPUs; on CPUs gloo under its gloo controller or with
+        ``--horovod-ops gloo``, else MPI."""
+        if self.device.type == "cuda":
+            return "nccl"
+        return "gloo" if _gloo_controller() or self.cfg.horovod_ops == "gloo" else "mpi"
+
     def teardown(self) -> None:
         hvd = getattr(self, "_hvd", None)
         if hvd is not None and hvd.is_initialized():
@@ -149,8 +169,8 @@ class HorovodStrategy(Strategy):
             "compression": getattr(compression, "__name__", type(compression).__name__),
             "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression, "float32"),
             "op": "Adasum" if cfg.adasum else "Average", "backward_passes_per_step": cfg.accumulate,
-            **{k: os.environ[k] for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS")
-               if k in os.environ}}
+            **{k: os.environ[k] for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
+                                         *mpi_allreduce_env("ring")) if k in os.environ}}
         return opt
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:

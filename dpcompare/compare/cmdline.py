@@ -95,12 +95,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
+                   help="with --trace N: project the traced runs to 2-1024 hosts on this inter-host link with "
+                        "`dpcompare predict` (OUT/projected, the report's \"Projected to a cluster\" section); "
+                        "none: do not (default: 25gbit)")
     g.add_argument("--resume", dest="resume_dir", metavar="DIR",
                    help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
                         "failed ones run; its plan and options are reused (any given must match them)")
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
+
+
+def project_link_arg(text: str) -> str:
+    """``--project-link``: a link rate ``dpcompare predict --link`` reads, or ``none``."""
+    from dpcompare.prediction.network import parse_rate
+
+    if text == "none":
+        return text
+    try:
+        parse_rate(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a link rate (e.g. 25gbit, 200gbit, 10gbit) or none") from None
+    return text
 
 
 def train_flags(cfg: TrainConfig) -> list[str]:

@@ -288,6 +288,7 @@ class RunOptions:
     run_timeout: float | None = None  # seconds; a run past it is stopped and recorded failed
     resume: bool = False  # continue the comparison in ``out``: its ok runs are kept
     workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
+    project_link: str | None = "25gbit"  # traced runs: predict them onto a cluster on this link (None: do not)
 
 
 def arm_link(arm: Arm) -> str | None:

@@ -172,6 +172,23 @@ def _announce(run: _Run) -> None:
         run.console.print(f"resuming {c.out}: {len(run.kept)} finished runs are kept; the others run", soft_wrap=True)
 
 
+def _project(c: Comparison, console: Any) -> None:
+    """Traced runs: ``dpcompare predict`` them onto ``--project-link`` into OUT/projected for the report. A model
+    that cannot be built (a strategy without a schedule, an unreadable trace) costs a line, not the comparison."""
+    from dpcompare.prediction.command import project
+
+    if not c.options.project_link or not c.config.trace:
+        return
+    try:
+        where = project(c.out, c.options.project_link)
+    except (ConfigError, OSError, ValueError, KeyError) as e:
+        console.print(f"[yellow]no projection to a cluster: {e}[/]", soft_wrap=True)
+        return
+    if where and c.options.progress != "none":
+        console.print(f"projected the traced runs to 2-1024 hosts on {c.options.project_link} → {where}",
+                      soft_wrap=True)
+
+
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
     from dpcompare.report import attribution, render, stats
@@ -184,6 +201,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     results["complete"] = True
     atomic_write_json(c.out / RESULTS, results)
     run.group.finish(results["verdicts"])
+    _project(c, console)
     render(c.out, console=console)
     if c.options.progress != "none":
         console.print(f"compare: {blocks} block{'s' if blocks != 1 else ''} in {elapsed:.0f} s; stopped: {reason}",

@@ -16,15 +16,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dpcompare.config import MPI_ALLREDUCE
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab.core import Lab
+from dpcompare.lab.netns import burst_bytes
 from dpcompare.lab.rates import format_rate
 
 SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
 COLLECTIVES = ("allreduce", "allgather")
 #: Open MPI's recursive doubling for all-reduce (coll/tuned algorithm 3)
-RECURSIVE_DOUBLING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "3")
+RECURSIVE_DOUBLING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm",
+                      str(MPI_ALLREDUCE["recursive-doubling"]))
 _SIZE = re.compile(r"^(\d+)([kmg]?)i?b?$")
 
 
@@ -73,10 +76,19 @@ def _jobs(backends: Sequence[str], collectives: Sequence[str]) -> list[tuple[lis
     return jobs
 
 
+def idle_gap_ms(link_bps: int | None) -> float:
+    """How long the link idles before each timed operation: twice the time tbf takes to refill its bucket
+    (:func:`~dpcompare.lab.netns.burst_bytes`), so that every operation starts as a training step's first
+    collective does after its compute, with the burst available (0 on an unshaped link)."""
+    return 0.0 if not link_bps else round(2e3 * burst_bytes(link_bps) * 8 / link_bps, 1)
+
+
 def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
             collectives: Sequence[str] = COLLECTIVES, warmup: int = 1, iters: int = 5,
-            timeout: float = 600) -> dict:
-    """Run the sweep across ``lab`` (one rank per host) and return the results document (see :func:`analyse`)."""
+            timeout: float = 600, gap_ms: float | None = None) -> dict:
+    """Run the sweep across ``lab`` (one rank per host) and return the results document (see :func:`analyse`);
+    ``gap_ms``: idle time before each timed operation (None: :func:`idle_gap_ms` of the lab's link)."""
+    gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
     if len(lab.hosts) < 2:
         raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --hosts 2)")
     raw_rows, ranks = [], len(lab.hosts)
@@ -85,7 +97,7 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
         raw.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "dpcompare.lab.worker", "--sizes", ",".join(map(str, sizes)),
                 "--backends", ",".join(bk), "--collectives", ",".join(coll), "--mpi-label", label,
-                "--warmup", str(warmup), "--iters", str(iters), "--out", str(raw)]
+                "--warmup", str(warmup), "--iters", str(iters), "--gap-ms", str(gap), "--out", str(raw)]
         # one rank per host: the link, not shared memory, is measured
         p = lab.run(argv, np=len(lab.hosts), mca=mca, per_host=1, timeout=timeout, capture=True)
         if p.returncode != 0 or not raw.is_file():
@@ -97,7 +109,7 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
         ranks = data["ranks"]
     return analyse(raw_rows, ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
                                                          "link": lab.link, "link_bps": lab.link_bps},
-                   warmup=warmup, iters=iters)
+                   warmup=warmup, iters=iters, gap_ms=gap)
 
 
 def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: object) -> dict:

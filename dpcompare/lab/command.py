@@ -84,7 +84,8 @@ def _bench(a: argparse.Namespace) -> int:
         bad = [v for v in x if v not in allowed]
         if bad or not x:
             raise ConfigError(f"{flag} {','.join(x)}: choose from {', '.join(allowed)}")
-    doc = bench.measure(lab, bench.parse_sizes(a.sizes), backends, collectives, a.warmup, a.iters, a.timeout)
+    doc = bench.measure(lab, bench.parse_sizes(a.sizes), backends, collectives, a.warmup, a.iters, a.timeout,
+                        a.gap_ms)
     for table in bench.tables(doc):
         Console().print(table)
     if a.out:
@@ -109,7 +110,7 @@ def _set_link(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_int, positive_int
+    from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
 
     p = sub.add_parser("lab", help="an emulated cluster on this machine: hosts in namespaces, shaped links",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,6 +141,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help="allreduce, allgather")
     b.add_argument("--warmup", type=nonneg_int, default=1, help="untimed iterations per size (default 1)")
     b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size; the median counts")
+    b.add_argument("--gap-ms", type=nonneg_float, default=None, metavar="MS",
+                   help="idle time before each timed operation (default: twice the time the link's tbf bucket "
+                        "takes to refill, so each starts like a step's first collective after compute; 0 on an "
+                        "unshaped link)")
     b.add_argument("--timeout", type=positive_int, default=600, help="seconds each mpirun job may take")
     b.add_argument("--out", metavar="FILE", help="write the results and α-β fits as JSON")
 

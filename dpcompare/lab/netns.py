@@ -100,9 +100,13 @@ def root_networks() -> list[ipaddress.IPv4Network]:
 def tbf_args(bps: int) -> list[str]:
     """tbf options for ``bps``: a burst of 2 ms of traffic but at least 256 KiB from 50 Mbit/s on (64 KiB, one GSO
     packet, halved the rate at 1 Gbit/s; 128 KiB did not), 16 KiB below so that a crawl is a crawl; 20 ms of queue."""
+    return ["tbf", "rate", f"{bps}bit", "burst", str(burst_bytes(bps)), "latency", "20ms"]
+
+
+def burst_bytes(bps: int) -> int:
+    """The bytes tbf lets through at once after an idle link (its bucket): see :func:`tbf_args`."""
     floor = 256 * 1024 if bps >= 50_000_000 else 16 * 1024
-    burst = max(floor, int(bps / 8 * 0.002))
-    return ["tbf", "rate", f"{bps}bit", "burst", str(burst), "latency", "20ms"]
+    return max(floor, int(bps / 8 * 0.002))
 
 
 def shape(ns: str, dev: str, bps: int | None) -> None:

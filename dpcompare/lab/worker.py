@@ -52,9 +52,11 @@ BUDGET_S, MIN_ITERS = 1.0, 3
 
 
 def _time(op: Callable[[], None], barrier: Callable[[], None], comm: object, warmup: int,
-          iters: int) -> list[float]:
-    """Per-iteration times after ``warmup`` untimed ones; slow sizes run fewer (rank 0 decides for all)."""
+          iters: int, gap_s: float = 0.0) -> list[float]:
+    """Per-iteration times after ``warmup`` untimed ones; slow sizes run fewer (rank 0 decides for all). Each
+    iteration starts after ``gap_s`` of idle link (a shaped link's token bucket refills, as between steps)."""
     def once() -> float:
+        time.sleep(gap_s)
         barrier()
         t0 = time.perf_counter()
         op()
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mpi-label", default="mpi", help="the name MPI's results are filed under")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--gap-ms", type=float, default=0.0, help="idle time before each iteration")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             for size in sizes:
                 count = _elements(size, collective, n)
                 op = (_gloo_ops(collective, count, n) if backend == "gloo" else _mpi_ops(comm, collective, count, n))
-                mine = _time(op, barrier, comm, a.warmup, a.iters)
+                mine = _time(op, barrier, comm, a.warmup, a.iters, a.gap_ms / 1e3)
                 every = comm.gather(mine, root=0)
                 if comm.Get_rank() == 0:
                     slowest = [max(col) for col in zip(*every, strict=True)]

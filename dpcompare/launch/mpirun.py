@@ -24,7 +24,7 @@ from dpcompare.errors import ConfigError, LaunchError
 
 FLAVORS = ("openmpi", "mpich")
 #: forwarded to every rank when set here (VIRTUAL_ENV: see :func:`forwarded_env`)
-FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "GLOO_", "MASTER_", "WANDB_", "MLFLOW_", "DPCOMPARE_")
 #: variables ``--iface`` sets on every rank (rendezvous.py leaves them alone when already set)
 IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -49,7 +49,7 @@ def forwarded_env(environ: Mapping[str, str], iface: str | None = None,
                   venv: str | None = None) -> dict[str, str]:
     """Variables every rank should get, with their values, in a stable order.
 
-    PATH, LD_LIBRARY_PATH, OMP_NUM_THREADS and any HOROVOD_*, NCCL_*, GLOO_*, MASTER_* set in
+    PATH, LD_LIBRARY_PATH, PYTHONPATH, OMP_NUM_THREADS and any HOROVOD_*, NCCL_*, GLOO_*, MASTER_* set in
     ``environ``; VIRTUAL_ENV is ``venv`` (the running Python's) when given, else ``environ``'s;
     ``iface`` sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME.
     """

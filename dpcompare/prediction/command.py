@@ -43,7 +43,14 @@ def source(folder: Path, world_size: int) -> str:
 
 
 def _network(a: argparse.Namespace) -> Any:
-    from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration, parse_rate
+    from dpcompare.prediction.network import (
+        Link,
+        Network,
+        load_calibration,
+        load_profiles,
+        parse_duration,
+        parse_rate,
+    )
 
     alpha = parse_duration(a.latency)
     intra = None
@@ -53,7 +60,8 @@ def _network(a: argparse.Namespace) -> Any:
                               "for a CPU socket's memory)")
         intra = Link(parse_duration(a.intra_latency), parse_rate(a.intra_link))
     calibrated = load_calibration(a.calibration) if a.calibration else {}
-    return Network(1, Link(alpha, parse_rate(a.link)), a.ranks_per_host, intra, calibrated)
+    profiles = load_profiles(a.calibration) if a.calibration else {}
+    return Network(1, Link(alpha, parse_rate(a.link)), a.ranks_per_host, intra, calibrated, profiles=profiles)
 
 
 def _cmd_predict(a: argparse.Namespace) -> int:
@@ -97,6 +105,21 @@ def _cmd_predict(a: argparse.Namespace) -> int:
         output.show(console, curves, lines, a.threshold)
     console.print(f"wrote {png} and {js}")
     return 0
+
+
+def project(folder: Path, link: str) -> Path | None:
+    """``dpcompare predict FOLDER --link LINK --out FOLDER/projected --quiet``, for a comparison whose runs were
+    traced: the report's "Projected to a cluster" section. None when no run was traced."""
+    from dpcompare.report.projection import FOLDER
+
+    if not any((folder / "runs").glob("*/trace.json")):
+        return None
+    (folder / FOLDER).mkdir(exist_ok=True)
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(), argparse.ArgumentParser)
+    a = p.parse_args(["predict", str(folder), "--link", link, "--out", str(folder / FOLDER), "--quiet"])
+    _cmd_predict(a)
+    return folder / FOLDER
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:

@@ -42,13 +42,20 @@ class HorovodSchedule(Schedule):
     tunable = ("fusion_mb", "cycle_ms", "fp16")
 
     def backend(self) -> str:
-        ops = str(self.profile.config.get("horovod_ops", "default"))
-        return "nccl" if self.profile.device.startswith("cuda") else ("gloo" if ops == "gloo" else "mpi")
+        """nccl on GPUs; gloo or mpi on CPUs; ``mpi-rd`` (`lab bench`'s label) under ``--mpi-allreduce
+        recursive-doubling``, ``mpi-<algorithm>`` for another forced algorithm (no bench record: the plain link)."""
+        cfg = self.profile.config
+        if self.profile.device.startswith("cuda"):
+            return "nccl"
+        if str(cfg.get("horovod_ops", "default")) == "gloo":
+            return "gloo"
+        algorithm = str(cfg.get("mpi_allreduce", "default"))
+        return {"default": "mpi", "recursive-doubling": "mpi-rd"}.get(algorithm, f"mpi-{algorithm}")
 
     def predict(self, net: Network) -> Step:
         p, k = self.profile, self.knobs
         c = k.cycle_ms / 1e3
-        alpha = net.link(self.backend(), "allreduce").alpha
+        alpha = net.link(self.backend(), "allreduce", nbytes=1.0).alpha  # negotiation: messages of a few bytes
         negotiate = 2 * math.ceil(math.log2(net.ranks)) * alpha if net.ranks > 1 else 0.0
         costs: list[float] = []
         nbytes, t, free, i, cycles = 0.0, 0.0, 0.0, 0, 0

@@ -90,13 +90,15 @@ class Network:
     intra: Link | None = None
     calibrated: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     floors: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    #: (backend, collective) → the measured share of the link per message size (:func:`load_profiles`)
+    profiles: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
 
     @property
     def ranks(self) -> int:
         return self.hosts * self.per_host
 
     def with_hosts(self, hosts: int) -> Network:
-        return Network(hosts, self.inter, self.per_host, self.intra, self.calibrated, self.floors)
+        return Network(hosts, self.inter, self.per_host, self.intra, self.calibrated, self.floors, self.profiles)
 
     def floor(self, collective: str, nbytes: float, backend: str) -> float:
         """The library's own time for an all-reduce of ``nbytes`` when the link is not the limit: the traced
@@ -108,8 +110,14 @@ class Network:
         a, b, n0 = f
         return a * (n - 1) / (n0 - 1) + b * nbytes * ((n - 1) / n) / ((n0 - 1) / n0)
 
-    def link(self, backend: str, collective: str) -> Link:
+    def link(self, backend: str, collective: str, nbytes: float | None = None) -> Link:
+        """The inter-host link as ``backend``'s ``collective`` sees it: calibrated α and share of the link,
+        the share read off the measured profile at ``nbytes`` when there is one (a library whose speed per
+        byte changes with the size, e.g. Open MPI switching algorithms)."""
         alpha, share = self.calibrated.get((backend, collective), (self.inter.alpha, 1.0))
+        profile = self.profiles.get((backend, collective))
+        if profile and nbytes:  # the measured times hold the fixed cost at the bench's size: only the link's α
+            alpha, share = self.inter.alpha, share_at(profile, nbytes)
         return Link(alpha, self.inter.bandwidth * share)
 
     def cost(self, collective: str, nbytes: float, backend: str = "") -> float:
@@ -117,7 +125,7 @@ class Network:
         return max(self._wire(collective, nbytes, backend), self.floor(collective, nbytes, backend))
 
     def _wire(self, collective: str, nbytes: float, backend: str) -> float:
-        inter, g = self.link(backend, collective), self.per_host
+        inter, g = self.link(backend, collective, nbytes), self.per_host
         if g == 1 or self.intra is None:
             return float(getattr(inter, collective)(nbytes, self.hosts))
         intra = self.intra
@@ -236,4 +244,38 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
     if not out:
         raise ConfigError(f"--calibration {path}: no backend+collective fit with the link rate it was measured on; "
                           "give the JSON `dpcompare lab bench --out FILE` wrote (on a shaped link)")
+    return out
+
+
+def share_at(profile: tuple[tuple[float, ...], tuple[float, ...]], nbytes: float) -> float:
+    """The measured share of the link at ``nbytes``: linear in log(size) between the sizes measured, the
+    nearest end's share outside them (numpy.interp)."""
+    import numpy as np
+
+    sizes, shares = profile
+    return float(np.interp(math.log(nbytes), [math.log(x) for x in sizes], shares))
+
+
+def load_profiles(path: str | Path) -> dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]]:
+    """(backend, collective) → (sizes, share of the link at each) from a `lab bench` file's measured rows.
+
+    The share at a size is the α-β formula's bandwidth term over the whole time the bench measured (its fixed
+    cost folded in): :meth:`Network.cost` gives back every measured time at the bench's ranks, and between the
+    sizes it follows the measured curve instead of one straight line, whose intercept (a fixed cost a few ms
+    long for Open MPI in the lab) would be paid again by every one of Horovod's small fused all-reduces. The
+    price: the fixed cost does not grow with the ranks beyond the bench's. Empty for files without rows."""
+    data = json.loads(Path(path).read_text())
+    top = data if isinstance(data, dict) else {}
+    link_bps, n = (top.get("lab") or {}).get("link_bps") or top.get("link_bps"), int(top.get("ranks") or 2)
+    if not link_bps:
+        return {}
+    out = {}
+    for rec in _rows_as_points(data):
+        key = (rec["backend"], rec["collective"].replace("all_reduce", "allreduce").replace("all_gather", "allgather"))
+        if key[1] not in COLLECTIVES:
+            continue
+        factor = _terms(key[1], n)[1]
+        points = sorted(rec["points"])
+        shares = tuple(factor * b / (float(link_bps) / 8) / t for b, t in points)
+        out[key] = (tuple(b for b, _ in points), shares)
     return out

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dpcompare.backends.catalog import COMMUNICATION
+from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
 from dpcompare.report.groups import arm_of, arm_order, unit_blocks
 from dpcompare.report.intervals import Interval, mean_ci, unit_means
@@ -105,9 +105,20 @@ def _strategy(results: dict[str, Any], arm: str) -> str:
     return next((str(r["strategy"]) for r in results.get("runs", []) if arm_of(r) == arm), arm)
 
 
-def communication_in(strategy: str, phase: str) -> str | None:
-    """What ``strategy`` declares it communicates in ``phase`` (None: nothing)."""
-    return COMMUNICATION.get(strategy, {}).get(phase)
+def communication_in(strategy: str, phase: str, buffers: bool | None = None) -> str | None:
+    """What ``strategy`` declares it communicates in ``phase`` (None: nothing); a declaration for models with
+    buffers is dropped when the runs recorded none (``buffers`` False) and stated plainly when they had some."""
+    what = COMMUNICATION.get(strategy, {}).get(phase)
+    if what and what.endswith(IF_BUFFERS) and buffers is not None:
+        return what.removesuffix(IF_BUFFERS) if buffers else None
+    return what
+
+
+def _buffers(results: dict[str, Any], arm: str) -> bool | None:
+    """Whether the arm's model had buffers (summary regime ``buffer_mb``); None when its runs did not record it."""
+    mb = [r["regime"]["buffer_mb"] for r in results.get("runs", [])
+          if arm_of(r) == arm and isinstance(r.get("regime"), dict) and "buffer_mb" in r["regime"]]
+    return any(x > 0 for x in mb) if mb else None
 
 
 def _unsure(iv: Interval) -> str:
@@ -133,7 +144,7 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
     text += "." if step.has_ci else " (one unit of blocks: no intervals yet)."
     comm = []
     for p in [*main, *(s.phase for s in against)]:
-        what = {arm: communication_in(_strategy(results, arm), p) for arm in (baseline, other)}
+        what = {arm: communication_in(_strategy(results, arm), p, _buffers(results, arm)) for arm in (baseline, other)}
         if any(what.values()):
             comm.append(f"in {p}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
                                                  for arm, w in what.items()))

@@ -8,20 +8,23 @@ arm's communication figures (overlap % included). Without traces it adds nothing
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 from typing import Any
 
 from dpcompare import trace as tr
+from dpcompare.report.groups import arm_of
 
 PNG = "timeline.png"
 
 
 def traced_arms(folder: Path, results: dict[str, Any]) -> dict[str, Path]:
-    """``strategy-npN`` → the trace.json of its first successful run that has one, in results order."""
+    """``ARM-npN`` → the trace.json of its first successful run that has one, in results order (an arm of a
+    ``--variants`` or ``--sweep`` comparison keeps its own label: two Horovod arms stay two)."""
     arms: dict[str, Path] = {}
     for r in results.get("runs", []):
         path = folder / str(r.get("dir", "")) / tr.TRACE_FILE
-        arm = f"{r['strategy']}-np{r['np']}"
+        arm = f"{arm_of(r)}-np{r['np']}"
         if r.get("status") == "ok" and arm not in arms and r.get("dir") and path.is_file():
             arms[arm] = path
     return arms
@@ -38,7 +41,7 @@ def section(folder: str | Path, results: dict[str, Any], plots_dir: str | Path) 
         return ""
     png = render(list(arms.values()), Path(plots_dir) / PNG, labels=list(arms))
     figures = {arm: tr.trace_figures(load_trace(path)) for arm, path in arms.items()}
-    table = _steps_table(figures) + _collectives_table(figures)
+    table = _steps_table(figures) + _collectives_table(figures) + library_advice(arms, figures)
     return ('<h2 id="timeline">One step, drawn</h2><div class="card">'
             f'<figure><img alt="one traced step per arm" src="{data_uri(png)}"><figcaption>One traced step of '
             "the first run of each arm, every rank on one clock and every arm on the same time axis: compute "
@@ -88,3 +91,40 @@ def _collectives_table(figures: dict[str, dict[str, Any]]) -> str:
             "busbw<br>Gbit/s", "busbw, % of link" + (f"<br>({link:g} Gbit/s)" if link else "<br>(no lab)"),
             "hidden"]
     return _table(head, rows)
+
+
+#: an all-reduce below this share of the link is worth a sentence when another library did better
+SLOW_LINK_SHARE = 80.0
+
+
+def _library(trace_path: Path) -> tuple[str, str]:
+    """(the library that carried the run's all-reduces, its forced MPI algorithm) from the run's summary.json."""
+    try:
+        summary = json.loads((trace_path.parent / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "", "default"
+    return str((summary.get("comm") or {}).get("library", "")), str(
+        (summary.get("config") or {}).get("mpi_allreduce", "default"))
+
+
+def library_advice(arms: dict[str, Path], figures: dict[str, dict[str, Any]]) -> str:
+    """A paragraph when an arm's all-reduce ran through Open MPI's default algorithm at under
+    :data:`SLOW_LINK_SHARE` % of a lab link: the share it reached, gloo's beside it, and the knob to try."""
+    share = {arm: (f["collectives"].get("all_reduce") or {}).get("busbw_pct_link") for arm, f in figures.items()}
+    libs = {arm: _library(path) for arm, path in arms.items()}
+    gloo = {a: s for a, s in share.items() if s is not None and libs[a][0] == "gloo"}
+    slow = {a: s for a, s in share.items() if s is not None and libs[a] == ("mpi", "default") and s < SLOW_LINK_SHARE}
+    if not slow:
+        return ""
+    best = max(gloo.items(), key=lambda kv: kv[1], default=None)
+    items = []
+    for arm, s in slow.items():
+        beside = f" where {best[0]}'s gloo all-reduce reached {best[1]:.0f} %" if best and best[1] > s else ""
+        items.append(f"<b>{html.escape(arm)}</b>: Open MPI's default all-reduce moved {s:.0f} % of the link"
+                     f"{html.escape(beside, quote=False)}")
+    return ('<p class="advice">' + "; ".join(items) + ". Open MPI chooses its all-reduce algorithm by message "
+            "size and process count, and on a TCP link its choice can leave bandwidth unused. Try "
+            "<code>--mpi-allreduce recursive-doubling</code> (or <code>ring</code>) on the Horovod arm, e.g. "
+            "<code>--variants hvd=horovod hvd-rd=horovod:mpi_allreduce=recursive-doubling</code>, or compare the "
+            "algorithms on the lab's link first with <code>dpcompare lab bench --backends gloo,mpi,mpi-rd</code>; "
+            "<code>horovodrun --gloo</code> with <code>--horovod-ops gloo</code> uses gloo's all-reduce instead.</p>")

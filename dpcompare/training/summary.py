@@ -108,18 +108,21 @@ def run_summary(cfg: TrainConfig, strategy: Strategy, workload: Workload, histor
         **f["curve"],
         "resumed_from": str(resume_path) if resume_path else None,
         "sync_mechanism": strategy.sync_mechanism, "knobs": knobs.active(cfg),
-        "comm": {**strategy.comm_report(), **f["comm"]},
+        "comm": {"library": strategy.library(), **strategy.comm_report(), **f["comm"]},
         "config": f["run_info"], "versions": versions(),
         **workload_keys(workload), "final_metric": last.get("test_metric"),
     }
 
 
 def regime_facts(strategy: Strategy, model: Any, communication: dict[str, Any] | None) -> dict[str, Any]:
-    """What a report's regime card needs: the gradient MB a rank exchanges per step, intra-op threads per rank,
+    """What a report's regime card needs: the gradient MB a rank exchanges per step, the MB of buffers (DDP
+    broadcasts them at each forward), intra-op threads per rank,
     the number of distinct hosts, and (traced runs) the communication the step waited for."""
     params = [p for p in strategy.unwrap_model(model).parameters() if p.requires_grad]
     hosts = {h.decode() for h in strategy.gather_bytes(socket.gethostname().encode())}
+    buffers = strategy.unwrap_model(model).buffers()
     facts: dict[str, Any] = {"gradient_mb": sum(p.numel() * p.element_size() for p in params) / 2**20,
+                             "buffer_mb": sum(b.numel() * b.element_size() for b in buffers) / 2**20,
                              "threads": torch.get_num_threads(), "hosts": len(hosts)}
     if communication:
         facts["communication"] = {k: communication[k] for k in ("exposed_ms_per_step", "hidden_ms_per_step",
