@@ -267,7 +267,7 @@ def parse() -> argparse.Namespace:
     n.add_argument("--plot", type=Path, default=None, help="write the scatter plot")
     n.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     n.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
-    n.add_argument("--main", choices=CALIBRATIONS, default="onefloor", help="the calibration plotted and tabulated")
+    n.add_argument("--main", choices=CALIBRATIONS, default="profilefloor", help="the calibration plotted and tabulated")
     a = ap.parse_args()
     for k in ("hosts", "links", "strategies", "workloads"):
         if hasattr(a, k):

@@ -203,8 +203,9 @@ class TrainConfig:
     mpi_allreduce: str = opt("default", "horovod over Open MPI only: the all-reduce algorithm Open MPI's tuned "
                                         "collectives use (coll_tuned_allreduce_algorithm with dynamic rules); "
                                         "default: Open MPI's choice by message size, which reached only about half "
-                                        "to three quarters of a shaped lab link (docs/lab.md)",
-                             choices=list(MPI_ALLREDUCE), group=KNOBS, resume=True)
+                                        "to three quarters of a shaped lab link (docs/lab.md); one of "
+                                        + ", ".join(MPI_ALLREDUCE),
+                             choices=list(MPI_ALLREDUCE), group=KNOBS, resume=True, metavar="ALGORITHM")
     adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "
                               "needs a power-of-two number of processes", group=KNOBS, resume=True)
     powersgd_rank: int = opt(0, "ddp only: PowerSGD low-rank gradient compression of this rank (powerSGD_hook, "

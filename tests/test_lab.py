@@ -54,6 +54,9 @@ def test_sizes_and_bus_factors() -> None:
     with pytest.raises(ConfigError):
         labbench.parse_sizes("64M:4K")
     assert labbench.bus_factor("allreduce", 4) == 1.5 and labbench.bus_factor("allgather", 4) == 0.75
+    # idle before each timed operation: twice tbf's refill of its 256 KiB bucket; nothing on an unshaped link
+    assert labbench.idle_gap_ms(10**9) == 4.2 and labbench.idle_gap_ms(2 * 10**8) == 21.0
+    assert labbench.idle_gap_ms(None) == 0.0
 
 
 def test_analysis_recovers_alpha_and_beta() -> None:
@@ -159,6 +162,7 @@ def test_bench_gloo_all_reduce_reaches_the_link(lab: Lab, tmp_path: Path) -> Non
               "--collectives", "allreduce", "--iters", "3", "--out", str(out), timeout=240)
     doc = json.loads(out.read_text())
     assert doc["schema"] == labbench.SCHEMA and doc["ranks"] == 2 and doc["lab"]["link_bps"] == 2 * 10**8
+    assert doc["gap_ms"] == labbench.idle_gap_ms(2 * 10**8)
     gloo = max((r for r in doc["rows"] if r["backend"] == "gloo"), key=lambda r: r["bytes"])
     assert gloo["bytes"] == 4 * 2**20 and 75 <= gloo["busbw_pct_of_link"] <= 125, gloo
     assert {(f["backend"], f["collective"]) for f in doc["fits"]} == {("gloo", "allreduce"), ("mpi", "allreduce")}

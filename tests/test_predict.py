@@ -378,3 +378,13 @@ def test_a_bench_profile_gives_back_every_measured_size_and_follows_the_curve_be
     assert share_at(profile, 2**21) == pytest.approx((share_at(profile, 2**20) + share_at(profile, 2**22)) / 2)
     assert share_at(profile, 2**30) == share_at(profile, 2**24)  # beyond the sizes: the nearest end's share
     assert net.cost("allreduce", 1, "gloo") == pytest.approx(1 / (link / 8))  # no record: the plain link
+
+
+def test_project_link_is_a_rate_or_none():
+    import argparse
+
+    from dpcompare.compare.cmdline import project_link_arg
+
+    assert project_link_arg("25gbit") == "25gbit" and project_link_arg("none") == "none"
+    with pytest.raises(argparse.ArgumentTypeError, match="not a link rate"):
+        project_link_arg("fast")
