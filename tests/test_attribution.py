@@ -113,3 +113,15 @@ def test_the_tiny_warning_needs_only_one_of_step_time_and_gradients() -> None:
     assert regime(res, 2).gradient_mb is None
     warning = tiny_warning(res)
     assert warning is not None and "steps of 3." in warning and "MB" not in warning
+
+
+def test_a_link_sweep_is_attributed_within_each_link_as_its_verdicts_are() -> None:
+    res = _results(forward_gap=0.8)
+    runs, arms = [], []
+    for link in ("1gbit", "200mbit"):
+        for r in res["runs"]:
+            runs.append({**r, "arm": f"{r['arm']}/link={link}"})
+        arms += [{"label": f"{s}/link={link}", "strategy": s, "knobs": {"link": link}} for s in ("ddp", "horovod")]
+    res["runs"], res["config"]["arms"] = runs, arms
+    got = [(a.baseline, a.other) for a in attributions(res)]
+    assert got == [("ddp/link=1gbit", "horovod/link=1gbit"), ("ddp/link=200mbit", "horovod/link=200mbit")]

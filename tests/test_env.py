@@ -3,7 +3,7 @@
 import pytest
 
 from dpcompare.errors import LaunchError
-from dpcompare.launch.env import LaunchEnv, detect_launch_env
+from dpcompare.launch.env import CPU_SHARERS, LaunchEnv, detect_launch_env, ranks_sharing_cpus
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -69,3 +69,12 @@ def test_an_allocation_without_a_step_is_not_a_launcher() -> None:
     assert not under_launcher({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2"})
     assert not under_launcher({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "batch"})
     assert under_launcher({"SLURM_JOB_ID": "5", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_STEP_ID": "0"})
+
+
+def test_threads_are_shared_among_every_rank_on_the_cpus_in_a_lab():
+    """A lab's hosts are namespaces of one machine: its mpirun line says how many ranks share the cores."""
+    env = detect_launch_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+                             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    assert ranks_sharing_cpus(env, {}) == 1  # one rank per host on a real cluster: all the host's cores
+    assert ranks_sharing_cpus(env, {CPU_SHARERS: "4"}) == 4
+    assert ranks_sharing_cpus(env, {CPU_SHARERS: "junk"}) == 1

@@ -213,7 +213,8 @@ def test_report_advises_the_mpi_algorithm_when_open_mpi_lags_gloo_on_a_lab_link(
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps(
             {"comm": {"library": library}, "config": {"mpi_allreduce": algorithm}}))
-        return tmp_path / name / "trace.json", {"collectives": {"all_reduce": {"busbw_pct_link": share}}}
+        return tmp_path / name / "trace.json", {"collectives": {"all_reduce": {"busbw_pct_link": share}},
+                                                "link_gbit_s": 1.0}
 
     runs = {"ddp-np2": arm("d", "gloo", "default", 94.0), "horovod-np2": arm("h", "mpi", "default", 61.0),
             "hvd-rd-np2": arm("r", "mpi", "recursive-doubling", 70.0)}
@@ -222,6 +223,9 @@ def test_report_advises_the_mpi_algorithm_when_open_mpi_lags_gloo_on_a_lab_link(
     assert "<b>horovod-np2</b>: Open MPI's default all-reduce moved 61 % of the link where ddp-np2's gloo " \
            "all-reduce reached 94 %" in text and "--mpi-allreduce recursive-doubling" in text
     assert "hvd-rd-np2" not in text  # its algorithm was already chosen
+    figures["ddp-np2"]["link_gbit_s"] = 0.2  # gloo on another link of a sweep is no measure for this one
+    assert "where" not in library_advice(paths, figures) and "moved 61 %" in library_advice(paths, figures)
+    figures["ddp-np2"]["link_gbit_s"] = 1.0
     figures["horovod-np2"]["collectives"]["all_reduce"]["busbw_pct_link"] = 85.0
     assert library_advice(paths, figures) == ""  # close enough to the link
     figures["horovod-np2"]["collectives"]["all_reduce"]["busbw_pct_link"] = None

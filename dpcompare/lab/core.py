@@ -30,6 +30,7 @@ from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import netns
 from dpcompare.lab.rates import LabSpec, check_hosts, check_name, format_rate, parse_rate
 from dpcompare.launch import mpirun
+from dpcompare.launch.env import CPU_SHARERS
 
 PREFIX = "dplab-"
 IFACE = "dplab0"
@@ -242,6 +243,7 @@ class Lab:
         environ = os.environ if environ is None else environ
         env = mpirun.forwarded_env(environ, IFACE, mpirun.current_venv())
         env["DPCOMPARE_LINK_BPS"] = str(self.link_bps or "")  # busbw as a share of the link (dpcompare.trace)
+        env[CPU_SHARERS] = str(np or self.np)  # every host's ranks run on this machine's cores
         cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, environ=environ,
                                      mpi_net=self.subnet)
         if per_host:

@@ -39,6 +39,19 @@ class _Launcher:
     hint: str
 
 
+#: set by whatever places ranks of "different hosts" on the same CPUs (``dpcompare lab``): how many ranks share
+#: this machine's cores, so that ``--threads 0`` divides the cores among all of them, not among the host's ranks
+CPU_SHARERS = "DPCOMPARE_RANKS_SHARING_CPUS"
+
+
+def ranks_sharing_cpus(env: LaunchEnv, environ: Mapping[str, str] = os.environ) -> int:
+    """The ranks whose threads compete for this machine's cores: the host's ranks, or more in a lab."""
+    try:
+        return max(env.local_size, int(environ.get(CPU_SHARERS, "0") or 0))
+    except ValueError:
+        return env.local_size
+
+
 # Order matters: torchrun/horovodrun can run inside an MPI or Slurm job, and mpirun inside Slurm.
 LAUNCHERS: tuple[_Launcher, ...] = (
     _Launcher("torchrun", "RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), "torchrun"),

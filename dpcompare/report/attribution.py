@@ -16,7 +16,7 @@ import numpy as np
 
 from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
-from dpcompare.report.groups import arm_of, arm_order, unit_blocks
+from dpcompare.report.groups import arm_of, arm_pairs, unit_blocks
 from dpcompare.report.intervals import Interval, mean_ci, unit_means
 
 #: the phases of a step in the attribution: the timed ones and the rest of the step
@@ -156,15 +156,9 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
 
 
 def attributions(results: dict[str, Any]) -> list[Attribution]:
-    """One attribution per throughput verdict that has at least two paired blocks."""
-    arms = arm_order(results)
-    nps = sorted({int(r["np"]) for r in results.get("runs", [])})
-    out = []
-    for n in nps:
-        for other in arms[1:]:
-            if arms and (a := attribute(results, arms[0], other, n)) is not None:
-                out.append(a)
-    return out
+    """One attribution per throughput verdict that has at least two paired blocks, paired as the verdicts are
+    (:func:`~dpcompare.report.groups.arm_pairs`: within each link of a link sweep)."""
+    return [a for n, base, other in arm_pairs(results) if (a := attribute(results, base, other, n)) is not None]
 
 
 def for_report(results: dict[str, Any], recompute: bool = False) -> list[dict[str, Any]]:

@@ -139,7 +139,7 @@ def _caption(data: dict[str, Any], step: int) -> str:
     if fig["allreduce_ops_per_step"]:
         overlap = "–" if fig["overlap_pct"] is None else f"{fig['overlap_pct']:.0f} %"
         parts.append(f"all-reduce {fig['comm_ms_per_step']:.1f} ms ({overlap} hidden behind backward), "
-                     f"{fig['allreduce_ops_per_step']:g} op(s), {_size(fig['allreduce_bytes_per_step'])}")
+                     f"{fig['allreduce_ops_per_step']:.3g} op(s), {_size(fig['allreduce_bytes_per_step'])}")
     if fig["wait_ms_per_step"]:
         parts.append(f"wait in step() {fig['wait_ms_per_step']:.1f} ms")
     return first + ("\nper traced step: " + " · ".join(parts) if parts else "")

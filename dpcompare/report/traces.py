@@ -86,9 +86,11 @@ def _collectives_table(figures: dict[str, dict[str, Any]]) -> str:
                          _num(c["busbw_pct_link"], ".0f", " %"), _num(c["hidden_pct"], ".0f", " %")])
     if not rows:
         return ""
-    link = next((f["link_gbit_s"] for f in figures.values() if f.get("link_gbit_s")), None)
+    links = {f["link_gbit_s"] for f in figures.values() if f.get("link_gbit_s")}
+    link = next(iter(links)) if len(links) == 1 else None
     head = ["arm", "collective", "ops<br>per step", "MB<br>per step", "ms<br>per step", "algbw<br>Gbit/s",
-            "busbw<br>Gbit/s", "busbw, % of link" + (f"<br>({link:g} Gbit/s)" if link else "<br>(no lab)"),
+            "busbw<br>Gbit/s", "busbw, % of link" + (f"<br>({link:g} Gbit/s)" if link else
+                                                     "<br>(each arm's)" if links else "<br>(no lab)"),
             "hidden"]
     return _table(head, rows)
 
@@ -112,13 +114,14 @@ def library_advice(arms: dict[str, Path], figures: dict[str, dict[str, Any]]) ->
     :data:`SLOW_LINK_SHARE` % of a lab link: the share it reached, gloo's beside it, and the knob to try."""
     share = {arm: (f["collectives"].get("all_reduce") or {}).get("busbw_pct_link") for arm, f in figures.items()}
     libs = {arm: _library(path) for arm, path in arms.items()}
-    gloo = {a: s for a, s in share.items() if s is not None and libs[a][0] == "gloo"}
     slow = {a: s for a, s in share.items() if s is not None and libs[a] == ("mpi", "default") and s < SLOW_LINK_SHARE}
     if not slow:
         return ""
-    best = max(gloo.items(), key=lambda kv: kv[1], default=None)
     items = []
-    for arm, s in slow.items():
+    for arm, s in slow.items():  # gloo beside it: the best gloo arm on the same link
+        gloo = [(a, g) for a, g in share.items() if g is not None and libs[a][0] == "gloo"
+                and figures[a].get("link_gbit_s") == figures[arm].get("link_gbit_s")]
+        best = max(gloo, key=lambda kv: kv[1], default=None)
         beside = f" where {best[0]}'s gloo all-reduce reached {best[1]:.0f} %" if best and best[1] > s else ""
         items.append(f"<b>{html.escape(arm)}</b>: Open MPI's default all-reduce moved {s:.0f} % of the link"
                      f"{html.escape(beside, quote=False)}")

@@ -33,7 +33,7 @@ from dpcompare.data.datasets import eval_loader, train_loader
 from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
 from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
-from dpcompare.launch.env import LaunchEnv, detect_launch_env
+from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
 from dpcompare.training.evaluation import EvalCurve, evaluate
@@ -115,7 +115,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
     if env.rank == 0:  # what killed writes of an earlier run in OUT left behind
         for folder in (Path(cfg.out), Path(cfg.out) / checkpoint.CKPT_DIR):
             remove_stale_temporaries(folder)
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_size))
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
     seed_everything(cfg.seed)
     workload = workload or builtin(cfg)
     check_target(cfg, workload)
