@@ -109,8 +109,8 @@ class Strategy(ABC):
             scaler.update()
 
     def library(self) -> str:
-        """The library that carries the gradient exchange between processes (gloo, nccl, mpi), for
-        summary.json["comm"]["library"]: the report reads it to advise on the library's own settings."""
+        """The library that carries the gradient exchange between processes (gloo, nccl, mpi), recorded as
+        ``library`` in summary.json's ``comm``: the report reads it to advise on the library's own settings."""
         return "none"
 
     def comm_report(self) -> dict[str, Any]:
