@@ -187,15 +187,17 @@ def test_ctrl_c_then_the_printed_resume_command_finishes_the_comparison(tmp_path
                              *FAST, "--progress", "lines", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        # the first run recorded, the second started (its folder exists): interrupt during the second
-        _wait_for("first ok run", lambda: _one_ok_run(out) and (out / "runs/horovod-np1-r0/stdout.log").exists(), proc)
-        first = json.loads((out / "results.json").read_text())["runs"][0]
+        # the second run started (its log exists; compare saves each run before the next starts): interrupt it
+        # at once, without reading anything else first (the window is that run's few seconds)
+        _wait_for("the second run", lambda: (out / "runs/horovod-np1-r0/stdout.log").exists(), proc)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stdout + stderr
+    assert _one_ok_run(out)  # the first run recorded, the interrupted one not
+    first = json.loads((out / "results.json").read_text())["runs"][0]
     printed = next(line for line in stdout.splitlines() if "continue with: " in line).split("continue with: ")[1]
     assert printed.split() == ["dpcompare", "compare", "--resume", str(out)]
     p = subprocess.run([DPCOMPARE, *printed.split()[1:]], capture_output=True, text=True, env=env, timeout=300)
