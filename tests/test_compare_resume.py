@@ -183,9 +183,12 @@ def _one_ok_run(out: Path) -> bool:
 def test_ctrl_c_then_the_printed_resume_command_finishes_the_comparison(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     env = mpi_env()
+    # Ctrl-C as a terminal delivers it, even when this suite runs with SIGINT ignored (a background `make test`
+    # inherits SIG_IGN, and Python then never raises KeyboardInterrupt)
     proc = subprocess.Popen([DPCOMPARE, "compare", "--np", "1", "--strategies", "ddp,horovod", "--repeats", "1",
                              *FAST, "--progress", "lines", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # the second run started (its log exists; compare saves each run before the next starts): interrupt it
         # at once, without reading anything else first (the window is that run's few seconds)
