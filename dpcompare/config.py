@@ -33,6 +33,12 @@ MPI_ALLREDUCE: dict[str, int] = {"default": 0, "linear": 1, "nonoverlapping": 2,
                                  "segmented-ring": 5, "rabenseifner": 6}
 
 
+def mpi_allreduce_mca(algorithm: str) -> dict[str, str]:
+    """Open MPI's MCA parameters that force ``algorithm`` for MPI_Allreduce (tuned collectives, dynamic rules):
+    ``--mca NAME VALUE`` on an mpirun line, or ``OMPI_MCA_NAME=VALUE`` in a rank's environment."""
+    return {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": str(MPI_ALLREDUCE[algorithm])}
+
+
 class NameList(list):
     """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
 

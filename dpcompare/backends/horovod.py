@@ -24,7 +24,7 @@ from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, pat
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
 from dpcompare.backends.registry import register
-from dpcompare.config import MPI_ALLREDUCE
+from dpcompare.config import mpi_allreduce_mca
 from dpcompare.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
@@ -36,10 +36,13 @@ INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in thi
                 "(builds horovod 0.28.1 with the C++17 fix) or `pip install 'dpcompare[horovod]'`")
 
 
+#: the variables Horovod reads at init that dpcompare's knobs set (recorded in summary.json's comm)
+HOROVOD_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS")
+
+
 def mpi_allreduce_env(algorithm: str) -> dict[str, str]:
-    """The Open MPI MCA settings (as environment variables) that force ``algorithm`` for MPI_Allreduce."""
-    return {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
-            "OMPI_MCA_coll_tuned_allreduce_algorithm": str(MPI_ALLREDUCE[algorithm])}
+    """:func:`~dpcompare.config.mpi_allreduce_mca` as environment variables (Open MPI reads them at MPI_Init)."""
+    return {f"OMPI_MCA_{k}": v for k, v in mpi_allreduce_mca(algorithm).items()}
 
 
 def _hvd() -> Any:
@@ -169,8 +172,7 @@ class HorovodStrategy(Strategy):
             "compression": getattr(compression, "__name__", type(compression).__name__),
             "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression, "float32"),
             "op": "Adasum" if cfg.adasum else "Average", "backward_passes_per_step": cfg.accumulate,
-            **{k: os.environ[k] for k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
-                                         *mpi_allreduce_env("ring")) if k in os.environ}}
+            **{k: os.environ[k] for k in (*HOROVOD_VARS, *mpi_allreduce_env("default")) if k in os.environ}}
         return opt
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:

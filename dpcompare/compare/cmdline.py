@@ -54,6 +54,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
                         "repeat the flag to cross several")
+    _add_stopping_rule(g)
+    g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
+                   help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
+                        "persistent: one long-lived job per process count runs them one after another, each run "
+                        "still building its data, model and optimizer and joining and leaving its strategy's "
+                        "process group; a demo run then takes ~3 s instead of ~8 s (Python, torch and MPI start "
+                        "once), so the same time buys about three times the blocks, and the verdict's interval "
+                        "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
+                        "ends its job and the next run starts a new one (default: fresh)")
+    g.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
+                   help="run every job across an emulated cluster made for this comparison and removed after it: N "
+                        "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
+                        "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
+                        "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
+    g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
+                   help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
+                   help="with --trace N: project the traced runs to 2-1024 hosts on this inter-host link with "
+                        "`dpcompare predict` (OUT/projected, the report's \"Projected to a cluster\" section); "
+                        "none: do not (default: 25gbit)")
+    g.add_argument("--resume", dest="resume_dir", metavar="DIR",
+                   help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
+                        "failed ones run; its plan and options are reused (any given must match them)")
+    add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
+    # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
+    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
+
+
+def _add_stopping_rule(g: argparse._ArgumentGroup) -> None:
+    """How many blocks a comparison runs, and the margins its verdicts are drawn with."""
     g.add_argument("--repeats", type=parse_repeats, default=0, metavar="N|auto",
                    help="blocks to run (a block runs every arm once at every np), per seed with --seeds; auto: add "
                         "blocks until every throughput verdict is precise enough to decide: from 10 blocks on, its "
@@ -80,31 +110,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--equivalence", type=positive_float, default=5.0, metavar="PCT",
                    help="arms whose throughput ratio lies inside ±PCT %% by an equivalence test (two one-sided tests "
                         "at 5 %%: the 90 %% interval inside the margin) are reported equal (default: 5)")
-    g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
-                   help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
-                        "persistent: one long-lived job per process count runs them one after another, each run "
-                        "still building its data, model and optimizer and joining and leaving its strategy's "
-                        "process group; a demo run then takes ~3 s instead of ~8 s (Python, torch and MPI start "
-                        "once), so the same time buys about three times the blocks, and the verdict's interval "
-                        "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
-                        "ends its job and the next run starts a new one (default: fresh)")
-    g.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
-                   help="run every job across an emulated cluster made for this comparison and removed after it: N "
-                        "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
-                        "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
-                        "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
-    g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
-                   help="stop a run that takes longer and record it as failed (default: 0, no limit)")
-    g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
-                   help="with --trace N: project the traced runs to 2-1024 hosts on this inter-host link with "
-                        "`dpcompare predict` (OUT/projected, the report's \"Projected to a cluster\" section); "
-                        "none: do not (default: 25gbit)")
-    g.add_argument("--resume", dest="resume_dir", metavar="DIR",
-                   help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
-                        "failed ones run; its plan and options are reused (any given must match them)")
-    add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
-    # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
-    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
 
 
 def project_link_arg(text: str) -> str:

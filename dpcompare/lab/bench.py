@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpcompare.config import MPI_ALLREDUCE
+from dpcompare.config import mpi_allreduce_mca
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab.core import Lab
 from dpcompare.lab.netns import burst_bytes
@@ -26,8 +26,7 @@ SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
 COLLECTIVES = ("allreduce", "allgather")
 #: Open MPI's recursive doubling for all-reduce (coll/tuned algorithm 3)
-RECURSIVE_DOUBLING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm",
-                      str(MPI_ALLREDUCE["recursive-doubling"]))
+RECURSIVE_DOUBLING = tuple(x for k, v in mpi_allreduce_mca("recursive-doubling").items() for x in ("--mca", k, v))
 _SIZE = re.compile(r"^(\d+)([kmg]?)i?b?$")
 
 
