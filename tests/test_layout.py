@@ -16,6 +16,7 @@
 - No function over :data:`MAX_FUNCTION_LINES` lines without ``# long because ...`` just above it.
 - Every file is written through ``files.atomic_write*`` (the call sits inside its arguments), or the line says
   ``# not atomic: why``.
+- Every ``torch.load`` passes ``weights_only=True``.
 - No ``strategy ==`` or ``.name ==`` test outside ``backends/``.
 
 The same functions run on throwaway packages (the last tests) to show that each check fails when it should.
@@ -373,6 +374,19 @@ def _calls(node: ast.AST, atomic: bool = False) -> Iterator[tuple[ast.Call, bool
         yield from _calls(child, atomic)
 
 
+def unsafe_loads(rules: Rules) -> list[str]:
+    """``torch.load`` calls without ``weights_only=True`` (which would unpickle anything a file holds)."""
+    out = []
+    for path in sorted(rules.pkg.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
+                    and getattr(node.func.value, "id", "") == "torch"
+                    and not any(k.arg == "weights_only" and getattr(k.value, "value", None) is True
+                                for k in node.keywords)):
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    return out
+
+
 def strategy_tests(rules: Rules) -> list[str]:
     return [f"{path.relative_to(rules.pkg.parent)}:{i} {line.strip()}"
             for path in sorted(rules.pkg.rglob("*.py")) if "backends" not in path.relative_to(rules.pkg).parts
@@ -440,6 +454,11 @@ def test_every_file_is_written_atomically_or_says_why_not() -> None:
                      "line):\n" + "\n".join(bad))
 
 
+def test_checkpoints_load_with_weights_only() -> None:
+    bad = unsafe_loads(DPCOMPARE)
+    assert not bad, "torch.load without weights_only=True:\n" + "\n".join(bad)
+
+
 def test_only_backends_test_which_strategy_runs() -> None:
     bad = strategy_tests(DPCOMPARE)
     assert not bad, "strategy or name tests outside backends/ (ask the Strategy, or key a table):\n" + "\n".join(bad)
@@ -505,3 +524,10 @@ def test_a_file_written_in_place_is_found(tmp_path: Path) -> None:
                                             "    open(p, 'a').write('x')  # not atomic: a log\n"
                                             "    atomic_write(p, lambda f: fig.savefig(f))\n    open(p).read()\n"})
     assert unatomic_writes(rules) == ["pkg/low/a.py:2 p.write_text('x')", "pkg/low/a.py:3 fig.savefig(p)"]
+
+
+def test_an_unsafe_load_and_a_strategy_test_are_found(tmp_path: Path) -> None:
+    rules = _package(tmp_path, {"low/a.py": "import torch\ntorch.load('p', weights_only=True)\ntorch.load('p')\n"
+                                            "if strategy == 'ddp':\n    pass\n"})
+    assert unsafe_loads(rules) == ["pkg/low/a.py:3 torch.load('p')"]
+    assert strategy_tests(rules) == ["pkg/low/a.py:4 if strategy == 'ddp':"]
