@@ -79,7 +79,7 @@ def test_horovod_resume_is_bit_identical(trained):
     dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume",
               str(trained("horovod") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=2)
     ta, tb = ckpt_tensors(load_ckpt(trained("horovod"), 4)), ckpt_tensors(load_ckpt(out, 4))
-    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
 @pytest.fixture(scope="module")

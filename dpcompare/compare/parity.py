@@ -21,6 +21,7 @@ from rich.table import Table
 from dpcompare import backends, knobs
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command
 from dpcompare.launch.mpirun import job_env
 
@@ -81,7 +82,7 @@ def _has_batchnorm(cfg: TrainConfig) -> bool:
     from dpcompare import models
     from dpcompare.data.plugins import resolve_workload
 
-    return models.has_batchnorm(resolve_workload(cfg).build_model())  # a plug-in is checked here, before any run
+    return models.has_batchnorm(resolve_workload(cfg).workload.build_model())  # a plug-in is checked here, before any run
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -138,7 +139,7 @@ def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tu
         runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s, out=str(Path(a.out) / s))
         if foreign:
             notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
-        backends.get(s).check_config(runs[s], a.np)  # refuse now, not after the other runs
+        backends.check_config(s, runs[s], a.np)  # refuse now, not after the other runs
     return runs, notes
 
 
@@ -254,9 +255,9 @@ def run_parity(a: argparse.Namespace) -> int:
     within = all(d["weights_max"] <= tol[s] and d["loss_max"] <= tol[s] for s, d in diffs.items())
     passed = within or mode == "distance"  # not meant to match: the distance is the result
     out.mkdir(parents=True, exist_ok=True)
-    (out / "parity.json").write_text(json.dumps({
+    atomic_write_json(out / "parity.json", {
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
         "mode": mode, "knobs": knobs.active(base), "notes": notes, **_lab_json(a),
-        "config": base.to_dict(), "diffs": diffs}, indent=2) + "\n")
+        "config": base.to_dict(), "diffs": diffs})
     console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1

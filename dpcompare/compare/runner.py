@@ -59,11 +59,9 @@ class _Run:
         if c.options.resume:
             self.results, self.kept = records.resume_state(c.out, self.results)
         self.env = job_env()
-        from dpcompare.training.trackers import (
-            start_comparison,  # W&B group / MLflow parent run, if asked for
-        )
+        from dpcompare.compare.trackers import open_group  # W&B group / MLflow parent run, if asked for
 
-        self.group = start_comparison(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
+        self.group = open_group(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
         self.env.update(self.group.env)
         self.pool: Any = None
         if c.options.workers == "persistent":
@@ -123,7 +121,7 @@ def _name_lost_hosts(lab: Any, run_dir: Path) -> None:
     logs = [run_dir / "stdout.log", run_dir / "stderr.log"]
     line = lab.lost_line("".join(p.read_text(errors="replace") for p in logs if p.exists()))
     if line:
-        with open(run_dir / "stderr.log", "a") as err:
+        with open(run_dir / "stderr.log", "a") as err:  # not atomic: a log stream
             err.write(line + "\n")
 
 

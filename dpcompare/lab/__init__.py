@@ -4,7 +4,7 @@ N network namespaces ("hosts") joined through a bridge in a switch namespace, ea
 directions with the kernel's ``tbf`` qdisc; a state file, a hostfile and the remote agent that lets mpirun start
 ranks in the hosts without ssh; a nccl-tests-style all-reduce/all-gather bench over gloo and MPI.
 
-May import: the top-level modules (errors, argtypes, ...) and launch/ only.
+May import: the top-level modules and launch.
 """
 
 from dpcompare.lab.core import IFACE, PREFIX, Host, Lab, lab_names, sweep

@@ -16,11 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpcompare.config import mpi_allreduce_mca
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.files import atomic_write_text
 from dpcompare.lab.core import Lab
 from dpcompare.lab.netns import burst_bytes
 from dpcompare.lab.rates import format_rate
+from dpcompare.launch.openmpi import mpi_allreduce_mca
 
 SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
@@ -152,7 +153,7 @@ def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
 
 def write(doc: dict, out: Path) -> None:
     try:
-        out.write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     except OSError as e:
         raise ConfigError(f"cannot write {out}: {e.strerror}") from None
 

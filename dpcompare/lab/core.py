@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.files import atomic_write_json, atomic_write_text
 from dpcompare.lab import netns
 from dpcompare.lab.rates import LabSpec, check_hosts, check_name, format_rate, parse_rate
 from dpcompare.launch import mpirun
@@ -93,10 +94,7 @@ class Lab:
         return IFACE
 
     def _save(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / "state.json.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(self.directory / "state.json")
+        atomic_write_json(self.directory / "state.json", asdict(self))
 
     @classmethod
     def load(cls, name: str = "default") -> Lab:
@@ -205,9 +203,9 @@ class Lab:
 
     # -- launching -----------------------------------------------------------------------------------
     def _write_launch_files(self) -> None:
-        self.hostfile.write_text("".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
+        atomic_write_text(self.hostfile, "".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
         cases = "".join(f"  {h.address}|{h.namespace}) ns={h.namespace} ;;\n" for h in self.hosts)
-        self.agent.write_text(AGENT.format(name=self.name, cases=cases))
+        atomic_write_text(self.agent, AGENT.format(name=self.name, cases=cases))
         self.agent.chmod(0o755)
 
     @property

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.files import atomic_write_text
 from dpcompare.launch import mpirun, slurm
 from dpcompare.launch.jobs import dpcompare_command
 
@@ -111,7 +112,7 @@ def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     text = slurm.sbatch_script(spec, [*mpirun.dpcompare_argv(), *words], venv, str(Path(sys.executable).parent),
                                name=str(out))
     try:
-        out.write_text(text)
+        atomic_write_text(out, text)
     except OSError as e:
         raise ConfigError(f"cannot write {out}: {e.strerror}") from None
     gpus = f", {a.gpus_per_node} GPUs" if a.gpus_per_node else ""

@@ -60,7 +60,7 @@ def run_job(cmd: Sequence[str], run_dir: Path, env: dict[str, str], timeout: flo
     Ctrl-C (or any error) while it runs takes the job's processes down too.
     """
     t0 = time.perf_counter()
-    with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
+    with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:  # not atomic: log streams
         p = start_job(cmd, env, out, err)
         try:
             rc: int | None = p.wait(timeout=timeout)
