@@ -196,7 +196,7 @@ def arm_links(results: dict[str, Any]) -> dict[str, str]:
 
 def without_link(label: str) -> str:
     """``horovod/link=1gbit`` → ``horovod``; ``ddp/batch_size=8,link=1gbit`` → ``ddp/batch_size=8``."""
-    return re.sub(r"[/,]link=[^,]*$", "", re.sub(r"([/,])link=[^,]*,", r"\1", label))
+    return re.sub(rf"[/,]{LINK}=[^,]*$", "", re.sub(rf"([/,]){LINK}=[^,]*,", r"\1", label))
 
 
 def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:
