@@ -20,6 +20,9 @@ RUN_FILES = ("metrics.jsonl", "summary.json")
 #: a comparison's results, and the version of their schema (docs/results-schema.md)
 RESULTS = "results.json"
 SCHEMA = 2
+#: results.json's key for the lab link an arm ran on (``config.arms[].knobs``, ``runs[].knobs``, ``config.lab``), and
+#: the word that sweeps it on compare's command line (``--sweep link=1gbit,200mbit``) and names it in arm labels
+LINK = "link"
 #: prefix of the temporary files an atomic write leaves behind when it is killed
 TMP_PREFIX = "."
 TMP_MARK = ".tmp-"
