@@ -77,12 +77,19 @@ def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
                                             "hidden": hidden})
 
 
-def _names(module: str, table: str) -> Callable[[], list[str]]:
+class PluginNames(list):
+    """argparse ``choices`` that list the built-in names and also hold every plug-in ``MODULE:ATTR``."""
+
+    def __contains__(self, value: object) -> bool:
+        return list.__contains__(self, value) or (isinstance(value, str) and ":" in value)
+
+
+def _names(module: str, table: str, kind: type[list] = list) -> Callable[[], list[str]]:
     """The names in ``module.table``, read when the parser is built (the table imports no torch)."""
     def names() -> list[str]:
         import importlib
 
-        return list(getattr(importlib.import_module(module), table))
+        return kind(getattr(importlib.import_module(module), table))
     return names
 
 
@@ -91,7 +98,7 @@ def _described(module: str, table: str, intro: str = "") -> Callable[[], str]:
     def text() -> str:
         import importlib
 
-        return intro + "; ".join(f"{n}: {h}" for n, (_, h) in getattr(importlib.import_module(module), table).items())
+        return intro + "; ".join(f"{n}: {e[1]}" for n, e in getattr(importlib.import_module(module), table).items())
     return text
 
 
@@ -113,6 +120,21 @@ def _dataset_arg(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(f"unknown dataset {text!r}; choose from {', '.join([*DATASETS, *TEXT_DATASETS])} "
                                      "or MODULE:FACTORY (your own)")
+
+
+def _strategy_arg(text: str) -> str:
+    """A built-in strategy or a plug-in ``MODULE:CLASS`` / ``path/to/file.py:CLASS`` (imported when used)."""
+    from dpcompare.backends.catalog import check_name
+
+    try:
+        return check_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _strategies_help() -> str:
+    return (_described("dpcompare.backends.catalog", "STRATEGIES", "how gradients are synchronised: ")()
+            + "; MODULE:CLASS or path/to/file.py:CLASS: your own Strategy subclass (docs/layout.md)")
 
 
 def _workload_arg(text: str) -> str:
@@ -137,9 +159,8 @@ def _datasets_help() -> str:
 @dataclass
 class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
-    strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES",
-                                             "how gradients are synchronised: "),
-                        choices=_names("dpcompare.backends.catalog", "STRATEGIES"), resume=True)
+    strategy: str = opt("single", _strategies_help, type=_strategy_arg,
+                        choices=_names("dpcompare.backends.catalog", "STRATEGIES", PluginNames), resume=True)
     workload: str | None = opt(None, "your own training job instead of --model/--dataset: a dpcompare Workload (or a "
                                      "function returning one) at MODULE:ATTR or path/to/file.py:ATTR, e.g. "
                                      "my_pkg.bench:workload; see `dpcompare workloads`", type=_workload_arg,
