@@ -13,6 +13,7 @@ path/to/file.py:Class`` or ``module:Class``) needs no line: its class declares t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -90,6 +91,11 @@ COMMUNICATION: dict[str, Mapping[str, str]] = {n: e.communication for n, e in ST
 def is_plugin(name: str) -> bool:
     """``MODULE:CLASS`` or ``path/to/file.py:CLASS``: a strategy defined outside the package."""
     return ":" in name
+
+
+def folder(name: str) -> str:
+    """Strategy ``name`` as one folder name (a plug-in's ``path/to/file.py:Class`` → ``path-to-file.py-Class``)."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", name).strip("-") or "strategy"
 
 
 def check_name(name: str) -> str:

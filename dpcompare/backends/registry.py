@@ -89,7 +89,8 @@ def _load_plugin(spec: str) -> type[Strategy]:
                           "on PYTHONPATH or a path/to/file.py") from None
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        got = "nothing" if cls is None else (f"the class {cls.__name__}" if isinstance(cls, type) else type(cls).__name__)
+        got = ("nothing" if cls is None else f"the class {cls.__name__}" if isinstance(cls, type)
+               else f"a {type(cls).__name__}")
         raise ConfigError(f"--strategy {spec}: {where} has {got} named {attr!r}, not a subclass of "
                           "dpcompare.backends.base.Strategy (or of backends.torchdist.TorchDistributedStrategy)")
     if "name" not in vars(cls):  # its name in summaries, checkpoints and messages: the spec it was given by

@@ -135,7 +135,8 @@ def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tu
     notes: list[str] = []
     for s in strategies:  # a knob only one library has (Adasum, PowerSGD): the other runs without it
         foreign = [k for k in knobs.active(base) if k not in backends.facts(s).knobs]
-        runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s, out=str(Path(a.out) / s))
+        runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s,
+                                      out=str(Path(a.out) / backends.catalog.folder(s)))
         if foreign:
             notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
         backends.get(s).check_config(runs[s], a.np)  # refuse now, not after the other runs

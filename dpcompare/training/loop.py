@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import random
-import re
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -68,8 +67,7 @@ def default_out(cfg: TrainConfig, world_size: int) -> TrainConfig:
     ``path/to/file.py:Class`` as one folder name, ``path-to-file.py-Class``)."""
     if cfg.out is not None:
         return cfg
-    name = re.sub(r"[^A-Za-z0-9_.]+", "-", cfg.strategy).strip("-")
-    return dataclasses.replace(cfg, out=f"runs/{name}-np{world_size}")
+    return dataclasses.replace(cfg, out=f"runs/{backends.catalog.folder(cfg.strategy)}-np{world_size}")
 
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
