@@ -178,9 +178,23 @@ class HorovodStrategy(Strategy):
         optimizer.synchronize()  # type: ignore[attr-defined]
 
     def update(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
-        """The step without waiting again (:meth:`synchronize` ran; the scaler unscales averaged gradients)."""
+        """The step without waiting again (:meth:`synchronize` ran; the scaler unscales averaged gradients).
+
+        Adasum's optimizer is another kind: each hook takes the local step and sends its delta, ``step()``
+        combines the deltas, ``synchronize()`` does nothing and ``skip_synchronize()`` refuses to run.
+        """
+        if self.cfg.adasum:
+            super().update(optimizer, scaler)
+            return
         with optimizer.skip_synchronize():  # type: ignore[attr-defined]
             super().update(optimizer, scaler)
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
+                       scaler: Any = None) -> float:
+        if self.cfg.adasum:  # no averaged gradient ever exists: each rank steps locally inside backward's hooks
+            raise ConfigError("gradient clipping needs averaged gradients, which --adasum never forms (each rank "
+                              "takes its own step and Adasum combines the steps); drop one of the two")
+        return super().clip_grad_norm(model, optimizer, max_norm, scaler)
 
     def comm_report(self) -> dict[str, Any]:
         return {**getattr(self, "_installed", {}), **self.counters}
