@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from dpcompare.backends.catalog import STRATEGIES
+from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.trace import CAT_GRAD
 
@@ -54,7 +54,7 @@ class Strategy(ABC):
     #: how gradients are synchronised, for teaching material and reports
     sync_mechanism: ClassVar[str] = ""
     #: the communication knobs (TrainConfig fields, see dpcompare.knobs) this strategy honours
-    knobs: ClassVar[frozenset[str]] = frozenset({"accumulate", "amp"})
+    knobs: ClassVar[frozenset[str]] = BASE_KNOBS
     #: phase of the step → the communication done there (reports say which sits in a phase that differs)
     communication: ClassVar[Mapping[str, str]] = {}
     #: False only for one process with no communication (parity's reference run with the global batch)

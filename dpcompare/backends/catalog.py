@@ -21,6 +21,10 @@ from typing import NamedTuple
 IF_BUFFERS = ", when the model has buffers"
 
 
+#: the knobs every strategy honours (the step runner does both): accumulation and autocast
+BASE_KNOBS = frozenset({"accumulate", "amp"})
+
+
 class Entry(NamedTuple):
     """What the rest of dpcompare may know about a strategy without importing it."""
 
@@ -34,7 +38,7 @@ class Entry(NamedTuple):
     #: False: one process, no communication (``parity``'s reference run with the global batch)
     distributed: bool = True
     #: the communication knobs (TrainConfig fields, :mod:`dpcompare.knobs`) it honours; it refuses the others
-    knobs: frozenset[str] = frozenset({"accumulate", "amp"})
+    knobs: frozenset[str] = BASE_KNOBS
     #: ``MODULE:CLASS`` of its ``dpcompare predict`` schedule (:mod:`dpcompare.prediction`), or None
     schedule: str | None = None
 
