@@ -28,14 +28,23 @@ FORMAT_VERSION = 1
 CKPT_DIR = "checkpoints"
 
 
+#: what a checkpoint's file name counts: ``epoch-<N>.pt`` (epochs done) or ``step-<S>.pt`` (``--checkpoint-steps``,
+#: ``--commit-every``: optimizer steps done, possibly mid-epoch)
+KINDS = ("epoch", "step")
+
+
 def checkpoint_path(out: str | Path, epoch: int) -> Path:
     return Path(out) / CKPT_DIR / f"epoch-{epoch}.pt"
 
 
-def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
-    """(epoch, path) for every ``epoch-<N>.pt`` in ``OUT/checkpoints``, oldest first."""
+def step_checkpoint_path(out: str | Path, step: int) -> Path:
+    return Path(out) / CKPT_DIR / f"step-{step}.pt"
+
+
+def list_checkpoints(out: str | Path, kind: str = "epoch") -> list[tuple[int, Path]]:
+    """(N, path) for every ``<kind>-<N>.pt`` in ``OUT/checkpoints``, oldest first."""
     found = []
-    for p in (Path(out) / CKPT_DIR).glob("epoch-*.pt"):
+    for p in (Path(out) / CKPT_DIR).glob(f"{kind}-*.pt"):
         try:
             found.append((int(p.stem.split("-", 1)[1]), p))
         except ValueError:
@@ -44,14 +53,14 @@ def list_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
 
 
 def prune_checkpoints(out: str | Path, keep_last: int, keep_every: int = 0,
-                      keep: tuple[Path, ...] = ()) -> list[Path]:
-    """Delete all but the newest ``keep_last`` checkpoints of ``OUT/checkpoints`` (0: delete none).
+                      keep: tuple[Path, ...] = (), kind: str = "epoch") -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints of ``OUT/checkpoints`` of one ``kind`` (0: delete none).
 
-    Epochs that are multiples of ``keep_every`` and the paths in ``keep`` (the one just written, the
+    Epochs (or steps) that are multiples of ``keep_every`` and the paths in ``keep`` (the one just written, the
     final one) stay. The newest checkpoint, which ``--resume auto`` reads, always stays. Call it only
     after the new checkpoint is completely written. Returns what was deleted.
     """
-    found = list_checkpoints(out)
+    found = list_checkpoints(out, kind)
     if keep_last <= 0 or len(found) <= keep_last:
         return []
     kept = {p for _, p in found[-keep_last:]} | set(keep)
@@ -65,8 +74,16 @@ def prune_checkpoints(out: str | Path, keep_last: int, keep_every: int = 0,
 
 
 def latest_checkpoint(out: str | Path) -> Path | None:
-    found = list_checkpoints(out)
-    return found[-1][1] if found else None
+    """The checkpoint of ``OUT`` furthest into training (``--resume auto``): the newest epoch one or the newest
+    step one, whichever has taken more optimizer steps (the epoch one on a tie); None when there is none."""
+    epochs, steps = list_checkpoints(out), list_checkpoints(out, "step")
+    if not (epochs and steps):
+        return (epochs or steps)[-1][1] if epochs or steps else None
+    try:
+        epoch_step = int(load_checkpoint(epochs[-1][1])["global_step"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return steps[-1][1]
+    return epochs[-1][1] if epoch_step >= steps[-1][0] else steps[-1][1]
 
 
 def rng_state() -> dict[str, Any]:

@@ -168,6 +168,16 @@ class TrainConfig:
                           type=t.nonneg_int, group=OUTPUT, metavar="M")
     save_final: bool = opt(False, "write a checkpoint after the last step even without --checkpoint-every",
                            group=OUTPUT)
+    checkpoint_steps: int = opt(0, "also write OUT/checkpoints/step-<S>.pt every N optimizer steps, mid-epoch ones "
+                                   "included (--resume continues from that very step, at any world size); 0: never",
+                                type=t.nonneg_int, group=OUTPUT, metavar="N")
+    commit_every: int = opt(0, "elastic run: keep the training state every N optimizer steps, so that a lost host "
+                               "costs at most the steps since: horovod (under horovodrun's elastic mode) commits it "
+                               "in memory and the survivors roll back to it; ddp writes OUT/checkpoints/step-<S>.pt, "
+                               "which torchrun's restart resumes from (with --resume auto); compare's NAME-elastic "
+                               "arms set it (default there: 10); 0: not elastic", type=t.nonneg_int, group=OUTPUT,
+                            metavar="N")
+    step_log: bool = opt(False, "write OUT/steps.jsonl, a line per step (compare --fault watches it)", hidden=True)
     resume: str | None = opt(None, "continue from a checkpoint of any strategy and world size; auto: newest in OUT",
                              group=OUTPUT, metavar="PATH|auto")
     init_from: str | None = opt(None, "start from a state_dict (plain, or DDP's module.-prefixed keys) instead of "

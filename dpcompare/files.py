@@ -23,6 +23,9 @@ SCHEMA = 2
 #: results.json's key for the lab link an arm ran on (``config.arms[].knobs``, ``runs[].knobs``, ``config.lab``), and
 #: the word that sweeps it on compare's command line (``--sweep link=1gbit,200mbit``) and names it in arm labels
 LINK = "link"
+#: results.json's key for the fault an arm met (``--fault host=2,at-step=40``: ``config.arms[].knobs``,
+#: ``runs[].knobs``), and the word that names it in arm labels (``ddp-elastic/fault=host2@40``)
+FAULT = "fault"
 #: prefix of the temporary files an atomic write leaves behind when it is killed
 TMP_PREFIX = "."
 TMP_MARK = ".tmp-"

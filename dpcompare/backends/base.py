@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -38,6 +38,24 @@ if TYPE_CHECKING:
     from dpcompare.trace import TraceRecorder
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
+T = TypeVar("T")
+
+
+class ElasticState(Protocol):
+    """What an elastic run keeps besides the model and the optimizer: the training loop's progress, as plain
+    values (step, epoch, position in the epoch, history), and what it redoes when the world changes."""
+
+    def progress(self) -> dict[str, Any]:
+        """The loop's position now, as plain values (committed, broadcast, restored)."""
+        ...
+
+    def resume_from(self, progress: dict[str, Any]) -> None:
+        """Continue from ``progress`` (a committed one after a rollback, or rank 0's after a sync)."""
+        ...
+
+    def on_reset(self) -> None:
+        """The world changed (ranks lost or added): lay out the data and the learning rate for the new size."""
+        ...
 
 
 class Strategy(ABC):
@@ -285,6 +303,24 @@ class Strategy(ABC):
         Optimizer state is broadcast only when it exists (after a resume): broadcasting a fresh
         optimizer's state would take an optimizer step on some libraries (see shared NOTES).
         """
+
+    # -- elastic runs (--commit-every N) -------------------------------------------------------------------
+    def run_elastic(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: ElasticState) -> T:
+        """Start every rank from rank 0's state and run ``body`` (the epochs) so that a lost host costs only the
+        steps since the last :meth:`commit`.
+
+        Here, as under torchrun, nothing survives inside the process: the launcher restarts every process with
+        the survivors and each resumes from the newest checkpoint (``--resume auto``), which :meth:`commit`
+        wrote. Horovod Elastic overrides it: the survivors roll back to the last commit in memory.
+        """
+        self.broadcast_initial_state(model, optimizer)
+        return body()
+
+    def commit(self, save: Callable[[], object]) -> None:
+        """Keep the training state so that a lost host costs only the steps after this one: here a checkpoint
+        (``save`` writes it: a restarted process resumes from it); Horovod Elastic commits it in memory."""
+        save()
 
     # -- full state for checkpoints, evaluation, memory ----------------------------------------------
     def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer

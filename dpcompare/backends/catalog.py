@@ -41,6 +41,10 @@ class Entry(NamedTuple):
     knobs: frozenset[str] = BASE_KNOBS
     #: ``MODULE:CLASS`` of its ``dpcompare predict`` schedule (:mod:`dpcompare.prediction`), or None
     schedule: str | None = None
+    #: the launcher of its elastic mode (``compare``'s ``NAME-elastic`` arms, ``--commit-every N``): ``torchrun``
+    #: (every process restarted with the survivors, resuming from the newest checkpoint) or ``horovodrun`` (Horovod
+    #: Elastic: the survivors roll back to their last in-memory commit); None: no elastic mode
+    elastic: str | None = None
 
 
 #: what DDP's model hooks take (``ddp`` and ``zero``); FSDP2 runs no DDP comm hooks and no buckets
@@ -53,7 +57,7 @@ STRATEGIES: dict[str, Entry] = {
                     "(broadcast_buffers=True)" + IF_BUFFERS,
          "backward": "bucketed all-reduce of the gradients, started from hooks on the model as each bucket "
                      "fills; whatever backward's remaining computation does not hide is waited for here"},
-        knobs=DDP_KNOBS, schedule="dpcompare.prediction.ddp:DDPSchedule"),
+        knobs=DDP_KNOBS, schedule="dpcompare.prediction.ddp:DDPSchedule", elastic="torchrun"),
     "fsdp": Entry(
         "dpcompare.backends.fsdp:FSDPStrategy",
         "FSDP2 fully_shard per layer and the root (parameters, gradients, optimizer state sharded)",
@@ -67,7 +71,7 @@ STRATEGIES: dict[str, Entry] = {
          "optimizer": "step() waits for the fused all-reduces (synchronize()) before it updates"},
         knobs=frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "horovod_cycle_ms", "horovod_ops",
                          "mpi_allreduce", "adasum"}),
-        schedule="dpcompare.prediction.horovod:HorovodSchedule"),
+        schedule="dpcompare.prediction.horovod:HorovodSchedule", elastic="horovodrun"),
     "single": Entry("dpcompare.backends.single:SingleStrategy", "one process, no communication (the baseline)", distributed=False),
     "zero": Entry(
         "dpcompare.backends.zero:ZeroStrategy",
@@ -90,6 +94,27 @@ def one_process() -> str:
 
 #: name → {phase: communication}, for readers of the built-ins' declarations (:attr:`Entry.communication`)
 COMMUNICATION: dict[str, Mapping[str, str]] = {n: e.communication for n, e in STRATEGIES.items()}
+
+
+#: an arm's name for a strategy's elastic mode: ``ddp-elastic``, ``horovod-elastic``
+ELASTIC_SUFFIX = "-elastic"
+
+
+def elastic_base(name: str) -> str | None:
+    """The built-in strategy whose elastic mode ``name`` (``ddp-elastic``) names, or None."""
+    base = name.removesuffix(ELASTIC_SUFFIX)
+    return base if name.endswith(ELASTIC_SUFFIX) and base in STRATEGIES and STRATEGIES[base].elastic else None
+
+
+def check_arm_name(name: str) -> str:
+    """``name`` when it names a strategy (:func:`check_name`) or a built-in one's elastic mode (``ddp-elastic``)."""
+    if elastic_base(name):
+        return name
+    try:
+        return check_name(name)
+    except ValueError as e:
+        modes = ", ".join(f"{n}{ELASTIC_SUFFIX}" for n, e_ in STRATEGIES.items() if e_.elastic)
+        raise ValueError(f"{e}; elastic modes: {modes}") from None
 
 
 def is_plugin(name: str) -> bool:

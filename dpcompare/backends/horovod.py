@@ -13,9 +13,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -28,7 +29,10 @@ from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.launch.openmpi import mpi_allreduce_mca
 
 if TYPE_CHECKING:
+    from dpcompare.backends.base import ElasticState
     from dpcompare.config import TrainConfig
+
+T = TypeVar("T")
 
 TIMELINE_FILE = "horovod_timeline.json"
 
@@ -89,6 +93,8 @@ class HorovodStrategy(Strategy):
             os.environ["HOROVOD_CPU_OPERATIONS"] = cfg.horovod_ops
         if cfg.mpi_allreduce != "default":  # Open MPI reads its MCA parameters from the environment at MPI_Init
             os.environ.update(mpi_allreduce_env(cfg.mpi_allreduce))
+        if _gloo_controller():  # a collective waits --timeout for a lost peer, as DDP's do (Horovod's default: 30 s)
+            os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, round(cfg.timeout))))
 
     @classmethod
     def check_available(cls) -> None:
@@ -196,6 +202,39 @@ class HorovodStrategy(Strategy):
 
     def comm_report(self) -> dict[str, Any]:
         return {**getattr(self, "_installed", {}), **self.counters}
+
+    # -- Horovod Elastic (horovodrun's elastic mode; dpcompare.backends.horovod_elastic) ----------------------
+    def run_elastic(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: ElasticState) -> T:
+        """``body`` inside ``hvd.elastic.run``: it starts from rank 0's state (the keeper's sync), and after a lost
+        host the survivors roll back to the last :meth:`commit`, re-initialise with the hosts left and run it
+        again from there."""
+        from dpcompare.backends.horovod_elastic import keeper_class
+
+        self._keeper = keeper_class()(self, model, optimizer, state)
+        try:
+            return self._hvd.elastic.run(lambda _keeper: body())(self._keeper)
+        finally:
+            self._keeper = None
+
+    def commit(self, save: Callable[[], object]) -> None:
+        """Keep the state in memory (and raise ``HostsUpdatedInterrupt`` when horovodrun has added or removed
+        hosts: every rank at the same commit); outside :meth:`run_elastic`, a checkpoint."""
+        keeper = getattr(self, "_keeper", None)
+        if keeper is None:
+            save()
+        else:
+            keeper.commit()
+
+    def joined_again(self, optimizer: torch.optim.Optimizer) -> None:
+        """After Horovod re-initialised with another world: this rank's new place, and the optimizer averaging over
+        the new size (its pre-division factor was the old size; pre-dividing by the new one keeps the averaging
+        exactly that of a run started at this size)."""
+        from dpcompare.backends.horovod_elastic import env_now
+
+        self.env = env_now(self._hvd)
+        if not self.cfg.adasum:
+            optimizer.gradient_predivide_factor = float(self._hvd.size())  # type: ignore[attr-defined]
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         hvd = self._hvd

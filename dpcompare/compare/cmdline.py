@@ -16,6 +16,7 @@ from dpcompare.compare.plan import (
     Arm,
     Comparison,
     parse_arm_strategies,
+    parse_fault,
     parse_np,
     parse_repeats,
     parse_seeds,
@@ -68,6 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
                         "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
                         "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
+    g.add_argument("--fault", type=parse_fault, metavar="host=I,at-step=S[,back-at-step=B]",
+                   help="with --lab: every arm runs twice per block, once as it is and once meeting this fault: when "
+                        "the run reaches step S, host I dies (its link goes down, then every process in it is "
+                        "killed), and with back-at-step it comes back at step B; records the pause, the steps "
+                        "redone, the world size over time, the wall time and the final metric against the run "
+                        "without the fault, and draws throughput over time. Compare elastic arms: "
+                        "--strategies ddp-elastic,horovod-elastic (docs/elastic.md)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
@@ -129,7 +137,7 @@ def train_flags(cfg: TrainConfig) -> list[str]:
 
 def _variant(a: Arm) -> str:
     label = a.label if "=" not in a.label else a.slug  # a label with "=" (a swept arm's) would not parse back
-    return f"{label}={a.strategy}" + (":" + ",".join(f"{k}={value_text(v)}" for k, v in a.knobs) if a.knobs else "")
+    return f"{label}={a.name}" + (":" + ",".join(f"{k}={value_text(v)}" for k, v in a.knobs) if a.knobs else "")
 
 
 def plan_flags(c: Comparison) -> list[str]:
@@ -137,10 +145,10 @@ def plan_flags(c: Comparison) -> list[str]:
     and for --resume."""
     s, default = c.schedule, Schedule()
     flags = ["--np", ",".join(map(str, c.nps))]
-    if any(a.knobs or a.label != a.strategy for a in c.arms):
+    if any(a.knobs or a.label != a.name for a in c.arms):
         flags += ["--variants", *map(_variant, c.arms)]
     else:
-        flags += ["--strategies", ",".join(a.strategy for a in c.arms)]
+        flags += ["--strategies", ",".join(a.name for a in c.arms)]
     for name, values in c.sweeps:
         flags += ["--sweep", f"{name}={','.join(map(value_text, values))}"]
     flags += ["--repeats", "auto" if s.repeats is None else str(s.repeats)]
@@ -156,6 +164,8 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--accuracy-equivalence", f"{100 * s.accuracy_equivalence:g}"]
     if c.lab is not None:
         flags += ["--lab", c.lab.text()]
+    if c.fault is not None:
+        flags += ["--fault", str(c.fault)]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
     return flags

@@ -64,7 +64,7 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
     """The comparison that compare's parsed arguments ask for."""
     from dpcompare.options import config_from_args
 
-    base = list(a.variants or ()) or [Arm(s, s) for s in a.strategies]
+    base = list(a.variants or ()) or [Arm.named(s) for s in a.strategies]
     cfg = config_from_args(a, strategy=base[0].strategy, out=a.out)
     repeats = a.repeats if a.repeats != 0 else (1 if a.seeds else 3)  # 0: not given
     schedule = Schedule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
@@ -74,7 +74,7 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
                          project_link=a.project_link)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
-                   lab=getattr(a, "lab", None))
+                   lab=getattr(a, "lab", None), fault=a.fault)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
     return c
 

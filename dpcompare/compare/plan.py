@@ -1,7 +1,9 @@
 """The plan of a comparison: its arms, the runs of a block, and the :class:`Comparison` that ``run_compare`` runs.
 
-An *arm* is a label, a strategy, train settings that differ from the shared ones (``--strategies``,
-``--variants``, ``--sweep``) and, across a lab, the link it runs on (``--sweep link=...``: a :class:`Link`). Every (arm, np, repeat) is its own run (:class:`RunSpec`) with the same
+An *arm* is a label, a strategy (or its elastic mode: ``ddp-elastic``), train settings that differ from the shared
+ones (``--strategies``, ``--variants``, ``--sweep``) and, across a lab, the link it runs on (``--sweep link=...``: a
+:class:`Link`) and the fault it meets (``--fault``: a :class:`Fault`; every arm runs with it and without it).
+Every (arm, np, repeat) is its own run (:class:`RunSpec`) with the same
 configuration and seed. Runs go in blocks: a block runs every (np, arm) once, with the order reversed on odd
 repeats, so slow drifts of the machine hit every arm of a block alike. The parsers here turn the comparison's
 flags into these objects; :mod:`.cmdline` writes them back.
@@ -21,7 +23,7 @@ from dpcompare.argtypes import format_rate_bits
 from dpcompare.compare.schedule import Schedule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError, DpcompareError
-from dpcompare.files import LINK
+from dpcompare.files import FAULT, LINK
 from dpcompare.lab.spec import LabSpec, link_bps
 
 
@@ -36,14 +38,76 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Fault:
+    """A host dies at a step (``--fault host=2,at-step=40[,back-at-step=80]``): when the run's step log reaches
+    ``at_step`` the lab takes ``host``'s link down and kills every process in it; with ``back_at_step`` the host
+    comes back (link up, sshd started; torchrun's job gets an agent there) once the log reaches that step
+    after the recovery."""
+
+    host: int
+    at_step: int
+    back_at_step: int | None = None
+
+    def __str__(self) -> str:
+        return f"host={self.host},at-step={self.at_step}" + (
+            f",back-at-step={self.back_at_step}" if self.back_at_step is not None else "")
+
+    @property
+    def tag(self) -> str:
+        """Short, for arm labels: ``host2@40`` (``host2@40-80`` with a return)."""
+        return f"host{self.host}@{self.at_step}" + (f"-{self.back_at_step}" if self.back_at_step is not None else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "at_step": self.at_step, "back_at_step": self.back_at_step}
+
+
+FAULT_KEYS = ("host", "at-step", "back-at-step")
+
+
+def parse_fault(text: str) -> Fault:
+    """``host=2,at-step=40[,back-at-step=80]`` → :class:`Fault`; anything else refused in one line."""
+    fields: dict[str, int] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in FAULT_KEYS or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"--fault {text!r}: {item!r} is not KEY=N with KEY one of "
+                                             f"{', '.join(FAULT_KEYS)} (e.g. host=2,at-step=40)")
+        fields[key] = int(value)
+    if "host" not in fields or "at-step" not in fields:
+        raise argparse.ArgumentTypeError(f"--fault {text!r}: give host= and at-step= (e.g. host=2,at-step=40)")
+    fault = Fault(fields["host"], fields["at-step"], fields.get("back-at-step"))
+    if fault.at_step < 1 or (fault.back_at_step is not None and fault.back_at_step <= fault.at_step):
+        raise argparse.ArgumentTypeError(f"--fault {text!r}: at-step is at least 1 and back-at-step after it")
+    return fault
+
+
+@dataclass(frozen=True)
 class Arm:
-    """One side of a comparison: a label, a strategy, train settings that differ from the shared ones, and the
-    lab link it runs on (None: the lab's own, or no lab)."""
+    """One side of a comparison: a label, a strategy (``elastic``: in its elastic mode, named ``NAME-elastic``),
+    train settings that differ from the shared ones, the lab link it runs on (None: the lab's own, or no lab) and
+    the fault it meets (None: none)."""
 
     label: str
     strategy: str
     knobs: tuple[tuple[str, Any], ...] = ()
     link: Link | None = None
+    elastic: bool = False
+    fault: Fault | None = None
+
+    @classmethod
+    def named(cls, name: str, label: str | None = None, knobs: tuple[tuple[str, Any], ...] = ()) -> Arm:
+        """The arm of strategy ``name``, or of a strategy's elastic mode (``ddp-elastic``)."""
+        from dpcompare.backends.catalog import elastic_base
+
+        base = elastic_base(name)
+        return cls(label or name, base or name, knobs, elastic=base is not None)
+
+    @property
+    def name(self) -> str:
+        """The strategy as ``--strategies`` names it: ``ddp``, or ``ddp-elastic`` for its elastic mode."""
+        from dpcompare.backends.catalog import ELASTIC_SUFFIX
+
+        return self.strategy + (ELASTIC_SUFFIX if self.elastic else "")
 
     @property
     def slug(self) -> str:
@@ -51,11 +115,14 @@ class Arm:
         return re.sub(r"[^A-Za-z0-9_.]+", "-", self.label).strip("-") or "arm"
 
     def knobs_json(self) -> dict[str, Any]:
-        """The arm's settings as results.json keeps them (``knobs``): its train settings, then its link's rate."""
-        return {**_jsonable(dict(self.knobs)), **({LINK: str(self.link)} if self.link is not None else {})}
+        """The arm's settings as results.json keeps them (``knobs``): its train settings, then its link's rate
+        and its fault."""
+        return {**_jsonable(dict(self.knobs)), **({LINK: str(self.link)} if self.link is not None else {}),
+                **({FAULT: str(self.fault)} if self.fault is not None else {})}
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "strategy": self.strategy, "knobs": self.knobs_json()}
+        return {"label": self.label, "strategy": self.strategy, "knobs": self.knobs_json(),
+                **({"elastic": True} if self.elastic else {})}
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +138,7 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         if isinstance(self.arm, str):  # a bare strategy name is the arm of that strategy
-            object.__setattr__(self, "arm", Arm(self.arm, self.arm))
+            object.__setattr__(self, "arm", Arm.named(self.arm))
 
     @property
     def strategy(self) -> str:
@@ -108,11 +175,12 @@ def parse_np(text: str) -> list[int]:
 
 
 def _check_strategy(name: str) -> str:
-    """A built-in strategy's name or a plug-in's ``MODULE:CLASS`` / ``path/to/file.py:CLASS``."""
-    from dpcompare.backends.catalog import check_name
+    """A built-in strategy's name (or its elastic mode, ``ddp-elastic``) or a plug-in's ``MODULE:CLASS`` /
+    ``path/to/file.py:CLASS``."""
+    from dpcompare.backends.catalog import check_arm_name
 
     try:
-        return check_name(name)
+        return check_arm_name(name)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -182,7 +250,7 @@ def parse_variant(text: str) -> Arm:
     strategy, _, knobs = rest.partition(":")
     _check_strategy(strategy.strip())
     values = tuple((k.replace("-", "_"), parse_setting(k.replace("-", "_"), v)) for k, v in _pairs(knobs))
-    return Arm(label.strip(), strategy.strip(), values)
+    return Arm.named(strategy.strip(), label.strip(), values)
 
 
 def parse_link(text: str) -> Link:
@@ -210,7 +278,7 @@ def value_text(v: Any) -> str:
 
 
 def as_arms(arms: Sequence[Arm | str]) -> list[Arm]:
-    return [a if isinstance(a, Arm) else Arm(a, a) for a in arms]
+    return [a if isinstance(a, Arm) else Arm.named(a) for a in arms]
 
 
 def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
@@ -219,7 +287,7 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
 
     A label that occurs more than once (``--strategies ddp,ddp``, the A/A control) gets ``#1``, ``#2``...
     """
-    base = list(variants) or [Arm(s, s) for s in strategies]
+    base = list(variants) or [Arm.named(s) for s in strategies]
     for name, values in sweeps:
         # a link sweep goes link-major: the arms of one link side by side, the link reshaped once per link
         links = any(isinstance(v, Link) for v in values)
@@ -247,15 +315,33 @@ def _crossed(a: Arm, name: str, value: Any) -> Arm:
     """Arm ``a`` with swept setting ``name`` at ``value`` (a :class:`Link`: its link), labelled for it."""
     label = f"{a.label}/{name}={value_text(value)}" if "/" not in a.label else f"{a.label},{name}={value_text(value)}"
     if isinstance(value, Link):
-        return Arm(label, a.strategy, a.knobs, value)
-    return Arm(label, a.strategy, (*[kv for kv in a.knobs if kv[0] != name], (name, value)), a.link)
+        return dataclasses.replace(a, label=label, link=value)
+    return dataclasses.replace(a, label=label, knobs=(*[kv for kv in a.knobs if kv[0] != name], (name, value)))
 
 
-def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
-    """The run's own configuration: the shared one with its arm's strategy and settings, and its folder."""
+def with_faults(arms: Sequence[Arm], fault: Fault | None) -> list[Arm]:
+    """Every arm without the fault, then every arm with it (labelled ``ARM/fault=host2@40``)."""
+    if fault is None:
+        return list(arms)
+    faulted = [dataclasses.replace(a, label=f"{a.label}{',' if '/' in a.label else '/'}{FAULT}={fault.tag}",
+                                   fault=fault) for a in arms]
+    return [*arms, *faulted]
+
+
+#: the commit interval of an elastic arm when --commit-every is not given
+DEFAULT_COMMIT_EVERY = 10
+
+
+def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool = False) -> TrainConfig:
+    """The run's own configuration: the shared one with its arm's strategy and settings, and its folder. An
+    elastic arm commits every --commit-every steps (default :data:`DEFAULT_COMMIT_EVERY`) and resumes from its
+    newest checkpoint when restarted; the others never commit. ``step_log``: it writes OUT/steps.jsonl."""
     seed = {} if spec.seed is None else {"seed": spec.seed}
-    return dataclasses.replace(cfg, **dict(spec.arm.knobs), **seed, strategy=spec.strategy, out=str(run_dir),
-                               overwrite=True, progress="lines")
+    arm = spec.arm
+    elastic = {"commit_every": cfg.commit_every or DEFAULT_COMMIT_EVERY, "resume": "auto"} if arm.elastic else {
+        "commit_every": 0}
+    return dataclasses.replace(cfg, **{**elastic, **dict(arm.knobs)}, **seed, strategy=spec.strategy, out=str(run_dir),
+                               overwrite=True, progress="lines", step_log=step_log or cfg.step_log)
 
 
 
@@ -323,6 +409,7 @@ class Comparison:
     options: RunOptions = field(default_factory=RunOptions)
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     lab: LabSpec | None = None  # run every job across emulated hosts made for the comparison (``--lab``)
+    fault: Fault | None = None  # every arm also runs meeting this fault (``--fault``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))
@@ -338,11 +425,20 @@ class Comparison:
         if self.lab is None:
             if self.links or any(a.link is not None for a in self.arms):
                 raise ConfigError("--sweep link=... shapes the link of a lab: add --lab hosts=2 (root, iproute2)")
+            what = "--fault" if self.fault else next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
+            if what:
+                raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; docs/elastic.md)")
             return
         if self.options.workers == "persistent":
             raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "
                               "changes); leave --workers out with --lab")
         self.lab.check_np(max(self.nps))
+        if self.fault is not None and not 1 <= self.fault.host < self.lab.hosts:
+            raise ConfigError(f"--fault host={self.fault.host}: choose a host from 1 to {self.lab.hosts - 1} of --lab "
+                              f"{self.lab.text()} (host 0 holds the rendezvous and horovodrun's driver)")
+        if any(a.elastic for a in self.arms) and min(self.nps) <= self.lab.slots:
+            raise ConfigError(f"an elastic arm at --np {min(self.nps)} runs on one host of --lab {self.lab.text()}, "
+                              "with none to lose: raise --np to span two hosts or more")
 
     @property
     def links(self) -> list[Link]:
@@ -353,5 +449,5 @@ class Comparison:
     def all_arms(self) -> list[Arm]:
         """Every arm that runs: the arms crossed with the sweeps, a label given twice (A/A) labelled apart."""
         if not self.sweeps and len({a.label for a in self.arms}) == len(self.arms):
-            return list(self.arms)
-        return build_arms([], self.arms, self.sweeps)
+            return with_faults(self.arms, self.fault)
+        return with_faults(build_arms([], self.arms, self.sweeps), self.fault)

@@ -45,7 +45,8 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                stdout: str = "", command: Sequence[str] = ()) -> dict[str, Any]:
     """One entry of results.json ``runs`` from what the job left behind."""
     rec: dict[str, Any] = {
-        "arm": spec.arm.label, "strategy": spec.strategy, "knobs": spec.arm.knobs_json(), "np": spec.np,
+        "arm": spec.arm.label, "strategy": spec.strategy, "elastic": spec.arm.elastic, "knobs": spec.arm.knobs_json(),
+        "np": spec.np,
         "repeat": spec.repeat, "seed": spec.seed, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,

@@ -4,22 +4,25 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dpcompare.argtypes import format_rate_bits
-from dpcompare.compare import records
+from dpcompare.backends.registry import facts
+from dpcompare.compare import faults, records
 from dpcompare.compare.cmdline import plan_flags, train_flags
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
 from dpcompare.compare.schedule import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, atomic_write_json
 from dpcompare.lab import Lab, session
+from dpcompare.launch.elastic import ElasticLaunch
 from dpcompare.launch.env import under_launcher
 from dpcompare.launch.jobs import dpcompare_command, run_job
-from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
+from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
 from dpcompare.options import train_argv
 from dpcompare.progress import ProgressLine
 
@@ -27,10 +30,22 @@ from dpcompare.progress import ProgressLine
 Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | None, float]]
 
 
-def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None) -> list[str]:
+def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None, step_log: bool = False) -> list[str]:
     """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``, placed on its
-    hosts (mpirun started inside its host 0)."""
-    return dpcompare_command(spec.np, ["train", *train_argv(child_config(cfg, spec, run_dir))], lab)
+    hosts (mpirun started inside its host 0; an elastic arm's launcher: :func:`elastic_launch`)."""
+    words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log))]
+    how = elastic_launch(spec, run_dir, lab)
+    return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
+
+
+def elastic_launch(spec: RunSpec, run_dir: Path, lab: Lab | None) -> ElasticLaunch | None:
+    """How an elastic arm's job starts: its strategy's elastic launcher (torchrun, horovodrun), allowed to lose
+    one host of the lab; None for any other arm."""
+    if not spec.arm.elastic or lab is None:
+        return None
+    launcher = facts(spec.strategy).elastic
+    assert launcher is not None  # an elastic arm names a strategy that has an elastic mode (plan.Arm.named)
+    return ElasticLaunch(launcher, min_np=max(1, spec.np - lab.slots), run_id=run_dir.name)
 
 
 class _Run:
@@ -64,19 +79,36 @@ class _Run:
     def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
         run_dir = self.c.out / "runs" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
+        for stale in ("summary.json", "metrics.jsonl", faults.STEP_LOG):  # never read an earlier job's files
             (run_dir / stale).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nor resume from them (elastic arms)
         cfg, timeout = self.c.config, self.c.options.run_timeout
         link = spec.arm.link
         if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
             self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
-        cmd = child_command(cfg, spec, run_dir, self.lab)  # after the reshape: the line may carry the link's rate
+        step_log = self.c.fault is not None  # the fault's runs and their twins without it: steps over time
+        cmd = child_command(cfg, spec, run_dir, self.lab, step_log)  # after the reshape: it may carry the link
         bar.update(description=f"running {spec.name}")
-        rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
-                    if self.pool else self.launch(cmd, run_dir, self.env, timeout))
+        fault, t_start = None, time.time()
+        if self.pool:
+            rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
+        elif spec.arm.fault is not None and self.lab is not None:
+            rc, wall, fault = faults.run_with_fault(cmd, run_dir, self.env, timeout, spec.arm.fault, self.lab,
+                                                    self.rejoin(spec, run_dir, step_log))
+        else:
+            rc, wall = self.launch(cmd, run_dir, self.env, timeout)
         if self.lab is not None and rc != 0:
             _name_lost_hosts(self.lab, run_dir)
-        return records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
+        rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
+        return {**rec, **(faults.figures(run_dir, fault, t_start) if step_log else {})}
+
+    def rejoin(self, spec: RunSpec, run_dir: Path, step_log: bool) -> list[str] | None:
+        """What brings the fault's host back into an elastic job when it returns (a torchrun agent), or None."""
+        how = elastic_launch(spec, run_dir, self.lab)
+        if how is None or self.lab is None or spec.arm.fault is None or spec.arm.fault.back_at_step is None:
+            return None
+        argv = [*dpcompare_argv(), "train", *train_argv(child_config(self.c.config, spec, run_dir, step_log))]
+        return self.lab.rejoin_command(argv, spec.np, how, spec.arm.fault.host)
 
     def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
         """Run block number ``blocks`` (the kept runs of a resumed comparison are reused); runs done so far."""
@@ -177,12 +209,16 @@ def _project(c: Comparison, console: Any) -> None:
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
     from dpcompare.report import attribution, render, stats
+    from dpcompare.report import faults as faults_report
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
     results["verdicts"] = [v.to_json() for v in stats.verdicts(
         results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
+    fault = faults_report.summary(results)  # --fault: what the lost host cost each arm, the wall-time verdicts
+    if fault is not None:
+        results["faults"] = fault
     results["complete"] = True
     atomic_write_json(c.out / RESULTS, results)
     run.group.finish(results["verdicts"])
@@ -191,7 +227,11 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     if c.options.progress != "none":
         console.print(f"compare: {blocks} block{'s' if blocks != 1 else ''} in {elapsed:.0f} s; stopped: {reason}",
                       soft_wrap=True)
-    failed = [r for r in results["runs"] if r["status"] != "ok"]
+    ended = [r for r in results["runs"] if r["status"] == "failed" and r.get("fault") and not r.get("elastic")]
+    if ended:
+        console.print(f"{len(ended)} run(s) of non-elastic arms ended when their host died, as expected (the lost "
+                      f"host is named at the end of their stderr.log)", soft_wrap=True)
+    failed = [r for r in results["runs"] if r["status"] != "ok" and r not in ended]
     if failed:
         diverged = sum(r["status"] == "diverged" for r in failed)
         what = f" ({diverged} diverged)" if diverged else ""

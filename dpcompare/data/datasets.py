@@ -287,16 +287,44 @@ def build_dataset(name: str, data_dir: str | None = None, shape: tuple[int, ...]
 
 
 class _EpochSampler(DistributedSampler):
-    """A DistributedSampler that also passes (seed, epoch) to a :class:`SeededAugment` dataset."""
+    """A DistributedSampler that also passes (seed, epoch) to a :class:`SeededAugment` dataset, and can start
+    an epoch part-way (:meth:`start_at`)."""
 
     def __init__(self, ds: Dataset, **kw: Any) -> None:
         super().__init__(ds, **kw)
+        self.position = 0
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
+        self.position = 0
         if isinstance(self.dataset, SeededAugment):
             self.dataset.set_epoch(self.seed, epoch)
+
+    def start_at(self, position: int) -> None:
+        """Leave out the epoch's first ``position`` samples (those a run already trained on, at any world size).
+
+        The epoch's order is DistributedSampler's (a permutation seeded by seed + epoch); the global batch of a
+        step is a contiguous slice of it, so after ``position`` samples the rest is split among this world's
+        ranks as DistributedSampler splits a whole epoch (rank r takes every N-th, the tail that does not fill
+        all ranks dropped). This is Horovod's ElasticSampler's idea on dpcompare's order, so that an elastic run,
+        a resumed one and one that never stopped see the same samples in the same global batches.
+        """
+        self.position = position
+
+    def __iter__(self) -> Any:
+        if not self.position:
+            return super().__iter__()
+        return iter(self._rest()[self.rank::self.num_replicas])
+
+    def __len__(self) -> int:
+        return super().__len__() if not self.position else len(self._rest()) // self.num_replicas
+
+    def _rest(self) -> list[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        rest = torch.randperm(len(self.dataset), generator=g).tolist()[self.position:]  # type: ignore[arg-type]
+        return rest[:len(rest) // self.num_replicas * self.num_replicas]
 
 
 def train_loader(ds: Dataset, batch_size: int, rank: int, world_size: int, seed: int,

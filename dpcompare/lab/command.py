@@ -24,6 +24,7 @@ examples:
   dpcompare lab up --hosts 2 --link 1gbit          # hosts dplab-default-h0, -h1 on 10.250.200.0/24
   dpcompare lab bench --out bench.json             # all-reduce/all-gather sweep: gloo, MPI, MPI recursive doubling
   dpcompare lab set-link 200mbit                   # reshape every link (or --host I); down/up: a host's link
+  dpcompare lab kill --host 2                      # host 2 dies: link down, its processes killed; `revive` it
   dpcompare lab status
   dpcompare lab down                               # also after a crash; `lab down --all` sweeps every lab
 """
@@ -114,6 +115,23 @@ def _set_link(a: argparse.Namespace) -> int:
     return 0
 
 
+def _kill(a: argparse.Namespace) -> int:
+    netns.preflight()
+    lab = core.Lab.load(a.name)
+    lab.fail_host(a.host)
+    print(f"lab {lab.name}: host {a.host} is dead (link down, every process in it killed); `dpcompare lab revive "
+          f"--host {a.host}` brings it back")
+    return 0
+
+
+def _revive(a: argparse.Namespace) -> int:
+    netns.preflight()
+    lab = core.Lab.load(a.name)
+    lab.revive_host(a.host)
+    print(f"lab {lab.name}: host {a.host} is back (link up{', sshd started' if lab.ssh else ''})")
+    return 0
+
+
 def _link_or_state(text: str) -> int | str | None:
     """``set-link``'s argument: ``down`` or ``up``, else a link rate (bits/s; None: unshaped)."""
     return text if text in ("down", "up") else link_arg(text)
@@ -161,6 +179,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
     s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
     s.add_argument("--host", type=nonneg_int, help="only this host's link (0-based)")
+    for name, func, what in (("kill", _kill, "a host dies: its link down, then every process in it killed"),
+                             ("revive", _revive, "a dead host comes back: its link up, its sshd started")):
+        k = action(name, func, what)
+        k.add_argument("--host", type=nonneg_int, required=True, help="the host (0-based)")
     add_lab_to_launch(sub)
 
 

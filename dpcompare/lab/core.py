@@ -3,8 +3,11 @@
 Layout of lab ``NAME`` (every name starts with :data:`PREFIX`)::
 
     namespace dplab-NAME-sw      bridge dplab-br, ports dplab-h0 .. dplab-h{N-1} (egress shaped: switch → host)
-    namespace dplab-NAME-hI      interface dplab0 = 10.250.X.(I+1)/24 (egress shaped: host → switch), lo
-    /run/dpcompare-lab/NAME/     state.json, hostfile, agent.sh (Open MPI's remote agent in place of ssh)
+    namespace dplab-NAME-hI      interface dplab0 = 10.250.X.(I+1)/24 (egress shaped: host → switch), lo;
+                                 an sshd on that address only (when installed: horovodrun's way in)
+    /run/dpcompare-lab/NAME/     state.json, hostfile, agent.sh (Open MPI's remote agent in place of ssh),
+                                 ssh/ (keys, configurations), bin/ssh, live-hosts and discover.sh (:mod:`.remote`)
+    /etc/netns/dplab-NAME-hI/    hosts: the machine's name is the host's address inside the host
 
 The bridge lives in its own namespace, not the root one: the root namespace gets no interface, address or route,
 so nothing the machine already uses can clash with the lab or be touched by it. The price: the root namespace
@@ -12,6 +15,8 @@ cannot reach the hosts, so mpirun runs inside host 0 (:meth:`Lab.command` does t
 :class:`~dpcompare.launch.jobs.Placement`, and its jobs run through :mod:`dpcompare.launch.jobs`).
 Every host's interface has the same name, so one ``GLOO_SOCKET_IFNAME`` serves every rank.
 :func:`session` is the one way to run inside a lab made for the purpose: up now, down at the end.
+A host can die (:meth:`Lab.fail_host`: its link down, then every process in it killed) and come back
+(:meth:`Lab.revive_host`); elastic jobs (torchrun's agents, ``horovodrun`` elastic) are placed here too.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,9 +36,10 @@ from pathlib import Path
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.files import atomic_write_json, atomic_write_text
-from dpcompare.lab import netns
+from dpcompare.lab import netns, remote
 from dpcompare.lab.spec import LabSpec, check_link, check_name
-from dpcompare.launch import jobs, mpirun
+from dpcompare.launch import elastic, jobs, mpirun
+from dpcompare.launch.elastic import ElasticLaunch
 from dpcompare.launch.env import CPU_SHARERS
 from dpcompare.trace import LINK_ENV
 
@@ -45,6 +52,8 @@ BRIDGE = "dplab-br"
 KEEPALIVE = ("--mca", "oob_tcp_keepalive_time", "2", "--mca", "oob_tcp_keepalive_intvl", "1",
              "--mca", "oob_tcp_keepalive_probes", "3")
 _LOST_DAEMON = re.compile(r"Remote daemon:\s*\S+ on node (\S+)")
+#: a host's link slower than this, or slower than the fastest other's by this ratio, crawls (:meth:`Lab.crawling`)
+CRAWL_BPS, CRAWL_RATIO = 1_000_000, 100
 #: the lab's /24s: 10.250.200.0/24 and up (10.250.0.0/24 is tests/test_multihost.py's)
 FIRST_NET, LAST_NET = 200, 254
 
@@ -60,7 +69,8 @@ class Host:
     address: str
     port: str  #: the switch-side end of its veth
     link_bps: int | None = None
-    up: bool = True
+    up: bool = True  #: its link (switch port) is up
+    alive: bool = True  #: its processes run (False after :meth:`Lab.fail_host`, until :meth:`Lab.revive_host`)
 
 
 @dataclass
@@ -73,6 +83,7 @@ class Lab:
     hosts: list[Host] = field(default_factory=list)
     created: str = ""
     status: str = "creating"
+    ssh: bool = False  #: every host runs the lab's sshd (:mod:`.remote`; horovodrun needs it)
 
     # -- files ---------------------------------------------------------------------------------------
     @property
@@ -98,6 +109,14 @@ class Lab:
 
     def _save(self) -> None:
         atomic_write_json(self.directory / "state.json", asdict(self))
+        if self.hosts:
+            remote.write_discovery(self.directory, self.hosts[0].address, [h.address for h in self.live_hosts],
+                                   self.slots)
+
+    @property
+    def live_hosts(self) -> list[Host]:
+        """The hosts whose link is up and whose processes run (what ``discover.sh`` prints)."""
+        return [h for h in self.hosts if h.up and h.alive]
 
     @classmethod
     def load(cls, name: str = "default") -> Lab:
@@ -137,6 +156,7 @@ class Lab:
             lab._save()  # first: a crash from here on leaves a state file `lab down` reads
             lab._create()
             lab._write_launch_files()
+            lab._open_remote_access()
             lab.status = "up"
             lab._save()
         except BaseException:
@@ -161,6 +181,15 @@ class Lab:
             netns.ip("-n", h.namespace, "link", "set", "lo", "up")
         self.set_link(self.link_bps)
 
+    def _open_remote_access(self) -> None:
+        """Host names inside the hosts, and an sshd in each when this machine has one (:mod:`.remote`)."""
+        remote.write_hosts_files([(h.namespace, h.address) for h in self.hosts])
+        if remote.sshd_problem() is None:
+            remote.prepare(self.directory, [h.address for h in self.hosts])
+            for h in self.hosts:
+                remote.start_sshd(self.directory, h.namespace, h.address)
+            self.ssh = True
+
     def down(self) -> list[str]:
         """Remove the lab's namespaces (ending what runs in them) and its state folder; what was removed."""
         return sweep(self.name)
@@ -183,6 +212,23 @@ class Lab:
             netns.ip("-n", self.switch, "link", "set", h.port, "up" if up else "down")
             h.up = up
         self._save()
+
+    def fail_host(self, host: int) -> None:
+        """``host`` dies as a machine losing power does: its link goes down first (so nothing it sends after, not
+        even its sockets' FIN, reaches anyone), then every process in it is killed (its sshd too)."""
+        self.set_link_state(host, up=False)
+        h = self._chosen(host)[0]
+        netns.kill_processes(h.namespace)
+        h.alive = False
+        self._save()
+
+    def revive_host(self, host: int) -> None:
+        """``host`` is back: its link up and, when the lab has ssh, its sshd started again (a rebooted node)."""
+        h = self._chosen(host)[0]
+        if self.ssh and not h.alive:
+            remote.start_sshd(self.directory, h.namespace, h.address)
+        h.alive = True
+        self.set_link_state(host, up=True)
 
     def _chosen(self, host: int | None) -> list[Host]:
         if host is None:
@@ -208,9 +254,10 @@ class Lab:
         return {LINK_ENV: str(self.link_bps or ""), CPU_SHARERS: str(np or self.np)}
 
     def command(self, argv: Sequence[str], np: int | None = None, *, mpi_options: Sequence[str] = (),
-                per_host: int | None = None) -> list[str]:
+                per_host: int | None = None, elastic: ElasticLaunch | None = None) -> list[str]:
         """The whole command running ``argv`` as ``np`` ranks (default: every slot) across the lab, from host 0
         (:class:`~dpcompare.launch.jobs.Placement`'s command; build it with :func:`~dpcompare.launch.jobs.job_line`).
+        ``elastic``: an elastic job instead (:meth:`elastic_command`).
 
         Open MPI's mpirun with the lab's hostfile, its remote agent and keepalives, MPI's TCP kept on the lab's
         subnet, gloo/NCCL on its interface; PATH, VIRTUAL_ENV, the HOROVOD_/GLOO_/... variables set here and
@@ -218,6 +265,8 @@ class Lab:
         ``per_host`` places that many on each host instead. ``mpi_options``: more Open MPI options (e.g.
         ``--mca coll_tuned_use_dynamic_rules 1``).
         """
+        if elastic is not None:
+            return self.elastic_command(argv, np or self.np, elastic)
         if mpirun.mpi_flavor() != "openmpi":
             raise LaunchError("the lab's remote agent is Open MPI's (plm_rsh_agent); put Open MPI's mpirun on PATH")
         env = {**mpirun.forwarded_env(os.environ, IFACE, mpirun.current_venv()), **self.environment(np)}
@@ -225,6 +274,46 @@ class Lab:
         if per_host:
             cmd[cmd.index("--map-by") + 1] = f"ppr:{per_host}:node"
         return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *KEEPALIVE, *mpi_options, *cmd[1:]])
+
+    def elastic_command(self, argv: Sequence[str], np: int, how: ElasticLaunch) -> list[str]:
+        """``argv`` as an elastic job of ``np`` ranks that may shrink to ``how.min_np``: torchrun's agents, one per
+        host, each inside its host (one job: :func:`~dpcompare.launch.elastic.together`, host 0's agent in front),
+        or ``horovodrun`` elastic started in host 0, reaching the others by the lab's ssh."""
+        per_node = min(np, self.slots)
+        used = -(-np // per_node)
+        if np % per_node or used > len(self.hosts):
+            raise ConfigError(f"an elastic job of {np} ranks needs whole hosts of {per_node} slot(s) (lab "
+                              f"{self.name!r}: {len(self.hosts)} × {self.slots}); choose --np as a multiple of it")
+        env = {**mpirun.forwarded_env(os.environ, IFACE, mpirun.current_venv()), **self.environment(np)}
+        if how.launcher == "torchrun":
+            agents = [self._agent(argv, how, per_node, used, h, env) for h in self.hosts[:used]]
+            return elastic.together(agents[0], agents[1:])
+        if not self.ssh:
+            raise LaunchError(remote.sshd_problem() or f"lab {self.name!r} was made without ssh; make it again")
+        env["PATH"] = f"{self.directory / 'bin'}:{env.get('PATH', os.environ.get('PATH', ''))}"
+        env[remote.FIRST_CALL] = str(self.directory / f"first-{how.run_id}-{secrets.token_hex(3)}")
+        return self.in_host(elastic.with_env(elastic.horovodrun_command(
+            argv, np=np, min_np=how.min_np, max_np=np, discovery_script=str(self.directory / "discover.sh"),
+            iface=IFACE, slots=per_node, horovodrun=elastic.executable("horovodrun")), env))
+
+    def _agent(self, argv: Sequence[str], how: ElasticLaunch, per_node: int, hosts: int, h: Host,
+               env: dict[str, str]) -> list[str]:
+        """Host ``h``'s torchrun agent, started inside it, meeting the others at host 0."""
+        agent = elastic.torchrun_command(
+            argv, nnodes=(-(-how.min_np // per_node), hosts), nproc_per_node=per_node,
+            endpoint=f"{self.hosts[0].address}:{elastic.RDZV_PORT}", run_id=how.run_id, max_restarts=how.max_restarts,
+            local_addr=h.address, torchrun=elastic.executable("torchrun"))
+        return self.in_host(elastic.with_env(agent, {**env, **elastic.TORCHRUN_ENV}), h.index)
+
+    def rejoin_command(self, argv: Sequence[str], np: int, how: ElasticLaunch, host: int) -> list[str] | None:
+        """What brings a revived ``host`` back into the elastic job :meth:`elastic_command` started: a torchrun agent
+        on it (the others restart their workers to take it in); None for horovodrun, whose discovery script sees
+        the host again and whose driver starts a worker there over ssh by itself."""
+        if how.launcher != "torchrun":
+            return None
+        per_node = min(np, self.slots)
+        env = {**mpirun.forwarded_env(os.environ, IFACE, mpirun.current_venv()), **self.environment(np)}
+        return self._agent(argv, how, per_node, -(-np // per_node), self._chosen(host)[0], env)
 
     def in_host(self, cmd: Sequence[str], host: int = 0) -> list[str]:
         """``cmd`` run inside ``host``'s namespace."""
@@ -239,19 +328,44 @@ class Lab:
         return jobs.run_job(cmd, logs, mpirun.job_env(), timeout)
 
     def lost_line(self, output: str = "") -> str | None:
-        """One line naming the hosts a failed job lost: those mpirun says it lost contact with (in ``output``)
-        and those whose switch port is down now; None when there is none."""
+        """One line naming the hosts a failed job lost: those mpirun says it lost contact with (in ``output``),
+        those whose switch port is down now, and those whose link crawls (:meth:`crawling`): a collective that
+        waits on one does not finish within ``--timeout`` either; None when there is none."""
         named = set(_LOST_DAEMON.findall(output))
         try:
             down = {r["address"] for r in self.host_rows() if r["port"] == "DOWN"}
         except LaunchError:
             down = set()
-        lost = [h for h in self.hosts if h.address in named | down]
+        crawl = {h.address for h in self.crawling()}
+        lost = [h for h in self.hosts if h.address in named | down | crawl]
         if not lost:
             return None
         what = ", ".join(f"host {h.index} ({h.address}, namespace {h.namespace})" for h in lost)
-        why = "its link is down" if all(h.address in down for h in lost) else "mpirun lost contact with its daemon"
+        if all(h.address in down for h in lost):
+            why = "its link is down"
+        elif all(h.address in crawl for h in lost):
+            why = (f"its link crawls at {format_rate_bits(lost[0].link_bps)} (the others': "
+                   f"{format_rate_bits(self._fastest_other(lost[0]))}), so its collectives did not finish within "
+                   "--timeout")
+        else:
+            why = "mpirun lost contact with its daemon"
         return f"dpcompare lab {self.name}: lost {what}: {why}; the job was ended"
+
+    def crawling(self) -> list[Host]:
+        """Hosts whose link is shaped to a crawl next to the others': slower than the fastest other host's link
+        (unshaped counts as fastest) and below :data:`CRAWL_BPS` or a hundredth of it."""
+        out = []
+        for h in self.hosts if len(self.hosts) > 1 else []:
+            other = self._fastest_other(h)
+            fastest = float("inf") if other is None else float(other)
+            if h.link_bps is not None and h.link_bps < fastest and (
+                    h.link_bps < CRAWL_BPS or h.link_bps * CRAWL_RATIO <= fastest):
+                out.append(h)
+        return out
+
+    def _fastest_other(self, h: Host) -> int | None:
+        others = [o.link_bps for o in self.hosts if o is not h]
+        return None if None in others else max(others, default=None)  # type: ignore[type-var]
 
     # -- what exists ---------------------------------------------------------------------------------
     def host_rows(self) -> list[dict[str, object]]:
@@ -322,6 +436,7 @@ def sweep(name: str | None = None) -> list[str]:
     for ns in sorted((n for n in netns.namespaces() if n.startswith(prefix)), key=lambda n: n.endswith("-sw")):
         if netns.remove_namespace(ns):
             removed.append(f"namespace {ns}")
+    removed += remote.remove_hosts_files(prefix)
     root = state_root()
     for d in ([root / name] if name is not None else list(root.glob("*")) if root.is_dir() else []):
         if d.is_dir():

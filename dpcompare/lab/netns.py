@@ -61,13 +61,19 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def remove_namespace(ns: str) -> bool:
-    """End what still runs inside ``ns`` (only a crashed job leaves anything), then delete it; its veth
-    ends go with it, and so does the other end of each pair. True when something was removed."""
+def kill_processes(ns: str) -> int:
+    """SIGKILL every process inside ``ns`` (as a host losing power ends them); how many there were."""
     pids = ip("netns", "pids", ns, check=False).stdout.split()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
             os.kill(int(pid), signal.SIGKILL)
+    return len(pids)
+
+
+def remove_namespace(ns: str) -> bool:
+    """End what still runs inside ``ns`` (a crashed job, the lab's sshd), then delete it; its veth ends go with
+    it, and so does the other end of each pair. True when something was removed."""
+    kill_processes(ns)
     return ip("netns", "delete", ns, check=False).returncode == 0
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpcompare.files import LINK, MEMORY_KINDS, PHASES
+from dpcompare.files import FAULT, LINK, MEMORY_KINDS, PHASES
 from dpcompare.report.intervals import CONFIDENCE, Interval, mean_ci
 
 
@@ -199,13 +199,27 @@ def without_link(label: str) -> str:
     return re.sub(rf"[/,]{LINK}=[^,]*$", "", re.sub(rf"([/,]){LINK}=[^,]*,", r"\1", label))
 
 
+def arm_faults(results: dict[str, Any]) -> dict[str, str]:
+    """Arm label → the fault it met (``compare --fault``): those arms are compared with their twins without it
+    (:mod:`dpcompare.report.faults`), not in the verdicts of :func:`arm_pairs`."""
+    arms = (results.get("config") or {}).get("arms") or []
+    return {a["label"]: str(a["knobs"][FAULT]) for a in arms if FAULT in (a.get("knobs") or {})}
+
+
+def without_fault(label: str) -> str:
+    """``ddp-elastic/fault=host2@40`` → ``ddp-elastic``; ``ddp/batch_size=8,fault=host2@40`` → ``ddp/batch_size=8``."""
+    return re.sub(rf"[/,]{FAULT}=[^,/]*$", "", label)
+
+
 def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:
     """``(np, baseline, other)``: every arm after the first against the first (the baseline), np ascending;
-    with a link sweep, within each link: every arm on that link against the first arm on it.
+    with a link sweep, within each link: every arm on that link against the first arm on it. Arms that met a
+    fault (``--fault``) are left out: their report compares them with their twins without it.
 
     The one pairing every verdict (throughput, accuracy, time to accuracy) iterates over.
     """
-    arms, links = arm_order(results), arm_links(results)
+    faulted = arm_faults(results)
+    arms, links = [a for a in arm_order(results) if a not in faulted], arm_links(results)
     by_link: dict[str | None, list[str]] = {}
     for a in arms:
         by_link.setdefault(links.get(a), []).append(a)

@@ -38,9 +38,11 @@ from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
 from dpcompare.training.evaluation import EvalCurve, evaluate
 from dpcompare.training.step import StepRunner
+from dpcompare.training.steplog import StepLog
 from dpcompare.training.summary import memory_summary, metric_keys, regime_facts, run_summary, timing_summary
 from dpcompare.training.tracing import TraceSession
 from dpcompare.training.trackers import Trackers, open_trackers
+from dpcompare.training.watchdog import StepWatchdog
 from dpcompare.versions import versions
 
 
@@ -187,7 +189,11 @@ class Run:
         self.run_info = {**cfg.to_dict(), "world_size": strategy.world_size, "effective_lr": self.lr}
         self.model, self.optimizer = strategy.setup(start.model, make_optimizer(cfg, start.model.parameters(),
                                                                                 self.lr))
-        self.start_epoch = self.global_step = 0
+        self.epoch_done = self.global_step = 0  # epochs finished, optimizer steps taken
+        self.position = 0  # samples of the current epoch's order trained on (at any world size)
+        self.kept_step = -1  # the step of the last commit or step checkpoint
+        self.elastic = cfg.commit_every > 0
+        self.step_log = StepLog(self.out, cfg.step_log or self.elastic)
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.last_good = start.resume_path  # the newest checkpoint this run could continue from
@@ -200,18 +206,46 @@ class Run:
     def train(self) -> dict[str, Any]:
         """The whole run, in order; the summary."""
         self.restore()
-        self.strategy.broadcast_initial_state(self.model, self.optimizer)
+        if not self.elastic:  # an elastic run starts from rank 0's state inside its strategy's run_elastic
+            self.strategy.broadcast_initial_state(self.model, self.optimizer)
         self.lay_out()
         self.open_outputs()
         with self.trackers:  # a run that fails is marked failed in W&B/MLflow
             self.announce()
             self.steps = self.step_runner()
-            with self.rep:
-                for epoch in range(self.start_epoch + 1, self.last_epoch + 1):
-                    self.end_epoch(epoch, *self.run_epoch(epoch))
-                    self.checkpoint(epoch)
+            with self.rep, self.watching():
+                self.log_event("start", resumed_from=str(self.start.resume_path) if self.start.resume_path else None)
+                if self.elastic:
+                    self.strategy.run_elastic(self.epochs, self.model, self.optimizer, self)
+                else:
+                    self.epochs()
                 self.time_only()
             return self.finish()
+
+    def epochs(self) -> None:
+        """Every epoch from where the run stands (``epoch_done``, ``position``): its steps, its row, its
+        checkpoint, then a commit due at its last step (after the row, so that it holds the finished epoch)."""
+        epoch = self.epoch_done + 1
+        while self.more(epoch):
+            self.end_epoch(epoch, *self.run_epoch(epoch))
+            self.checkpoint(epoch)
+            self.epoch_done, self.position = epoch, 0
+            self.keep()
+            epoch += 1
+
+    def more(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` runs: every one of --epochs, or with --max-steps until that many steps."""
+        cfg = self.cfg
+        if cfg.max_steps:
+            return self.global_step < cfg.max_steps and (not cfg.epochs or epoch <= cfg.epochs)
+        return epoch <= cfg.epochs
+
+    def watching(self) -> contextlib.AbstractContextManager[Any]:
+        """The step watchdog (--timeout) of a run with peers; an elastic run recovers instead."""
+        if self.elastic or self.strategy.world_size < 2:
+            return contextlib.nullcontext()
+        self.watchdog = StepWatchdog(self.cfg.timeout, f"rank {self.strategy.rank} of {self.strategy.world_size}")
+        return self.watchdog
 
     def restore(self) -> None:
         """From the checkpoint (if resuming): optimizer state, RNG, position and history."""
@@ -225,9 +259,11 @@ class Run:
                 g["momentum"] = cfg.momentum
             g["weight_decay"] = cfg.weight_decay
         checkpoint.set_rng_state(ckpt["rng"])
-        self.start_epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
-        self.history = [h for h in ckpt.get("history", []) if h["epoch"] <= self.start_epoch]
-        self.notes.append(f"resuming from {self.start.resume_path} (epoch {self.start_epoch}, step "
+        self.epoch_done, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
+        self.position = int((ckpt.get("sampler") or {}).get("position", 0))
+        self.kept_step = self.global_step
+        self.history = [h for h in ckpt.get("history", []) if h["epoch"] <= self.epoch_done]
+        self.notes.append(f"resuming from {self.start.resume_path} (epoch {self.epoch_done}, step "
                           f"{self.global_step}, written by {ckpt['strategy']} at np={ckpt['world_size']})")
         changes = changed_settings(ckpt["config"], self.run_info)
         if changes:
@@ -247,9 +283,10 @@ class Run:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps) if cfg.epochs else cfg.max_steps
-        self.last_epoch = (cfg.epochs if not cfg.max_steps
-                           else min(cfg.epochs or 10**9, -(-cfg.max_steps // self.steps_per_epoch)))
         self.global_batch = cfg.batch_size * strategy.world_size * accumulate
+        left = max(cfg.max_steps - self.global_step, 0) + self.position // self.global_batch  # from this epoch's start
+        self.last_epoch = (cfg.epochs if not cfg.max_steps
+                           else min(cfg.epochs or 10**9, self.epoch_done + -(-left // self.steps_per_epoch)))
 
     def open_outputs(self) -> None:
         """Rank 0: OUT, ``metrics.jsonl`` (a fresh run's empty, a resumed one's past) and the trackers."""
@@ -257,7 +294,8 @@ class Run:
             self.out.mkdir(parents=True, exist_ok=True)
             _write_jsonl(self.out / "metrics.jsonl", self.history)
             self.trackers = open_trackers(self.cfg, self.run_info, self.out, True, self.history)
-        self.strategy.barrier()  # rank 0's tracker start-up (W&B, MLflow) must not land in the first epoch's time
+        if not self.elastic:  # (a worker joining an elastic run meets the others only in its strategy's sync)
+            self.strategy.barrier()  # rank 0's tracker start-up (W&B, MLflow) must not land in the first epoch's time
 
     def announce(self) -> None:
         """The progress line and the banner: who runs what, on what, how."""
@@ -291,11 +329,13 @@ class Run:
         """One epoch's steps (with ``--eval-every`` evaluations); this rank's loss sum, samples and seconds."""
         cfg, spe = self.cfg, self.steps_per_epoch
         self.sampler.set_epoch(epoch - 1)
+        self.sampler.start_at(self.position)  # a resumed or rolled-back run: part-way through the epoch
+        steps = len(self.loader) // cfg.accumulate
         loss_sum = torch.zeros((), dtype=torch.float64)
         seen = 0
         t_epoch = time.perf_counter()
         it = iter(self.loader)
-        for _ in range(spe):
+        for i in range(steps):
             if cfg.max_steps and self.global_step >= cfg.max_steps:
                 break
             r = self.step(it, epoch)
@@ -304,14 +344,24 @@ class Run:
             g = self.global_step
             if cfg.eval_every and g % cfg.eval_every == 0 and g % spe:
                 self.evaluate(g, epoch - 1 + (g % spe) / spe)
+            if i < steps - 1 and not (cfg.max_steps and g >= cfg.max_steps):  # the last: after the epoch's row
+                self.keep()
         return loss_sum, seen, time.perf_counter() - t_epoch
 
     def step(self, it: Any, epoch: int) -> Any:
         """One optimizer step on the training clock, then the checks every rank makes after it."""
         t_step = time.perf_counter()
+        watchdog = getattr(self, "watchdog", None)
+        if watchdog is not None:
+            watchdog.begin(self.global_step + 1)
         r = self.steps.step(it, self.global_step + 1)
+        if watchdog is not None:
+            watchdog.end()
         self.train_seconds += time.perf_counter() - t_step
         self.global_step += 1
+        self.position += self.global_batch
+        self.step_log.write(self.strategy.is_main, step=self.global_step, world_size=self.strategy.world_size,
+                            samples=self.global_batch)
         if self.cfg.record_step_loss:
             self.step_losses.append(float(self.strategy.all_reduce(r.loss, "mean")))
         if self.rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
@@ -351,15 +401,65 @@ class Run:
     def checkpoint(self, epoch: int) -> None:
         cfg = self.cfg
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or (
-                epoch == self.last_epoch and (cfg.checkpoint_every or cfg.save_final)):
+                not self.more(epoch + 1) and (cfg.checkpoint_every or cfg.save_final)):
             save_checkpoint(self.strategy, self.model, self.optimizer, cfg, self.run_info, epoch, self.global_step,
                             self.history, self.out, self.workload)
             self.last_good = checkpoint.checkpoint_path(self.out, epoch)
 
+    # -- what survives a lost host: step checkpoints and commits (--checkpoint-steps, --commit-every) --------
+    def keep(self) -> None:
+        """At a multiple of --checkpoint-steps write a step checkpoint; at one of --commit-every, commit (the
+        strategy's way: a checkpoint, or Horovod Elastic's commit in memory). Once per step."""
+        cfg, g = self.cfg, self.global_step
+        if g == self.kept_step:
+            return
+        saved = bool(cfg.checkpoint_steps) and g % cfg.checkpoint_steps == 0
+        if saved:
+            self.save_step()
+        if cfg.commit_every and g % cfg.commit_every == 0:
+            self.kept_step = g
+            self.log_event("commit")
+            self.strategy.commit(lambda: None if saved else self.save_step())  # may raise HostsUpdatedInterrupt
+        self.kept_step = g
+
+    def save_step(self) -> None:
+        """``OUT/checkpoints/step-<S>.pt``: the state after this step, with where the epoch stands."""
+        path = checkpoint.step_checkpoint_path(self.out, self.global_step)
+        save_checkpoint(self.strategy, self.model, self.optimizer, self.cfg, self.run_info, self.epoch_done,
+                        self.global_step, self.history, self.out, self.workload, position=self.position, path=path)
+        self.last_good = path
+        self.log_event("checkpoint")
+
+    def log_event(self, event: str, **fields: Any) -> None:
+        """A line of OUT/steps.jsonl about the run rather than a step (start, reset, commit, checkpoint)."""
+        self.step_log.write(self.strategy.is_main, event=event, step=self.global_step,
+                            world_size=self.strategy.world_size, **fields)
+
+    # -- the loop's side of an elastic run (backends.base.ElasticState) ---------------------------------------
+    def progress(self) -> dict[str, Any]:
+        return {"epoch_done": self.epoch_done, "position": self.position, "step": self.global_step,
+                "history": list(self.history), "train_seconds": self.train_seconds}
+
+    def resume_from(self, progress: dict[str, Any]) -> None:
+        self.epoch_done, self.position, self.global_step = (progress["epoch_done"], progress["position"],
+                                                            progress["step"])
+        self.history, self.train_seconds = list(progress["history"]), progress["train_seconds"]
+        self.kept_step = self.global_step
+
+    def on_reset(self) -> None:
+        """The world changed: the learning rate for its size (as a run started at it), and the data laid out
+        again for this rank among the new ranks."""
+        self.lr = effective_lr(self.cfg, self.strategy.world_size)
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.lr
+        self.run_info.update(world_size=self.strategy.world_size, effective_lr=self.lr)
+        self.lay_out()
+        self.log_event("reset")
+
     def time_only(self) -> None:
         """``--min-steps``: further steps after the last epoch, for timing only."""
         cfg = self.cfg
-        self.timing_only = self.steps.timing_only(self.loader, self.sampler, self.last_epoch, self.steps_per_epoch,
+        self.timing_only = self.steps.timing_only(self.loader, self.sampler, self.epoch_done, self.steps_per_epoch,
                                                   cfg.min_timed_steps)
         if self.timing_only:
             self.rep.print(f"timed {self.timing_only} more steps after the last epoch, for timing only "
@@ -375,7 +475,7 @@ class Run:
             "strategy": strategy.name, "world_size": strategy.world_size, "model": cfg.model, "dataset": cfg.dataset,
             "batch_size": cfg.batch_size}) if steps.tracer else None
         summary = run_summary(cfg, strategy, self.workload, self.history, {
-            "lr": self.lr, "global_batch": self.global_batch, "epochs": self.last_epoch, "steps": self.global_step,
+            "lr": self.lr, "global_batch": self.global_batch, "epochs": self.epoch_done, "steps": self.global_step,
             "timing": timing, "memory": memory, "curve": self.curve.summary(), "run_info": self.run_info,
             "comm": {"optimizer_steps": steps.done, "micro_batches": steps.done * cfg.accumulate}},
             self.start.resume_path)
@@ -407,21 +507,26 @@ class Run:
 
 def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
                     run_info: dict[str, Any], epoch: int, global_step: int, history: list[dict[str, Any]],
-                    out: Path, workload: Workload | None = None) -> Path | None:
-    """Rank 0 writes ``OUT/checkpoints/epoch-<N>.pt`` (with the workload's source); every rank waits for it."""
+                    out: Path, workload: Workload | None = None, position: int = 0,
+                    path: Path | None = None) -> Path | None:
+    """Rank 0 writes ``OUT/checkpoints/epoch-<N>.pt`` (or ``path``: a step checkpoint, ``position`` samples into
+    epoch ``epoch + 1``), with the workload's source; every rank waits for it."""
+    target = path or checkpoint.checkpoint_path(out, epoch)
     path = None
     model_state, optimizer_state = strategy.full_state_dicts(model, optimizer)  # every rank: may gather
     if strategy.is_main:
         state = {
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
             "model": model_state, "optimizer": optimizer_state, "epoch": epoch, "global_step": global_step,
-            "sampler": {"seed": cfg.seed, "epoch": epoch, "position": 0},
+            "sampler": {"seed": cfg.seed, "epoch": epoch, "position": position},
             "rng": checkpoint.rng_state(), "config": run_info, "strategy": strategy.name,
             "world_size": strategy.world_size, "versions": versions(), "history": list(history),
             "workload": {"name": workload.name, "source": workload.source} if workload else
                         {"name": "classification", "source": "builtin"},
         }
-        path = checkpoint.atomic_save(state, checkpoint.checkpoint_path(out, epoch))
-        checkpoint.prune_checkpoints(out, cfg.keep_last, cfg.keep_every, keep=(path,))
+        path = checkpoint.atomic_save(state, target)
+        kind = "step" if path.name.startswith("step-") else "epoch"
+        checkpoint.prune_checkpoints(out, cfg.keep_last, cfg.keep_every if kind == "epoch" else 0, keep=(path,),
+                                     kind=kind)
     strategy.barrier()
     return path
