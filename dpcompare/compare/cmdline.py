@@ -76,6 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "redone, the world size over time, the wall time and the final metric against the run "
                         "without the fault, and draws throughput over time. Compare elastic arms: "
                         "--strategies ddp-elastic,horovod-elastic (docs/elastic.md)")
+    g.add_argument("--replay", action="store_true",
+                   help="with --fault: after every elastic run that recovered, start a clean run (no fault, not "
+                        "elastic) from the checkpoint it rolled back to, at the world size it carried on with, and "
+                        "compare the final weights tensor by tensor (recorded as `replay`; the elastic runs also "
+                        "write a checkpoint at every commit and after the last step)")
     g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
                    help="stop a run that takes longer and record it as failed (default: 0, no limit)")
     g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
@@ -166,6 +171,8 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--lab", c.lab.text()]
     if c.fault is not None:
         flags += ["--fault", str(c.fault)]
+    if c.replay:
+        flags += ["--replay"]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
     return flags

@@ -74,7 +74,7 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
                          project_link=a.project_link)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
-                   lab=getattr(a, "lab", None), fault=a.fault)
+                   lab=getattr(a, "lab", None), fault=a.fault, replay=a.replay)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
     return c
 

@@ -178,3 +178,22 @@ def figures(run_dir: Path, fault: dict[str, Any] | None, t_start: float | None) 
                         "t_back_s": None if fault["t_back"] is None else round(fault["t_back"] - t0, 3)}
         out["recovery"] = recovery(rows, fault["t_fault"])
     return out
+
+
+def same_weights(run_dir: Path, other_dir: Path) -> dict[str, Any]:
+    """The final states of two runs (their newest checkpoints), compared tensor by tensor: ``equal`` when every
+    tensor of the model is bit for bit the same, with the largest absolute difference and the steps taken."""
+    import torch
+
+    from dpcompare import checkpoint
+
+    paths = [checkpoint.latest_checkpoint(d) for d in (run_dir, other_dir)]
+    if None in paths:
+        return {"equal": None, "why": "no final checkpoint to compare"}
+    a, b = (checkpoint.load_checkpoint(p) for p in paths)  # type: ignore[arg-type]
+    names = sorted(a["model"])
+    if names != sorted(b["model"]):
+        return {"equal": False, "why": "the two models hold different tensors"}
+    diff = max((float((a["model"][k].double() - b["model"][k].double()).abs().max()) for k in names), default=0.0)
+    return {"equal": all(torch.equal(a["model"][k], b["model"][k]) for k in names), "max_abs_diff": diff,
+            "tensors": len(names), "steps": [int(a["global_step"]), int(b["global_step"])]}

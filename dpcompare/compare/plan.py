@@ -332,14 +332,19 @@ def with_faults(arms: Sequence[Arm], fault: Fault | None) -> list[Arm]:
 DEFAULT_COMMIT_EVERY = 10
 
 
-def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool = False) -> TrainConfig:
+def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool = False,
+                 replay: bool = False) -> TrainConfig:
     """The run's own configuration: the shared one with its arm's strategy and settings, and its folder. An
     elastic arm commits every --commit-every steps (default :data:`DEFAULT_COMMIT_EVERY`) and resumes from its
-    newest checkpoint when restarted; the others never commit. ``step_log``: it writes OUT/steps.jsonl."""
+    newest checkpoint when restarted; the others never commit. ``step_log``: it writes OUT/steps.jsonl;
+    ``replay`` (an elastic arm meeting the fault, ``--replay``): it also writes a checkpoint at every commit and
+    after its last step, for the replay to start from and compare with."""
     seed = {} if spec.seed is None else {"seed": spec.seed}
     arm = spec.arm
-    elastic = {"commit_every": cfg.commit_every or DEFAULT_COMMIT_EVERY, "resume": "auto"} if arm.elastic else {
-        "commit_every": 0}
+    every = cfg.commit_every or DEFAULT_COMMIT_EVERY
+    elastic = {"commit_every": every, "resume": "auto"} if arm.elastic else {"commit_every": 0}
+    if replay and arm.elastic and arm.fault is not None:
+        elastic.update(checkpoint_steps=cfg.checkpoint_steps or every, save_final=True)
     return dataclasses.replace(cfg, **{**elastic, **dict(arm.knobs)}, **seed, strategy=spec.strategy, out=str(run_dir),
                                overwrite=True, progress="lines", step_log=step_log or cfg.step_log)
 
@@ -410,6 +415,7 @@ class Comparison:
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     lab: LabSpec | None = None  # run every job across emulated hosts made for the comparison (``--lab``)
     fault: Fault | None = None  # every arm also runs meeting this fault (``--fault``)
+    replay: bool = False  # check an elastic run that met the fault against a clean one from its checkpoint
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))
@@ -426,6 +432,7 @@ class Comparison:
             if self.links or any(a.link is not None for a in self.arms):
                 raise ConfigError("--sweep link=... shapes the link of a lab: add --lab hosts=2 (root, iproute2)")
             what = "--fault" if self.fault else next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
+            what = what or ("--replay" if self.replay else None)
             if what:
                 raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; docs/elastic.md)")
             return
@@ -433,6 +440,8 @@ class Comparison:
             raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "
                               "changes); leave --workers out with --lab")
         self.lab.check_np(max(self.nps))
+        if self.replay and self.fault is None:
+            raise ConfigError("--replay checks the elastic runs that met a fault: add --fault host=I,at-step=S")
         if self.fault is not None and not 1 <= self.fault.host < self.lab.hosts:
             raise ConfigError(f"--fault host={self.fault.host}: choose a host from 1 to {self.lab.hosts - 1} of --lab "
                               f"{self.lab.text()} (host 0 holds the rendezvous and horovodrun's driver)")

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dpcompare import checkpoint
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
 from dpcompare.compare import faults, records
@@ -30,10 +32,11 @@ from dpcompare.progress import ProgressLine
 Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | None, float]]
 
 
-def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None, step_log: bool = False) -> list[str]:
+def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None, step_log: bool = False,
+                  replay: bool = False) -> list[str]:
     """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``, placed on its
     hosts (mpirun started inside its host 0; an elastic arm's launcher: :func:`elastic_launch`)."""
-    words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log))]
+    words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
     how = elastic_launch(spec, run_dir, lab)
     return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
 
@@ -87,7 +90,7 @@ class _Run:
         if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
             self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
         step_log = self.c.fault is not None  # the fault's runs and their twins without it: steps over time
-        cmd = child_command(cfg, spec, run_dir, self.lab, step_log)  # after the reshape: it may carry the link
+        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay)  # after the reshape (the link)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
         if self.pool:
@@ -100,7 +103,32 @@ class _Run:
         if self.lab is not None and rc != 0:
             _name_lost_hosts(self.lab, run_dir)
         rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
-        return {**rec, **(faults.figures(run_dir, fault, t_start) if step_log else {})}
+        rec.update(faults.figures(run_dir, fault, t_start) if step_log else {})
+        if self.c.replay and spec.arm.fault is not None and spec.arm.elastic:
+            bar.update(description=f"replaying {spec.name}")
+            rec["replay"] = self.replay(spec, run_dir, rec)
+        return rec
+
+    def replay(self, spec: RunSpec, run_dir: Path, rec: dict[str, Any]) -> dict[str, Any]:
+        """Nothing lost: a clean run of the same arm (not elastic, no fault) from the checkpoint the elastic run
+        rolled back to, at the world size it carried on with, in RUN/replay; the two final states compared tensor
+        by tensor (:func:`~dpcompare.compare.faults.same_weights`)."""
+        r, fault = rec.get("recovery") or {}, spec.arm.fault
+        if rec["status"] != "ok" or not r.get("recovered") or fault is None or fault.back_at_step is not None:
+            return {"equal": None, "why": "not replayed: the run did not carry on at one smaller world size"}
+        start = checkpoint.step_checkpoint_path(run_dir, int(r["resumed_from_step"]))
+        if not start.is_file():
+            return {"equal": None, "why": f"not replayed: no checkpoint {start.name} to start from"}
+        clean = RunSpec(dataclasses.replace(spec.arm, elastic=False, fault=None), int(r["world_size_after"]),
+                        spec.repeat, spec.seed)
+        out = run_dir / "replay"
+        shutil.rmtree(out, ignore_errors=True)
+        cfg = dataclasses.replace(child_config(self.c.config, clean, out), resume=str(start), save_final=True)
+        cmd = dpcompare_command(clean.np, ["train", *train_argv(cfg)], self.lab)
+        rc, _ = self.launch(cmd, out, self.env, self.c.options.run_timeout)
+        if rc != 0:
+            return {"equal": None, "why": f"the replay failed (exit code {rc}); see {out}/stderr.log", "command": cmd}
+        return {**faults.same_weights(run_dir, out), "from": start.name, "np": clean.np, "command": cmd}
 
     def rejoin(self, spec: RunSpec, run_dir: Path, step_log: bool) -> list[str] | None:
         """What brings the fault's host back into an elastic job when it returns (a torchrun agent), or None."""
