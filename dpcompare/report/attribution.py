@@ -143,6 +143,15 @@ def _signed(v: float) -> str:
     return ("+" if v >= 0 else "−") + _ms(v)
 
 
+def _its(phase: str) -> str:
+    """How the sentence names a part of the step: "its backward", "the rest of its step" (``other``)."""
+    return "the rest of its step" if phase == "other" else f"its {phase}"
+
+
+def _short(phase: str) -> str:
+    return "the rest" if phase == "other" else phase
+
+
 def _against(shifts: list[PhaseShift]) -> list[PhaseShift]:
     """Phases that move against the step by at least a quarter of its gap (the time moved between phases)."""
     return [s for s in shifts if s.share is not None and s.share <= -MAIN_SHARE]
@@ -150,8 +159,9 @@ def _against(shifts: list[PhaseShift]) -> list[PhaseShift]:
 
 def _brief(what: str) -> str:
     """A declared communication's first clause, without its parentheses: for one short terminal line."""
-    what = re.sub(r"\s+\((?:[^()]|\([^()]*\))+\)", "", what)
-    return re.split(r"; |, (?=started|whatever|then)", what)[0]
+    buffers = what.endswith(IF_BUFFERS)
+    what = re.sub(r"\s+\((?:[^()]|\([^()]*\))+\)", "", what.removesuffix(IF_BUFFERS))
+    return re.split(r"; |, (?=started|whatever|then)", what)[0] + (" (if it has buffers)" if buffers else "")
 
 
 def _comm(results: dict[str, Any], arms: tuple[str, str], phase: str) -> dict[str, str | None]:
@@ -169,20 +179,22 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
     against = _against(shifts)
     moved = [by[p] for p in main] + against
     text = net + ": " + ", ".join(
-        f"its {s.phase} {_ms(s.diff.mean)} {'shorter' if s.diff.mean < 0 else 'longer'}{_unsure(s.diff)}" for s in moved)
+        f"{_its(s.phase)} {_ms(s.diff.mean)} {'shorter' if s.diff.mean < 0 else 'longer'}{_unsure(s.diff)}"
+        for s in moved)
     text += "." if step.has_ci else " (one unit of blocks: no intervals yet)."
     if against:
-        text += (f" The phases offset each other: the time moved from {' and '.join(s.phase for s in against)} to "
-                 f"{' and '.join(main)}, and only the net {_ms(step.mean)} changes the throughput.")
+        text += (f" The phases offset each other: time moved from {' and '.join(_short(s.phase) for s in against)} "
+                 f"to {' and '.join(_short(p) for p in main)}, and only the net {_ms(step.mean)} changes the "
+                 "throughput.")
     comm = []
     for s in moved:
         what = _comm(results, (baseline, other), s.phase)
         if any(what.values()):
-            comm.append(f"in {s.phase}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
+            comm.append(f"in {_short(s.phase)}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
                                                      for arm, w in what.items()))
     if comm:
         return text + " Communication there — " + " — ".join(comm) + "."
-    return text + (" Neither strategy communicates in " + " or ".join(main) + ": look at threads and CPU "
+    return text + (" Neither strategy communicates in " + " or ".join(map(_short, main)) + ": look at threads and CPU "
                    "contention (a background thread competing for cores, vCPU wake-ups) and per-step framework "
                    "overhead, not at the network.")
 
@@ -195,16 +207,15 @@ def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, s
         return [f"{net}, spread over the step (no phase holds a quarter of it)"]
     by = {s.phase: s for s in shifts}
     moved = [by[p] for p in main] + _against(shifts)
-    first = f"{net}: " + ", ".join(f"{s.phase} {_signed(s.diff.mean)}" for s in moved)
+    first = f"{net}: " + ", ".join(f"{_short(s.phase)} {_signed(s.diff.mean)}" for s in moved)
     if not step.has_ci:
         first += " (no intervals yet)"
     phase = main[0]
     what = _comm(results, (baseline, other), phase)
     if not any(what.values()):
-        return [first, f"in {phase} neither communicates: threads, CPU contention, framework overhead"]
-    said = "; ".join(f"{arm}: {_brief(w)}" for arm, w in what.items() if w)
-    silent = [arm for arm, w in what.items() if not w]
-    return [first, f"in {phase}, {said}" + (f"; {silent[0]} communicates nothing there" if silent else "")]
+        return [first, f"in {_short(phase)} neither communicates: threads, CPU contention, framework overhead"]
+    return [first, f"in {_short(phase)} — " + "; ".join(f"{arm}: {_brief(w) if w else 'nothing'}"
+                                                       for arm, w in what.items())]
 
 
 def attributions(results: dict[str, Any]) -> list[Attribution]:
