@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quiet import wait_for_quiet
+
 from dpcompare.lab import Lab
 from dpcompare.lab import bench as labbench
 from dpcompare.launch.mpirun import dpcompare_argv
@@ -279,6 +281,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     a = parse()
     if a.cmd == "measure":
+        wait_for_quiet()
         a.out.mkdir(parents=True, exist_ok=True)
         path = a.out / RESULTS
         log = json.loads(path.read_text()) if path.is_file() else []
