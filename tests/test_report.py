@@ -445,3 +445,10 @@ def test_report_shows_the_stored_verdicts_and_recompute_draws_them_again(tmp_pat
     legacy = [{k: x for k, x in d.items() if k != "block_repeats"} for d in stored]
     assert stats.report_verdicts({**results, "verdicts": legacy})[0].full_text == drawn
     assert stats.report_verdicts({**results, "verdicts": stored})[0].full_text.startswith("EDITED")
+
+
+def test_many_block_ratios_are_a_range_in_the_terminal() -> None:
+    from dpcompare.report.table import _ratios
+
+    assert _ratios([1.0, 0.9]) == "1.00 0.90"
+    assert _ratios([0.9, 1.0, 1.1] * 10) == "0.90 to 1.10 over 30 blocks (each in the report)"

@@ -149,10 +149,20 @@ def _print_throughput_verdicts(console: Console, results: dict[str, Any], verdic
         if v.np in shared:
             console.print(f"    [yellow]{regime.shared_line(shared[v.np])}[/]", soft_wrap=True, highlight=False)
         if v.block_ratios:
-            ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
-            console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,
-                          highlight=False)
+            console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {_ratios(v.block_ratios)}[/]",
+                          soft_wrap=True, highlight=False)
         a = why.get((v.np, v.other))
         lines = (a.get("lines") or [a.get("text")]) if a else []
         for i, line in enumerate(x for x in lines if x):
             console.print(f"    {'why: ' if i == 0 else '     '}{line}", soft_wrap=True, highlight=False, markup=False)
+
+
+#: more blocks than this: the terminal gives their range, the report each of them
+SHOWN_RATIOS = 10
+
+
+def _ratios(ratios: Sequence[float]) -> str:
+    """The per-block ratios, or with many blocks their range (every one is in the report and results.json)."""
+    if len(ratios) <= SHOWN_RATIOS:
+        return " ".join(f"{x:.2f}" for x in ratios)
+    return f"{min(ratios):.2f} to {max(ratios):.2f} over {len(ratios)} blocks (each in the report)"
