@@ -32,7 +32,7 @@ build_estimate() {  # build_estimate MINUTES_ON_2_CORES: "4 min on 2 cores" scal
     printf "%d min on %d core%s", t + 0.5, n, n == 1 ? "" : "s" }'
 }
 
-horovod_wheel() {  # sets HVD_WHEELDIR to the cached wheel for this machine, building it when there is none
+horovod_plan() {  # which build this machine gets: sets HVD_WHEELDIR (its cache), HVD_OPS, HVD_KEY, HVD_CUDA, HVD_NCCL
   local key torch_cuda nccl_dir torch_gpus cuda_home="" ops=cpu mpi_key=""
   # What torch brings: its version, whether it is a CUDA build, pip's NCCL package if any, GPUs it sees.
   read -r key torch_cuda nccl_dir torch_gpus < <("$VPY" - <<'EOF'
@@ -63,11 +63,20 @@ EOF
   [ "$(command -v mpicc)" = "$VENV/bin/mpicc" ] && mpi_key="-mpiwheel"
   # "cpu-mpi-gloo": the CPU build without CUDA code (earlier "cpu" wheels could hold CUDA kernels).
   HVD_WHEELDIR="$CACHE/wheels/horovod-$HOROVOD_VERSION-$key-$([ "$ops" = nccl ] && echo nccl || echo cpu-mpi-gloo)$mpi_key"
-  ls "$HVD_WHEELDIR"/horovod-*.whl >/dev/null 2>&1 && return
+  HVD_OPS=$ops HVD_KEY=$key HVD_CUDA=$cuda_home HVD_NCCL=$nccl_dir
+}
+
+horovod_cached() { ls "$HVD_WHEELDIR"/horovod-*.whl >/dev/null 2>&1; }
+
+horovod_build_deps() {  # what the build imports, installed before anything else may run pip alongside it
+  pipq numpy cloudpickle psutil pyyaml packaging setuptools wheel
+}
+
+horovod_build() {  # the wheel of horovod_plan's build into HVD_WHEELDIR
   local what="MPI + Gloo, CPU only" minutes=$HVD_MINUTES_CPU
-  [ "$ops" = nccl ] && { what="MPI + Gloo + NCCL GPU operations"; minutes=$HVD_MINUTES_NCCL; }
-  begin "building Horovod $HOROVOD_VERSION for $key ($what; cached in $HVD_WHEELDIR)" "$(build_estimate "$minutes")"
-  build_horovod "$ops" "$cuda_home" "$nccl_dir"
+  [ "$HVD_OPS" = nccl ] && { what="MPI + Gloo + NCCL GPU operations"; minutes=$HVD_MINUTES_NCCL; }
+  begin "building Horovod $HOROVOD_VERSION for $HVD_KEY ($what; cached in $HVD_WHEELDIR)" "$(build_estimate "$minutes")"
+  build_horovod "$HVD_OPS" "$HVD_CUDA" "$HVD_NCCL"
   done_ "$(du -h "$HVD_WHEELDIR"/horovod-*.whl | cut -f1) wheel"
 }
 
@@ -102,7 +111,6 @@ build_horovod() {  # build_horovod OPS CUDA_HOME NCCL_DIR: the wheel into HVD_WH
   HVD_WORK=$(mktemp -d)
   trap 'rm -rf "$HVD_WORK"' EXIT
   work=$HVD_WORK
-  pipq cloudpickle psutil pyyaml packaging setuptools wheel
   "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
     2> >(grep -v "is ignored: it is neither" >&2)
   tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"

