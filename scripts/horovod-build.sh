@@ -144,7 +144,7 @@ build_horovod() {  # build_horovod OPS CUDA_HOME NCCL_DIR: the wheel into HVD_WH
     2>"$work/time.txt"
   [ "$ok" = 1 ] \
     || { mkdir -p "$CACHE"; cp "$work/build.log" "$CACHE/horovod-build.log"
-         grep -A12 "CMake Error" "$work/build.log" | head -40 >&2; tail -30 "$work/build.log" >&2
+         { grep -A12 "CMake Error" "$work/build.log" | head -40; tail -30 "$work/build.log"; } >&2 || true
          die "Horovod build failed (log above; all of it in $CACHE/horovod-build.log)"; }
   mkdir -p "$HVD_WHEELDIR"
   cp "$work"/dist/horovod-*.whl "$HVD_WHEELDIR/"

@@ -172,14 +172,18 @@ if [ -n "$EXTRAS" ]; then
 else
   pkg_what="dpcompare (editable) with its dependencies (scipy, scikit-learn, matplotlib, mpi4py...)"; pkg_est="30 s"
 fi
-install_pkg() { pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}" && touch "$VENV/.dpcompare-installed"; }
+install_pkg() { pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}" "$@" && touch "$VENV/.dpcompare-installed"; }
 pkg_pid=""
 if [ "$need_pkg" = 1 ] && [ "$build_hvd" = 1 ]; then
   horovod_build_deps
-  PKG_LOG=$(mktemp)
+  # What the build imports stays as it is while pip runs beside it: pinned; pip stops rather than change it.
+  PKG_LOG=$(mktemp) PINS=$(mktemp)
+  "$VPY" -c 'import importlib.metadata as m
+for n in ("setuptools", "wheel", "packaging", "numpy", "torch", "psutil", "cloudpickle", "pyyaml"):
+    print(f"{n}=={m.version(n)}")' >"$PINS"
   say "installing $pkg_what, alongside the Horovod build"
   PKG_T=$(now)
-  install_pkg >"$PKG_LOG" 2>&1 &
+  install_pkg -c "$PINS" >"$PKG_LOG" 2>&1 &
   pkg_pid=$!
 elif [ "$need_pkg" = 1 ]; then
   begin "installing $pkg_what" "$pkg_est"
@@ -192,9 +196,14 @@ fi
 if [ "$need_hvd" = 1 ]; then
   [ "$build_hvd" = 1 ] && { [ -n "$pkg_pid" ] || horovod_build_deps; horovod_build; }
   if [ -n "$pkg_pid" ]; then
-    wait "$pkg_pid" || { cat "$PKG_LOG" >&2; die "installing $pkg_what failed (above)"; }
-    cat "$PKG_LOG"
-    say "  $pkg_what: done in $(since "$PKG_T") (alongside the build)"
+    if wait "$pkg_pid"; then
+      cat "$PKG_LOG"
+      say "  $pkg_what: done in $(since "$PKG_T") (alongside the build)"
+    else  # e.g. a dependency that wants another numpy than the pinned one: now, with nothing beside it
+      begin "installing $pkg_what (again: beside the build it would have changed what the build uses)" "$pkg_est"
+      install_pkg
+      done_
+    fi
   fi
   begin "installing Horovod from $HVD_WHEELDIR"
   pipq "$HVD_WHEELDIR"/horovod-*.whl
