@@ -11,7 +11,7 @@
 #   $CACHE/ccache, so a rebuild for another torch reuses what did not change).
 
 #: minutes the build takes on 2 quiet cores (the estimate printed first; scaled by the cores there are)
-HVD_MINUTES_CPU=${HVD_MINUTES_CPU:-4}
+HVD_MINUTES_CPU=${HVD_MINUTES_CPU:-3}
 HVD_MINUTES_NCCL=${HVD_MINUTES_NCCL:-7}
 
 gpu_visible() {  # gpu_visible TORCH_GPUS: 0 when the driver, a device file or torch shows an NVIDIA GPU
@@ -35,7 +35,7 @@ build_estimate() {  # build_estimate MINUTES_ON_2_CORES: "4 min on 2 cores" scal
 horovod_plan() {  # which build this machine gets: sets HVD_WHEELDIR (its cache), HVD_OPS, HVD_KEY, HVD_CUDA, HVD_NCCL
   local key torch_cuda nccl_dir torch_gpus cuda_home="" ops=cpu mpi_key=""
   # What torch brings: its version, whether it is a CUDA build, pip's NCCL package if any, GPUs it sees.
-  read -r key torch_cuda nccl_dir torch_gpus < <("$VPY" - <<'EOF'
+  read -r key torch_cuda nccl_dir torch_gpus < <("$VPY" -W ignore - <<'EOF'
 import os, sys, torch
 nccl = ""
 try:
