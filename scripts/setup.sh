@@ -50,8 +50,8 @@ export DPCOMPARE_EXTRAS=$EXTRAS  # the import check below reads it
 now() { date +%s.%N; }
 SETUP_T0=$(now)
 STEP_T=$SETUP_T0
-since() {  # since T: the time from T to now, "12.3 s" or "4 min 05 s"
-  awk -v a="$1" -v b="$(now)" 'BEGIN { d = b - a; if (d < 60) printf "%.1f s", d; else printf "%d min %02d s", d / 60, d % 60 }'
+since() {  # since T [END]: the time from T to END (default now), "12.3 s" or "4 min 05 s"
+  awk -v a="$1" -v b="${2:-$(now)}" 'BEGIN { d = b - a; if (d < 60) printf "%.1f s", d; else printf "%d min %02d s", d / 60, d % 60 }'
 }
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -177,13 +177,13 @@ pkg_pid=""
 if [ "$need_pkg" = 1 ] && [ "$build_hvd" = 1 ]; then
   horovod_build_deps
   # What the build imports stays as it is while pip runs beside it: pinned; pip stops rather than change it.
-  PKG_LOG=$(mktemp) PINS=$(mktemp)
+  PKG_LOG=$(mktemp) PINS=$(mktemp) PKG_END=$(mktemp)
   "$VPY" -c 'import importlib.metadata as m
 for n in ("setuptools", "wheel", "packaging", "numpy", "torch", "psutil", "cloudpickle", "pyyaml"):
     print(f"{n}=={m.version(n)}")' >"$PINS"
   say "installing $pkg_what, alongside the Horovod build"
   PKG_T=$(now)
-  install_pkg -c "$PINS" >"$PKG_LOG" 2>&1 &
+  { install_pkg -c "$PINS"; rc=$?; now >"$PKG_END"; exit "$rc"; } >"$PKG_LOG" 2>&1 &
   pkg_pid=$!
 elif [ "$need_pkg" = 1 ]; then
   begin "installing $pkg_what" "$pkg_est"
@@ -198,7 +198,7 @@ if [ "$need_hvd" = 1 ]; then
   if [ -n "$pkg_pid" ]; then
     if wait "$pkg_pid"; then
       cat "$PKG_LOG"
-      say "  $pkg_what: done in $(since "$PKG_T") (alongside the build)"
+      say "  $pkg_what: done in $(since "$PKG_T" "$(cat "$PKG_END")") (alongside the build)"
     else  # e.g. a dependency that wants another numpy than the pinned one: now, with nothing beside it
       begin "installing $pkg_what (again: beside the build it would have changed what the build uses)" "$pkg_est"
       install_pkg
