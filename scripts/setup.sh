@@ -183,7 +183,7 @@ for n in ("setuptools", "wheel", "packaging", "numpy", "torch", "psutil", "cloud
     print(f"{n}=={m.version(n)}")' >"$PINS"
   say "installing $pkg_what, alongside the Horovod build"
   PKG_T=$(now)
-  { install_pkg -c "$PINS"; rc=$?; now >"$PKG_END"; exit "$rc"; } >"$PKG_LOG" 2>&1 &
+  { rc=0; install_pkg -c "$PINS" || rc=$?; now >"$PKG_END"; exit "$rc"; } >"$PKG_LOG" 2>&1 &
   pkg_pid=$!
 elif [ "$need_pkg" = 1 ]; then
   begin "installing $pkg_what" "$pkg_est"
