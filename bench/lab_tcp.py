@@ -15,7 +15,8 @@ import sys
 
 from quiet import wait_for_quiet
 
-from dpcompare.lab import Lab
+from dpcompare.lab import LabSpec, session
+from dpcompare.lab.spec import link_bps
 
 PORT = 5201
 RECEIVE = ("import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
@@ -33,7 +34,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     a = p.parse_args()
     wait_for_quiet()
-    with Lab.up(hosts=2, link=a.link, name="tcp") as lab:
+    with session(LabSpec(hosts=2, link_bps=link_bps(a.link), name="tcp")) as lab:
+        assert lab is not None
         receivers = [subprocess.Popen(lab.in_host([sys.executable, "-c", RECEIVE], host=h), stdout=subprocess.PIPE,
                                       text=True) for h in (0, 1)]
         for r in receivers:

@@ -17,8 +17,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
 from dpcompare.report.groups import arm_of, arm_pairs, unit_blocks
@@ -112,10 +110,16 @@ def _strategy(results: dict[str, Any], arm: str) -> str:
     return next((str(r["strategy"]) for r in results.get("runs", []) if arm_of(r) == arm), arm)
 
 
-def communication_in(strategy: str, phase: str, buffers: bool | None = None) -> str | None:
+def communication_in(strategy: str, phase: str, buffers: bool | None = None,
+                     results: dict[str, Any] | None = None) -> str | None:
     """What ``strategy`` declares it communicates in ``phase`` (None: nothing); a declaration for models with
-    buffers is dropped when the runs recorded none (``buffers`` False) and stated plainly when they had some."""
-    what = COMMUNICATION.get(strategy, {}).get(phase)
+    buffers is dropped when the runs recorded none (``buffers`` False) and stated plainly when they had some.
+
+    A built-in strategy's declaration is its catalog line's; a plug-in's, its class's, as the comparison
+    recorded it (``results`` ``environment.strategies``)."""
+    recorded = ((results or {}).get("environment") or {}).get("strategies") or {}
+    declared = COMMUNICATION.get(strategy) or (recorded.get(strategy) or {}).get("communication") or {}
+    what = declared.get(phase)
     if what and what.endswith(IF_BUFFERS) and buffers is not None:
         return what.removesuffix(IF_BUFFERS) if buffers else None
     return what
@@ -165,7 +169,7 @@ def _brief(what: str) -> str:
 
 
 def _comm(results: dict[str, Any], arms: tuple[str, str], phase: str) -> dict[str, str | None]:
-    return {arm: communication_in(_strategy(results, arm), phase, _buffers(results, arm)) for arm in arms}
+    return {arm: communication_in(_strategy(results, arm), phase, _buffers(results, arm), results) for arm in arms}
 
 
 def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
@@ -232,8 +236,3 @@ def for_report(results: dict[str, Any], recompute: bool = False) -> list[dict[st
             and all(isinstance(a, dict) and "phases" in a for a in stored):
         return stored
     return [a.to_json() for a in attributions(results)]
-
-
-def shares_table(a: Attribution) -> list[tuple[str, float, float | None, float | None]]:
-    """(phase, mean ms, ci low, ci high) rows for a table or a bar chart, in step order."""
-    return [(s.phase, s.diff.mean, s.diff.lo, s.diff.hi) for s in a.shifts if np.isfinite(s.diff.mean)]

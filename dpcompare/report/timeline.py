@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare import trace as tr
+from dpcompare.files import atomic_write_figure
 
 COMM_COLOR, COMM_PHASE_COLOR, GRAD_COLOR, WAIT_COLOR = "#2f6db5", "#15365c", "#333333", "#c0303a"
 LANES = ("compute", "grad ready", "all-reduce")
@@ -111,8 +112,8 @@ def _draw_run(ax: Any, data: dict[str, Any], step: int, t0: float, title: str) -
         for e in tr.events_in(events, st, tr.CAT_COMM_PHASE):
             ax.broken_barh([(ms(e["ts"]), e["dur"] / 1e3)], (y_com - 0.38, 0.16), color=COMM_PHASE_COLOR)
         if not comm:
-            note = ("no all-reduce recorded on this rank (Horovod's timeline is written by rank 0 only)"
-                    if data.get("otherData", {}).get("strategy") == "horovod" and rank else "no all-reduce")
+            note = ("no all-reduce recorded on this rank (the library's own timeline is written by rank 0 only)"
+                    if data.get("otherData", {}).get("library_timeline_rank0") and rank else "no all-reduce")
             ax.text(0.005, y_com, note, transform=ax.get_yaxis_transform(), va="center", fontsize=7.5,
                     color="#777777")
         row += 3.6
@@ -182,9 +183,7 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
                     Line2D([], [], color=GRAD_COLOR, marker="|", linestyle="none", markersize=10,
                            label="gradient ready (one parameter)")]
         fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8.5)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=DPI, metadata={"Software": None})
+        path = atomic_write_figure(path, fig, dpi=DPI, metadata={"Software": None})
     return path
 
 
