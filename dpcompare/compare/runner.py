@@ -16,6 +16,7 @@ from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
 from dpcompare.compare import faults, records
 from dpcompare.compare.cmdline import plan_flags, train_flags
+from dpcompare.compare.load import LoadWatch
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
 from dpcompare.compare.schedule import stop_reason
 from dpcompare.errors import ConfigError
@@ -67,6 +68,8 @@ class _Run:
 
         self.group = open_group(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
         self.env.update(self.group.env)
+        # srun's ranks are not this process's descendants: their CPU time would count as other processes'
+        self.watch_load = not in_slurm_allocation()
         self.pool: Any = None
         if c.options.workers == "persistent":
             from dpcompare.compare.workers import WorkerPool
@@ -93,6 +96,7 @@ class _Run:
         cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay)  # after the reshape (the link)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
+        watch = LoadWatch() if self.watch_load else None  # what else the machine ran meanwhile
         if self.pool:
             rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
         elif spec.arm.fault is not None and self.lab is not None:
@@ -103,6 +107,7 @@ class _Run:
         if self.lab is not None and rc != 0:
             _name_lost_hosts(self.lab, run_dir)
         rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
+        rec["load"] = watch.result() if watch else None
         rec.update(faults.figures(run_dir, fault, t_start) if step_log else {})
         if self.c.replay and spec.arm.fault is not None and spec.arm.elastic:
             bar.update(description=f"replaying {spec.name}")
