@@ -62,18 +62,25 @@ class StepWatch:
     def last_step(self, after: float = 0.0) -> int:
         return max((int(r["step"]) for r in self.rows if "event" not in r and r["t"] > after), default=0)
 
+    def last_commit(self) -> int:
+        return max((int(r["step"]) for r in self.rows if r.get("event") == "commit"), default=0)
+
     def recovered_after(self, t: float) -> bool:
         return any(r.get("event") in ("start", "reset") and r["t"] > t for r in self.rows)
 
 
 def run_with_fault(cmd: Sequence[str], run_dir: Path, env: dict[str, str], timeout: float | None, fault: Fault,
-                   lab: Lab, rejoin: Sequence[str] | None = None) -> tuple[int | None, float, dict[str, Any]]:
+                   lab: Lab, rejoin: Sequence[str] | None = None,
+                   commits: bool = False) -> tuple[int | None, float, dict[str, Any]]:
     """Run the job ``cmd`` (output in RUN/stdout.log and stderr.log, stopped after ``timeout``) and make ``fault``
-    happen to it; (exit code or None when stopped, seconds, what happened when: the fault's record)."""
+    happen to it; (exit code or None when stopped, seconds, what happened when: the fault's record).
+
+    ``commits``: the run commits at the fault's step (an elastic run whose --commit-every divides it): the host
+    dies right after that commit is logged, not as soon as the step is (the commit may take a collective)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     watch = StepWatch(run_dir / STEP_LOG)
     record: dict[str, Any] = {**fault.to_json(), "t_start": time.time(), "t_fault": None, "step_at_fault": None,
-                              "t_back": None}
+                              "t_back": None, "after_commit": commits}
     extra: subprocess.Popen[bytes] | None = None
     t0 = time.perf_counter()
     with contextlib.ExitStack() as files:
@@ -105,7 +112,7 @@ def _act(watch: StepWatch, fault: Fault, lab: Lab, record: dict[str, Any], rejoi
          env: dict[str, str], log: IO[Any] | None) -> subprocess.Popen[bytes] | None:
     """Take the host down, or bring it back, when the log says it is time; the rejoining agent, if started."""
     if record["t_fault"] is None:
-        if watch.last_step() >= fault.at_step:
+        if (watch.last_commit() if record["after_commit"] else watch.last_step()) >= fault.at_step:
             record["step_at_fault"] = watch.last_step()
             record["t_fault"] = time.time()
             lab.fail_host(fault.host)

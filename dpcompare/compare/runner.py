@@ -100,8 +100,10 @@ class _Run:
         if self.pool:
             rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
         elif spec.arm.fault is not None and self.lab is not None:
+            every = child_config(cfg, spec, run_dir).commit_every
             rc, wall, fault = faults.run_with_fault(cmd, run_dir, self.env, timeout, spec.arm.fault, self.lab,
-                                                    self.rejoin(spec, run_dir, step_log))
+                                                    self.rejoin(spec, run_dir, step_log),
+                                                    commits=bool(every) and spec.arm.fault.at_step % every == 0)
         else:
             rc, wall = self.launch(cmd, run_dir, self.env, timeout)
         if self.lab is not None and rc != 0:

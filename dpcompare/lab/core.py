@@ -352,14 +352,13 @@ class Lab:
         return f"dpcompare lab {self.name}: lost {what}: {why}; the job was ended"
 
     def crawling(self) -> list[Host]:
-        """Hosts whose link is shaped to a crawl next to the others': slower than the fastest other host's link
-        (unshaped counts as fastest) and below :data:`CRAWL_BPS` or a hundredth of it."""
+        """Hosts whose link is shaped to a crawl next to the others': a hundredth of the fastest other host's link
+        or less (unshaped counts as fastest), or a tenth or less and below :data:`CRAWL_BPS`."""
         out = []
         for h in self.hosts if len(self.hosts) > 1 else []:
             other = self._fastest_other(h)
-            fastest = float("inf") if other is None else float(other)
-            if h.link_bps is not None and h.link_bps < fastest and (
-                    h.link_bps < CRAWL_BPS or h.link_bps * CRAWL_RATIO <= fastest):
+            ratio = float("inf") if other is None else other / h.link_bps if h.link_bps else 0.0
+            if h.link_bps is not None and (ratio >= CRAWL_RATIO or (h.link_bps < CRAWL_BPS and ratio >= 10)):
                 out.append(h)
         return out
 

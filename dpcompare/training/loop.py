@@ -418,8 +418,8 @@ class Run:
             self.save_step()
         if cfg.commit_every and g % cfg.commit_every == 0:
             self.kept_step = g
-            self.log_event("commit")
             self.strategy.commit(lambda: None if saved else self.save_step())  # may raise HostsUpdatedInterrupt
+            self.log_event("commit")
         self.kept_step = g
 
     def save_step(self) -> None:
