@@ -1,9 +1,14 @@
-"""Faults on a real link: a host's link taken down mid-run ends the job within --timeout, naming the lost host.
+"""Faults on a real link: a host's link taken down, or shaped to a crawl, mid-run ends the job within --timeout,
+naming the lost host.
 
-DDP (gloo) would raise on the surviving rank when --timeout expires, but mpirun then waits on the unreachable
-host; Horovod over MPI never notices at all. What ends both: the lab's mpirun line has Open MPI's daemons probe
-their connections (core.KEEPALIVE), so mpirun notices the lost host within ~5 s and ends the job. Needs root,
-iproute2, Open MPI (and Horovod for its case): skips locally with the reason, fails under CI.
+Link down: DDP (gloo) would raise on the surviving rank when --timeout expires, but mpirun then waits on the
+unreachable host; Horovod over MPI never notices at all. What ends both: the lab's mpirun line has Open MPI's
+daemons probe their connections (core.KEEPALIVE), so mpirun notices the lost host within ~5 s and ends the job.
+
+Crawl (100 kbit/s: the mlp's 0.34 MB of gradients take half a minute a step): the link is up, so no keepalive
+fails, and MPI waits as long as bytes trickle. The step watchdog (training/watchdog.py) ends a step that has run
+--timeout seconds, the rank exits, mpirun ends the job, and the lab names the host whose link crawls.
+Needs root, iproute2, Open MPI (and Horovod for its case): skips locally with the reason, fails under CI.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], log: Path, limit: 
 @pytest.mark.netns
 @pytest.mark.mpi
 @needs_mpi
+@pytest.mark.parametrize("fault", ["down", "crawl"])
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("horovod", marks=needs_horovod)])
-def test_a_link_down_ends_the_job_in_time_and_names_the_host(strategy: str, tmp_path: Path) -> None:
+def test_a_lost_link_ends_the_job_in_time_and_names_the_host(strategy: str, fault: str, tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         missing("a lab needs root and iproute2")
     name = f"f{secrets.token_hex(3)}"
@@ -48,23 +54,30 @@ def test_a_link_down_ends_the_job_in_time_and_names_the_host(strategy: str, tmp_
     lab = Lab.up(LabSpec(name=name))
     proc = None
     try:
-        argv = [*dpcompare_argv(), "train", "--strategy", strategy, "--model", "convnet", "--dataset", "digits",
+        model = "convnet" if fault == "down" else "mlp"
+        argv = [*dpcompare_argv(), "train", "--strategy", strategy, "--model", model, "--dataset", "digits",
                 "--threads", "1", "--epochs", "50", "--checkpoint-every", "1", "--timeout", str(TIMEOUT),
                 "--no-tensorboard", "--progress", "lines", "--out", str(out)]
         with open(log, "w") as f:
             proc = start_job(job_line(argv, 2, lab), job_env(), f, subprocess.STDOUT)
         _wait_for_file(out / "checkpoints" / "epoch-1.pt", proc, log)
         t0 = time.monotonic()
-        lab.set_link_state(1, up=False)
+        if fault == "down":
+            lab.set_link_state(1, up=False)
+        else:
+            lab.set_link(100_000, host=1)
         try:
             rc = proc.wait(timeout=TIMEOUT + 20)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{strategy}: the job still ran {TIMEOUT + 20} s after host 1's link went down")
+            pytest.fail(f"{strategy}: the job still ran {TIMEOUT + 20} s after host 1's link went {fault}")
         took = time.monotonic() - t0
         text = log.read_text()
         assert rc != 0 and took < TIMEOUT + 5, (rc, took, text[-2000:])
         line = lab.lost_line(text)
         assert line is not None and "host 1" in line and lab.hosts[1].address in line, (line, text[-2000:])
+        assert ("link is down" if fault == "down" else "crawls at 100kbit") in line, line
+        if fault == "crawl":  # the rank that waited said why, in one line
+            assert f"did not finish within --timeout {TIMEOUT} s" in text or "Timed out" in text, text[-2000:]
         state = checkpoint.load_checkpoint(out / "checkpoints" / "epoch-1.pt")  # written before: still loadable
         assert state["model"] and state["epoch"] == 1
     finally:

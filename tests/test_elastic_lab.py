@@ -1,0 +1,94 @@
+"""Elastic runs across a 3-host lab: a host dies mid-run, both elastic arms carry on, and nothing is lost.
+
+``compare --fault host=2,at-step=20 --replay --strategies ddp-elastic,horovod-elastic``: torchrun restarts every
+process with the two survivors from the step-20 checkpoint; Horovod Elastic's survivors roll back to their
+step-20 commit. Both finish; the records hold the pause, the steps redone and the world sizes; a clean run
+resumed from the same step at two processes ends with the same weights, bit for bit; the report draws the fault.
+Also: the ssh the lab gives horovodrun lives inside its hosts only. Needs root, iproute2, tbf, sshd, Open MPI and
+Horovod: skips locally with the reason, fails under CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dpcompare.lab import Lab, LabSpec, core, netns, remote
+
+from conftest import dpcompare, missing, needs_horovod, needs_mpi
+
+
+def _need_a_lab_with_ssh() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        missing("a lab needs root and iproute2")
+    if remote.sshd_problem():
+        missing(remote.sshd_problem())
+
+
+def _ns_left(name: str) -> list[str]:
+    return [ns for ns in netns.namespaces() if ns.startswith(f"dplab-{name}-")]
+
+
+@pytest.mark.netns
+def test_the_lab_gives_ssh_inside_its_hosts_only() -> None:
+    _need_a_lab_with_ssh()
+    name = f"s{secrets.token_hex(3)}"
+    lab = Lab.up(LabSpec(hosts=2, name=name))
+    try:
+        assert lab.ssh
+        ssh = [str(lab.directory / "bin" / "ssh"), lab.hosts[1].address]
+        p = subprocess.run(lab.in_host([*ssh, "getent hosts $(hostname); echo $SSH_CONNECTION"]), capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.split()[0] == lab.hosts[1].address, p.stderr  # its own name
+        assert p.stdout.split()[2] == lab.hosts[0].address  # reached from host 0, over the lab's link
+        listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout
+        assert "sshd" not in listening  # nothing in the root namespace
+        inside = subprocess.run(lab.in_host(["ss", "-Htln"], 1), capture_output=True, text=True).stdout
+        assert f"{lab.hosts[1].address}:22" in inside and "0.0.0.0:22" not in inside
+        assert (lab.directory / "live-hosts").read_text().split() == [f"{h.address}:1" for h in lab.hosts]
+        lab.fail_host(1)
+        assert (lab.directory / "live-hosts").read_text().split() == [f"{lab.hosts[0].address}:1"]
+        assert not netns.kill_processes(lab.hosts[1].namespace)  # its sshd died with it
+        lab.revive_host(1)
+        assert subprocess.run(lab.in_host([*ssh, "true"]), timeout=60).returncode == 0
+    finally:
+        removed = core.sweep(name)
+    assert not _ns_left(name) and not (lab.directory).exists()
+    assert not [p for p in remote.NETNS_ETC.glob(f"dplab-{name}-*")], removed
+
+
+@pytest.mark.netns
+@pytest.mark.mpi
+@needs_mpi
+@needs_horovod
+def test_both_elastic_arms_survive_a_lost_host_and_lose_nothing(tmp_path: Path) -> None:
+    _need_a_lab_with_ssh()
+    name = f"e{secrets.token_hex(3)}"
+    out = tmp_path / "cmp"
+    p = dpcompare("compare", "--lab", f"hosts=3,name={name}", "--np", "3", "--fault", "host=2,at-step=20",
+                  "--replay", "--strategies", "ddp-elastic,horovod-elastic", "--repeats", "1", "--model", "mlp",
+                  "--epochs", "0", "--max-steps", "40", "--timeout", "5", "--warmup-steps", "2", "--min-steps", "0",
+                  "--threads", "1", "--progress", "none", "--out", str(out), check=False, timeout=1200)
+    assert not _ns_left(name)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    results = json.loads((out / "results.json").read_text())
+    runs = {r["arm"]: r for r in results["runs"]}
+    for arm, how in (("ddp-elastic", "start"), ("horovod-elastic", "reset")):
+        clean, hit = runs[arm], runs[f"{arm}/fault=host2@20"]
+        assert clean["status"] == hit["status"] == "ok", hit["error"]
+        r = hit["recovery"]
+        assert r["recovered"] and r["how"] == how and r["resumed_from_step"] == 20 and r["world_size_after"] == 2, r
+        assert 0 <= r["steps_redone"] < 20 and r["steps_redone"] == r["steps_before_fault"] - 20, r
+        assert 0 < r["pause_s"] < 120 and hit["fault"]["t_fault_s"] > 0, (r, hit["fault"])
+        assert [w for _, w in hit["world_sizes"]] == [3, 2] and [w for _, w in clean["world_sizes"]] == [3]
+        assert hit["replay"]["equal"] is True and hit["replay"]["steps"] == [40, 40], hit["replay"]
+    fault = results["faults"]
+    assert [row["recovered"] for row in fault["rows"]] == [1, 1] and len(fault["verdicts"]) == 1
+    assert (out / "plots" / "fault.png").stat().st_size > 10_000
+    assert "When a host dies (host=2,at-step=20)" in (out / "report.html").read_text()
