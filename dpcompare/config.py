@@ -204,7 +204,8 @@ class TrainConfig:
     # -- network ----------------------------------------------------------------------------------
     iface: str | None = opt(None, "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME); "
                                   "default: the one that reaches rank 0", group=NETWORK)
-    timeout: float = opt(300.0, "seconds a collective may wait for a lost process before failing",
+    timeout: float = opt(300.0, "seconds a collective may wait for a lost process before failing; a step that "
+                                "runs this long ends a non-elastic run (a peer lost or on a crawling link)",
                          type=t.positive_float, group=NETWORK)
 
     def to_dict(self) -> dict[str, Any]:

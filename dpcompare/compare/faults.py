@@ -17,6 +17,7 @@ completed before the recovery minus the step it resumed from: torchrun's checkpo
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import Sequence
@@ -38,12 +39,11 @@ class StepWatch:
     """Reads a step log as it grows: the newest step, and the lines after a time."""
 
     def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.rows = path, 0, []  # type: ignore[var-annotated]
+        self.path, self.offset = path, 0
+        self.rows: list[dict[str, Any]] = []
 
     def poll(self) -> list[dict[str, Any]]:
         """The whole lines written since the last poll."""
-        import json
-
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)

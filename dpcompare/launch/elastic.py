@@ -31,6 +31,11 @@ LAST_CALL_S = 3
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
+#: seconds horovodrun keeps a failed host out (``--blacklist-cooldown-range``): without a range it never takes a
+#: host back, even when the discovery script names it again; with one, it retries the host after the cooldown
+COOLDOWN_S = (1, 5)
+
+
 @dataclass(frozen=True)
 class ElasticLaunch:
     """An elastic job: which launcher, how few processes it may shrink to, how many restarts torchrun may make,
@@ -76,12 +81,14 @@ def horovodrun_command(argv: Sequence[str], *, np: int, min_np: int, max_np: int
                        iface: str, slots: int, horovodrun: str = "horovodrun") -> list[str]:
     """``horovodrun`` in elastic mode (gloo controller): ``np`` workers to start with, between ``min_np`` and
     ``max_np`` as hosts come and go, the hosts (``ADDRESS:SLOTS`` lines) from ``discovery_script``, every worker's
-    gloo on ``iface`` (which also skips horovodrun's interface probe over ssh)."""
+    gloo on ``iface`` (which also skips horovodrun's interface probe over ssh); a failed host is retried after
+    :data:`COOLDOWN_S`, so that a host that comes back is taken in again."""
     if not 1 <= min_np <= np <= max_np:
         raise ConfigError(f"horovodrun elastic: need 1 <= --min-np {min_np} <= -np {np} <= --max-np {max_np}")
+    lo, hi = COOLDOWN_S
     return [horovodrun, "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
             "--host-discovery-script", discovery_script, "--slots-per-host", str(slots),
-            "--network-interface", iface, *argv]
+            "--network-interface", iface, "--blacklist-cooldown-range", str(lo), str(hi), *argv]
 
 
 def with_env(cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:

@@ -194,6 +194,7 @@ class Run:
         self.kept_step = -1  # the step of the last commit or step checkpoint
         self.elastic = cfg.commit_every > 0
         self.step_log = StepLog(self.out, cfg.step_log or self.elastic)
+        self.watchdog: StepWatchdog | None = None  # armed by watching() for a non-elastic run with peers
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.last_good = start.resume_path  # the newest checkpoint this run could continue from
@@ -344,19 +345,18 @@ class Run:
             g = self.global_step
             if cfg.eval_every and g % cfg.eval_every == 0 and g % spe:
                 self.evaluate(g, epoch - 1 + (g % spe) / spe)
-            if i < steps - 1 and not (cfg.max_steps and g >= cfg.max_steps):  # the last: after the epoch's row
-                self.keep()
+            if i < steps - 1 and not (cfg.max_steps and g >= cfg.max_steps):  # the epoch's last: after its row
+                self.keep()  # (epochs() keeps it once the row is written)
         return loss_sum, seen, time.perf_counter() - t_epoch
 
     def step(self, it: Any, epoch: int) -> Any:
         """One optimizer step on the training clock, then the checks every rank makes after it."""
         t_step = time.perf_counter()
-        watchdog = getattr(self, "watchdog", None)
-        if watchdog is not None:
-            watchdog.begin(self.global_step + 1)
+        if self.watchdog is not None:
+            self.watchdog.begin(self.global_step + 1)
         r = self.steps.step(it, self.global_step + 1)
-        if watchdog is not None:
-            watchdog.end()
+        if self.watchdog is not None:
+            self.watchdog.end()
         self.train_seconds += time.perf_counter() - t_step
         self.global_step += 1
         self.position += self.global_batch
