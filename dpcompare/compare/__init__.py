@@ -3,11 +3,11 @@
 Holds ``dpcompare compare`` — :mod:`.plan` (arms, runs, blocks, the :class:`~.plan.Comparison`),
 :mod:`.schedule` (when to stop), :mod:`.records` (summary.json → results.json), :mod:`.cmdline` (the flags it
 reads and writes), :mod:`.runner` (the run loop), :mod:`.command` (the sub-command, --resume),
-:mod:`.workers` (persistent workers), :mod:`.load` (the CPU other processes took during each run) — and
-``dpcompare parity``. A comparison starts training jobs as child
+:mod:`.workers` (persistent workers), :mod:`.load` (the CPU other processes took during each run),
+:mod:`.faults` (a host taken down at a step, and what the run's step log says) — and ``dpcompare parity``. A comparison starts training jobs as child
 processes through :mod:`dpcompare.launch.jobs`; only the persistent worker runs :mod:`dpcompare.training`
 inside its own process (``training.command.main``).
 May import: the top-level modules, launch, backends, models, data, report, training, lab and prediction.
 It stands above every other room; nothing imports ``compare`` except ``cli``. Besides the worker, it reads
-``training`` only for the trackers (:mod:`.trackers` groups a comparison's runs).
+``training`` only for the trackers (:mod:`.trackers` groups a comparison's runs) and the step log's format.
 """

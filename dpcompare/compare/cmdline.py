@@ -71,9 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
     g.add_argument("--fault", type=parse_fault, metavar="host=I,at-step=S[,back-at-step=B]",
                    help="with --lab: every arm runs twice per block, once as it is and once meeting this fault: when "
-                        "the run reaches step S, host I dies (its link goes down, then every process in it is "
-                        "killed), and with back-at-step it comes back at step B; records the pause, the steps "
-                        "redone, the world size over time, the wall time and the final metric against the run "
+                        "the run reaches step S (an elastic arm that commits at S: right after that commit), host "
+                        "I dies (its link goes down, then every process in it is killed), and with back-at-step "
+                        "it comes back at step B; records the pause, the steps redone, the world size over time, "
+                        "the wall time and the final metric against the run "
                         "without the fault, and draws throughput over time. Compare elastic arms: "
                         "--strategies ddp-elastic,horovod-elastic (docs/elastic.md)")
     g.add_argument("--replay", action="store_true",

@@ -105,7 +105,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
                "  dpcompare compare --resume runs/ab   # continue an interrupted comparison\n"
                "  sudo dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
-               "--out runs/links",
+               "--out runs/links\n"
+               "  sudo dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
+               "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=_cmd_compare)

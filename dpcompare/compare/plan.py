@@ -40,7 +40,8 @@ class Link:
 @dataclass(frozen=True)
 class Fault:
     """A host dies at a step (``--fault host=2,at-step=40[,back-at-step=80]``): when the run's step log reaches
-    ``at_step`` the lab takes ``host``'s link down and kills every process in it; with ``back_at_step`` the host
+    ``at_step`` (an elastic run that commits there: right after the commit) the lab takes ``host``'s link down and
+    kills every process in it; with ``back_at_step`` the host
     comes back (link up, sshd started; torchrun's job gets an agent there) once the log reaches that step
     after the recovery."""
 

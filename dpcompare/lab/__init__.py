@@ -2,7 +2,8 @@
 
 N network namespaces ("hosts") joined through a bridge in a switch namespace, each host's link shaped in both
 directions with the kernel's ``tbf`` qdisc; a state file, a hostfile and the remote agent that lets mpirun start
-ranks in the hosts without ssh; a nccl-tests-style all-reduce/all-gather bench over gloo and MPI.
+ranks in the hosts without ssh; an sshd inside each host, host names and a discovery script for horovodrun
+(:mod:`.remote`); hosts that die and come back; a nccl-tests-style all-reduce/all-gather bench over gloo and MPI.
 :class:`LabSpec` is what a lab is asked to be (parsed once, at the flag); :func:`session` runs inside one made for
 the purpose; a :class:`Lab` is a :class:`~dpcompare.launch.jobs.Placement` for ``launch.jobs``' job lines.
 
