@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpcompare import checkpoint
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
 from dpcompare.compare import faults, records
@@ -120,6 +119,8 @@ class _Run:
         """Nothing lost: a clean run of the same arm (not elastic, no fault) from the checkpoint the elastic run
         rolled back to, at the world size it carried on with, in RUN/replay; the two final states compared tensor
         by tensor (:func:`~dpcompare.compare.faults.same_weights`)."""
+        from dpcompare import checkpoint  # torch: not while compare's parser is built
+
         r, fault = rec.get("recovery") or {}, spec.arm.fault
         if rec["status"] != "ok" or not r.get("recovered") or fault is None or fault.back_at_step is not None:
             return {"equal": None, "why": "not replayed: the run did not carry on at one smaller world size"}
