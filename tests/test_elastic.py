@@ -59,12 +59,14 @@ def test_torchrun_and_horovodrun_lines() -> None:
 
 def test_agents_are_one_job_whose_exit_code_is_the_first_agents(tmp_path: Path) -> None:
     """torchrun's agents run as one command: the first (host 0's) decides the exit code, the others end with it."""
-    marker = tmp_path / "other-ran"
-    cmd = together(["sh", "-c", "exit 3"], [["sh", "-c", f"touch {marker}; exec sleep 600"]])
+    pidfile = tmp_path / "other.pid"
+    cmd = together(["sh", "-c", f"while [ ! -s {pidfile} ]; do sleep 0.05; done; exit 3"],
+                   [["sh", "-c", f"echo $$ > {pidfile}; exec sleep 600"]])
     t0 = time.monotonic()
     p = subprocess.run(cmd, timeout=60)
     assert p.returncode == 3 and time.monotonic() - t0 < 30  # the sleeping agent was ended, not waited for
-    assert subprocess.run(["pgrep", "-f", f"touch {marker}"], capture_output=True).returncode != 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)
 
 
 # -- the fault axis ----------------------------------------------------------------------------------------
