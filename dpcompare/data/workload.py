@@ -64,3 +64,9 @@ class Workload:
     @property
     def metric(self) -> Metric:
         return self.metrics[0]
+
+    @property
+    def label(self) -> str:
+        """What it trains, in words, wherever a run is described: its model and dataset when ``info`` names them
+        (the built-in ones: ``convnet · digits``), else its name (a plug-in's own)."""
+        return " · ".join(str(self.info[k]) for k in ("model", "dataset") if self.info.get(k)) or self.name

@@ -178,7 +178,10 @@ class Run:
         self.workload, self.metric = start.workload, start.workload.metric
         self.out = Path(cfg.out)
         self.lr = effective_lr(cfg, strategy.world_size)
-        self.run_info = {**cfg.to_dict(), "world_size": strategy.world_size, "effective_lr": self.lr}
+        info = self.workload.info  # a plug-in's own workload has no built-in model or dataset: its name says it
+        self.run_info = {**cfg.to_dict(), "model": info.get("model"), "dataset": info.get("dataset"),
+                         "workload_label": self.workload.label, "metric": self.metric.name,
+                         "world_size": strategy.world_size, "effective_lr": self.lr}
         plain = optim.build_optimizer(cfg, self.workload, start.model, self.lr)
         self.stepping = {**optim.describe(plain), "clip_grad_norm": optim.clip_norm(cfg, self.workload)}
         self.model, self.optimizer = strategy.setup(start.model, plain)
@@ -276,15 +279,15 @@ class Run:
     def announce(self) -> None:
         """The progress line and the banner: who runs what, on what, how."""
         cfg, s, world = self.cfg, self.strategy, self.strategy.world_size
-        info, accumulate = self.workload.info, cfg.accumulate
+        accumulate = cfg.accumulate
         n_params = sum(p.numel() for p in s.unwrap_model(self.model).parameters())
         # mpirun gives every rank a pseudo-terminal even when its output is a file: a bar only for one process.
         self.rep = ProgressLine(max(self.total_steps - self.global_step, 0), "train", cfg.progress,
                                 enabled=s.is_main, bar_allowed=s.env.launcher == "none")
         self.rep.print(
             f"dpcompare: {s.name} · {world} process{'es' if world > 1 else ''} ({s.env.launcher}) · {s.device} · "
-            f"{info.get('model', self.workload.name)} ({n_params:,} parameters) · {info.get('dataset', 'data')} "
-            f"({len(self.start.train_set)} train / {len(self.start.test_set)} test) · batch {cfg.batch_size}/process"
+            f"{self.workload.label} ({n_params:,} parameters; {len(self.start.train_set)} train / "
+            f"{len(self.start.test_set)} test samples; metric: {self.metric.name}) · batch {cfg.batch_size}/process"
             f"{f' × {accumulate} micro-batches' if accumulate > 1 else ''}, "
             f"global {self.global_batch} · lr {self.lr:g} · {self.steps_per_epoch} steps/epoch")
         if knobs.active(cfg):
@@ -391,7 +394,7 @@ class Run:
         timing["timing_only_steps"] = self.timing_only
         memory = memory_summary(strategy, strategy.memory_bytes(self.model, self.optimizer), timing)
         communication = steps.tracer.finish(self.out, {
-            "strategy": strategy.name, "world_size": strategy.world_size, "model": cfg.model, "dataset": cfg.dataset,
+            "strategy": strategy.name, "world_size": strategy.world_size, "model": self.workload.label,
             "batch_size": cfg.batch_size}) if steps.tracer else None
         summary = run_summary(cfg, strategy, self.workload, self.history, {
             "lr": self.lr, "stepping": {**self.stepping, "final_lr": optim.current_lr(self.optimizer)}, "global_batch": self.global_batch, "epochs": self.last_epoch, "steps": self.global_step,

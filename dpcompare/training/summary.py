@@ -86,7 +86,7 @@ def workload_keys(workload: Workload) -> dict[str, Any]:
     """summary.json's description of the workload and of its (first) metric."""
     m = workload.metric
     return {"metric": {"name": m.name, "higher_is_better": m.higher_is_better, "unit": m.unit},
-            "workload": {"name": workload.name, "source": workload.source, **workload.info}}
+            "workload": {"name": workload.name, "source": workload.source, "label": workload.label, **workload.info}}
 
 
 def run_summary(cfg: TrainConfig, strategy: Strategy, workload: Workload, history: list[dict[str, Any]],
@@ -101,7 +101,8 @@ def run_summary(cfg: TrainConfig, strategy: Strategy, workload: Workload, histor
     f = figures
     return {
         "strategy": strategy.name, "world_size": strategy.world_size, "launcher": strategy.env.launcher,
-        "device": str(strategy.device), "model": cfg.model, "dataset": cfg.dataset, "epochs": f["epochs"],
+        "device": str(strategy.device), "model": workload.info.get("model"), "dataset": workload.info.get("dataset"),
+        "epochs": f["epochs"],
         "steps": f["steps"], "batch_size": cfg.batch_size, "global_batch_size": f["global_batch"], "lr": f["lr"],
         "stepping": f["stepping"],
         "seed": cfg.seed, "final_train_loss": last.get("train_loss"),
