@@ -26,7 +26,7 @@ WRONG = f"{Path(__file__).resolve()}:ClipsBeforeSynchronize"
 FEATURES = ("--optimizer", "adamw", "--weight-decay", "0.1", "--lr", "0.01", "--lr-schedule", "cosine",
             "--lr-warmup-steps", "3", "--clip-grad-norm", "0.5")
 MLP = ("--model", "mlp", "--width", "32", "--dataset", "digits", "--batch-size", "64", "--threads", "1",
-       "--no-tensorboard", "--warmup-steps", "1", "--progress", "none")
+       "--no-tensorboard", "--warmup-steps", "1", "--progress", "lines")
 
 
 class ClipsBeforeSynchronize(HorovodStrategy):
