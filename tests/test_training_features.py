@@ -179,6 +179,33 @@ def test_a_workload_brings_its_own_optimizer_schedule_and_clipping(own: Path, tm
     assert rows[0]["lr"] == pytest.approx(0.25)  # halfway down its own linear schedule after epoch 1 of 2
 
 
+RECIPE = str(Path(__file__).resolve().parents[1] / "examples" / "transformer_recipe.py") + ":workload"
+SMALL_LM = ("--seq-len", "32", "--batch-size", "4", "--threads", "1", "--no-tensorboard")
+
+
+def test_the_transformer_recipe_example_steps_with_its_own_pieces(tmp_path: Path) -> None:
+    from conftest import dpcompare, summary
+
+    p = dpcompare("train", "--workload", RECIPE, *SMALL_LM, "--epochs", "0", "--max-steps", "3", "--lr", "1e-3",
+                  "--out", str(tmp_path / "r"))
+    s = summary(tmp_path / "r")
+    assert s["stepping"]["optimizer"] == "AdamW" and s["stepping"]["lr_scheduler"] == "SequentialLR"
+    assert [g["weight_decay"] for g in s["stepping"]["param_groups"]] == [0.1, 0.0]
+    assert s["stepping"]["clip_grad_norm"] == 1.0 and s["stepping"]["final_lr"] == pytest.approx(1e-3 * (0.01 + 0.99 * 3 / 20))
+    assert "dpcompare: single · 1 process (none) · cpu · gpt-tiny recipe (" in p.stdout
+
+
+@pytest.mark.mpi
+def test_the_recipe_example_is_exact_under_fsdp(tmp_path: Path) -> None:
+    """The workload's own groups, schedule and clipping, sharded: 0.0 from ddp."""
+    from conftest import dpcompare
+
+    dpcompare("parity", "--np", "2", "--strategies", "ddp,fsdp", "--workload", RECIPE, *SMALL_LM, "--steps", "3",
+              "--no-single", "--out", str(tmp_path / "p"))
+    result = json.loads((tmp_path / "p" / "parity.json").read_text())
+    assert result["passed"] and result["diffs"]["fsdp"]["weights_max"] == 0.0 == result["diffs"]["fsdp"]["loss_max"]
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--lr-schedule", "step"), "--lr-schedule step needs --lr-step-every N"),
     (("--workload", "{own}:own", "--optimizer", "adamw"), "sets its own build_optimizer, which replaces --optimizer"),
