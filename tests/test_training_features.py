@@ -210,7 +210,8 @@ def test_the_recipe_example_is_exact_under_fsdp(tmp_path: Path) -> None:
     (("--lr-schedule", "step"), "--lr-schedule step needs --lr-step-every N"),
     (("--workload", "{own}:own", "--optimizer", "adamw"), "sets its own build_optimizer, which replaces --optimizer"),
     (("--workload", "{own}:own", "--lr-warmup-steps", "3"), "sets its own build_scheduler"),
-    (("--workload", "{own}:own", "--clip-grad-norm", "1"), "sets its own clip_grad_norm")])
+    (("--workload", "{own}:own", "--clip-grad-norm", "1"), "sets its own clip_grad_norm"),
+    (("--strategy", "horovod", "--adasum", "--clip-grad-norm", "1"), "needs averaged gradients, which --adasum")])
 def test_settings_that_cannot_work_are_refused_in_one_line(own: Path, tmp_path: Path, args: tuple[str, ...],
                                                            says: str) -> None:
     from conftest import dpcompare

@@ -379,8 +379,10 @@ class Run:
             self.last_good = checkpoint.checkpoint_path(self.out, epoch)
 
     def time_only(self) -> None:
-        """``--min-steps``: further steps after the last epoch, for timing only."""
+        """``--min-steps``: further steps after the last epoch, for timing only (at the last learning rate: the
+        schedule ended with the run's steps)."""
         cfg = self.cfg
+        self.steps.scheduler = None
         self.timing_only = self.steps.timing_only(self.loader, self.sampler, self.last_epoch, self.steps_per_epoch,
                                                   cfg.min_timed_steps)
         if self.timing_only:
