@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
     from dpcompare.lab import Lab
 
+#: optimizers whose update scales each gradient by its running size: one process's global-batch sums, which
+#: differ from the processes' in the last bits, can then move a weight by up to the learning rate
+ADAPTIVE = ("adam", "adamw")
+
 #: seconds a parity run may take before it is stopped (``--run-timeout``): a run that hangs (a lost peer) ends
 DEFAULT_RUN_TIMEOUT = 1800.0
 
@@ -162,6 +166,10 @@ def _single(a: argparse.Namespace, base: TrainConfig) -> tuple[TrainConfig | Non
     if base.amp != "none":
         return None, (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
                       "from per-process ones")
+    if base.optimizer in ADAPTIVE:
+        return None, (f"single skipped: --optimizer {base.optimizer} divides each gradient by its running root mean "
+                      "square, so a gradient near 0, whose sum over one global batch and over per-process batches "
+                      "differ in the last bits, moves its weight by up to --lr either way")
     if not (base.sync_bn or not _has_batchnorm(base)):
         return None, (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
                       "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
