@@ -270,10 +270,22 @@ class Lab:
         if mpirun.mpi_flavor() != "openmpi":
             raise LaunchError("the lab's remote agent is Open MPI's (plm_rsh_agent); put Open MPI's mpirun on PATH")
         env = {**mpirun.forwarded_env(os.environ, IFACE, mpirun.current_venv()), **self.environment(np)}
-        cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, mpi_net=self.subnet)
+        hostfile = self._hostfile_for(np or self.np, per_host)
+        cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(hostfile), env=env, mpi_net=self.subnet)
         if per_host:
             cmd[cmd.index("--map-by") + 1] = f"ppr:{per_host}:node"
         return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *KEEPALIVE, *mpi_options, *cmd[1:]])
+
+    def _hostfile_for(self, np: int, per_host: int | None) -> Path:
+        """The hostfile of the hosts ``np`` ranks fill (``hostfile``, or ``hostfile-N`` naming the first N): Open MPI
+        starts a daemon on every host its hostfile names, so one it does not use must not be there (a dead spare
+        host would fail the job)."""
+        used = min(len(self.hosts), -(-np // (per_host or self.slots)))
+        if used == len(self.hosts):
+            return self.hostfile
+        path = self.directory / f"hostfile-{used}"
+        atomic_write_text(path, "".join(f"{h.address} slots={self.slots}\n" for h in self.hosts[:used]))
+        return path
 
     def elastic_command(self, argv: Sequence[str], np: int, how: ElasticLaunch) -> list[str]:
         """``argv`` as an elastic job of ``np`` ranks that may shrink to ``how.min_np``: torchrun's agents, one per
