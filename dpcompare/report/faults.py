@@ -97,9 +97,20 @@ def _row(arm: str, base: str, fault: str, n: int, faulted: dict[int, dict[str, A
         "wall_clean_s": _iv_json(mean_ci([clean[k]["wall_seconds"] for k in pairs])),
         "wall_cost_s": _iv_json(cost), "pairs": len(pairs),
         "metric_diff": _iv_json(diff), "metric_outcome": decide_difference(diff, eq, eq_iv) if diff else "undecided",
-        "ended": [f"repeat {k}: {str(r.get('error') or '').strip().splitlines()[-1][:200]}"
+        "ended": [f"repeat {k}: {(str(r.get('error') or '').strip().splitlines() or [''])[-1][:200]}"
                   for k, r in sorted(faulted.items()) if not _ok(r)],
+        "replay": _replays(list(faulted.values())),
     }
+
+
+def _replays(runs: list[dict[str, Any]]) -> str:
+    """``2/2 bit for bit`` (``--replay``: the faulted runs whose final weights equal the clean replay's), or –."""
+    done = [r["replay"] for r in runs if (r.get("replay") or {}).get("equal") is not None]
+    if not done:
+        return "–"
+    same = sum(bool(d["equal"]) for d in done)
+    worst = max(float(d.get("max_abs_diff") or 0.0) for d in done)
+    return f"{same}/{len(done)} bit for bit" + ("" if same == len(done) else f" (largest difference {worst:.3g})")
 
 
 def _iv_json(iv: Interval | None) -> dict[str, Any] | None:
@@ -173,7 +184,7 @@ def lines(results: dict[str, Any]) -> list[str]:
         out.append(f"  • {r['arm']} np={r['np']}: recovered {r['recovered']}/{r['runs']}; pause "
                    f"{_ci_text(_iv(r['pause_s']))}; steps redone {_redone(r)}; world {r['world_sizes']}; wall "
                    f"{_ci_text(_iv(r['wall_cost_s']), 's', 1, True)} over the run without it; final metric "
-                   f"{_metric(r)}")
+                   f"{_metric(r)}" + (f"; replay {r['replay']}" if r.get("replay", "–") != "–" else ""))
     out += [f"  • {v['text']}" for v in s["verdicts"]]
     return out
 
@@ -204,12 +215,12 @@ def section(results: dict[str, Any], plot: Plot | None) -> str:
         return ""
     e = html.escape
     head = ["arm", "np", "recovered", "pause, s", "steps redone", "world size", "wall with the fault, s",
-            "cost over the run without it, s", "final metric − without it"]
+            "cost over the run without it, s", "final metric − without it", "replay from the rollback"]
     body = "".join(
         "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in (
             r["arm"], r["np"], f"{r['recovered']}/{r['runs']}", _ci_text(_iv(r["pause_s"]), ""), _redone(r),
             r["world_sizes"], _ci_text(_iv(r["wall_s"]), ""), _ci_text(_iv(r["wall_cost_s"]), "", 1, True),
-            _metric(r))) + "</tr>"
+            _metric(r), r.get("replay", "–"))) + "</tr>"
         for r in s["rows"])
     ended = "".join(f"<li>{e(r['arm'])}: {e(x)}</li>" for r in s["rows"] for x in r["ended"])
     verdicts = "".join(f"<li>{e(v['text'])}</li>" for v in s["verdicts"])
@@ -225,7 +236,9 @@ def section(results: dict[str, Any], plot: Plot | None) -> str:
               "job recovered (torchrun: every process restarted from the newest checkpoint; Horovod Elastic: the "
               "survivors rolled back to their last commit). Steps redone: the steps completed before the recovery "
               "that it rolled back. Cost and final metric: paired with the same block's run without the fault "
-              "(mean, 95 % interval over blocks).</p>" + fig + "</div>")
+              "(mean, 95 % interval over blocks). Replay (--replay): a clean run from the checkpoint the elastic "
+              "run rolled back to, at the world size it carried on with; its final weights against the elastic "
+              "run's, tensor by tensor.</p>" + fig + "</div>")
 
 
 def _uri(path: Path) -> str:
