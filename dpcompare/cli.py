@@ -51,6 +51,8 @@ COMMAND_MODULES = (
     "dpcompare.lab.command",       # dpcompare lab up|down|status|bench|set-link
     "dpcompare.prediction.command",  # dpcompare predict
     "dpcompare.api",               # dpcompare workloads
+    "dpcompare.native.command",    # dpcompare script
+    "dpcompare.native.migrate",    # dpcompare migrate
 )
 
 

@@ -30,7 +30,8 @@ ROOMS: dict[str, set[str]] = {
     "report": set(),
     "lab": {"launch"},
     "prediction": {"report"},
-    "compare": {"launch", "backends", "models", "data", "report", "training", "lab", "prediction"},
+    "compare": {"launch", "backends", "models", "data", "report", "training", "lab", "prediction", "native"},
+    "native": {"launch"},
 }
 CATALOGS = {"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models"}
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__

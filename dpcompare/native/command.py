@@ -1,0 +1,106 @@
+"""``dpcompare script``: run a Horovod PyTorch script, unchanged, on the native layer or on real Horovod.
+
+Without ``--np`` this process is one rank (start it with mpirun, srun or torchrun, as the script would be);
+with ``--np N`` dpcompare starts the N ranks itself through the launch room's one command-line builder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from dpcompare.errors import ConfigError, LaunchError
+
+DESCRIPTION = """\
+Run a Horovod PyTorch script (`import horovod.torch as hvd`) unchanged:
+
+  --as native    on torch.distributed through dpcompare's Horovod layer (gloo on CPU, NCCL on GPU): Horovod
+                 need not be installed, and is not used where it is
+  --as horovod   on the real Horovod library
+  --as ddp       a torchrun-style script (e.g. the DDP port `dpcompare migrate` writes) under mpirun or srun
+
+Without --np this process is one rank: start it as you start the script (mpirun -np 2 dpcompare script ...).
+With --np N dpcompare starts N ranks itself (mpirun, or srun inside a Slurm allocation). Calls the layer does
+not support stop the script with one line naming the native replacement (exit code 2); `dpcompare migrate
+SCRIPT` lists them beforehand. --out DIR records every optimizer.step() and the final weights (for parity
+and compare --script).
+"""
+
+EPILOG = """\
+examples:
+  dpcompare script --np 2 -- python examples/horovod/mnist.py --epochs 1
+  mpirun -np 2 dpcompare script --as native -- python train.py --lr 0.01
+  mpirun -np 2 python -m dpcompare.native train.py --lr 0.01      # the same, for your own launch lines
+  dpcompare script --np 2 --as horovod --out runs/hvd -- python train.py
+  dpcompare migrate train.py                                        # the calls, and a DDP port beside it
+"""
+
+
+def _per_rank_words(a: argparse.Namespace) -> list[str]:
+    """The ``dpcompare script`` each rank runs (the same command without ``--np`` and the launcher's flags)."""
+    words = ["script", "--as", a.arm]
+    if a.out:
+        words += ["--out", str(a.out)]
+    if a.seed is not None:
+        words += ["--seed", str(a.seed)]
+    if a.overwrite:
+        words.append("--overwrite")
+    return [*words, "--", *a.target]
+
+
+def _launch(a: argparse.Namespace) -> int:
+    from dpcompare.launch.jobs import dpcompare_command
+    from dpcompare.launch.mpirun import job_env
+    from dpcompare.native.runner import check_out, parse_target
+
+    parse_target(a.target)  # refuse a missing script before starting anyone
+    if a.out:
+        check_out(a.out, a.overwrite)
+    cmd = dpcompare_command(a.np, _per_rank_words(a), hosts=a.hosts, hostfile=a.hostfile, mpi_net=a.mpi_net,
+                            iface=a.iface)
+    sys.stderr.write(f"dpcompare script: {shlex.join(cmd)}\n")
+    try:
+        rc = subprocess.run(cmd, env=job_env()).returncode
+    except FileNotFoundError:
+        raise LaunchError(f"{cmd[0]} not found on PATH") from None
+    return rc if rc >= 0 else 128 - rc
+
+
+def _cmd_script(a: argparse.Namespace) -> int:
+    if not a.target or a.target == ["--"]:
+        raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS`")
+    if a.np is not None:
+        return _launch(a)
+    from dpcompare.native.runner import parse_target, run_script
+
+    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite)
+    # A normal interpreter exit, not dpcompare's fast one: the script's atexit handlers must run.
+    raise SystemExit(code)
+
+
+def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    from dpcompare.argtypes import positive_int
+
+    p = sub.add_parser("script", help="run a Horovod PyTorch script unchanged on native torch.distributed "
+                                      "(or on real Horovod)", description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--as", dest="arm", choices=("native", "horovod", "ddp"), default="native",
+                   help="native: dpcompare's layer; horovod: the real library; ddp: a torchrun script "
+                        "(default: native)")
+    p.add_argument("--np", type=positive_int, help="start this many ranks (default: this process is one rank)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="record optimizer steps and final weights here (never beside the script)")
+    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
+                                            "(the same in every arm; for scripts that do not seed)")
+    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hosts", metavar="H1:N,H2:N", help="with --np: hosts and their slots")
+    where.add_argument("--hostfile", metavar="FILE", help="with --np: an MPI hostfile")
+    p.add_argument("--mpi-net", metavar="SUBNET|IF", help="with --np: the network for MPI's own traffic")
+    p.add_argument("--iface", help="with --np: the interface gloo/NCCL use on every rank")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- [python] SCRIPT ARGS",
+                   help="the script and its arguments, after --")
+    p.set_defaults(func=_cmd_script)
