@@ -30,7 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcompare.native.collectives import Pending, broadcast_object, sparse_allreduce_async, start_fused_allreduce
+from dpcompare.native.collectives import (
+    Pending,
+    broadcast_object,
+    sparse_allreduce_async,
+    start_fused_allreduce,
+)
 
 THRESHOLD_VAR, DEFAULT_THRESHOLD = "HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024
 CYCLE_VAR, DEFAULT_CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
@@ -156,7 +161,7 @@ class GradientFusion:
 
     def synchronize(self) -> None:
         """Reduce what is left (unused parameters as zeros), wait for everything, write the averaged gradients."""
-        for i, p in enumerate(self.params):
+        for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         planned = {i for group in self.plan or [] for i in group}
@@ -189,10 +194,10 @@ class GradientFusion:
         return [self.compression.compress(torch.zeros((), dtype=p.dtype))[0].dtype for p in self.params]
 
     def _nbytes(self) -> list[int]:
-        return [p.numel() * torch.empty((), dtype=d).element_size() for p, d in zip(self.params, self._wire_dtypes())]
+        return [p.numel() * torch.empty((), dtype=d).element_size() for p, d in zip(self.params, self._wire_dtypes(), strict=True)]
 
     def _kinds(self) -> list[Any]:
-        return [(d, p.device) for p, d in zip(self.params, self._wire_dtypes())]
+        return [(d, p.device) for p, d in zip(self.params, self._wire_dtypes(), strict=True)]
 
     def _learn(self, dense: list[int]) -> list[list[int]]:
         """Rank 0 groups this step's gradients as Horovod's cycle would; every rank takes its plan."""

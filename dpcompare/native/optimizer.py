@@ -75,7 +75,7 @@ def _explicit_groups(groups: Any, params: list[torch.Tensor]) -> list[list[int]]
         raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
     cut, extra = divmod(len(params), groups)
     bounds = [i * cut + min(i, extra) for i in range(groups + 1)]
-    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
 class _HorovodOptimizer:

@@ -11,11 +11,10 @@ A plain Horovod script, on synthetic data:
 
 import argparse
 
+import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="fp16 compression and accumulation")
 parser.add_argument("--steps", type=int, default=20, help="optimizer steps")

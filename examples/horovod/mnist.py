@@ -10,6 +10,7 @@ hvd.allreduce. A plain Horovod script:
 
 import argparse
 
+import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,8 +18,6 @@ import torch.optim as optim
 import torch.utils.data.distributed
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-
-import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="PyTorch digits example")
 parser.add_argument("--batch-size", type=int, default=32, help="input batch size for training (default: 32)")

@@ -12,11 +12,10 @@ script, on synthetic data:
 
 import argparse
 
+import horovod.torch as hvd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="objects, gathers and an unused head")
 parser.add_argument("--steps", type=int, default=12, help="optimizer steps")

@@ -11,13 +11,12 @@ defined here (bytes as tokens, no download). A plain Horovod script:
 import argparse
 import timeit
 
+import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
-
-import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="PyTorch Synthetic Benchmark",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
