@@ -105,6 +105,8 @@ def resolve(scan: Scan, node: ast.AST) -> str | None:
         return "run"
     if full.startswith(TORCH_MODULE + "."):
         parts = full[len(TORCH_MODULE) + 1:].split(".")
+        if parts[0].startswith("__"):
+            return None  # hvd.__name__, hvd.__file__: the module's own attributes
         return parts[1] if parts[0] in ("mpi_ops", "optimizer", "functions", "compression") and len(parts) > 1 \
             else parts[0]
     return None
