@@ -283,3 +283,12 @@ def test_migrate_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     (tmp_path / "plain.py").write_text("print(1)\n")
     p = in_process(["migrate", str(tmp_path / "plain.py")], check=False)
     assert p.returncode == 2 and "no `import horovod`" in p.stderr
+
+
+def test_docs_table_lists_every_call() -> None:
+    from dpcompare.native.calls import CALLS, MODULES
+
+    page = (ROOT / "docs" / "from-horovod.md").read_text()
+    missing_rows = [n for n in CALLS if f"`{n if n.startswith('optimizer.') else 'hvd.' + n}`" not in page]
+    missing_rows += [m for m in MODULES if f"`import {m}`" not in page]
+    assert not missing_rows, f"docs/from-horovod.md lacks rows for {missing_rows}"
