@@ -13,6 +13,7 @@ the same order (Horovod's own examples do).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 import warnings
@@ -116,9 +117,14 @@ class Pending:
                     w.wait()
         except RuntimeError as e:
             raise HorovodInternalError(str(e)) from e
+        _recent.append(self.keep)
         return self.finish()
 
 
+#: the tensors of the last collectives, kept a little longer: gloo's worker thread lets go of a finished work
+#: just after wait() returns, and if its reference were the last one it would need the GIL to free a tensor made
+#: in Python, which aborts the process when that happens while the interpreter exits
+_recent: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=32)
 _handles: dict[int, Pending] = {}
 _counter = itertools.count(1)
 
@@ -301,6 +307,7 @@ def start_allgather(tensor: torch.Tensor) -> Pending:
     first = torch.tensor([t.shape[0] if t.dim() else 1], dtype=torch.int64)
     firsts = [torch.zeros_like(first) for _ in range(n)]
     dist.all_gather(firsts, first)
+    _recent.append((first, *firsts))
     counts = [int(f) for f in firsts]
     longest = max(counts)
     t = t.reshape(1) if t.dim() == 0 else t
@@ -432,6 +439,7 @@ def join(device: int = -1) -> int:
     mine = torch.tensor([time.time()], dtype=torch.float64)
     every = [torch.zeros_like(mine) for _ in range(size())]
     dist.all_gather(every, mine)
+    _recent.append((mine, *every))
     return int(torch.cat(every).argmax())
 
 
@@ -477,6 +485,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     if dist.get_rank() != root_rank:
         payload = torch.empty(int(length), dtype=torch.uint8)
     dist.broadcast(payload, src=root_rank)
+    _recent.append((length, payload))
     return obj if dist.get_rank() == root_rank else _loads(payload)
 
 
