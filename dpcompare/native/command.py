@@ -66,11 +66,30 @@ def _launch(a: argparse.Namespace) -> int:
         rc = subprocess.run(cmd, env=job_env()).returncode
     except FileNotFoundError:
         raise LaunchError(f"{cmd[0]} not found on PATH") from None
+    if a.out:
+        _summarize(a)
     return rc if rc >= 0 else 128 - rc
 
 
+def _summarize(a: argparse.Namespace) -> None:
+    """OUT/summary.json from every rank's record, and one line about it."""
+    from dpcompare.native.summary import write_summary
+
+    summary = write_summary(a.out, a.warmup_steps, a.metric)
+    if summary is None:
+        sys.stderr.write(f"dpcompare script: no rank left a record in {a.out}\n")
+        return
+    t = summary["timing"]
+    median = f"{t['step_ms_median']:.1f} ms" if t["step_ms_median"] is not None else "none timed"
+    metric = f", {a.metric} {summary['final_metric']}" if a.metric else ""
+    sys.stderr.write(f"dpcompare script: {summary['steps']} optimizer steps, median step {median} over "
+                     f"{t['measured_steps']} (after {a.warmup_steps}){metric}; records in {a.out}\n")
+
+
 def _cmd_script(a: argparse.Namespace) -> int:
-    if not a.target or a.target == ["--"]:
+    if a.target[:1] == ["--"]:
+        a.target = a.target[1:]
+    if not a.target:
         raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS`")
     if a.np is not None:
         return _launch(a)
@@ -82,7 +101,8 @@ def _cmd_script(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import positive_int
+    from dpcompare.argtypes import nonneg_int, positive_int
+    from dpcompare.native.summary import DEFAULT_WARMUP
 
     p = sub.add_parser("script", help="run a Horovod PyTorch script unchanged on native torch.distributed "
                                       "(or on real Horovod)", description=DESCRIPTION, epilog=EPILOG,
@@ -96,6 +116,11 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
                                             "(the same in every arm; for scripts that do not seed)")
     p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    p.add_argument("--warmup-steps", type=nonneg_int, default=DEFAULT_WARMUP,
+                   help=f"with --np and --out: steps left out of OUT/summary.json's step times (default: "
+                        f"{DEFAULT_WARMUP})")
+    p.add_argument("--metric", metavar="NAME", help="with --np and --out: the value the script all-reduces with "
+                                                    "hvd.allreduce(..., name=NAME), as the run's metric")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--hosts", metavar="H1:N,H2:N", help="with --np: hosts and their slots")
     where.add_argument("--hostfile", metavar="FILE", help="with --np: an MPI hostfile")
