@@ -1,5 +1,5 @@
-"""``dpcompare migrate SCRIPT``: every Horovod call of a script, whether the native layer runs it, its native
-equivalent, and where a DDP port will compute different numbers; and, for a simple script, the DDP port itself.
+"""What ``dpcompare migrate SCRIPT`` reads: every Horovod call of a script, whether the native layer runs it, its
+native equivalent, and where a DDP port will compute different numbers (the port itself: :mod:`.port`).
 
 The script is read, never run: its syntax tree gives every ``import horovod...`` and every use of the module
 (``hvd.X``, ``horovod.torch.X``, names imported with ``from horovod.torch import X``) and of the
@@ -8,9 +8,7 @@ DistributedOptimizer's methods (``optimizer.synchronize()``, ``optimizer.skip_sy
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,59 +209,3 @@ def report(scan: Scan) -> dict[str, Any]:
                        "supported": u.supported, "native": u.call.native, "note": u.call.note} for u in scan.uses],
             "unsupported": sum(not u.supported for u in scan.uses),
             "warnings": port_warnings(scan)}
-
-
-def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    table = Table(title=f"Horovod in {rep['script']}", title_justify="left")
-    for col in ("line", "call", "layer", "native PyTorch"):
-        table.add_column(col, overflow="fold")
-    for c in rep["calls"]:
-        native = c["native"] + (f" [dim]({c['note']})[/dim]" if c["note"] else "")
-        table.add_row(str(c["line"]), c["source"], "runs" if c["supported"] else "[red]refused[/red]", native)
-    console.print(table)
-    n = rep["unsupported"]
-    console.print(f"{len(rep['calls'])} uses; the native layer runs "
-                  + ("all of them" if not n else f"all but {n} (they stop the script with one line, exit code 2)"))
-    if rep["warnings"]:
-        console.print("\nWhere a DDP port computes different numbers:")
-        for w in rep["warnings"]:
-            console.print(f"  - {w}")
-    console.print("\n" + port["message"])
-
-
-def _cmd_migrate(a: argparse.Namespace) -> int:
-    from dpcompare.native.port import write_port
-
-    scan = scan_script(Path(a.script))
-    if not scan.uses:
-        raise ConfigError(f"{a.script}: no `import horovod` and no Horovod call found")
-    rep = report(scan)
-    port = write_port(scan, Path(a.port) if a.port else None, dry_run=a.no_port)
-    if a.json:
-        print(json.dumps({**rep, "port": port}, indent=2))
-    else:
-        print_report(rep, port)
-    return 0
-
-
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "migrate", help="list a Horovod script's calls with their native PyTorch equivalents; write a DDP port",
-        description="Read a Horovod PyTorch script (without running it) and list every `import horovod...` and "
-                    "Horovod call with its line, whether dpcompare's native layer runs it (`dpcompare script`), "
-                    "and its native PyTorch equivalent (DDP, torch.distributed, torchrun); say where an idiomatic "
-                    "DDP port computes different numbers; and, when the script is simple enough (one "
-                    "DistributedOptimizer over one model, nothing the layer refuses), write that port beside it "
-                    "(SCRIPT_ddp.py, never over an existing file) for you to review.",
-        epilog="examples:\n  dpcompare migrate train.py\n  dpcompare migrate train.py --port ports/train_ddp.py\n"
-               "  dpcompare migrate train.py --no-port --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("script", help="the Horovod script")
-    p.add_argument("--port", metavar="FILE", help="where to write the DDP port (default: SCRIPT_ddp.py beside it)")
-    p.add_argument("--no-port", action="store_true", help="list only; write no port")
-    p.add_argument("--json", action="store_true", help="print the listing as JSON")
-    p.set_defaults(func=_cmd_migrate)
