@@ -5,8 +5,9 @@ Holds the compatibility layer a script reaches through ``import horovod.torch as
 :mod:`.fusion` and :mod:`.optimizer` the DistributedOptimizer, :mod:`.functions`; what it refuses and what to use
 instead in :mod:`.calls`), the import hook that points ``horovod`` at it (:mod:`.hook`), the runner that starts a
 script under the layer, real Horovod or as a DDP port and records its optimizer steps and final weights
-(:mod:`.runner`, :mod:`.record`; ``python -m dpcompare.native``), the run's summary (:mod:`.summary`), ``dpcompare script`` and ``dpcompare migrate`` (:mod:`.command`; the script's
-reading :mod:`.migrate`, the DDP port writer :mod:`.port`).
+(:mod:`.runner`, :mod:`.record`; ``python -m dpcompare.native``), the run's summary (:mod:`.summary`),
+``dpcompare script`` and ``dpcompare migrate`` (:mod:`.command`; reading a script :mod:`.migrate`, the DDP port
+writer :mod:`.port`).
 
 May import: the top-level modules and ``launch``. Nothing imports it but ``cli`` and ``compare``. This file
 imports nothing, so that ``dpcompare --help`` stays torch-free.

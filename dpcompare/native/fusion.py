@@ -104,6 +104,8 @@ class GradientFusion:
         self.plan: list[list[int]] | None = groups
         self.learned_steps = 0
         self._buffers: dict[tuple[int, ...], torch.Tensor] = {}
+        self.group_of: list[int] = []
+        self.planned: set[int] = set()
         self.reset()
 
     def reset(self) -> None:
@@ -112,6 +114,14 @@ class GradientFusion:
         self.next_group = 0
         self.flights: list[_Flight] = []
         self.touched = False
+        #: gradients each group still waits for (a counter per group: a hook costs the same whatever its size)
+        self.waiting = [len(g) for g in self.plan] if self.plan is not None else []
+        if self.plan is not None and len(getattr(self, "group_of", ())) != len(self.params):
+            self.group_of = [0] * len(self.params)
+            for g, members in enumerate(self.plan):
+                for i in members:
+                    self.group_of[i] = g
+            self.planned = {i for members in self.plan for i in members}
 
     # -- from the hooks -------------------------------------------------------------------------------------
     def mark_touched(self) -> None:
@@ -120,10 +130,12 @@ class GradientFusion:
     def on_ready(self, i: int) -> None:
         """Parameter ``i``'s gradient is final for this step: start every group that is now complete."""
         self.ready[i] = True
-        self.times[i] = time.perf_counter()
         if self.plan is None:
+            self.times[i] = time.perf_counter()
             return
-        while self.next_group < len(self.plan) and all(self.ready[j] for j in self.plan[self.next_group]):
+        if i in self.planned:
+            self.waiting[self.group_of[i]] -= 1
+        while self.next_group < len(self.plan) and self.waiting[self.next_group] == 0:
             # explicit groups go through Horovod's grouped all-reduce, which ignores gradient_predivide_factor
             self._launch(self.plan[self.next_group], *((1.0, 1.0) if self.explicit else (None, None)))
             self.next_group += 1
@@ -164,7 +176,7 @@ class GradientFusion:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        planned = {i for group in self.plan or [] for i in group}
+        planned = self.planned if self.plan is not None else set()
         sparse = [i for i, p in enumerate(self.params)
                   if p.grad.is_sparse and not self.sparse_as_dense and i not in planned]
         dense = [i for i in range(len(self.params)) if i not in set(sparse)]
