@@ -136,6 +136,12 @@ def predivide_factor():
 
 
 @check
+def predivide_arithmetic():
+    x = torch.tensor([0.1, 0.7, 1e-3, 3.3]) * (1 + 2 * hvd.rank())  # what DistributedOptimizer does for factor 3:
+    return flat(hvd.allreduce(x, prescale_factor=1 / 3.0, postscale_factor=3.0))  # x/3 summed, then times 3/size
+
+
+@check
 def explicit_groups_and_sum():
     model, x, y = model_and_data(6)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

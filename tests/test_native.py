@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, horovod_problem, in_process, missing, mpi_env, needs_mpi, run
@@ -136,6 +137,11 @@ def test_layer_reproduces_horovods_semantics(native_semantics: dict) -> None:
     assert s["synchronize_then_skip"]["warned"] is True
     zero_step = s["optimizer_state_zero_step"]
     assert zero_step["step"] == 1.0 and set(zero_step["grad_after"]) == {0.0}
+    x = np.array([0.1, 0.7, 1e-3, 3.3], dtype=np.float32)
+    third, post = np.float32(1 / 3.0), np.float32(3.0 / 2)
+    expected = ((x * third) + ((x * np.float32(3)) * third)) * post  # float32 throughout, as Horovod's CPU path
+    assert s["predivide_arithmetic"] == [float(v) for v in expected]
+    assert s["predivide_arithmetic"] != [float(v) for v in (x + x * np.float32(3)) * np.float32(0.5)]
     red = s["reductions"]
     assert red["int_avg"] == [3, -4, 7] and red["int_sum"] == [7, -8, 14]  # (3+4)/2 truncated, as Horovod's C++
     assert red["avg"] == [2.0, -1.0, pytest.approx(1e-3)] and red["min"][:2] == [1.5, -2.0]

@@ -50,6 +50,8 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
         words += ["--seed", str(a.seed)]
     if a.overwrite:
         words.append("--overwrite")
+    if a.threads is not None:
+        words += ["--threads", str(a.threads)]
     return [*words, "--", *a.target]
 
 
@@ -97,7 +99,7 @@ def _cmd_script(a: argparse.Namespace) -> int:
         return _launch(a)
     from dpcompare.native.runner import parse_target, run_script
 
-    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite)
+    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
     # A normal interpreter exit, not dpcompare's fast one: the script's atexit handlers must run.
     raise SystemExit(code)
 
@@ -118,6 +120,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
                                             "(the same in every arm; for scripts that do not seed)")
     p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    p.add_argument("--threads", type=nonneg_int, metavar="N",
+                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
+                        "(default: torch's own; a script's own torch.set_num_threads wins)")
     p.add_argument("--warmup-steps", type=nonneg_int, default=DEFAULT_WARMUP,
                    help=f"with --np and --out: steps left out of OUT/summary.json's step times (default: "
                         f"{DEFAULT_WARMUP})")

@@ -139,9 +139,19 @@ def _execute(target: Target) -> int:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
+def set_threads(threads: int) -> None:
+    """torch's CPU threads for this rank: ``threads``, or (0) the cores divided among the ranks sharing them."""
+    import torch
+
+    from dpcompare.launch.env import ranks_sharing_cpus
+
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(detect_launch_env())))
+
+
 def run_script(arm: str, target: Target, out: Path | None = None, seed: int | None = None,
-               overwrite: bool = False) -> int:
-    """Run ``target`` in ``arm`` in this process; the script's exit code (Unsupported: exit 2, one line)."""
+               overwrite: bool = False, threads: int | None = None) -> int:
+    """Run ``target`` in ``arm`` in this process; the script's exit code (Unsupported: exit 2, one line).
+    ``threads`` None leaves torch's CPU threads as they are (the script may set them itself)."""
     if arm not in ARMS:
         raise ConfigError(f"--as {arm}: choose one of {', '.join(ARMS)}")
     out = out or (Path(os.environ[OUT_VAR]) if os.environ.get(OUT_VAR) else None)
@@ -152,6 +162,8 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     prepare(arm, recorder)
     if seed is not None:
         seed_everything(seed)
+    if threads is not None:
+        set_threads(threads)
     code = 1
     try:
         code = _execute(target)
@@ -187,10 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help=f"record optimizer steps and final weights into this folder (or ${OUT_VAR})")
     p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts")
     p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
+                        "(default: torch's own)")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="[python] SCRIPT ARGS", help="the script and its arguments")
     a = p.parse_args(argv)
     try:
-        return run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite)
+        return run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
     except DpcompareError as e:
         if e.local or reporting_rank():
             sys.stderr.write(f"python -m dpcompare.native: error: {e}\n")
