@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from dpcompare.prediction.network import Link, Network, parse_duration, parse_rate
+from dpcompare.argtypes import format_rate_bits, rate_bits
+from dpcompare.prediction.network import Link, Network, parse_duration
 from dpcompare.prediction.profile import Grad, Profile
 from dpcompare.prediction.schedule import Knobs
 from dpcompare.prediction.strategies import schedule
@@ -39,15 +40,15 @@ def resnet50_profile() -> Profile:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus-per-node", type=int, default=4)
-    ap.add_argument("--link", default="200gbit")
+    ap.add_argument("--link", type=rate_bits, default="200gbit")
     ap.add_argument("--latency", default="5us")
-    ap.add_argument("--intra-link", default="300gbyte")
+    ap.add_argument("--intra-link", type=rate_bits, default="300gbyte")
     a = ap.parse_args()
     p = resnet50_profile()
     print(f"ResNet-50: {len(p.grads)} tensors, {p.grad_bytes / 1e6:.1f} MB of fp32 gradients, "
           f"{p.compute * 1e3:.1f} ms compute per step ({BATCH} images per GPU), buffers {p.buffer_bytes / 1e6:.2f} MB")
-    net = Network(1, Link(parse_duration(a.latency), parse_rate(a.link)), a.gpus_per_node,
-                  Link(parse_duration("1us"), parse_rate(a.intra_link)))
+    net = Network(1, Link.of(parse_duration(a.latency), a.link), a.gpus_per_node,
+                  Link.of(parse_duration("1us"), a.intra_link))
     for name in ("ddp", "horovod"):
         s = schedule(name)(p, Knobs())
         steps = {n: s.run(net.with_hosts(n)) for n in MEASURED_S}
@@ -56,7 +57,8 @@ def main() -> None:
         # the 4- and 32-node times: T(n) = F + (T4 - F) * (4 / n) * step(n) / step(4)
         r32, t4, t32 = steps[32].step / base, MEASURED_S[4], MEASURED_S[32]
         fixed = (t32 - t4 * 4 / 32 * r32) / (1 - 4 / 32 * r32)
-        print(f"\n{name}: {a.gpus_per_node} GPUs/node, {a.link} between nodes, {a.intra_link} inside")
+        print(f"\n{name}: {a.gpus_per_node} GPUs/node, {format_rate_bits(a.link)} between nodes, "
+              f"{format_rate_bits(a.intra_link)} inside")
         print(" nodes  step ms  exposed ms  hidden ms  eff. vs 4 nodes | measured  of linear | F + model")
         for n, st in steps.items():
             eff, meas = base / st.step, MEASURED_S[n]

@@ -35,11 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpcompare.lab import Lab
+from dpcompare.lab import Lab, LabSpec, session
 from dpcompare.lab import bench as labbench
+from dpcompare.lab.spec import link_bps
+from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import strategies
-from dpcompare.prediction.network import Link, Network, load_calibration, load_profiles, parse_rate
+from dpcompare.prediction.network import Link, Network, load_calibration, load_profiles
 from dpcompare.prediction.sweep import knobs_of
 
 #: communication-heavy (23.3 MB of gradients a step) and light (2.7 MB): an mlp on 1×28×28 synthetic samples
@@ -66,11 +68,11 @@ def run_train(lab: Lab, argv: list[str], timeout: float) -> float:
     """One run across the lab; its step_ms_median (the slowest rank's median timed step)."""
     out = Path(argv[argv.index("--out") + 1])
     for _ in range(2):  # once more when Open MPI's start-up fails (a session folder clash with another job)
-        p = lab.run(argv, per_host=1, mca=OWN_TMP, timeout=timeout, capture=True)
-        if p.returncode == 0 or "orte" not in (p.stderr or "").lower():
+        rc, _ = lab.run(argv, out, per_host=1, mpi_options=OWN_TMP, timeout=timeout)
+        if rc == 0 or "orte" not in log_tail(out, 200).lower():
             break
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[-12:])}: exit {p.returncode}\n{(p.stderr or '')[-3000:]}")
+    if rc != 0:
+        raise SystemExit(f"{' '.join(argv[-12:])}: exit {rc}\n{log_tail(out, 40)}")
     summary = json.loads((out / "summary.json").read_text())
     return float(summary["timing"]["step_ms_median"])
 
@@ -83,7 +85,7 @@ def bench(lab: Lab, path: Path, sizes: str) -> None:
 def measure_hosts(h: int, a: argparse.Namespace, out: Path, log: list[dict[str, Any]]) -> None:
     """Every configuration at ``h`` hosts, appended to ``log`` (and saved after each run)."""
     name = f"val{h}{secrets.token_hex(2)}"
-    with Lab.up(hosts=h, link="unlimited", name=name) as lab:
+    with session(LabSpec(hosts=h, name=name)) as lab:
         base = out / f"h{h}"
         traced = {}
         for s in a.strategies:
@@ -93,7 +95,7 @@ def measure_hosts(h: int, a: argparse.Namespace, out: Path, log: list[dict[str, 
                 traced[s, w] = str(folder)
                 print(f"h={h} unshaped {s} {w}: traced step {ms:.1f} ms", flush=True)
         for link in a.links:
-            lab.set_link(link)
+            lab.set_link(link_bps(link))
             cal = base / f"bench-{link}.json"
             bench(lab, cal, a.bench_sizes)
             for s in a.strategies:
@@ -117,13 +119,13 @@ def rebench(a: argparse.Namespace, log: list[dict[str, Any]]) -> None:
     """Measure every (hosts, link) calibration of ``log`` again (the lab's current `lab bench`), keeping the
     earlier file beside it as ``bench-LINK-before.json``."""
     for h in sorted({r["hosts"] for r in log}):
-        with Lab.up(hosts=h, link="unlimited", name=f"reb{h}{secrets.token_hex(2)}") as lab:
+        with session(LabSpec(hosts=h, name=f"reb{h}{secrets.token_hex(2)}")) as lab:
             for link in dict.fromkeys(r["link"] for r in log if r["hosts"] == h):
                 path = Path(next(r["bench"] for r in log if r["hosts"] == h and r["link"] == link))
                 before = path.with_name(path.stem + "-before.json")
                 if path.is_file() and not before.is_file():
                     path.rename(before)
-                lab.set_link(link)
+                lab.set_link(link_bps(link))
                 bench(lab, path, a.bench_sizes)
                 print(f"h={h} {link}: {path}", flush=True)
 
@@ -142,7 +144,7 @@ def predict(rec: dict[str, Any], how: str, one: dict[str, str]) -> float:
     calibrated = load_calibration(cal, fit="ends" if how == "ends" else "range") if cal else {}
     floors = strategies.trace_floors(p) if how.endswith("floor") else {}
     profiles = load_profiles(cal) if cal and "profile" in how else {}
-    net = Network(rec["hosts"], Link(0.0, parse_rate(rec["link"])), 1, None, calibrated, floors, profiles)
+    net = Network(rec["hosts"], Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, calibrated, floors, profiles)
     return sched.run(net).step * 1e3
 
 

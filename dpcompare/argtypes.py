@@ -1,9 +1,14 @@
-"""argparse ``type=`` converters: each turns a bad value into a one-line error that says what is expected."""
+"""argparse ``type=`` converters and ``choices``: each turns a bad value into a one-line error that says what is
+expected. Names that come from a catalog (models, datasets, trackers) are read from it when a value is checked.
+Link rates (:func:`parse_rate_bits`, :func:`format_rate_bits`) are the one reading of ``1gbit``, ``300gbyte``."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
+
+from dpcompare.errors import ConfigError
 
 
 def _int_at_least(text: str, low: int, words: str) -> int:
@@ -64,3 +69,97 @@ def shape(text: str) -> tuple[int, ...]:
     if not dims or min(dims) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a shape like 3,32,32")
     return dims
+
+
+class NameList(list):
+    """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n)
+
+
+def tracker_list(text: str) -> str:
+    """``--log``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
+    here, while the command line is read, so that a missing one stops the run before anything starts."""
+    import importlib.util
+
+    from dpcompare.training.trackers import TRACKERS, install_hint
+
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"))
+    for n in names:
+        if n not in TRACKERS:
+            raise argparse.ArgumentTypeError(f"unknown tracker {n!r}; choose from {', '.join(TRACKERS)} (or none)")
+        module = TRACKERS[n][0]
+        if module and importlib.util.find_spec(module) is None:
+            raise argparse.ArgumentTypeError(f"{n} is not installed: {install_hint(n)}")
+    return ",".join(names)
+
+
+def model_arg(text: str) -> str:
+    """A built-in model, ``hf:NAME`` (checked when built) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
+    from dpcompare.models import HF_PREFIX, MODELS
+
+    if text in MODELS or text.startswith(HF_PREFIX) or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose from {', '.join(MODELS)}, {HF_PREFIX}NAME "
+                                     "(a Hugging Face architecture) or MODULE:FACTORY (your own)")
+
+
+def dataset_arg(text: str) -> str:
+    """A built-in dataset (images or text) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
+    from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
+
+    if text in DATASETS or text in TEXT_DATASETS or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"unknown dataset {text!r}; choose from {', '.join([*DATASETS, *TEXT_DATASETS])} "
+                                     "or MODULE:FACTORY (your own)")
+
+
+def workload_arg(text: str) -> str:
+    """A plug-in ``MODULE:ATTR`` or ``path/to/file.py:ATTR``."""
+    if ":" not in text.strip(":") or text.startswith(":") or text.endswith(":"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODULE:ATTR or path/to/file.py:ATTR "
+                                         "(e.g. my_pkg.bench:workload)")
+    return text
+
+
+#: link rates: tc's bit units, and bytes spelt out (``300gbyte`` for an NVLink-class link); tc's own ``bps``
+#: (bytes) is left out on purpose: one spelling, no surprises
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+               "byte": 8, "kbyte": 8 * 10**3, "mbyte": 8 * 10**6, "gbyte": 8 * 10**9, "tbyte": 8 * 10**12}
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?(?:bit|byte))(?:/s)?$")
+#: what an unshaped link is called (where one is allowed: the lab's links)
+UNLIMITED = ("unlimited", "unshaped", "none")
+
+
+def parse_rate_bits(text: str, *, unlimited: bool = False) -> int | None:
+    """A link rate in bits per second: ``1gbit`` → 1_000_000_000, ``200Mbit/s`` → 200_000_000, ``300gbyte`` →
+    2_400_000_000_000; with ``unlimited``, ``unlimited`` (or ``unshaped``, ``none``) → None. ConfigError otherwise."""
+    t = text.strip().lower()
+    if unlimited and t in UNLIMITED:
+        return None
+    m = _RATE.match(t)
+    bps = round(float(m.group(1)) * _RATE_UNITS[m.group(2)]) if m else 0
+    if bps <= 0:
+        raise ConfigError(f"link rate {text!r}: write a number and a unit, e.g. 1gbit, 200mbit or 300gbyte (bits: "
+                          "bit, kbit, mbit, gbit, tbit; bytes: byte ... tbyte)" + (", or unlimited" if unlimited else ""))
+    return bps
+
+
+def format_rate_bits(bps: float | None) -> str:
+    """1e9 → ``1gbit``, 2e8 → ``200mbit``, None → ``unlimited``: the spelling :func:`parse_rate_bits` reads back."""
+    if bps is None:
+        return "unlimited"
+    for unit in ("tbit", "gbit", "mbit", "kbit", "bit"):
+        scale = _RATE_UNITS[unit]
+        if bps >= scale and (bps / scale) == round(bps / scale, 3):
+            return f"{bps / scale:g}{unit}"
+    return f"{int(bps)}bit"
+
+
+def rate_bits(text: str) -> int:
+    """A link rate flag (``--link 25gbit``) in bits per second; a bad one is argparse's one-line error."""
+    try:
+        return int(parse_rate_bits(text) or 0)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -7,8 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from dpcompare import __version__
 from dpcompare.launch.jobs import leave, run_command
+from dpcompare.versions import __version__
 
 __all__ = ["build_parser", "entry", "leave", "main"]
 

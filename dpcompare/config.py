@@ -8,7 +8,6 @@ are all derived from these fields, so a new knob is one field here plus the back
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,49 +17,6 @@ from dpcompare import argtypes as t
 
 TRAINING, OUTPUT, NETWORK = "training", "output and checkpoints", "network"
 KNOBS = "communication knobs (each strategy refuses the ones it cannot honour)"
-
-#: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
-TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
-    "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
-    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
-    "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
-    "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
-}
-
-
-#: ``--mpi-allreduce``: name → Open MPI's coll_tuned_allreduce_algorithm number (0: Open MPI decides)
-MPI_ALLREDUCE: dict[str, int] = {"default": 0, "linear": 1, "nonoverlapping": 2, "recursive-doubling": 3, "ring": 4,
-                                 "segmented-ring": 5, "rabenseifner": 6}
-
-
-def mpi_allreduce_mca(algorithm: str) -> dict[str, str]:
-    """Open MPI's MCA parameters that force ``algorithm`` for MPI_Allreduce (tuned collectives, dynamic rules):
-    ``--mca NAME VALUE`` on an mpirun line, or ``OMPI_MCA_NAME=VALUE`` in a rank's environment."""
-    return {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": str(MPI_ALLREDUCE[algorithm])}
-
-
-class NameList(list):
-    """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
-
-    def __contains__(self, value: object) -> bool:
-        return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n)
-
-
-def tracker_list(text: str) -> str:
-    """``--log``: comma-separated TRACKERS (``none``: only dpcompare's own files), checked for installation
-    here, while the command line is read, so that a missing one stops the run before anything starts."""
-    import argparse
-    import importlib.util
-
-    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"))
-    for n in names:
-        if n not in TRACKERS:
-            raise argparse.ArgumentTypeError(f"unknown tracker {n!r}; choose from {', '.join(TRACKERS)} (or none)")
-        module, extra, _ = TRACKERS[n]
-        if module and importlib.util.find_spec(module) is None:
-            hint = f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
-            raise argparse.ArgumentTypeError(f"{n} is not installed: {hint}")
-    return ",".join(names)
 
 
 def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
@@ -77,48 +33,24 @@ def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
                                             "hidden": hidden})
 
 
-def _names(module: str, table: str) -> Callable[[], list[str]]:
-    """The names in ``module.table``, read when the parser is built (the table imports no torch)."""
-    def names() -> list[str]:
+def _names(module: str, table: str, intro: str | None = None) -> Callable[[], Any]:
+    """The names in ``module.table``, read when the parser is built (the table imports no torch): a list, or with
+    ``intro`` a help text that ends listing them."""
+    def names() -> Any:
         import importlib
 
-        return list(getattr(importlib.import_module(module), table))
+        found = list(getattr(importlib.import_module(module), table))
+        return found if intro is None else intro + ", ".join(found)
     return names
 
 
-def _described(module: str, table: str, intro: str = "") -> Callable[[], str]:
-    """--help listing every entry of ``module.table`` (name → (what builds it, one line))."""
+def _described(module: str, table: str, intro: str = "", outro: str = "") -> Callable[[], str]:
+    """--help listing every entry of ``module.table`` (name → (..., one line)) between ``intro`` and ``outro``."""
     def text() -> str:
         import importlib
 
-        return intro + "; ".join(f"{n}: {h}" for n, (_, h) in getattr(importlib.import_module(module), table).items())
-    return text
-
-
-def _model_arg(text: str) -> str:
-    """A built-in model, ``hf:NAME`` (checked when built) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
-    from dpcompare.models import HF_PREFIX, MODELS
-
-    if text in MODELS or text.startswith(HF_PREFIX) or ":" in text:
-        return text
-    raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose from {', '.join(MODELS)}, {HF_PREFIX}NAME "
-                                     "(a Hugging Face architecture) or MODULE:FACTORY (your own)")
-
-
-def _dataset_arg(text: str) -> str:
-    """A built-in dataset (images or text) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
-    from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
-
-    if text in DATASETS or text in TEXT_DATASETS or ":" in text:
-        return text
-    raise argparse.ArgumentTypeError(f"unknown dataset {text!r}; choose from {', '.join([*DATASETS, *TEXT_DATASETS])} "
-                                     "or MODULE:FACTORY (your own)")
-
-
-def _workload_arg(text: str) -> str:
-    if ":" not in text.strip(":") or text.startswith(":") or text.endswith(":"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not MODULE:ATTR or path/to/file.py:ATTR "
-                                         "(e.g. my_pkg.bench:workload)")
+        rows = getattr(importlib.import_module(module), table).items()
+        return intro + "; ".join(f"{n}: {row[-1]}" for n, row in rows) + outro
     return text
 
 
@@ -142,10 +74,10 @@ class TrainConfig:
                         choices=_names("dpcompare.backends.catalog", "STRATEGIES"), resume=True)
     workload: str | None = opt(None, "your own training job instead of --model/--dataset: a dpcompare Workload (or a "
                                      "function returning one) at MODULE:ATTR or path/to/file.py:ATTR, e.g. "
-                                     "my_pkg.bench:workload; see `dpcompare workloads`", type=_workload_arg,
+                                     "my_pkg.bench:workload; see `dpcompare workloads`", type=t.workload_arg,
                                metavar="MODULE:ATTR", resume=True)
-    model: str = opt("convnet", _models_help, type=_model_arg, metavar="MODEL", resume=True)
-    dataset: str = opt("digits", _datasets_help, type=_dataset_arg, metavar="DATASET", resume=True)
+    model: str = opt("convnet", _models_help, type=t.model_arg, metavar="MODEL", resume=True)
+    dataset: str = opt("digits", _datasets_help, type=t.dataset_arg, metavar="DATASET", resume=True)
     seq_len: int = opt(128, "text datasets: tokens per training sample (the model reads seq-len bytes and predicts "
                             "each next one)", type=t.positive_int, metavar="T", resume=True)
     data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
@@ -206,12 +138,14 @@ class TrainConfig:
     horovod_ops: str = opt("default", "horovod only: HOROVOD_CPU_OPERATIONS, the CPU all-reduce implementation "
                                       "(gloo needs `horovodrun --gloo`)", choices=["default", "mpi", "gloo"],
                            group=KNOBS, resume=True)
-    mpi_allreduce: str = opt("default", "horovod over Open MPI only: the all-reduce algorithm Open MPI's tuned "
-                                        "collectives use (coll_tuned_allreduce_algorithm with dynamic rules); "
-                                        "default: Open MPI's choice by message size, which reached only about half "
-                                        "to three quarters of a shaped lab link (docs/lab.md); one of "
-                                        + ", ".join(MPI_ALLREDUCE),
-                             choices=list(MPI_ALLREDUCE), group=KNOBS, resume=True, metavar="ALGORITHM")
+    mpi_allreduce: str = opt("default", _names("dpcompare.launch.openmpi", "MPI_ALLREDUCE",
+                                               "horovod over Open MPI only: the all-reduce algorithm Open MPI's "
+                                               "tuned collectives use (coll_tuned_allreduce_algorithm with dynamic "
+                                               "rules); default: Open MPI's choice by message size, which reached "
+                                               "only about half to three quarters of a shaped lab link "
+                                               "(docs/lab.md); one of "),
+                             choices=_names("dpcompare.launch.openmpi", "MPI_ALLREDUCE"), group=KNOBS, resume=True,
+                             metavar="ALGORITHM")
     adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "
                               "needs a power-of-two number of processes", group=KNOBS, resume=True)
     powersgd_rank: int = opt(0, "ddp only: PowerSGD low-rank gradient compression of this rank (powerSGD_hook, "
@@ -239,11 +173,12 @@ class TrainConfig:
     overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
     tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --log names it)",
                             flag="--no-tensorboard", group=OUTPUT)
-    log: str = opt("tensorboard", lambda: "where the reporting rank also logs epoch metrics, step-time phases, the "
-                                          "config and the versions, comma-separated: " + "; ".join(
-                       f"{n}: {w}" for n, (_, _, w) in TRACKERS.items()) + "; none: only dpcompare's own files "
-                                                                            "(default: tensorboard)",
-                   type=tracker_list, choices=lambda: NameList(TRACKERS), group=OUTPUT, metavar="LIST")
+    log: str = opt("tensorboard", _described("dpcompare.training.trackers", "TRACKERS",
+                                             "where the reporting rank also logs epoch metrics, step-time phases, "
+                                             "the config and the versions, comma-separated: ",
+                                             "; none: only dpcompare's own files (default: tensorboard)"),
+                   type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.training.trackers", "TRACKERS")()),
+                   group=OUTPUT, metavar="LIST")
     mlflow_uri: str | None = opt(None, "--log mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
                                        "sqlite:///FILE.db or a server's http(s):// address (default: "
                                        "$MLFLOW_TRACKING_URI, else OUT/mlflow.db)",

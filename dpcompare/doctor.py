@@ -9,7 +9,7 @@ from importlib import metadata
 from typing import Any
 
 from dpcompare import backends
-from dpcompare.config import TRACKERS
+from dpcompare.training.trackers import TRACKERS, install_hint
 from dpcompare.versions import mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it)
@@ -63,12 +63,11 @@ def _dist_version(name: str | None) -> str | None:
 
 def _trackers() -> dict[str, dict[str, Any]]:
     out = {}
-    for name, (module, extra, _) in TRACKERS.items():
+    for name, (module, _, _) in TRACKERS.items():
         if module is None or importlib.util.find_spec(module) is not None:
             out[name] = {"installed": True, "version": _dist_version(module)}
         else:
-            out[name] = {"installed": False, "hint": f"pip install 'dpcompare[{extra}]'" if extra
-                         else f"pip install {module}"}
+            out[name] = {"installed": False, "hint": install_hint(name)}
     return out
 
 

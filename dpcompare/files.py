@@ -1,4 +1,5 @@
-"""Shared names of what dpcompare writes, and the one atomic writer every file goes through."""
+"""Shared names of what dpcompare writes, and the one atomic writer every file goes through (text, JSON and
+figures through their helpers here; checkpoints through :func:`dpcompare.checkpoint.atomic_save`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ RUN_FILES = ("metrics.jsonl", "summary.json")
 #: a comparison's results, and the version of their schema (docs/results-schema.md)
 RESULTS = "results.json"
 SCHEMA = 2
+#: results.json's key for the lab link an arm ran on (``config.arms[].knobs``, ``runs[].knobs``, ``config.lab``), and
+#: the word that sweeps it on compare's command line (``--sweep link=1gbit,200mbit``) and names it in arm labels
+LINK = "link"
 #: prefix of the temporary files an atomic write leaves behind when it is killed
 TMP_PREFIX = "."
 TMP_MARK = ".tmp-"
@@ -55,6 +59,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 def atomic_write_json(path: str | Path, data: Any) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def atomic_write_figure(path: str | Path, fig: Any, **savefig: Any) -> Path:
+    """A matplotlib figure written as :func:`atomic_write` writes (``fig.savefig`` into the temporary file, in the
+    format ``path``'s suffix names); ``savefig`` are ``Figure.savefig``'s other arguments."""
+    return atomic_write(path, lambda f: fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", **savefig))
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:

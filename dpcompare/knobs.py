@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from dpcompare.config import KNOBS, TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.options import flag_of
 
 Exactness = Literal["exact", "lossy", "different"]
 
@@ -90,12 +91,6 @@ def without(cfg: TrainConfig, drop: list[str]) -> TrainConfig:
     return dataclasses.replace(cfg, **{k: defaults[k] for k in drop})
 
 
-def flag(name: str) -> str:
-    """The command-line flag of the TrainConfig field ``name`` (its ``flag`` metadata, else ``--name-with-dashes``)."""
-    f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
-    return f.metadata.get("flag") or "--" + name.replace("_", "-")
-
-
 def refuse_unhonoured(cfg: TrainConfig, strategy: str, honours: Mapping[str, Collection[str]]) -> None:
     """Refuse a knob set in ``cfg`` that ``strategy`` does not honour, naming the strategies that do.
 
@@ -106,7 +101,7 @@ def refuse_unhonoured(cfg: TrainConfig, strategy: str, honours: Mapping[str, Col
     for name, value in active(cfg).items():
         if name not in mine:
             who = [n for n, ks in honours.items() if name in ks]
-            shown = flag(name) if isinstance(value, bool) else f"{flag(name)} {value}"
+            shown = flag_of(name) if isinstance(value, bool) else f"{flag_of(name)} {value}"
             raise ConfigError(f"{shown}: --strategy {strategy} cannot honour it; only "
                               f"{' or '.join('--strategy ' + w for w in who) or 'no strategy'} can")
     if cfg.amp != "none":

@@ -1,4 +1,4 @@
-"""Library versions recorded in summaries and checkpoints."""
+"""dpcompare's own version, and the library versions recorded in summaries and checkpoints."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import shutil
 import subprocess
 from importlib import metadata
 
-import dpcompare
+#: dpcompare's version (``dpcompare.__version__``, ``dpcompare --version``); setup.cfg repeats it
+__version__ = "0.1.0"
 
 
 def _dist(name: str) -> str | None:
@@ -35,5 +36,5 @@ def mpi_version() -> str | None:
 def versions() -> dict[str, str | None]:
     import torch
 
-    return {"dpcompare": dpcompare.__version__, "python": platform.python_version(), "torch": str(torch.__version__),
+    return {"dpcompare": __version__, "python": platform.python_version(), "torch": str(torch.__version__),
             "horovod": _dist("horovod"), "mpi": mpi_version(), "mpi4py": _dist("mpi4py"), "numpy": _dist("numpy")}

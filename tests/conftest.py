@@ -173,7 +173,7 @@ def lab_of(prefix: str, link: str) -> Iterator[Any]:
         missing("a lab needs Linux, iproute2 and root")
     name = f"{prefix}{secrets.token_hex(3)}"
     try:
-        the_lab = Lab.from_spec(parse_lab_spec(f"hosts=2,link={link},name={name}"))
+        the_lab = Lab.up(parse_lab_spec(f"hosts=2,link={link},name={name}"))
     except LaunchError as e:
         missing(f"cannot make a lab here: {e}")
     yield the_lab

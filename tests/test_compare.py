@@ -29,19 +29,25 @@ def _parse_train(argv: list[str]) -> TrainConfig:
     return config_from_args(cli.build_parser().parse_args(["train", *argv]))
 
 
-def test_child_command_is_mpirun_dpcompare_train(tmp_path: Path) -> None:
-    """The run's job is the line `dpcompare launch` would print for it (launch.jobs builds both)."""
-    from dpcompare.launch.jobs import dpcompare_command
+def test_child_command_is_mpirun_dpcompare_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's job is Open MPI's mpirun with Horovod's recommended flags, this environment forwarded by name,
+    then ``dpcompare train`` with the run's own settings (outside Slurm, with Open MPI on PATH)."""
+    from dpcompare.launch import mpirun
     from dpcompare.launch.mpirun import dpcompare_argv
 
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(mpirun, "mpi_flavor", lambda *a: "openmpi")
+    monkeypatch.setenv("PATH", "/opt/x/bin:/usr/bin")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     cfg = TrainConfig(epochs=3, warmup_steps=2, tensorboard=False, seed=7)
     spec = plan_m.RunSpec("horovod", 1, 0)
     cmd = runner_m.child_command(cfg, spec, tmp_path / "runs" / spec.name)
     prog = dpcompare_argv()
     i = cmd.index(prog[0])
-    assert Path(cmd[0]).name in ("mpirun", "srun") and ("1" in cmd[:4] or "--ntasks=1" in cmd)
-    assert cmd[i:i + len(prog) + 1] == [*prog, "train"]
-    assert cmd == dpcompare_command(1, cmd[i + len(prog):])
+    assert cmd[:7] == ["mpirun", "-np", "1", "--bind-to", "none", "--map-by", "slot"]
+    forwarded = cmd[7:i]
+    assert forwarded[:2] == ["-x", "PATH"] and forwarded[::2] == ["-x"] * (len(forwarded) // 2)
+    assert "--oversubscribe" not in cmd and cmd[i:i + len(prog) + 1] == [*prog, "train"]
     child = _parse_train(cmd[i + len(prog) + 1:])
     assert (child.strategy, child.out, child.epochs, child.seed, child.warmup_steps) == (
         "horovod", str(tmp_path / "runs" / "horovod-np1-r0"), 3, 7, 2)

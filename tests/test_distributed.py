@@ -79,7 +79,7 @@ def test_horovod_resume_is_bit_identical(trained):
     dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume",
               str(trained("horovod") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=2)
     ta, tb = ckpt_tensors(load_ckpt(trained("horovod"), 4)), ckpt_tensors(load_ckpt(out, 4))
-    assert all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,9 @@ def test_parity_includes_single_for_mlp_and_fails_when_too_strict(tmp_path):
     dpcompare(*args, "--out", str(tmp_path / "p"))
     res = json.loads((tmp_path / "p" / "parity.json").read_text())
     assert res["passed"] and 0 < res["diffs"]["single"]["weights_max"] <= 1e-5  # summation order: not 0
+    # every run was a job of launch.jobs: its output kept beside its checkpoint
+    assert all((tmp_path / "p" / s / log).is_file() for s in ("ddp", "horovod", "single")
+               for log in ("stdout.log", "stderr.log"))
 
 
 def test_parity_fails_with_exit_1_when_a_difference_exceeds_the_tolerance(tmp_path, monkeypatch, capsys):
@@ -141,7 +144,7 @@ def test_parity_fails_with_exit_1_when_a_difference_exceeds_the_tolerance(tmp_pa
     from dpcompare.cli import main
     from dpcompare.compare import parity
 
-    def fake_run(cfg, np_, console, lab=None):
+    def fake_run(cfg, np_, console, lab=None, timeout=None):
         w = torch.zeros(3) + (1e-3 if cfg.strategy == "horovod" else 0.0)
         return {"weights": {"fc.weight": w}, "losses": [1.0, 0.5]}
 
@@ -151,6 +154,51 @@ def test_parity_fails_with_exit_1_when_a_difference_exceeds_the_tolerance(tmp_pa
     res = json.loads((tmp_path / "q" / "parity.json").read_text())
     assert code == 1 and "FAIL" in out and not res["passed"]
     assert res["diffs"]["horovod"]["weights_max"] == pytest.approx(1e-3)
+
+
+def _job(tmp_path, code):
+    """A stand-in for a parity run's job line: this Python running ``code`` (a child of its own too)."""
+    import sys
+
+    return lambda np_, words, placement=None: [sys.executable, "-c", code.replace("TMP", str(tmp_path))]
+
+
+def test_a_failed_parity_run_says_its_last_lines_and_keeps_its_logs(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from dpcompare.compare import parity
+    from dpcompare.config import TrainConfig
+
+    monkeypatch.setattr(parity, "dpcompare_command", _job(tmp_path, "import sys; print('started'); "
+                        "sys.stderr.write('\\n'.join(f'line {i}' for i in range(30)) + '\\n'); sys.exit(4)"))
+    cfg = TrainConfig(strategy="ddp", out=str(tmp_path / "ddp"))
+    with pytest.raises(RuntimeError) as e:
+        parity._run_one(cfg, 2, Console(quiet=True), None, 60.0)
+    msg = str(e.value)
+    assert msg.startswith("ddp run failed (exit 4)") and msg.endswith("line 29") and "line 14" not in msg
+    assert (tmp_path / "ddp" / "stdout.log").read_text() == "started\n"
+
+
+def test_a_parity_run_past_its_timeout_is_stopped_with_its_children(tmp_path, monkeypatch):
+    """The run (and the process it started, as mpirun starts ranks) ends at --run-timeout, in its own session."""
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from dpcompare.compare import parity
+    from dpcompare.config import TrainConfig
+
+    code = ("import subprocess, sys, time, pathlib; c = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(120)']); pathlib.Path('TMP/pids').write_text(f'{c.pid}'); time.sleep(120)")
+    monkeypatch.setattr(parity, "dpcompare_command", _job(tmp_path, code))
+    cfg = TrainConfig(strategy="horovod", out=str(tmp_path / "hvd"))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="took longer than --run-timeout 5 s and was stopped"):
+        parity._run_one(cfg, 2, Console(quiet=True), None, 5.0)
+    assert time.monotonic() - t0 < 30 and (tmp_path / "hvd" / "stderr.log").is_file()
+    stat = Path(f"/proc/{(tmp_path / 'pids').read_text()}/stat")
+    assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z", "the run's child outlived it"
 
 
 def test_parity_refuses_to_overwrite(tmp_path):

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from dpcompare import checkpoint
-from dpcompare.lab import Lab, netns
+from dpcompare.lab import Lab, LabSpec, netns
+from dpcompare.launch.jobs import job_line, start_job
 from dpcompare.launch.mpirun import dpcompare_argv, job_env
 
 from conftest import missing, needs_horovod, needs_mpi
@@ -44,15 +45,14 @@ def test_a_link_down_ends_the_job_in_time_and_names_the_host(strategy: str, tmp_
         missing("a lab needs root and iproute2")
     name = f"f{secrets.token_hex(3)}"
     out, log = tmp_path / "run", tmp_path / "job.log"
-    lab = Lab.up(hosts=2, link="unlimited", name=name)
+    lab = Lab.up(LabSpec(name=name))
     proc = None
     try:
         argv = [*dpcompare_argv(), "train", "--strategy", strategy, "--model", "convnet", "--dataset", "digits",
                 "--threads", "1", "--epochs", "50", "--checkpoint-every", "1", "--timeout", str(TIMEOUT),
                 "--no-tensorboard", "--progress", "lines", "--out", str(out)]
         with open(log, "w") as f:
-            proc = subprocess.Popen(lab.mpirun_command(argv, 2), env=job_env(), stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = start_job(job_line(argv, 2, lab), job_env(), f, subprocess.STDOUT)
         _wait_for_file(out / "checkpoints" / "epoch-1.pt", proc, log)
         t0 = time.monotonic()
         lab.set_link_state(1, up=False)

@@ -48,7 +48,7 @@ def test_every_knob_is_in_the_table_and_honoured_by_someone():
 ])
 def test_a_knob_a_strategy_cannot_honour_is_refused_naming_who_can(strategy, knob, who):
     with pytest.raises(ConfigError) as e:
-        backends.get(strategy).check_config(_cfg(strategy=strategy, **knob), 2)
+        backends.check_config(strategy, _cfg(strategy=strategy, **knob), 2)
     assert who in str(e.value) and "\n" not in str(e.value)
 
 

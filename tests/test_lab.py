@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from dpcompare.argtypes import format_rate_bits, parse_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
-from dpcompare.lab import Lab, core, format_rate, netns, parse_lab_spec, parse_rate
+from dpcompare.lab import Lab, LabSpec, core, netns, parse_lab_spec
 from dpcompare.lab import bench as labbench
+from dpcompare.lab.spec import link_bps
+from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 
 from conftest import FAST, dpcompare, lab_of, missing, needs_mpi, summary
@@ -28,23 +31,42 @@ from conftest import FAST, dpcompare, lab_of, missing, needs_mpi, summary
 @pytest.mark.parametrize(("text", "bps"), [("1gbit", 10**9), ("200mbit", 2 * 10**8), ("10Gbit", 10**10),
                                            ("1.5gbit", 15 * 10**8), ("unlimited", None)])
 def test_rates_read_and_written_back(text: str, bps: int | None) -> None:
-    assert parse_rate(text) == bps
-    assert parse_rate(format_rate(bps)) == bps
+    assert link_bps(text) == bps
+    assert link_bps(format_rate_bits(bps)) == bps
 
 
 @pytest.mark.parametrize("text", ["3furlongs", "1gbps", "", "gbit", "1bit"])
 def test_unknown_rates_are_refused(text: str) -> None:
-    with pytest.raises(ConfigError):
-        parse_rate(text)
+    with pytest.raises(ConfigError, match="link rate"):
+        link_bps(text)
+
+
+def test_unlimited_is_a_lab_link_only() -> None:
+    """The one rate parser: bits/s for the lab and for predict; only a lab's link may be unshaped."""
+    assert parse_rate_bits("unlimited", unlimited=True) is None
+    with pytest.raises(ConfigError, match="unit"):
+        parse_rate_bits("unlimited")
 
 
 def test_lab_spec() -> None:
     s = parse_lab_spec("hosts=4,link=1gbit,slots=2")
     assert (s.hosts, s.link, s.slots, s.name, s.link_bps) == (4, "1gbit", 2, "default", 10**9)
     assert parse_lab_spec("link=200mbit").hosts == 2
-    for bad in ("hosts=two", "link=fast", "nodes=2", "hosts=0", "name=Bad-Name", "hosts"):
+    assert parse_lab_spec(s.text()) == s and s.to_json() == {"hosts": 4, "link": "1gbit", "slots": 2}
+    for bad in ("hosts=two", "link=fast", "nodes=2", "hosts=0", "name=Bad-Name", "hosts", "link=1bit"):
         with pytest.raises(ConfigError):
             parse_lab_spec(bad)
+    with pytest.raises(ConfigError, match="1 to 64 hosts"):
+        LabSpec(hosts=65)
+
+
+def test_np_beyond_the_slots_is_refused_in_the_same_words() -> None:
+    spec = parse_lab_spec("hosts=2,slots=2")
+    spec.check_np(4)
+    with pytest.raises(ConfigError) as e:
+        spec.check_np(5)
+    assert str(e.value) == ("--np 5 but --lab hosts=2,link=unlimited,slots=2 has 4 slot(s) (2 host(s) × slots=2); "
+                            "raise hosts= or slots= in --lab, or lower --np")
 
 
 def test_sizes_and_bus_factors() -> None:
@@ -129,12 +151,33 @@ def test_link_down_and_reshape(lab: Lab) -> None:
     lab.set_link_state(1, up=False)
     assert lab.host_rows()[1]["port"] == "DOWN" and Lab.load(lab.name).hosts[1].up is False
     lab.set_link_state(1, up=True)
-    lab.set_link("1gbit", host=0)
+    lab.set_link(10**9, host=0)
     assert [r["shaped"] for r in lab.host_rows()] == ["1gbit", "200mbit"]
-    lab.set_link("200mbit")
+    p = dpcompare("lab", "set-link", "1Gbit", "--name", lab.name)  # parsed at the flag, to tc in bits/s
+    assert "shaped to 1gbit" in p.stdout and [r["shaped"] for r in lab.host_rows()] == ["1gbit", "1gbit"]
+    lab.set_link(2 * 10**8)
     assert [r["shaped"] for r in lab.host_rows()] == ["200mbit", "200mbit"]
     p = dpcompare("lab", "status", env={**os.environ, "COLUMNS": "200"})
     assert f"lab {lab.name}: up" in p.stdout and lab.hosts[1].address in p.stdout
+
+
+@pytest.mark.netns
+def test_a_link_given_as_1Gbit_reaches_tc_as_1000000000_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--lab hosts=2,link=1Gbit``: parsed once into the spec, then the same integer to every tbf (both ways)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        missing("a lab needs root and iproute2")
+    spec = parse_lab_spec(f"hosts=2,link=1Gbit,name=g{secrets.token_hex(3)}")
+    assert spec.link_bps == 10**9
+    shaped: list[int | None] = []
+    real = netns.shape
+    monkeypatch.setattr(netns, "shape", lambda ns, dev, bps: (shaped.append(bps), real(ns, dev, bps)))
+    with core.session(spec) as lab:
+        assert lab is not None
+        rates = [q["options"]["rate"] * 8 for ns, dev in ((lab.hosts[0].namespace, core.IFACE), (lab.switch, None))
+                 for q in netns.json_of(["tc", "-j", "-n", ns, "qdisc", "show", *(["dev", dev] if dev else [])])
+                 if q["kind"] == "tbf"]
+    assert shaped == [10**9] * 4 and rates == [10**9] * 3, (shaped, rates)  # host 0's side; both switch ports
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{spec.name}-")]
 
 
 @pytest.mark.netns
@@ -148,8 +191,24 @@ def test_interrupted_up_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(netns, "shape", ctrl_c)  # Ctrl-C once the namespaces exist, while shaping
     with pytest.raises(KeyboardInterrupt):
-        Lab.up(hosts=2, link="1gbit", name=name)
+        Lab.up(LabSpec(hosts=2, link_bps=10**9, name=name))
     assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
+
+
+@pytest.mark.netns
+def test_session_takes_the_lab_down_after_a_failure_or_ctrl_c() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        missing("a lab needs root and iproute2")
+    for error in (RuntimeError, KeyboardInterrupt):
+        name = f"s{secrets.token_hex(3)}"
+        said: list[str] = []
+        with pytest.raises(error), core.session(LabSpec(name=name), said.append) as lab:
+            assert lab is not None and len(_ours(name)[0]) == 3
+            raise error
+        assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
+        assert said and said[0].startswith(f"lab {name!r} up: 2 hosts")
+    with core.session(None) as nothing:
+        assert nothing is None
 
 
 @pytest.mark.netns
@@ -178,8 +237,8 @@ def test_ddp_training_runs_across_the_lab(lab: Lab, tmp_path: Path) -> None:
     before = lab.host_rows()[0]["tx_bytes"]
     argv = [*dpcompare_argv(), "train", *FAST, "--strategy", "ddp", "--epochs", "1", "--max-steps", "6",
             "--progress", "none", "--out", str(tmp_path / "run")]
-    p = lab.run(argv, timeout=240, capture=True)
-    assert p.returncode == 0, p.stderr[-2000:]
+    rc, _ = lab.run(argv, tmp_path / "run", timeout=240)
+    assert rc == 0, log_tail(tmp_path / "run", 40)
     s = summary(tmp_path / "run")
     assert (s["world_size"], s["launcher"], s["strategy"]) == (2, "openmpi", "ddp")
     # the convnet's gradients are ~85 KB a step (measured: 0.5 MB for 6 steps); an MPI start-up alone sent 4.3 KB
@@ -191,7 +250,7 @@ def test_down_leaves_nothing_even_after_a_crash() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         missing("a lab needs root and iproute2")
     name = f"c{secrets.token_hex(3)}"
-    lab = Lab.up(hosts=2, link="unlimited", name=name)
+    lab = Lab.up(LabSpec(name=name))
     (lab.directory / "state.json").unlink()  # as if `lab up` had died before writing it
     assert len(_ours(name)[0]) == 3
     p = dpcompare("lab", "down", "--name", name)

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from dpcompare import cli
+from dpcompare.compare import command as compare_cmd
+from dpcompare.compare import runner as runner_m
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
-from dpcompare.compare.plan import build_arms, parse_sweep
+from dpcompare.compare.plan import Link, build_arms, parse_sweep
 from dpcompare.errors import ConfigError
 from dpcompare.lab import netns
 
@@ -34,11 +36,19 @@ def _args(*argv: str):
 # -- no root needed -----------------------------------------------------------------------------------
 def test_link_sweep_is_link_major_and_recorded() -> None:
     name, values = parse_sweep("link=unlimited,1Gbit,200mbit")
-    assert (name, values) == ("link", ["unlimited", "1gbit", "200mbit"])
+    assert (name, values) == ("link", [Link(None), Link(10**9), Link(2 * 10**8)])
     arms = build_arms(["ddp", "horovod"], (), [(name, values)])
     assert [a.label for a in arms][:2] == ["ddp/link=unlimited", "horovod/link=unlimited"]
+    assert arms[2].link == Link(10**9) and arms[2].knobs == () and arms[2].to_json()["knobs"] == {"link": "1gbit"}
     c = comparison_of(_args("--lab", "hosts=2,link=1gbit", "--sweep", "link=unlimited,200mbit"))
-    assert c.lab.hosts == 2 and "--lab" in plan_flags(c)
+    assert c.lab is not None and c.lab.hosts == 2 and c.lab.link_bps == 10**9
+    assert plan_flags(c)[-2:] == ["--lab", "hosts=2,link=1gbit,slots=1"]
+    # a swept link and a swept train setting: the link is no train setting of the run
+    c = comparison_of(_args("--lab", "hosts=2", "--sweep", "link=200mbit", "--sweep", "batch_size=16"))
+    arm = c.all_arms[0]
+    assert (arm.label, arm.knobs, arm.link) == ("ddp/link=200mbit,batch_size=16", (("batch_size", 16),),
+                                                Link(2 * 10**8))
+    assert arm.to_json()["knobs"] == {"batch_size": 16, "link": "200mbit"}
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -56,6 +66,35 @@ def test_a_bad_lab_spec_is_one_line_exit_2(spec: str) -> None:
     p = dpcompare("compare", "--lab", spec, "--out", "/nonexistent/x", check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "--lab" in p.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--lab", "hosts=2,link=fast"], ["compare", "--lab", "hosts=2", "--sweep", "link=1gbit,fast"],
+    ["parity", "--lab", "link=fast"], ["launch", "--np", "2", "--lab", "link=fast", "--", "train"],
+    ["lab", "up", "--link", "fast"], ["lab", "set-link", "fast"], ["predict", "x", "--link", "fast"],
+    ["predict", "x", "--intra-link", "fast"], ["compare", "--project-link", "fast"],
+])
+def test_a_bad_rate_is_refused_at_its_flag_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "'fast'" in err, err
+
+
+def test_np_beyond_the_lab_is_refused_alike_by_compare_parity_and_launch(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """One check (LabSpec.check_np), one sentence, before any lab is made (no root needed)."""
+    said = {}
+    for argv in (["compare", "--np", "3", "--lab", "hosts=2", "--out", str(tmp_path / "c")],
+                 ["parity", "--np", "3", "--lab", "hosts=2", "--out", str(tmp_path / "p")],
+                 ["launch", "--np", "3", "--lab", "hosts=2", "--", "train", "--strategy", "ddp"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        said[argv[0]] = err.split(": error: ", 1)[1]
+    assert len(set(said.values())) == 1, said
+    assert said["launch"].startswith("--np 3 but --lab hosts=2,link=unlimited,slots=1 has 2 slot(s)")
+    assert not (tmp_path / "c" / "runs").exists() and not (tmp_path / "p").exists()
 
 
 def test_without_root_the_lab_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,3 +173,49 @@ def test_the_lost_host_is_named_in_one_line_and_kept_with_the_run(tmp_path: Path
     (tmp_path / "stderr.log").write_text(mpirun_says)
     _name_lost_hosts(lab, tmp_path)
     assert (tmp_path / "stderr.log").read_text().splitlines()[-1] == line
+
+
+@pytest.mark.netns
+def test_the_link_axis_round_trips_through_results_and_resume(tmp_path: Path) -> None:
+    """``--sweep link=unlimited,1Gbit`` across a real lab, the runs faked: each run finds its link shaped in tc
+    (1Gbit as 1000000000 bit/s), results.json keeps the link as the arm's ``knobs.link``, and an interrupted
+    comparison resumes from results.json with the same arms."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        missing("a lab needs root and iproute2")
+    from test_compare import fake_launch
+
+    seen: list[tuple[str, int | None]] = []
+
+    def launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int, float]:
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        tbf = [q for q in netns.json_of(["tc", "-j", "-n", cmd[3], "qdisc", "show", "dev", "dplab0"])
+               if q["kind"] == "tbf"]  # cmd: ip netns exec <host 0> mpirun ...
+        seen.append((run_dir.name, tbf[0]["options"]["rate"] * 8 if tbf else None))
+        return fake_launch(cmd, run_dir, env, timeout)
+
+    fake_launch.calls = []  # type: ignore[attr-defined]
+    name, out = f"r{secrets.token_hex(3)}", tmp_path / "c"
+    argv = ["--np", "1", "--strategies", "ddp,single", "--lab", f"hosts=2,name={name}", "--sweep",
+            "link=unlimited,1Gbit", "--repeats", "1", "--progress", "none", "--out", str(out)]
+    with pytest.raises(KeyboardInterrupt):
+        runner_m.run_compare(comparison_of(_args(*argv)), launch=launch)
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"dplab-{name}-")], "the lab was left behind"
+    assert seen == [("ddp-link-unlimited-np1-r0", None), ("single-link-unlimited-np1-r0", None),
+                    ("ddp-link-1gbit-np1-r0", 10**9)]
+    stored = json.loads((out / "results.json").read_text())
+    assert [a["knobs"] for a in stored["config"]["arms"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}] * 2
+    assert stored["config"]["lab"] == {"hosts": 2, "link": "unlimited, 1gbit", "slots": 1,
+                                       "links": ["unlimited", "1gbit"]}
+    assert [r["knobs"] for r in stored["runs"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}]
+
+    seen.clear()
+    merged = compare_cmd.resumed_args(_args("--resume", str(out), "--progress", "none"))
+    c = comparison_of(merged)
+    assert [a.link for a in c.all_arms] == [Link(None), Link(None), Link(10**9), Link(10**9)]
+    assert runner_m.run_compare(c, launch=launch) == 0
+    assert seen == [("single-link-1gbit-np1-r0", 10**9)]  # the three recorded ok were kept
+    res = json.loads((out / "results.json").read_text())
+    assert res["complete"] and res["config"]["arms"] == stored["config"]["arms"]
+    assert res["config"]["lab"] == stored["config"]["lab"] and len(res["runs"]) == 4
+    assert {v["text"].split(" on ")[1].split()[0] for v in res["verdicts"] if " on " in v["text"]} >= {"1gbit"}

@@ -193,19 +193,24 @@ def test_job_command_signature_outside_slurm(fake_mpi) -> None:
     assert _after(cmd, "-hostfile") == "hf"
 
 
-@pytest.mark.parametrize("args", [
-    ["--np", "2", "--hosts", "nodeA:x", "--", *TRAIN],
-    ["--np", "5", "--hosts", "a:2,b:2", "--", *TRAIN],
-    ["--np", "0", "--", *TRAIN],
-    ["--np", "2"],
-    ["--np", "2", "--", "launch", "--np", "2"],
-    ["--np", "2", "--", "train", "--strategy", "nope"],
-    ["--np", "2", "--hosts", "a", "--hostfile", "f", "--", *TRAIN],
-    ["--np", "2", "--hostfile", "/nonexistent/hosts", "--", *TRAIN],
+@pytest.mark.parametrize(("args", "says"), [
+    (["--np", "2", "--hosts", "nodeA:x", "--", *TRAIN], "launch: error: --hosts 'nodeA:x': 'nodeA:x' is not HOST or "
+                                                         "HOST:SLOTS"),
+    (["--np", "5", "--hosts", "a:2,b:2", "--", *TRAIN], "launch: error: --np 5 but --hosts gives 4 slots"),
+    (["--np", "0", "--", *TRAIN], "launch: error: argument --np: '0' must be at least 1"),
+    (["--np", "2"], "launch: error: expected a dpcompare command after -- (got nothing;"),
+    (["--np", "2", "--", "launch", "--np", "2"], "launch: error: expected a dpcompare command after -- (got 'launch';"),
+    (["--np", "2", "--", "train", "--strategy", "nope"], "train: error: argument --strategy: invalid choice: 'nope'"),
+    (["--np", "2", "--hosts", "a", "--hostfile", "f", "--", *TRAIN], "launch: error: argument --hostfile: not allowed "
+                                                                     "with argument --hosts"),
+    (["--np", "2", "--hostfile", "/nonexistent/hosts", "--", *TRAIN], "launch: error: --hostfile /nonexistent/hosts: "
+                                                                      "no such file"),
 ])
-def test_launch_refuses_with_one_line(fake_mpi, capsys, args: list[str]) -> None:
+def test_launch_refuses_with_one_line(fake_mpi, capsys, args: list[str], says: str) -> None:
+    """Each refusal is its own: exit 2, one line, naming what is wrong (not some other check that fired first)."""
     fake_mpi(OPENMPI_VERSION)
-    _errors(capsys, "launch", *args)
+    err = _errors(capsys, "launch", *args).replace(", e.g. `-- train --strategy ddp`", "")
+    assert err.startswith("dpcompare ") and says in err, err
 
 
 def test_launch_runs_the_line_and_returns_its_exit_code(fake_mpi, capfd) -> None:

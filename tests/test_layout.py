@@ -1,52 +1,113 @@
-"""The house rules, checked: which room may import which, no import cycles, a handful of top-level modules,
-no function much over 60 lines without a comment saying why.
+"""The house rules that docs/layout.md states, checked on the source (``ast``, nothing imported).
 
-Imports are read from the source (``ast``): module-level imports, imports inside functions, and the string
-names given to ``importlib.import_module`` and the catalog look-ups; ``if TYPE_CHECKING:`` imports do not count.
+- **Imports.** Every import is an edge: module-level, inside functions, into a package's ``__init__`` (a module
+  like any other) and ``importlib.import_module``: a constant name is followed; a variable is followed to the
+  table it comes from (:data:`FOLLOWED`, or the constant arguments of the function whose parameter it is), or it
+  loads the user's code where :data:`USER_CODE` says so and why; any other is refused. ``if TYPE_CHECKING:``
+  imports do not count. ``from P import x`` is an edge to the module ``P.x`` when there is one, else to ``P``.
+- **No cycles** in that graph.
+- **Rooms.** Each room's ``__init__`` docstring has a line ``May import: the top-level modules, launch and
+  backends.``; a room imports only what its line names (its own modules, the top-level modules, the named rooms
+  and the catalogs), its line names only rooms :data:`ROOMS` allows, and docs/layout.md's table says the same.
+  No room and no top-level module imports the root package (whose ``__getattr__`` reaches everything).
+  Top-level modules import only each other and the catalogs; catalogs import nothing outside the standard
+  library, the top-level modules and other catalogs at module level.
+- At most :data:`MAX_TOP_LEVEL` top-level modules, each listed here.
+- No function over :data:`MAX_FUNCTION_LINES` lines without ``# long because ...`` just above it.
+- Every file is written through ``files.atomic_write*`` (the call sits inside its arguments), or the line says
+  ``# not atomic: why``.
+- Every ``torch.load`` passes ``weights_only=True``.
+- No ``strategy ==`` or ``.name ==`` test outside ``backends/``.
+
+The same functions run on throwaway packages (the last tests) to show that each check fails when it should.
 """
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parents[1] / "dpcompare"
+REPO = Path(__file__).resolve().parents[1]
 
-#: top-level modules: small, shared, importing only each other
-BASE = {"errors", "files", "argtypes", "config", "options", "knobs", "checkpoint", "trace", "progress",
-        "versions"}
-#: top-level modules that stand above every room (they assemble the command line)
-ENTRY = {"cli", "__main__", "doctor", "api"}
-#: room → the rooms it may import (every room may import BASE); the torch-free catalogs are readable by all
-ROOMS: dict[str, set[str]] = {
-    "launch": set(),
-    "models": set(),
-    "data": {"models"},
-    "backends": {"launch"},
-    "training": {"launch", "backends", "models", "data"},
-    "report": set(),
-    "lab": {"launch"},
-    "prediction": {"report"},
-    "compare": {"launch", "backends", "models", "data", "report", "training", "lab", "prediction", "native"},
-    "native": {"launch"},
+#: top-level modules: small, shared, importing only each other and the catalogs
+BASE = frozenset({"errors", "files", "argtypes", "config", "options", "knobs", "checkpoint", "trace", "progress",
+                  "versions"})
+#: top-level modules (and api/) that stand above every room: they assemble the command line
+ENTRY = frozenset({"cli", "__main__", "doctor", "api"})
+#: room → the rooms it may import at most (its ``May import`` line may name fewer)
+ROOMS: dict[str, frozenset[str]] = {
+    "launch": frozenset(),
+    "models": frozenset(),
+    "data": frozenset({"models"}),
+    "backends": frozenset({"launch"}),
+    "training": frozenset({"launch", "backends", "models", "data"}),
+    "report": frozenset(),
+    "lab": frozenset({"launch"}),
+    "prediction": frozenset({"report"}),
+    "compare": frozenset({"launch", "backends", "models", "data", "report", "training", "lab", "prediction",
+                          "native"}),
+    "native": frozenset({"launch"}),
 }
-CATALOGS = {"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models"}
+#: torch-free tables any module may read (what keeps ``dpcompare --help`` light)
+CATALOGS = frozenset({"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models", "dpcompare.models.catalog",
+                      "dpcompare.training.trackers", "dpcompare.launch.openmpi"})
+#: ``import_module(variable)`` in ``module:function`` → the table (module, name) whose strings it imports
+FOLLOWED: dict[str, tuple[str, str]] = {
+    "dpcompare.cli:build_parser": ("dpcompare.cli", "COMMAND_MODULES"),
+    "dpcompare.backends.registry:get": ("dpcompare.backends.catalog", "STRATEGIES"),
+    "dpcompare.training.trackers:require": ("dpcompare.training.trackers", "TRACKERS"),
+}
+#: ``import_module(variable)`` that imports the user's code, not dpcompare's: ``module:function`` → why
+USER_CODE: dict[str, str] = {
+    "dpcompare.data.plugins:load_attr": "--workload/--model/--dataset MODULE:ATTR: the user's plug-in module",
+}
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__
-MAX_FUNCTION_LINES = 80
-DYNAMIC = {"import_module", "_described", "_names"}
+MAX_FUNCTION_LINES = 60
+NOT_ATOMIC = "# not atomic:"
+STRATEGY_TEST = re.compile(r"strategy ==|\.name ==")
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for path in sorted(PKG.rglob("*.py")):
-        parts = path.relative_to(PKG.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        out[name] = path
-    return out
+@dataclass(frozen=True)
+class Rules:
+    """What the checks run on: a package folder and its layout (dpcompare's, or a throwaway one in a test)."""
 
+    pkg: Path
+    base: frozenset[str] = BASE
+    entry: frozenset[str] = ENTRY
+    rooms: dict[str, frozenset[str]] = field(default_factory=lambda: dict(ROOMS))
+    catalogs: frozenset[str] = CATALOGS
+    followed: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(FOLLOWED))
+    user_code: dict[str, str] = field(default_factory=lambda: dict(USER_CODE))
+    max_lines: int = MAX_FUNCTION_LINES
+
+    @property
+    def root(self) -> str:
+        return self.pkg.name
+
+    def modules(self) -> dict[str, Path]:
+        out = {}
+        for path in sorted(self.pkg.rglob("*.py")):
+            parts = path.relative_to(self.pkg.parent).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+        return out
+
+    def room(self, module: str) -> str:
+        """The room of ``module`` (``training``), its own name for a top-level one (``config``), or the root."""
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else module
+
+
+DPCOMPARE = Rules(REPO / "dpcompare")
+
+
+# -- the import graph --------------------------------------------------------------------------------------------
 
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
@@ -54,110 +115,421 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every dpcompare module ``name`` imports, resolved to a module that exists."""
-    tree = ast.parse(path.read_text())
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            base = node.module
-            if node.level:
-                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                base = ".".join(pkg[: len(pkg) - node.level + 1] + [node.module])
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Call):
-            fn = node.func
-            called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
-            if called in DYNAMIC:
-                for arg in node.args[:1]:
-                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                        found.add(arg.value)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    resolved = {m for m in found if m in known and m.startswith("dpcompare")}
-    return {m for m in resolved if m != name}
+def _known(name: str, known: set[str]) -> str | None:
+    """``name``, or the longest of its prefixes that is a module of the package (None outside it)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in known:
+            return ".".join(parts[:i])
+    return None
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
-    known = set(mods)
-    return {name: _imports(name, path, known) for name, path in mods.items()}
+def _strings(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-def _room(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1:
-        return "dpcompare"
-    if parts[1] in ROOMS:
-        return parts[1]
-    return parts[1]  # a top-level module: BASE or ENTRY
+def _table(rules: Rules, module: str, name: str) -> set[str]:
+    """The strings in ``module``'s top-level assignment to ``name`` (a table of module names)."""
+    tree = ast.parse(rules.modules()[module].read_text())
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value is not None:
+            return _strings(node.value)
+    raise AssertionError(f"{module} has no table {name}")
 
 
-def test_no_import_cycles() -> None:
-    graph = _graph()
-    # a package's __init__ and its own modules are one place: ignore edges into a parent package
-    edges = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
-    try:
-        tuple(graphlib.TopologicalSorter(edges).static_order())
-    except graphlib.CycleError as e:
-        pytest.fail(f"import cycle: {' -> '.join(e.args[1])}")
+class _Imports(ast.NodeVisitor):
+    """The modules of the package that one module imports, and the dynamic imports it cannot follow."""
 
+    def __init__(self, rules: Rules, name: str, path: Path, known: set[str]) -> None:
+        self.rules, self.name, self.path, self.known = rules, name, path, known
+        self.tree = ast.parse(path.read_text())
+        self.found: set[str] = set()
+        self.unfollowed: list[str] = []
+        self.functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
 
-def test_rooms_import_only_what_they_may() -> None:
-    bad = []
-    for module, deps in _graph().items():
-        src = _room(module)
-        if src in ENTRY or src == "dpcompare":
-            continue
-        allowed = BASE | ROOMS.get(src, set()) | {src, "dpcompare"}
-        for dep in deps:
-            if dep in CATALOGS or _room(dep) in allowed:
+    def run(self) -> _Imports:
+        self.visit(self.tree)
+        self.found.discard(self.name)
+        return self
+
+    def add(self, name: str) -> None:
+        m = _known(name, self.known)
+        if m:
+            self.found.add(m)
+
+    def visit_If(self, node: ast.If) -> None:
+        for child in (node.orelse if _is_type_checking(node) else [node.test, *node.body, *node.orelse]):
+            self.visit(child)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.functions.append(node)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            self.add(a.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = node.module or ""
+        if node.level:
+            pkg = self.name.split(".") if self.path.name == "__init__.py" else self.name.split(".")[:-1]
+            base = ".".join(pkg[: len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+        for a in node.names:  # a module of the package, else a name that ``base`` defines
+            self.add(f"{base}.{a.name}" if f"{base}.{a.name}" in self.known else base)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        fn = node.func
+        if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")) == "import_module" and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                self.add(arg.value)
+            else:
+                self.dynamic(node, arg)
+        self.generic_visit(node)
+
+    def dynamic(self, node: ast.Call, arg: ast.expr) -> None:
+        """``import_module(variable)``: followed to its table or its callers' constants, or the user's code."""
+        outer = self.functions[0].name if self.functions else "<module>"
+        where = f"{self.name}:{outer}"
+        if where in self.rules.followed:
+            module, table = self.rules.followed[where]
+            if not any(isinstance(n, ast.Name) and n.id == table for n in ast.walk(self.functions[0])):
+                self.unfollowed.append(f"{self.path}:{node.lineno}: {outer} does not read {table}")
+            named = (s.partition(":")[0] for s in _table(self.rules, module, table))  # MODULE or MODULE:ATTR
+            self.found.update(m for m in named if m in self.known)
+        elif where in self.rules.user_code:
+            pass
+        elif isinstance(arg, ast.Name) and (callers := self.callers_constants(arg.id)) is not None:
+            self.found.update(m for s in callers if (m := _known(s, self.known)))
+        else:
+            self.unfollowed.append(f"{self.path}:{node.lineno}: import_module({ast.unparse(arg)}) in {outer}")
+
+    def callers_constants(self, param: str) -> set[str] | None:
+        """The constants every call in this module passes as the enclosing function's parameter ``param``;
+        None when it is no parameter or a call passes something else."""
+        fn = next((f for f in reversed(self.functions) if param in [a.arg for a in f.args.args]), None)
+        if fn is None:
+            return None
+        index = [a.arg for a in fn.args.args].index(param)
+        values: set[str] = set()
+        for call in ast.walk(self.tree):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == fn.name):
                 continue
-            bad.append(f"{module} imports {dep}")
-    assert not bad, "imports that climb or cross rooms:\n" + "\n".join(sorted(bad))
+            given = ([k.value for k in call.keywords if k.arg == param]
+                     or (call.args[index:index + 1] if len(call.args) > index else []))
+            if not given or not (isinstance(given[0], ast.Constant) and isinstance(given[0].value, str)):
+                return None
+            values.add(given[0].value)
+        return values or None
 
 
-def test_a_handful_of_top_level_modules() -> None:
-    top = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
-    unknown = set(top) - BASE - ENTRY
-    assert not unknown, f"top-level modules that belong in a room: {sorted(unknown)}"
-    assert len(top) <= MAX_TOP_LEVEL, top
+def graph(rules: Rules) -> tuple[dict[str, set[str]], list[str]]:
+    """Module → the package's modules it imports; and every ``import_module`` that could not be followed."""
+    mods = rules.modules()
+    known = set(mods)
+    edges, unfollowed = {}, []
+    for name, path in mods.items():
+        found = _Imports(rules, name, path, known).run()
+        edges[name] = found.found
+        unfollowed += found.unfollowed
+    return edges, unfollowed
 
 
-def _long_functions() -> list[str]:
+def cycle(rules: Rules) -> list[str]:
+    """An import cycle (``a -> b -> a``), or nothing."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph(rules)[0]).static_order())
+    except graphlib.CycleError as e:
+        return list(e.args[1])
+    return []
+
+
+# -- rooms ------------------------------------------------------------------------------------------------------
+
+TOP_LEVEL = "the top-level modules"
+
+
+def may_import(doc: str, rules: Rules) -> set[str] | None:
+    """The rooms named by ``doc``'s ``May import: the top-level modules, launch and backends.`` sentence (with
+    ``TOP_LEVEL`` for the top-level modules, every room for ``anything``); None when there is none. A word that
+    is neither is a failure."""
+    text = " ".join(doc.split())
+    m = re.search(r"May import: (.*?)\.(?:\s|$)", text)
+    if not m:
+        return None
+    items = [i.strip().strip("`").removesuffix("/") for i in re.split(r",|\band\b", m.group(1).removesuffix(" only"))]
+    if items == ["anything"]:
+        return {TOP_LEVEL, *rules.rooms}
+    unknown = [i for i in items if i != TOP_LEVEL and i not in rules.rooms]
+    assert not unknown, f"'May import: {m.group(1)}.' names {unknown}: neither a room nor {TOP_LEVEL!r}"
+    return set(items)
+
+
+def room_lines(rules: Rules) -> dict[str, set[str] | None]:
+    """Every room's (and top-level package's) ``May import`` line, parsed."""
+    return {init.parent.name: may_import(ast.get_docstring(ast.parse(init.read_text())) or "", rules)
+            for init in sorted(rules.pkg.glob("*/__init__.py"))}
+
+
+def room_violations(rules: Rules) -> list[str]:
+    """Imports that climb or cross rooms, and ``May import`` lines that say more than :data:`ROOMS` allows."""
+    lines = room_lines(rules)
+    bad = [f"{room}/__init__.py says it may import {sorted(named - rules.rooms[room] - {TOP_LEVEL})}, which the "
+           f"ROOMS table does not allow" for room, named in lines.items()
+           if room in rules.rooms and named is not None and named - rules.rooms[room] - {TOP_LEVEL}]
+    edges, _ = graph(rules)
+    for module, deps in edges.items():
+        src = rules.room(module)
+        if module == rules.root or src in rules.entry:
+            continue
+        for dep in sorted(deps):
+            if dep == rules.root:
+                bad.append(f"{module} imports the root package {rules.root} (whose __getattr__ reaches everything)")
+            elif dep not in rules.catalogs and not _allowed(rules, src, rules.room(dep), lines.get(src)):
+                bad.append(f"{module} imports {dep}")
+    return bad
+
+
+def _allowed(rules: Rules, src: str, dst: str, line: set[str] | None) -> bool:
+    if src in rules.base:  # a top-level module: the others only
+        return dst in rules.base
+    named = line or set()
+    return dst == src or (dst in rules.base and TOP_LEVEL in named) or dst in named
+
+
+def catalog_violations(rules: Rules) -> list[str]:
+    """Module-level imports of a catalog outside the standard library, the top-level modules and the catalogs."""
+    bad = []
+    mods = rules.modules()
+    for cat in sorted(rules.catalogs & set(mods)):
+        for node in ast.parse(mods[cat].read_text()).body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for n in names:
+                top = n.split(".")[0]
+                ok = (top in sys.stdlib_module_names or top == "__future__" or n in rules.catalogs
+                      or (top == rules.root and rules.room(n) in rules.base))
+                if not ok:
+                    bad.append(f"catalog {cat} imports {n} at module level")
+    return bad
+
+
+# -- functions and writes ----------------------------------------------------------------------------------------
+
+def long_functions(rules: Rules) -> list[str]:
     out = []
-    for path in sorted(PKG.rglob("*.py")):
+    for path in sorted(rules.pkg.rglob("*.py")):
         lines = path.read_text().splitlines()
         for node in ast.walk(ast.parse("\n".join(lines))):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             length = (node.end_lineno or node.lineno) - node.lineno + 1
-            above = lines[max(node.lineno - 4, 0): node.lineno - 1]
-            says_why = any("long because" in line for line in above)
-            if length > MAX_FUNCTION_LINES and not says_why:
-                out.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} ({length} lines)")
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            says_why = any("long because" in line for line in lines[max(first - 4, 0): first - 1])
+            if length > rules.max_lines and not says_why:
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {node.name} ({length} lines)")
     return out
 
 
-def test_no_function_much_over_60_lines_without_a_reason() -> None:
-    long = _long_functions()
-    assert not long, "functions over 80 lines (split them, or say '# long because ...' just above):\n" + "\n".join(long)
+def _writes(node: ast.Call) -> bool:
+    """Opens a file for writing, or writes one: open(..., "w"/"a"/"x"/"+"), write_text/write_bytes, savefig,
+    torch.save."""
+    fn = node.func
+    name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+    if name == "open" and not (isinstance(fn, ast.Attribute) and getattr(fn.value, "id", "") == "os"):
+        modes = [*node.args[1:2], *(k.value for k in node.keywords if k.arg == "mode")]
+        return any(isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax+")
+                   for m in modes)
+    return name in ("write_text", "write_bytes", "savefig") or (
+        name == "save" and isinstance(fn, ast.Attribute) and getattr(fn.value, "id", "") == "torch")
 
 
-def test_every_room_says_what_it_holds_and_may_import() -> None:
-    missing = []
-    for init in sorted(PKG.glob("*/__init__.py")):
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        if "May import" not in doc:
-            missing.append(init.parent.name)
-    assert not missing, f"package docstrings without a 'May import' line: {missing}"
+def unatomic_writes(rules: Rules) -> list[str]:
+    """File writes outside ``files.py`` that no ``atomic_write*`` call wraps and no ``# not atomic:`` excuses."""
+    out = []
+    for path in sorted(rules.pkg.rglob("*.py")):
+        if path == rules.pkg / "files.py":
+            continue
+        lines = path.read_text().splitlines()
+        for node, atomic in _calls(ast.parse("\n".join(lines))):
+            if atomic or not _writes(node):
+                continue
+            span = lines[max(node.lineno - 2, 0): node.end_lineno or node.lineno]
+            if not any(NOT_ATOMIC in line for line in span):
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    return out
+
+
+def _calls(node: ast.AST, atomic: bool = False) -> Iterator[tuple[ast.Call, bool]]:
+    """Every call, and whether it sits inside the arguments of an ``atomic_write*`` call."""
+    if isinstance(node, ast.Call):
+        yield node, atomic
+        fn = node.func
+        atomic = atomic or (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")).startswith(
+            "atomic_write")
+    for child in ast.iter_child_nodes(node):
+        yield from _calls(child, atomic)
+
+
+def unsafe_loads(rules: Rules) -> list[str]:
+    """``torch.load`` calls without ``weights_only=True`` (which would unpickle anything a file holds)."""
+    out = []
+    for path in sorted(rules.pkg.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
+                    and getattr(node.func.value, "id", "") == "torch"
+                    and not any(k.arg == "weights_only" and getattr(k.value, "value", None) is True
+                                for k in node.keywords)):
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    return out
+
+
+def strategy_tests(rules: Rules) -> list[str]:
+    return [f"{path.relative_to(rules.pkg.parent)}:{i} {line.strip()}"
+            for path in sorted(rules.pkg.rglob("*.py")) if "backends" not in path.relative_to(rules.pkg).parts
+            for i, line in enumerate(path.read_text().splitlines(), 1) if STRATEGY_TEST.search(line)]
+
+
+# -- dpcompare ---------------------------------------------------------------------------------------------------
+
+def test_every_import_module_is_followed_or_loads_user_code() -> None:
+    _, unfollowed = graph(DPCOMPARE)
+    assert not unfollowed, ("import_module of a name the layout test cannot follow (import it by name, read it "
+                            "from a table listed in FOLLOWED, or list a user-code loader in USER_CODE):\n"
+                            + "\n".join(unfollowed))
+
+
+def test_no_import_cycles() -> None:
+    found = cycle(DPCOMPARE)
+    assert not found, f"import cycle: {' -> '.join(found)}"
+
+
+def test_rooms_import_only_what_their_may_import_line_names() -> None:
+    bad = room_violations(DPCOMPARE)
+    assert not bad, "imports that climb or cross rooms, or lines that allow too much:\n" + "\n".join(sorted(bad))
+
+
+def test_catalogs_stay_light() -> None:
+    bad = catalog_violations(DPCOMPARE)
+    assert not bad, "\n".join(bad)
+
+
+def test_every_room_says_what_it_may_import() -> None:
+    lines = room_lines(DPCOMPARE)
+    assert set(lines) == set(ROOMS) | {"api"}, f"packages in dpcompare/ and ROOMS differ: {sorted(lines)}"
+    missing = [room for room, line in lines.items() if line is None]
+    assert not missing, f"package docstrings without a 'May import: ...' line: {missing}"
+
+
+def test_the_docs_room_table_matches_the_may_import_lines() -> None:
+    lines = room_lines(DPCOMPARE)
+    doc = (REPO / "docs" / "layout.md").read_text()
+    table = {}
+    for row in re.findall(r"^\| `(\w+)/` \|.*\| ([^|]+) \|$", doc, re.M):
+        table[row[0]] = may_import(f"May import: {row[1].strip()}.", DPCOMPARE)
+    assert table == {room: line for room, line in lines.items() if room in ROOMS}, (
+        "docs/layout.md's room table and the rooms' 'May import' lines differ")
+
+
+def test_a_handful_of_top_level_modules() -> None:
+    top = sorted(p.stem for p in DPCOMPARE.pkg.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    unknown = set(top) - BASE - ENTRY
+    assert not unknown, f"top-level modules that belong in a room: {sorted(unknown)}"
+    assert len(top) <= MAX_TOP_LEVEL, top
+
+
+def test_no_function_over_60_lines_without_a_reason() -> None:
+    assert MAX_FUNCTION_LINES == 60  # the name of this test says so
+    long = long_functions(DPCOMPARE)
+    assert not long, (f"functions over {MAX_FUNCTION_LINES} lines (split them, or say '# long because ...' just "
+                      "above):\n" + "\n".join(long))
+
+
+def test_every_file_is_written_atomically_or_says_why_not() -> None:
+    bad = unatomic_writes(DPCOMPARE)
+    assert not bad, (f"files written without files.atomic_write* (use it, or add '{NOT_ATOMIC} why' to the "
+                     "line):\n" + "\n".join(bad))
+
+
+def test_checkpoints_load_with_weights_only() -> None:
+    bad = unsafe_loads(DPCOMPARE)
+    assert not bad, "torch.load without weights_only=True:\n" + "\n".join(bad)
+
+
+def test_only_backends_test_which_strategy_runs() -> None:
+    bad = strategy_tests(DPCOMPARE)
+    assert not bad, "strategy or name tests outside backends/ (ask the Strategy, or key a table):\n" + "\n".join(bad)
+
+
+# -- the checks fail when they should: a throwaway package ------------------------------------------------------
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Rules:
+    """A package ``pkg`` in ``tmp_path`` of ``files`` (path → source), with a room ``low`` and a room ``high``
+    that may import ``low``, and a top-level module ``base``."""
+    pkg = tmp_path / "pkg"
+    sources = {"__init__.py": '"""The root."""\n', "base.py": "", "low/__init__.py": '"""May import: the top-level '
+               'modules."""\n', "high/__init__.py": '"""May import: the top-level modules and low."""\n', **files}
+    for rel, text in sources.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    return Rules(pkg, base=frozenset({"base"}), entry=frozenset(), catalogs=frozenset(), followed={}, user_code={},
+                 rooms={"low": frozenset(), "high": frozenset({"low"})})
+
+
+def test_a_cycle_through_a_package_init_is_found(tmp_path: Path) -> None:
+    rules = _package(tmp_path, {"low/__init__.py": '"""May import: the top-level modules."""\nfrom pkg.low import a\n',
+                                "low/a.py": "def f():\n    import pkg.low\n"})
+    assert set(cycle(rules)) == {"pkg.low", "pkg.low.a"}
+    rules = _package(tmp_path / "ok", {"low/a.py": "import pkg.base\n"})
+    assert cycle(rules) == []
+
+
+def test_a_room_importing_a_room_its_line_does_not_name_is_found(tmp_path: Path) -> None:
+    rules = _package(tmp_path, {"low/a.py": "from pkg.high import b\n", "high/b.py": "from pkg.low import a\n",
+                                "high/c.py": "from pkg import base\n"})
+    assert room_violations(rules) == ["pkg.low.a imports pkg.high.b"]
+    rules = _package(tmp_path / "line", {"high/__init__.py": '"""May import: the top-level modules."""\n',
+                                         "high/b.py": "import pkg.low\n"})
+    assert room_violations(rules) == ["pkg.high.b imports pkg.low"]  # ROOMS allows it, its line does not
+    rules = _package(tmp_path / "table", {"low/__init__.py": '"""May import: the top-level modules and high."""\n'})
+    assert room_violations(rules) == ["low/__init__.py says it may import ['high'], which the ROOMS table does "
+                                      "not allow"]
+    rules = _package(tmp_path / "root", {"high/b.py": "def f():\n    from pkg import thing\n"})
+    assert room_violations(rules) == ["pkg.high.b imports the root package pkg (whose __getattr__ reaches everything)"]
+    with pytest.raises(AssertionError, match="neither a room"):
+        room_lines(_package(tmp_path / "bad", {"low/__init__.py": '"""May import: the lab."""\n'}))
+
+
+def test_an_unfollowed_import_module_is_found(tmp_path: Path) -> None:
+    rules = _package(tmp_path, {"low/a.py": "import importlib\ndef f(name):\n    return importlib.import_module(name)\n"
+                                            "def g(x):\n    return f(x)\n"})
+    assert [u.split(": ", 1)[1] for u in graph(rules)[1]] == ["import_module(name) in f"]
+    rules = _package(tmp_path / "ok", {"low/a.py": "import importlib\ndef f(name):\n    return importlib.import_module"
+                                                   "(name)\nf('pkg.high.b')\n", "high/b.py": ""})
+    assert graph(rules) == ({**{m: set() for m in rules.modules()}, "pkg.low.a": {"pkg.high.b"}}, [])
+    assert room_violations(rules) == ["pkg.low.a imports pkg.high.b"]
+
+
+def test_a_function_over_the_limit_is_found(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # with its def: one line too many
+    rules = _package(tmp_path, {"low/a.py": f"def long():\n{body}\n\n# long because a table\ndef why():\n{body}"})
+    assert long_functions(rules) == [f"pkg/low/a.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_a_file_written_in_place_is_found(tmp_path: Path) -> None:
+    rules = _package(tmp_path, {"low/a.py": "def f(p, fig):\n    p.write_text('x')\n    fig.savefig(p)\n"
+                                            "    open(p, 'a').write('x')  # not atomic: a log\n"
+                                            "    atomic_write(p, lambda f: fig.savefig(f))\n    open(p).read()\n"})
+    assert unatomic_writes(rules) == ["pkg/low/a.py:2 p.write_text('x')", "pkg/low/a.py:3 fig.savefig(p)"]
+
+
+def test_an_unsafe_load_and_a_strategy_test_are_found(tmp_path: Path) -> None:
+    rules = _package(tmp_path, {"low/a.py": "import torch\ntorch.load('p', weights_only=True)\ntorch.load('p')\n"
+                                            "if strategy == 'ddp':\n    pass\n"})
+    assert unsafe_loads(rules) == ["pkg/low/a.py:3 torch.load('p')"]
+    assert strategy_tests(rules) == ["pkg/low/a.py:4 if strategy == 'ddp':"]

@@ -8,10 +8,11 @@ import math
 
 import pytest
 
+from dpcompare.argtypes import parse_rate_bits
 from dpcompare.errors import ConfigError
 from dpcompare.prediction import strategies, sweep
 from dpcompare.prediction.command import parse_hosts
-from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration, parse_rate
+from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration
 from dpcompare.prediction.profile import Grad, Profile
 from dpcompare.prediction.schedule import MB, Knobs, fill
 
@@ -53,13 +54,14 @@ def test_hierarchy_prices_the_host_link_once_and_the_inside_on_the_fast_link():
 
 
 def test_units():
-    assert parse_rate("25gbit") == 25e9 / 8 and parse_rate("300gbyte") == 300e9 and parse_rate("200Mbit/s") == 25e6
+    assert parse_rate_bits("25gbit") == 25 * 10**9 and parse_rate_bits("200Mbit/s") == 2 * 10**8
+    assert parse_rate_bits("300gbyte") == 2400 * 10**9 and Link.of(0.0, 25 * 10**9).bandwidth == 25e9 / 8
     assert parse_duration("5us") == pytest.approx(5e-6) and parse_duration("0.2ms") == pytest.approx(2e-4)
     assert parse_hosts("2,4,8,...,1024") == [2 ** k for k in range(1, 11)]
     assert parse_hosts("1,3,...,27") == [1, 3, 9, 27] and parse_hosts("4, 2") == [2, 4]
     for bad in ("25gbps", "fast", "0gbit"):
         with pytest.raises(ConfigError, match="unit"):
-            parse_rate(bad)
+            parse_rate_bits(bad)
     with pytest.raises(ConfigError, match="--hosts"):
         parse_hosts("2,...")
 
@@ -348,10 +350,10 @@ def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):
     from dpcompare.prediction.command import project
     from dpcompare.report.projection import section
 
-    assert project(tmp_path, "25gbit") is None and section(tmp_path) == ""  # nothing traced: no section
+    assert project(tmp_path, 25 * 10**9) is None and section(tmp_path) == ""  # nothing traced: no section
     fake_run(tmp_path / "runs" / "ddp-np2-r0")
     fake_run(tmp_path / "runs" / "horovod-np2-r0", strategy="horovod")
-    where = project(tmp_path, "10gbit")
+    where = project(tmp_path, 10**10)  # bits/s, as compare's --project-link parses it
     doc = json.loads((where / "prediction.json").read_text())
     assert doc["inputs"]["link"] == "10gbit" and [c["strategy"] for c in doc["curves"]] == ["ddp", "horovod"]
     assert doc["inputs"]["hosts"][0] == 2 and doc["inputs"]["hosts"][-1] == 1024
@@ -385,6 +387,6 @@ def test_project_link_is_a_rate_or_none():
 
     from dpcompare.compare.cmdline import project_link_arg
 
-    assert project_link_arg("25gbit") == "25gbit" and project_link_arg("none") == "none"
+    assert project_link_arg("25gbit") == 25 * 10**9 and project_link_arg("none") is None
     with pytest.raises(argparse.ArgumentTypeError, match="not a link rate"):
         project_link_arg("fast")

@@ -14,9 +14,10 @@ import pytest
 
 from dpcompare.lab import Lab
 from dpcompare.lab import bench as labbench
+from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import strategies
-from dpcompare.prediction.network import Link, Network, load_calibration, parse_rate
+from dpcompare.prediction.network import Link, Network, load_calibration
 from dpcompare.prediction.sweep import knobs_of
 
 from conftest import lab_of, needs_mpi
@@ -33,9 +34,9 @@ def lab() -> Iterator[Lab]:
 
 
 def _train(lab: Lab, out: Path, *extra: str) -> dict:
-    p = lab.run([*dpcompare_argv(), "train", "--strategy", "ddp", *MLP, *extra, "--out", str(out)], per_host=1,
-                timeout=180, capture=True)
-    assert p.returncode == 0, p.stderr[-2000:]
+    rc, _ = lab.run([*dpcompare_argv(), "train", "--strategy", "ddp", *MLP, *extra, "--out", str(out)], out,
+                    per_host=1, timeout=180)
+    assert rc == 0, log_tail(out, 40)
     return json.loads((out / "summary.json").read_text())
 
 
@@ -44,14 +45,14 @@ def _train(lab: Lab, out: Path, *extra: str) -> dict:
 @needs_mpi
 def test_unshaped_trace_predicts_the_shaped_step(lab: Lab, tmp_path: Path) -> None:
     _train(lab, tmp_path / "unshaped", "--max-steps", "5", "--trace", "3")
-    lab.set_link("200mbit")
+    lab.set_link(2 * 10**8)
     doc = labbench.measure(lab, [2**20, 4 * 2**20], ("gloo",), ("allreduce",), warmup=1, iters=3)
     labbench.write(doc, tmp_path / "bench.json")
     measured = _train(lab, tmp_path / "shaped", "--max-steps", "8")["timing"]["step_ms_median"]
 
     p = strategies.profile(tmp_path / "unshaped")
     assert p.grad_bytes == pytest.approx((784 * 512 + 512 * 512 + 512 * 10 + 512 + 512 + 10) * 4, rel=1e-6)
-    net = Network(2, Link(0.0, parse_rate("200mbit")), calibrated=load_calibration(tmp_path / "bench.json"))
+    net = Network(2, Link.of(0.0, 2 * 10**8), calibrated=load_calibration(tmp_path / "bench.json"))
     predicted = strategies.schedule("ddp")(p, knobs_of(p, {})).run(net).step * 1e3
     # the network dominates: the shaped step is several times the unshaped compute
     assert measured > 3 * p.compute * 1e3, (measured, p.compute)

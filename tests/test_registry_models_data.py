@@ -60,12 +60,24 @@ def test_mlp_width_sets_the_hidden_size():
     assert not models.has_batchnorm(m)
 
 
-def test_same_seed_same_initial_weights():
-    torch.manual_seed(7)
-    a = models.build_model("convnet", (1, 8, 8), 10).state_dict()
-    torch.manual_seed(7)
-    b = models.build_model("convnet", (1, 8, 8), 10).state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+def test_the_run_seed_decides_the_initial_weights(tmp_path, monkeypatch):
+    """What a run does before joining anyone (``prepare``: seed, data, then model) builds the same initial weights
+    for the same --seed whatever the process's random state was, and other weights for another seed."""
+    from dpcompare.config import TrainConfig
+    from dpcompare.launch.env import LaunchEnv
+    from dpcompare.training.loop import prepare
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # leave this test process's threads alone
+
+    def initial(seed: int, before: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(before)  # whatever ran earlier in the process
+        cfg = TrainConfig(model="convnet", dataset="synthetic", input_shape=(1, 8, 8), samples=16, seed=seed,
+                          out=str(tmp_path / f"s{seed}-{before}"))
+        return prepare(cfg, LaunchEnv(), None).model.state_dict()
+
+    a, b, c = initial(7, before=1), initial(7, before=2), initial(8, before=1)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
 @pytest.mark.parametrize("build", [lambda: models.build_model("resnet18", (3, 32, 32), 10),

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dpcompare import config
 from dpcompare.cli import main
+from dpcompare.compare.trackers import open_group
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.options import config_from_args, train_argv
@@ -89,7 +89,7 @@ def _mlflow_runs(uri: str) -> dict:
 ])
 def test_log_refuses_unknown_or_absent_tracker_before_training(tmp_path, monkeypatch, capsys, value, words):
     # wandb is installed here: make it look absent, as it is where the extra was not installed
-    monkeypatch.setitem(config.TRACKERS, "wandb", ("wandb_not_installed_here", "wandb", "W&B"))
+    monkeypatch.setitem(trackers.TRACKERS, "wandb", ("wandb_not_installed_here", "wandb", "W&B"))
     try:
         code = main(["train", "--log", value, "--out", str(tmp_path / "o")])
     except SystemExit as e:
@@ -114,7 +114,7 @@ def test_log_default_no_tensorboard_and_child_flags():
 
 
 def test_require_names_the_extra(monkeypatch):
-    monkeypatch.setitem(config.TRACKERS, "mlflow", ("mlflow_not_installed_here", "mlflow", "MLflow"))
+    monkeypatch.setitem(trackers.TRACKERS, "mlflow", ("mlflow_not_installed_here", "mlflow", "MLflow"))
     with pytest.raises(ConfigError, match=r"pip install 'dpcompare\[mlflow\]'"):
         trackers.check(TrainConfig(log="csv,mlflow"))
 
@@ -168,7 +168,7 @@ def test_every_tracker_reads_back(tmp_path, offline):
 def test_a_comparison_groups_its_runs(tmp_path, offline, monkeypatch):
     _need("wandb", "mlflow")
     out = tmp_path / "cmp"
-    group = trackers.start_comparison("ab-test", out, "wandb,mlflow")
+    group = open_group("ab-test", out, "wandb,mlflow")
     assert group.env["WANDB_RUN_GROUP"] == "ab-test" and group.env["MLFLOW_TRACKING_URI"].endswith("cmp/mlflow.db")
     for k, v in group.env.items():  # what the comparing process hands to every child job
         monkeypatch.setenv(k, v)

@@ -4,6 +4,7 @@ that resolve or are refused in one line, the flags that carry them to child jobs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -89,12 +90,13 @@ def test_language_model_metrics() -> None:
 
 
 def test_text_workload_builds_and_refuses_mismatches() -> None:
-    w = resolve_workload(TrainConfig(model="gpt-tiny", dataset="tokens", seq_len=32, samples=64))
+    w = resolve_workload(TrainConfig(model="gpt-tiny", dataset="tokens", seq_len=32, samples=64)).workload
     assert [m.name for m in w.metrics] == ["perplexity", "token accuracy"] and w.source == "builtin"
     check_workload(w)
     train, test = w.build_data()
     assert len(train) == 56 and len(test) == 8
-    assert resolve_workload(TrainConfig(model="gpt-tiny")).name == "gpt-tiny on pydoc"  # the default for LMs
+    job = resolve_workload(TrainConfig(model="gpt-tiny"))  # the default dataset for LMs, in the run's config too
+    assert job.workload.name == "gpt-tiny on pydoc" and job.cfg.dataset == "pydoc"
     with pytest.raises(ConfigError, match="use a text --dataset"):
         resolve_workload(TrainConfig(model="gpt-tiny", dataset="mnist"))
     with pytest.raises(ConfigError, match="use a language --model"):
@@ -144,15 +146,21 @@ def plugin(tmp_path: Path) -> str:
 
 def test_plugin_forms_resolve(plugin: str) -> None:
     for attr in ("workload", "make"):
-        w = resolve_workload(TrainConfig(workload=f"{plugin}:{attr}"))
+        w = resolve_workload(TrainConfig(workload=f"{plugin}:{attr}")).workload
         assert isinstance(w, Workload) and w.name == "regression" and w.source == f"{plugin}:{attr}"
-    w = resolve_workload(TrainConfig(workload=f"{plugin}:make_for", width=1))
+    w = resolve_workload(TrainConfig(workload=f"{plugin}:make_for", width=1)).workload
     assert w.build_model().out_features == 1
     # only the model, on a built-in dataset; only the data, for a built-in model
-    w = resolve_workload(TrainConfig(model=f"{plugin}:build", dataset="digits"))
+    w = resolve_workload(TrainConfig(model=f"{plugin}:build", dataset="digits")).workload
     assert w.metric.name == "accuracy" and w.build_model()[1].out_features == 10 and "model" in w.source
-    w = resolve_workload(TrainConfig(model="gpt-tiny", dataset=f"{plugin}:tokens", seq_len=16))
+    w = resolve_workload(TrainConfig(model="gpt-tiny", dataset=f"{plugin}:tokens", seq_len=16)).workload
     assert w.metric.name == "perplexity" and len(w.build_data()[0]) == 28
+    # a Workload given from Python: checked, named by where it came from, the config's own --model ignored
+    given = resolve_workload(TrainConfig(workload=f"{plugin}:workload")).workload
+    job = resolve_workload(TrainConfig(model="gpt-tiny"), given=dataclasses.replace(given, source="builtin"))
+    assert job.workload.source == "python:regression" and job.cfg.dataset == "pydoc"
+    with pytest.raises(ConfigError, match="got int; expected a Workload"):
+        resolve_workload(TrainConfig(), given=3)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("spec", "says"), [
@@ -184,7 +192,7 @@ def test_importable_module_plugin_and_a_failing_import(tmp_path: Path, monkeypat
     (tmp_path / "my_bench_pkg.py").write_text(PLUGIN)
     (tmp_path / "broken_bench_pkg.py").write_text("import torch\nraise ImportError('needs apex')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert resolve_workload(TrainConfig(workload="my_bench_pkg:workload")).source == "my_bench_pkg:workload"
+    assert resolve_workload(TrainConfig(workload="my_bench_pkg:workload")).workload.source == "my_bench_pkg:workload"
     with pytest.raises(ConfigError, match="importing broken_bench_pkg failed: ImportError: needs apex"):
         resolve_workload(TrainConfig(workload="broken_bench_pkg:workload"))
 
@@ -265,7 +273,7 @@ def test_hf_architectures_build_offline_with_random_weights(monkeypatch: pytest.
         "BertConfig", "BertLMHeadModel", {"is_decoder": True, "hidden_size": 32, "num_hidden_layers": 1,
                                           "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 300}, ""))
     for name in ("gpt2", "bert-base-uncased"):
-        w = resolve_workload(TrainConfig(model=f"hf:{name}", dataset="tokens", seq_len=16, samples=16, seed=3))
+        w = resolve_workload(TrainConfig(model=f"hf:{name}", dataset="tokens", seq_len=16, samples=16, seed=3)).workload
         check_workload(w)
         a, b = w.build_model(), w.build_model()
         assert a(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 300)

@@ -8,7 +8,7 @@ Run the script the way you run ``dpcompare train``, under the launcher::
 is imported on the first call). This module also holds ``dpcompare workloads``, the list of built-ins.
 
 A package rather than a top-level module only to keep the count of top-level modules within the house limit.
-May import: anything (like ``cli`` it stands above every room); nothing imports it but ``dpcompare/__init__``
+May import: anything. Like ``cli`` it stands above every room; nothing imports it but ``dpcompare/__init__``
 and ``cli``.
 """
 
@@ -48,8 +48,7 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     Returns the run summary (summary.json's content) on every rank. A setting or a workload that cannot work
     raises :class:`dpcompare.errors.ConfigError` (one line saying what to do) before any process group forms.
     """
-    from dpcompare.data.plugins import check_workload, resolve_workload, settle
-    from dpcompare.data.workload import Workload
+    from dpcompare.data.plugins import resolve_workload
     from dpcompare.training import loop
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -57,17 +56,10 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     if unknown:
         raise ConfigError(f"dpcompare.train got unknown setting(s) {', '.join(unknown)}; see dpcompare train --help")
     spec = workload if isinstance(workload, str) else None
-    cfg = settle(TrainConfig(strategy=strategy, epochs=epochs, batch_size=batch_size, lr=lr, out=out, seed=seed,
-                             max_steps=max_steps, **({"workload": spec} if spec else {}), **settings))
-    if isinstance(workload, Workload):
-        w = workload if workload.source != "builtin" else dataclasses.replace(workload, source=f"python:{workload.name}")
-        check_workload(w)
-    elif workload is None or spec:
-        w = resolve_workload(cfg)
-    else:
-        raise ConfigError(f"dpcompare.train(workload=...) got {type(workload).__name__}; expected a Workload, "
-                          "'module:attr' or None")
-    return loop.train(cfg, workload=w)
+    cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=batch_size, lr=lr, out=out, seed=seed,
+                      max_steps=max_steps, **({"workload": spec} if spec else {}), **settings)
+    job = resolve_workload(cfg, given=None if spec else workload)
+    return loop.train(job.cfg, workload=job.workload)
 
 
 def compare_runs(runs: list[str | Path]) -> list[dict[str, Any]]:

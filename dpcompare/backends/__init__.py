@@ -3,20 +3,20 @@
 Importing this package imports no strategy (and not torch): names and summaries come from
 :mod:`~dpcompare.backends.catalog`, and :func:`get` imports a strategy's module when it is first asked for.
 
-May import: the top-level modules (errors, config, checkpoint, trace, knobs) and ``launch`` (rendezvous,
-launcher environment). Never ``training``, ``compare``, ``report`` or command-line code.
+May import: the top-level modules and launch. From ``launch``: rendezvous, the launcher's environment, Open
+MPI's settings; never ``training``, ``compare``, ``report`` or command-line code.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dpcompare.backends.registry import create, get, names, register
+from dpcompare.backends.registry import check_config, create, get, names, register
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy, StrategyUnavailable
 
-__all__ = ["Strategy", "StrategyUnavailable", "create", "get", "names", "register"]
+__all__ = ["Strategy", "StrategyUnavailable", "check_config", "create", "get", "names", "register"]
 
 
 def __getattr__(name: str) -> Any:  # Strategy and StrategyUnavailable live with torch in base.py

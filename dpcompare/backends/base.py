@@ -28,10 +28,10 @@ ReduceOp = Literal["mean", "sum", "max", "min"]
 
 
 class Strategy(ABC):
-    """One way of running data-parallel training. Subclasses register themselves by ``name``."""
+    """One way of running data-parallel training, registered by ``name`` in backends/catalog.py."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for --help and reports: set by @register from backends/catalog.py
+    summary: ClassVar[str]  # one line for --help and reports: set by the registry from backends/catalog.py
     #: how gradients are synchronised, for teaching material and reports
     sync_mechanism: ClassVar[str] = ""
     #: the communication knobs (TrainConfig fields, see dpcompare.knobs) this strategy honours
@@ -72,16 +72,11 @@ class Strategy(ABC):
         return {"installed": True, "version": cls.version()}
 
     # -- knobs ----------------------------------------------------------------------------------
-    @classmethod
+    @classmethod  # noqa: B027 (a hook: the base class has nothing to refuse)
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
-        """Refuse, before any process group work, a knob this strategy cannot honour or a value it cannot take.
-
-        The base version refuses the knobs other strategies own, naming who can
-        (:func:`dpcompare.knobs.refuse_unhonoured`); subclasses add their own value checks (and call this).
-        """
-        from dpcompare import backends, knobs
-
-        knobs.refuse_unhonoured(cfg, cls.name, {n: backends.get(n).knobs for n in backends.names()})
+        """Refuse, before any process group work, a value of ``cfg`` this strategy cannot take (subclasses add
+        their checks and call this). The knobs it does not honour at all are refused first, by
+        :func:`dpcompare.backends.registry.check_config`, which knows every strategy (this class does not)."""
 
     def configure(self, cfg: TrainConfig) -> None:
         """Take the run's knobs; called before :meth:`setup` (Horovod reads some of them at init)."""

@@ -28,7 +28,6 @@ from dpcompare.backends.base import (
     tensor_bytes,
     timed_collective,
 )
-from dpcompare.backends.registry import register
 from dpcompare.errors import ConfigError
 from dpcompare.launch.rendezvous import ensure_rendezvous
 from dpcompare.trace import ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, TraceRecorder
@@ -42,7 +41,6 @@ _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceO
         "min": dist.ReduceOp.MIN}
 
 
-@register
 class DDPStrategy(Strategy):
     name = "ddp"
     sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "

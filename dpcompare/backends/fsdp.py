@@ -21,7 +21,6 @@ from torch import nn
 
 from dpcompare.backends.base import Strategy, patch
 from dpcompare.backends.ddp import DDPStrategy
-from dpcompare.backends.registry import register
 from dpcompare.trace import ALL_GATHER, CAT_COMM, LANE_BUCKETS, REDUCE_SCATTER, TraceRecorder
 
 
@@ -31,7 +30,6 @@ def _full_options(**kw: bool) -> Any:
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-@register
 class FSDPStrategy(DDPStrategy):
     name = "fsdp"
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "

@@ -23,9 +23,8 @@ from dpcompare import trace as tr
 from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, patch, require_gpu_for_sync_bn
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
-from dpcompare.backends.registry import register
-from dpcompare.config import mpi_allreduce_mca
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.launch.openmpi import mpi_allreduce_mca
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -41,7 +40,7 @@ HOROVOD_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_O
 
 
 def mpi_allreduce_env(algorithm: str) -> dict[str, str]:
-    """:func:`~dpcompare.config.mpi_allreduce_mca` as environment variables (Open MPI reads them at MPI_Init)."""
+    """:func:`~dpcompare.launch.openmpi.mpi_allreduce_mca` as environment variables (Open MPI reads them at MPI_Init)."""
     return {f"OMPI_MCA_{k}": v for k, v in mpi_allreduce_mca(algorithm).items()}
 
 
@@ -51,7 +50,6 @@ def _hvd() -> Any:
     return hvd
 
 
-@register
 class HorovodStrategy(Strategy):
     name = "horovod"
     sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "

@@ -1,5 +1,6 @@
 """Name → strategy class. Names come from :mod:`~dpcompare.backends.catalog` (nothing imported); a
-strategy's module is imported on first :func:`get` and registers its class with ``@register``."""
+strategy's module is imported on first :func:`get`, which registers the class the catalog names. The checks that
+need every strategy (:func:`check_config`) are here, above the strategies, not in their base class."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dpcompare.errors import ConfigError
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy
+    from dpcompare.config import TrainConfig
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
@@ -30,8 +32,19 @@ def get(name: str) -> type[Strategy]:
     if name not in STRATEGIES:
         raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(names())}")
     if name not in _REGISTRY:
-        importlib.import_module(STRATEGIES[name][0])  # registers it
+        module, _, cls = STRATEGIES[name][0].partition(":")
+        register(getattr(importlib.import_module(module), cls))
     return _REGISTRY[name]
+
+
+def check_config(name: str, cfg: TrainConfig, world_size: int) -> None:
+    """Refuse, before any process group work, a knob strategy ``name`` cannot honour (naming the strategies that
+    can, :func:`dpcompare.knobs.refuse_unhonoured`), then the values it cannot take (its ``check_config``)."""
+    from dpcompare import knobs
+
+    cls = get(name)
+    knobs.refuse_unhonoured(cfg, name, {n: get(n).knobs for n in names()})
+    cls.check_config(cfg, world_size)
 
 
 def create(name: str, **kwargs: object) -> Strategy:

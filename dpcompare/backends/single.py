@@ -11,11 +11,9 @@ import torch
 from torch import nn
 
 from dpcompare.backends.base import ReduceOp, Strategy
-from dpcompare.backends.registry import register
 from dpcompare.errors import LaunchError
 
 
-@register
 class SingleStrategy(Strategy):
     name = "single"
     sync_mechanism = "none: one process holds every gradient"

@@ -18,11 +18,9 @@ from torch import nn
 
 from dpcompare.backends.base import patch, tensor_bytes, timed_collective
 from dpcompare.backends.ddp import DDPStrategy
-from dpcompare.backends.registry import register
 from dpcompare.trace import BROADCAST, LANE_BROADCAST, TraceRecorder
 
 
-@register
 class ZeroStrategy(DDPStrategy):
     name = "zero"
     sync_mechanism = ("model hooks all-reduce gradients as in ddp; each process updates only its shard of the "

@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from dpcompare.argtypes import nonneg_float, positive_float, positive_int
+from dpcompare.argtypes import nonneg_float, parse_rate_bits, positive_float, positive_int
 from dpcompare.compare.plan import (
     Arm,
     Comparison,
@@ -26,7 +26,7 @@ from dpcompare.compare.plan import (
 from dpcompare.compare.schedule import Schedule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.lab.rates import lab_spec_arg, spec_text
+from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.options import add_config_options, train_argv
 
 #: compare's default --min-steps: about 1 s of timed steps for the demo's few-ms steps
@@ -112,17 +112,14 @@ def _add_stopping_rule(g: argparse._ArgumentGroup) -> None:
                         "at 5 %%: the 90 %% interval inside the margin) are reported equal (default: 5)")
 
 
-def project_link_arg(text: str) -> str:
-    """``--project-link``: a link rate ``dpcompare predict --link`` reads, or ``none``."""
-    from dpcompare.prediction.network import parse_rate
-
+def project_link_arg(text: str) -> int | None:
+    """``--project-link``: the link rate (bits/s) ``dpcompare predict --link`` projects onto, or ``none`` (None)."""
     if text == "none":
-        return text
+        return None
     try:
-        parse_rate(text)
+        return parse_rate_bits(text)
     except ConfigError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a link rate (e.g. 25gbit, 200gbit, 10gbit) or none") from None
-    return text
 
 
 def train_flags(cfg: TrainConfig) -> list[str]:
@@ -158,7 +155,7 @@ def plan_flags(c: Comparison) -> list[str]:
     if s.accuracy_equivalence != default.accuracy_equivalence:
         flags += ["--accuracy-equivalence", f"{100 * s.accuracy_equivalence:g}"]
     if c.lab is not None:
-        flags += ["--lab", spec_text(c.lab)]
+        flags += ["--lab", c.lab.text()]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
     return flags

@@ -2,16 +2,15 @@
 
 Runs the same K steps under each strategy (and, where that is exact in arithmetic, one process with
 the global batch), then compares the final weights tensor by tensor and the loss curves step by step.
+Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
+OUT/<strategy>/stdout.log and stderr.log).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import subprocess
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +20,17 @@ from rich.table import Table
 from dpcompare import backends, knobs
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.launch.jobs import dpcompare_command
+from dpcompare.files import atomic_write_json
+from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 
 if TYPE_CHECKING:
     import torch
+
+    from dpcompare.lab import Lab
+
+#: seconds a parity run may take before it is stopped (``--run-timeout``): a run that hangs (a lost peer) ends
+DEFAULT_RUN_TIMEOUT = 1800.0
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -51,11 +56,14 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="largest allowed |difference| against one process with the global batch, whose batch "
                         "mean is summed in another order (default: 1e-5)")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
-    from dpcompare.lab.rates import lab_spec_arg
+    from dpcompare.lab.spec import lab_spec_arg
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run the distributed runs across an emulated cluster made for this check and removed after "
                         "it (root, iproute2, tbf; docs/lab.md); the one-process run stays on this host")
+    p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
+                   help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
+                        f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
     add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
     p.set_defaults(func=run_parity)
 
@@ -81,7 +89,7 @@ def _has_batchnorm(cfg: TrainConfig) -> bool:
     from dpcompare import models
     from dpcompare.data.plugins import resolve_workload
 
-    return models.has_batchnorm(resolve_workload(cfg).build_model())  # a plug-in is checked here, before any run
+    return models.has_batchnorm(resolve_workload(cfg).workload.build_model())  # a plug-in is checked here, before any run
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -104,27 +112,27 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
             "steps": len(la)}
 
 
-def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Any = None) -> dict[str, Any]:
+def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = None,
+             timeout: float | None = None) -> dict[str, Any]:
+    """Run ``cfg`` as ``np_`` processes (across ``lab`` when given; ``single`` as one process on this host), its
+    output in its folder, stopped after ``timeout`` seconds; its final weights and loss curve."""
     from dpcompare import checkpoint
-    from dpcompare.launch.mpirun import dpcompare_argv
     from dpcompare.options import train_argv
 
-    words = ["train", *train_argv(cfg)]
     distributed = cfg.strategy != "single"
-    cmd = (lab.mpirun_command([*dpcompare_argv(), *words], np_) if lab is not None and distributed
-           else dpcompare_command(np_ if distributed else None, words))
-    console.print(f"[bold]{cfg.strategy}[/] at np={np_ if cfg.strategy != 'single' else 1} "
+    cmd = dpcompare_command(np_ if distributed else None, ["train", *train_argv(cfg)], lab if distributed else None)
+    console.print(f"[bold]{cfg.strategy}[/] at np={np_ if distributed else 1} "
                   f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=job_env())
-    if p.returncode != 0:
-        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"{cfg.strategy} run failed (exit {p.returncode}):\n{tail}")
     out = Path(cfg.out)
+    rc, seconds = run_job(cmd, out, job_env(), timeout)
+    if rc != 0:
+        what = f"failed (exit {rc})" if rc is not None else f"took longer than --run-timeout {timeout:g} s and was stopped"
+        raise RuntimeError(f"{cfg.strategy} run {what}; its output is in {out}/stdout.log and stderr.log:\n"
+                           f"{log_tail(out)}")
     path = checkpoint.latest_checkpoint(out)
     if path is None:
         raise RuntimeError(f"{cfg.strategy} run wrote no checkpoint in {out}")
-    console.print(f"  done in {time.perf_counter() - t0:.1f} s")
+    console.print(f"  done in {seconds:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
             "losses": json.loads((out / "step_losses.json").read_text())}
 
@@ -138,7 +146,7 @@ def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tu
         runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s, out=str(Path(a.out) / s))
         if foreign:
             notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
-        backends.get(s).check_config(runs[s], a.np)  # refuse now, not after the other runs
+        backends.check_config(s, runs[s], a.np)  # refuse now, not after the other runs
     return runs, notes
 
 
@@ -194,23 +202,16 @@ def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_not
                       f"{', '.join(runs)}{why}; name another, e.g. --strategies {runs[0]},{other}")
 
 
-def _lab(a: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
-    """The lab of ``--lab`` (up now, down when the runs end, also on failure and Ctrl-C), or none."""
-    spec = getattr(a, "lab", None)
-    if spec is None:
-        return contextlib.nullcontext()
-    if a.np > spec.hosts * spec.slots:
-        raise ConfigError(f"--np {a.np} but --lab has {spec.hosts} host(s) × slots={spec.slots}; raise hosts= or "
-                          "slots=, or lower --np")
-    from dpcompare.lab import Lab
+def _run_all(a: argparse.Namespace, runs: dict[str, TrainConfig], console: Console) -> dict[str, dict[str, Any]]:
+    """Every run, the distributed ones across ``--lab`` when given (made for them, removed after them)."""
+    from dpcompare.lab import session
 
-    return Lab.from_spec(spec)
+    with session(a.lab, console.print) as lab:
+        return {name: _run_one(cfg, a.np, console, lab, a.run_timeout or None) for name, cfg in runs.items()}
 
 
 def _lab_json(a: argparse.Namespace) -> dict[str, Any]:
-    from dpcompare.lab.rates import spec_json
-
-    return {"lab": spec_json(a.lab)} if getattr(a, "lab", None) is not None else {}
+    return {"lab": a.lab.to_json()} if a.lab is not None else {}
 
 
 def run_parity(a: argparse.Namespace) -> int:
@@ -223,6 +224,8 @@ def run_parity(a: argparse.Namespace) -> int:
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
+    if a.lab is not None:
+        a.lab.check_np(a.np)
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
                             resume=None, strategy=strategies[0])
@@ -233,11 +236,8 @@ def run_parity(a: argparse.Namespace) -> int:
     if single is not None:
         runs["single"] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
-    results: dict[str, dict[str, Any]] = {}
     try:
-        with _lab(a) as lab:
-            for name, cfg in runs.items():
-                results[name] = _run_one(cfg, a.np, console, lab)
+        results = _run_all(a, runs, console)
     except RuntimeError as e:
         console.print(f"[red]parity: {e}[/]")
         return 1
@@ -254,9 +254,9 @@ def run_parity(a: argparse.Namespace) -> int:
     within = all(d["weights_max"] <= tol[s] and d["loss_max"] <= tol[s] for s, d in diffs.items())
     passed = within or mode == "distance"  # not meant to match: the distance is the result
     out.mkdir(parents=True, exist_ok=True)
-    (out / "parity.json").write_text(json.dumps({
+    atomic_write_json(out / "parity.json", {
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
         "mode": mode, "knobs": knobs.active(base), "notes": notes, **_lab_json(a),
-        "config": base.to_dict(), "diffs": diffs}, indent=2) + "\n")
+        "config": base.to_dict(), "diffs": diffs})
     console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1

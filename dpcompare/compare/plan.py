@@ -1,7 +1,7 @@
 """The plan of a comparison: its arms, the runs of a block, and the :class:`Comparison` that ``run_compare`` runs.
 
-An *arm* is a label, a strategy and train settings that differ from the shared ones (``--strategies``,
-``--variants``, ``--sweep``). Every (arm, np, repeat) is its own run (:class:`RunSpec`) with the same
+An *arm* is a label, a strategy, train settings that differ from the shared ones (``--strategies``,
+``--variants``, ``--sweep``) and, across a lab, the link it runs on (``--sweep link=...``: a :class:`Link`). Every (arm, np, repeat) is its own run (:class:`RunSpec`) with the same
 configuration and seed. Runs go in blocks: a block runs every (np, arm) once, with the order reversed on odd
 repeats, so slow drifts of the machine hit every arm of a block alike. The parsers here turn the comparison's
 flags into these objects; :mod:`.cmdline` writes them back.
@@ -17,26 +17,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpcompare.argtypes import format_rate_bits
 from dpcompare.compare.schedule import Schedule
 from dpcompare.config import TrainConfig
-from dpcompare.errors import ConfigError
+from dpcompare.errors import ConfigError, DpcompareError
+from dpcompare.files import LINK
+from dpcompare.lab.spec import LabSpec, link_bps
+
+
+@dataclass(frozen=True)
+class Link:
+    """The lab link an arm runs on (``--sweep link=...``): ``bps`` bits per second, None for an unshaped one."""
+
+    bps: int | None
+
+    def __str__(self) -> str:
+        return format_rate_bits(self.bps)
 
 
 @dataclass(frozen=True)
 class Arm:
-    """One side of a comparison: a label, a strategy, and train settings that differ from the shared ones."""
+    """One side of a comparison: a label, a strategy, train settings that differ from the shared ones, and the
+    lab link it runs on (None: the lab's own, or no lab)."""
 
     label: str
     strategy: str
     knobs: tuple[tuple[str, Any], ...] = ()
+    link: Link | None = None
 
     @property
     def slug(self) -> str:
         """The label as a folder name (``ddp#1`` → ``ddp-1``, ``ddp/k=v`` → ``ddp-k-v``)."""
         return re.sub(r"[^A-Za-z0-9_.]+", "-", self.label).strip("-") or "arm"
 
+    def knobs_json(self) -> dict[str, Any]:
+        """The arm's settings as results.json keeps them (``knobs``): its train settings, then its link's rate."""
+        return {**_jsonable(dict(self.knobs)), **({LINK: str(self.link)} if self.link is not None else {})}
+
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "strategy": self.strategy, "knobs": _jsonable(dict(self.knobs))}
+        return {"label": self.label, "strategy": self.strategy, "knobs": self.knobs_json()}
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -165,24 +184,17 @@ def parse_variant(text: str) -> Arm:
     return Arm(label.strip(), strategy.strip(), values)
 
 
-#: the swept setting that is no train setting: the lab's link rate (``--lab`` with ``--sweep link=...``)
-LINK = "link"
-
-
-def parse_link(text: str) -> str:
-    """A link rate as the lab writes it (``1Gbit`` → ``1gbit``, ``none`` → ``unlimited``)."""
-    from dpcompare.errors import DpcompareError
-    from dpcompare.lab.rates import format_rate, parse_rate
-
+def parse_link(text: str) -> Link:
+    """A lab link's rate (``1Gbit`` → Link(1_000_000_000), ``none`` → Link(None), unshaped)."""
     try:
-        return format_rate(parse_rate(text))
+        return Link(link_bps(text))
     except DpcompareError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
     """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type; ``link=RATE,...``
-    sweeps the lab's link rate instead of a train setting."""
+    sweeps the lab's link (values: :class:`Link`) instead of a train setting."""
     name, sep, values = text.partition("=")
     name = name.strip().replace("-", "_").lstrip("_")
     if not sep or not values.strip():
@@ -209,10 +221,9 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
     base = list(variants) or [Arm(s, s) for s in strategies]
     for name, values in sweeps:
         # a link sweep goes link-major: the arms of one link side by side, the link reshaped once per link
-        pairs = [(a, v) for v in values for a in base] if name == LINK else [(a, v) for a in base for v in values]
-        base = [Arm(f"{a.label}/{name}={value_text(v)}" if "/" not in a.label else f"{a.label},{name}={value_text(v)}",
-                    a.strategy, (*[kv for kv in a.knobs if kv[0] != name], (name, v)))
-                for a, v in pairs]
+        links = any(isinstance(v, Link) for v in values)
+        pairs = [(a, v) for v in values for a in base] if links else [(a, v) for a in base for v in values]
+        base = [_crossed(a, name, v) for a, v in pairs]
     counts: dict[str, int] = {}
     for a in base:
         counts[a.label] = counts.get(a.label, 0) + 1
@@ -221,7 +232,7 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
     for a in base:
         if counts[a.label] > 1:
             seen[a.label] = seen.get(a.label, 0) + 1
-            a = Arm(f"{a.label}#{seen[a.label]}", a.strategy, a.knobs)
+            a = dataclasses.replace(a, label=f"{a.label}#{seen[a.label]}")
         out.append(a)
     slugs = [a.slug for a in out]
     clash = next((a.label for a in out if slugs.count(a.slug) > 1), None)
@@ -231,11 +242,18 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
     return out
 
 
+def _crossed(a: Arm, name: str, value: Any) -> Arm:
+    """Arm ``a`` with swept setting ``name`` at ``value`` (a :class:`Link`: its link), labelled for it."""
+    label = f"{a.label}/{name}={value_text(value)}" if "/" not in a.label else f"{a.label},{name}={value_text(value)}"
+    if isinstance(value, Link):
+        return Arm(label, a.strategy, a.knobs, value)
+    return Arm(label, a.strategy, (*[kv for kv in a.knobs if kv[0] != name], (name, value)), a.link)
+
+
 def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path) -> TrainConfig:
     """The run's own configuration: the shared one with its arm's strategy and settings, and its folder."""
     seed = {} if spec.seed is None else {"seed": spec.seed}
-    knobs = {k: v for k, v in spec.arm.knobs if k != LINK}  # the link is the lab's, not a train setting
-    return dataclasses.replace(cfg, **knobs, **seed, strategy=spec.strategy, out=str(run_dir),
+    return dataclasses.replace(cfg, **dict(spec.arm.knobs), **seed, strategy=spec.strategy, out=str(run_dir),
                                overwrite=True, progress="lines")
 
 
@@ -288,12 +306,7 @@ class RunOptions:
     run_timeout: float | None = None  # seconds; a run past it is stopped and recorded failed
     resume: bool = False  # continue the comparison in ``out``: its ok runs are kept
     workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
-    project_link: str | None = "25gbit"  # traced runs: predict them onto a cluster on this link (None: do not)
-
-
-def arm_link(arm: Arm) -> str | None:
-    """The link rate an arm of a ``--sweep link=...`` runs on (None: the lab's own, or no lab)."""
-    return next((str(v) for k, v in arm.knobs if k == LINK), None)
+    project_link: int | None = 25 * 10**9  # traced runs: predict them onto a cluster on this link, bits/s (None: do not)
 
 
 @dataclass(frozen=True)
@@ -308,7 +321,7 @@ class Comparison:
     out: Path = Path("runs/compare")
     options: RunOptions = field(default_factory=RunOptions)
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
-    lab: Any = None  # a dpcompare.lab.LabSpec: run every job across emulated hosts (``--lab``)
+    lab: LabSpec | None = None  # run every job across emulated hosts made for the comparison (``--lab``)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))
@@ -321,18 +334,19 @@ class Comparison:
 
     def _check_lab(self) -> None:
         """Refuse, in one line, what a lab cannot run (before anything starts)."""
-        links = any(n == LINK for n, _ in self.sweeps) or any(arm_link(a) for a in self.arms)
         if self.lab is None:
-            if links:
+            if self.links or any(a.link is not None for a in self.arms):
                 raise ConfigError("--sweep link=... shapes the link of a lab: add --lab hosts=2 (root, iproute2)")
             return
         if self.options.workers == "persistent":
             raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "
                               "changes); leave --workers out with --lab")
-        slots = self.lab.hosts * self.lab.slots
-        if max(self.nps) > slots:
-            raise ConfigError(f"--np {max(self.nps)} but --lab {self.lab.hosts} host(s) × slots={self.lab.slots} has "
-                              f"{slots} slot(s); raise hosts= or slots= in --lab, or lower --np")
+        self.lab.check_np(max(self.nps))
+
+    @property
+    def links(self) -> list[Link]:
+        """The links a ``--sweep link=...`` runs every arm on, in order (none without one)."""
+        return [v for _, values in self.sweeps for v in values if isinstance(v, Link)]
 
     @property
     def all_arms(self) -> list[Arm]:

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, _jsonable
+from dpcompare.compare.plan import Arm, Comparison, RunSpec
 from dpcompare.compare.schedule import Schedule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
-from dpcompare.files import MEMORY_KINDS, RESULTS, SCHEMA
+from dpcompare.files import LINK, MEMORY_KINDS, RESULTS, SCHEMA
 
 REPORT_FILES = ("report.html", "plots")
 ERROR_TAIL_LINES = 40
@@ -45,7 +45,7 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                stdout: str = "", command: Sequence[str] = ()) -> dict[str, Any]:
     """One entry of results.json ``runs`` from what the job left behind."""
     rec: dict[str, Any] = {
-        "arm": spec.arm.label, "strategy": spec.strategy, "knobs": _jsonable(dict(spec.arm.knobs)), "np": spec.np,
+        "arm": spec.arm.label, "strategy": spec.strategy, "knobs": spec.arm.knobs_json(), "np": spec.np,
         "repeat": spec.repeat, "seed": spec.seed, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
@@ -121,14 +121,12 @@ def prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _lab_json(c: Comparison) -> dict[str, Any]:
-    from dpcompare.lab.rates import spec_json
-
     if c.lab is None:
         return {}
-    lab = spec_json(c.lab)
-    links = next((list(v) for n, v in c.sweeps if n == "link"), None)
+    lab = c.lab.to_json()
+    links = [str(link) for link in c.links]
     if links:  # swept: every link the arms ran on (the report's regime card shows `link`)
-        lab.update(link=", ".join(links), links=links)
+        lab.update({LINK: ", ".join(links), "links": links})
     return {"lab": lab}
 
 

@@ -9,15 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dpcompare.argtypes import format_rate_bits
 from dpcompare.compare import records
 from dpcompare.compare.cmdline import plan_flags, train_flags
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, arm_link, block, child_config
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
 from dpcompare.compare.schedule import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, atomic_write_json
+from dpcompare.lab import Lab, session
 from dpcompare.launch.env import under_launcher
 from dpcompare.launch.jobs import dpcompare_command, run_job
-from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
+from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
 from dpcompare.options import train_argv
 from dpcompare.progress import ProgressLine
 
@@ -25,32 +27,16 @@ from dpcompare.progress import ProgressLine
 Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | None, float]]
 
 
-def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Any = None) -> list[str]:
-    """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``
-    (:class:`dpcompare.lab.Lab`), mpirun started inside its host 0 placing the ranks on its hosts."""
-    words = ["train", *train_argv(child_config(cfg, spec, run_dir))]
-    if lab is not None:
-        return lab.mpirun_command([*dpcompare_argv(), *words], spec.np)
-    return dpcompare_command(spec.np, words)
-
-
-def lab_context(c: Comparison, console: Any) -> contextlib.AbstractContextManager[Any]:
-    """The lab the comparison runs across (up now, down at the end, also on failure and Ctrl-C), or None."""
-    if c.lab is None:
-        return contextlib.nullcontext()
-    from dpcompare.lab import Lab
-
-    lab = Lab.from_spec(c.lab)
-    if c.options.progress != "none":
-        console.print(f"lab {lab.name!r} up: {len(lab.hosts)} hosts × {lab.slots} slot(s) on {lab.subnet}, "
-                      f"link {lab.link} (removed when the comparison ends)", soft_wrap=True)
-    return lab
+def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None) -> list[str]:
+    """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``, placed on its
+    hosts (mpirun started inside its host 0)."""
+    return dpcompare_command(spec.np, ["train", *train_argv(child_config(cfg, spec, run_dir))], lab)
 
 
 class _Run:
     """One comparison in progress: its results object, the kept runs of a resumed one, and how runs start."""
 
-    def __init__(self, c: Comparison, console: Any, launch: Launch, lab: Any = None) -> None:
+    def __init__(self, c: Comparison, console: Any, launch: Launch, lab: Lab | None = None) -> None:
         self.c, self.console, self.launch, self.lab = c, console, launch, lab
         self.arms: list[Arm] = c.all_arms
         self.per_block = len(self.arms) * len(c.nps)
@@ -59,11 +45,9 @@ class _Run:
         if c.options.resume:
             self.results, self.kept = records.resume_state(c.out, self.results)
         self.env = job_env()
-        from dpcompare.training.trackers import (
-            start_comparison,  # W&B group / MLflow parent run, if asked for
-        )
+        from dpcompare.compare.trackers import open_group  # W&B group / MLflow parent run, if asked for
 
-        self.group = start_comparison(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
+        self.group = open_group(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
         self.env.update(self.group.env)
         self.pool: Any = None
         if c.options.workers == "persistent":
@@ -83,9 +67,9 @@ class _Run:
         for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
             (run_dir / stale).unlink(missing_ok=True)
         cfg, timeout = self.c.config, self.c.options.run_timeout
-        link = arm_link(spec.arm)
-        if self.lab is not None and link is not None and self.lab.link != link:
-            self.lab.set_link(link)  # instant; the arms of one link run side by side (plan.build_arms)
+        link = spec.arm.link
+        if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
+            self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
         cmd = child_command(cfg, spec, run_dir, self.lab)  # after the reshape: the line may carry the link's rate
         bar.update(description=f"running {spec.name}")
         rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
@@ -118,12 +102,12 @@ class _Run:
         return done
 
 
-def _name_lost_hosts(lab: Any, run_dir: Path) -> None:
+def _name_lost_hosts(lab: Lab, run_dir: Path) -> None:
     """After a failed run across a lab: the hosts it lost, in one line at the end of its stderr.log."""
     logs = [run_dir / "stdout.log", run_dir / "stderr.log"]
     line = lab.lost_line("".join(p.read_text(errors="replace") for p in logs if p.exists()))
     if line:
-        with open(run_dir / "stderr.log", "a") as err:
+        with open(run_dir / "stderr.log", "a") as err:  # not atomic: a log stream
             err.write(line + "\n")
 
 
@@ -143,7 +127,8 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     if not c.options.resume:
         records.prepare_out(c.out, c.options.overwrite)
     t_start = time.perf_counter()
-    with lab_context(c, console) as lab:
+    say = (lambda line: console.print(line, soft_wrap=True)) if c.options.progress != "none" else None
+    with session(c.lab, say) as lab:
         run = _Run(c, console, launch, lab)
         run.save()
         schedule = c.schedule
@@ -185,8 +170,8 @@ def _project(c: Comparison, console: Any) -> None:
         console.print(f"[yellow]no projection to a cluster: {e}[/]", soft_wrap=True)
         return
     if where and c.options.progress != "none":
-        console.print(f"projected the traced runs to 2-1024 hosts on {c.options.project_link} → {where}",
-                      soft_wrap=True)
+        console.print(f"projected the traced runs to 2-1024 hosts on {format_rate_bits(c.options.project_link)} → "
+                      f"{where}", soft_wrap=True)
 
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:

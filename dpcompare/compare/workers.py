@@ -53,7 +53,7 @@ def _send(f: TextIO, obj: dict[str, Any]) -> None:
 def _reset_peak_rss() -> None:
     """Reset the kernel's peak-RSS mark (VmHWM) so that each run reports its own peak."""
     with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
+        Path("/proc/self/clear_refs").write_text("5")  # not atomic: a kernel control file, not data
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def _output_to(stdout: str, stderr: str) -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     try:
-        with open(stdout, "a") as out, open(stderr, "a") as err:
+        with open(stdout, "a") as out, open(stderr, "a") as err:  # not atomic: log streams, written as the run goes
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
             try:
@@ -155,14 +155,15 @@ class WorkerPool:
         """Run ``dpcompare train ARGV`` on the np-process worker; (exit code or None on timeout, seconds)."""
         t0 = time.perf_counter()
         out, err = run_dir / "stdout.log", run_dir / "stderr.log"
+        # not atomic: the run's log streams, emptied for the run (appended to as it goes, like a child's output)
         out.write_text("")
-        err.write_text("")
+        err.write_text("")  # not atomic: as above
         if np in self.jobs and not self.jobs[np].alive():
             self._stop(np)
         try:
             job = self.jobs.get(np) or self._start(np, timeout)
         except _JobFailed as e:
-            with open(err, "a") as f:
+            with open(err, "a") as f:  # not atomic: a log stream
                 f.write(str(e) + "\n")
             return e.code, time.perf_counter() - t0
         deadline = None if timeout is None else t0 + timeout
@@ -183,7 +184,7 @@ class WorkerPool:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 job.proc.wait(timeout=10)
         self._stop(np)  # a failed or stopped run ends its job: the next run gets a new one
-        with open(err, "a") as f:
+        with open(err, "a") as f:  # not atomic: a log stream
             f.write(_tail(job.log))  # what the launcher said (a rank killed by a signal, ...)
         if codes is None:
             return (None if timed_out else (job.proc.returncode or 1)), wall
@@ -205,14 +206,14 @@ class WorkerPool:
         key = secrets.token_hex(16)
         key_file = self.folder / ".worker-key"
         key_file.touch(mode=0o600)
-        key_file.write_text(key)
+        key_file.write_text(key)  # not atomic: created 0600 first, so that the key is never readable by others
         host = "127.0.0.1" if self.local else socket.gethostname()
         server = socket.create_server(("127.0.0.1" if self.local else "", 0))
         self.started += 1
         log = self.folder / f"worker-np{np}-{self.started}.log"
         cmd = self.command(np, [sys.executable, "-m", "dpcompare.compare.workers", "--connect",
                                 f"{host}:{server.getsockname()[1]}", "--key-file", str(key_file)])
-        with open(log, "w") as f:
+        with open(log, "w") as f:  # not atomic: the worker job's output stream
             f.write(" ".join(cmd) + "\n")
             f.flush()
             proc = start_job(cmd, self.env, f, subprocess.STDOUT)

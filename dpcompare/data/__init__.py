@@ -4,6 +4,5 @@ The torch-free catalog (:mod:`.catalog`), the loaders and samplers (:mod:`.datas
 :class:`~.workload.Workload` interface (:mod:`.workload`) and the built-in classification workloads
 (:mod:`.builtin`).
 
-May import: the top-level modules (errors, files) and ``models`` (for the optional torchvision import).
-Importing this package imports neither torch nor a dataset.
+May import: the top-level modules and models. Importing this package imports neither torch nor a dataset.
 """

@@ -27,7 +27,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpcompare import models
 from dpcompare.data.catalog import TEXT_DATASETS
@@ -189,28 +189,43 @@ def _with_plugin_dataset(cfg: TrainConfig) -> Workload:
                                source=f"dataset {cfg.dataset}", info={**base.info, "dataset": cfg.dataset})
 
 
-def settle(cfg: TrainConfig) -> TrainConfig:
+def _settle(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with the defaults a language model implies: ``--model gpt-tiny`` alone trains on pydoc."""
-    default = next(f.default for f in dataclasses.fields(cfg) if f.name == "dataset")
+    default = {f.name: f.default for f in dataclasses.fields(cfg)}["dataset"]
     if not cfg.workload and models.is_language_model(cfg.model) and cfg.dataset == default:
         return dataclasses.replace(cfg, dataset="pydoc")
     return cfg
 
 
-def resolve_workload(cfg: TrainConfig, check: bool = True) -> Workload:
-    """The workload ``cfg`` names: a plug-in (checked on one batch unless ``check=False``) or a built-in."""
-    cfg = settle(cfg)
-    if cfg.workload:
+class Job(NamedTuple):
+    """What a run trains: its config (with the defaults its workload implies) and the workload."""
+
+    cfg: TrainConfig
+    workload: Workload
+
+
+def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: bool = True) -> Job:
+    """What ``cfg`` trains, in one place, once per run and before any process group forms: ``given`` (a Workload
+    handed to ``dpcompare.train`` from Python), else the plug-in ``cfg`` names (``--workload``, or ``--model`` or
+    ``--dataset`` as ``MODULE:ATTR`` / ``path/to/file.py:ATTR``), else the built-in one. A given Workload or a
+    plug-in is tried on one batch (unless ``check=False``); a built-in is not."""
+    if given is not None and not isinstance(given, Workload):
+        raise ConfigError(f"dpcompare.train(workload=...) got {type(given).__name__}; expected a Workload, "
+                          "'module:attr' or None")
+    cfg = _settle(cfg)
+    if given is not None:
+        w = given if given.source != "builtin" else dataclasses.replace(given, source=f"python:{given.name}")
+    elif cfg.workload:
         w = load_workload(cfg.workload, cfg)
     elif is_plugin(cfg.model):
         w = _with_plugin_model(cfg)
     elif is_plugin(cfg.dataset):
         w = _with_plugin_dataset(cfg)
     else:
-        return _builtin(cfg)
+        return Job(cfg, _builtin(cfg))
     if check:
         check_workload(w)
-    return w
+    return Job(cfg, w)
 
 
 def check_workload(w: Workload, batch_size: int = 2) -> None:

@@ -99,11 +99,6 @@ TOKEN_ACCURACY = Metric("token accuracy", higher_is_better=True, batch=_correct,
 LM_METRICS = (PERPLEXITY, TOKEN_ACCURACY)
 
 
-def is_text(cfg: TrainConfig) -> bool:
-    """True when ``cfg`` names a text dataset or a language model: :func:`text_workload` builds it."""
-    return cfg.dataset in TEXT_DATASETS or models.is_language_model(cfg.model)
-
-
 def text_data(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     loader = globals()[TEXT_DATASETS[cfg.dataset][0]]
     train, test = loader(seq_len=cfg.seq_len, samples=cfg.samples)

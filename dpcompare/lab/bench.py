@@ -16,11 +16,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpcompare.config import mpi_allreduce_mca
+from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.files import atomic_write_text
 from dpcompare.lab.core import Lab
 from dpcompare.lab.netns import burst_bytes
-from dpcompare.lab.rates import format_rate
+from dpcompare.launch.jobs import log_tail
+from dpcompare.launch.openmpi import mpi_allreduce_mca
 
 SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
@@ -92,18 +94,19 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
         raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --hosts 2)")
     raw_rows, ranks = [], len(lab.hosts)
     for i, (bk, coll, label, mca) in enumerate(_jobs(backends, collectives)):
-        raw = lab.directory / f"bench-raw-{i}.json"
+        logs = lab.directory / f"bench-{i}"  # the job's stdout.log and stderr.log, and what it measured
+        raw = logs / "raw.json"
         raw.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "dpcompare.lab.worker", "--sizes", ",".join(map(str, sizes)),
                 "--backends", ",".join(bk), "--collectives", ",".join(coll), "--mpi-label", label,
                 "--warmup", str(warmup), "--iters", str(iters), "--gap-ms", str(gap), "--out", str(raw)]
         # one rank per host: the link, not shared memory, is measured
-        p = lab.run(argv, np=len(lab.hosts), mca=mca, per_host=1, timeout=timeout, capture=True)
-        if p.returncode != 0 or not raw.is_file():
-            tail = (p.stderr or p.stdout or "").strip().splitlines()[-1:] or ["no output"]
-            raise LaunchError(f"the bench job ({', '.join(bk)}) exited {p.returncode}: {tail[0]}")
+        rc, _ = lab.run(argv, logs, len(lab.hosts), mpi_options=mca, per_host=1, timeout=timeout)
+        if rc != 0 or not raw.is_file():
+            what = f"exited {rc}" if rc is not None else f"took longer than {timeout:g} s and was stopped"
+            tail = (log_tail(logs, 1) or "no output").strip()
+            raise LaunchError(f"the bench job ({', '.join(bk)}) {what}: {tail} (logs in {logs})")
         data = json.loads(raw.read_text())
-        raw.unlink()
         raw_rows += data["rows"]
         ranks = data["ranks"]
     return analyse(raw_rows, ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
@@ -152,7 +155,7 @@ def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
 
 def write(doc: dict, out: Path) -> None:
     try:
-        out.write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     except OSError as e:
         raise ConfigError(f"cannot write {out}: {e.strerror}") from None
 
@@ -168,7 +171,7 @@ def tables(doc: dict) -> list[object]:
         if not rows:
             continue
         backends = [b for b in BACKENDS if any(r["backend"] == b for r in rows)]
-        t = Table(title=f"{coll}, {doc['ranks']} ranks, link {format_rate(link)} (busbw = algbw × "
+        t = Table(title=f"{coll}, {doc['ranks']} ranks, link {format_rate_bits(link)} (busbw = algbw × "
                         f"{bus_factor(coll, doc['ranks']):.2g})")
         t.add_column("bytes", justify="right")
         for b in backends:

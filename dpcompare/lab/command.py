@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
-from dpcompare.errors import ConfigError
+from dpcompare.argtypes import format_rate_bits
+from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import bench, core, netns
-from dpcompare.lab.rates import format_rate
+from dpcompare.lab.spec import LabSpec, lab_spec_arg, link_arg
 
 DESCRIPTION = """\
 An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
@@ -28,10 +30,13 @@ examples:
 
 
 def _up(a: argparse.Namespace) -> int:
-    lab = core.Lab.up(a.hosts, a.link, a.slots, a.name)
+    lab = core.Lab.up(LabSpec(hosts=a.hosts, link_bps=a.link, slots=a.slots, name=a.name))
     print(f"lab {lab.name}: {len(lab.hosts)} hosts × {lab.slots} slot{'s' if lab.slots > 1 else ''} on "
           f"{lab.subnet}, links {lab.link} both ways; state in {lab.directory}")
-    print(f"run across it:  ip netns exec {lab.hosts[0].namespace} mpirun {' '.join(lab.mpirun_args())} ...")
+    try:
+        print(f"run across it:  {shlex.join(lab.command(['PROGRAM']))} ...")
+    except LaunchError as e:  # no Open MPI here: the lab is up all the same
+        print(f"to run across it: {e}")
     return 0
 
 
@@ -105,8 +110,13 @@ def _set_link(a: argparse.Namespace) -> int:
     else:
         lab.set_link(a.rate, a.host)
         which = "every host's link" if a.host is None else f"host {a.host}'s link"
-        print(f"lab {lab.name}: {which} shaped to {format_rate(lab._chosen(a.host)[0].link_bps)} both ways")
+        print(f"lab {lab.name}: {which} shaped to {format_rate_bits(lab._chosen(a.host)[0].link_bps)} both ways")
     return 0
+
+
+def _link_or_state(text: str) -> int | str | None:
+    """``set-link``'s argument: ``down`` or ``up``, else a link rate (bits/s; None: unshaped)."""
+    return text if text in ("down", "up") else link_arg(text)
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -126,7 +136,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
     up.add_argument("--hosts", type=positive_int, default=2, help="number of hosts (default 2)")
-    up.add_argument("--link", default="unlimited", metavar="RATE",
+    up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
     up.add_argument("--slots", type=positive_int, default=1, help="MPI slots per host in the hostfile (default 1)")
 
@@ -149,7 +159,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     b.add_argument("--out", metavar="FILE", help="write the results and α-β fits as JSON")
 
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
-    s.add_argument("rate", metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
+    s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
     s.add_argument("--host", type=nonneg_int, help="only this host's link (0-based)")
     add_lab_to_launch(sub)
 
@@ -160,8 +170,6 @@ def add_lab_to_launch(sub: argparse._SubParsersAction) -> None:
 
     The launch command is launch/'s; the lab is added here because launch/ may not import the lab.
     """
-    from dpcompare.lab.rates import lab_spec_arg
-
     launch = sub.choices.get("launch")
     if launch is None:
         return
@@ -174,26 +182,16 @@ def add_lab_to_launch(sub: argparse._SubParsersAction) -> None:
 
 
 def _launch_in_lab(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
-    import shlex
-
-    from dpcompare.launch.commands import command_words
-    from dpcompare.launch.mpirun import dpcompare_argv
+    from dpcompare.launch.commands import command_words, run_printed
 
     if a.hosts or a.hostfile or a.mpi_net or a.iface or a.launcher == "srun" or a.mpi == "mpich":
         raise ConfigError("--lab places the ranks itself (Open MPI's mpirun inside the lab's host 0): leave out "
                           "--hosts, --hostfile, --mpi-net, --iface, --launcher srun and --mpi mpich")
     words = command_words(a, sub)
-    spec = a.lab
-    if a.np > spec.hosts * spec.slots:
-        raise ConfigError(f"--np {a.np} but --lab has {spec.hosts} host(s) × slots={spec.slots}; raise hosts= or "
-                          "slots=, or lower --np")
-    with core.Lab.from_spec(spec) as lab:
-        argv = [*dpcompare_argv(), *words]
-        print(shlex.join(lab.mpirun_command(argv, a.np)), flush=True)
-        if a.dry_run:
-            return 0
-        rc = lab.run(argv, a.np).returncode
-        line = lab.lost_line() if rc != 0 else None
+    a.lab.check_np(a.np)
+    with core.session(a.lab) as lab:
+        rc = run_printed(a.np, words, a.dry_run, placement=lab)
+        line = lab.lost_line() if rc != 0 and lab is not None else None
         if line:
             print(line, file=sys.stderr, flush=True)
-    return rc if rc >= 0 else 128 - rc
+    return rc

@@ -8,8 +8,10 @@ Layout of lab ``NAME`` (every name starts with :data:`PREFIX`)::
 
 The bridge lives in its own namespace, not the root one: the root namespace gets no interface, address or route,
 so nothing the machine already uses can clash with the lab or be touched by it. The price: the root namespace
-cannot reach the hosts, so mpirun runs inside host 0 (:meth:`Lab.mpirun_command` does that).
+cannot reach the hosts, so mpirun runs inside host 0 (:meth:`Lab.command` does that: the lab is a
+:class:`~dpcompare.launch.jobs.Placement`, and its jobs run through :mod:`dpcompare.launch.jobs`).
 Every host's interface has the same name, so one ``GLOO_SOCKET_IFNAME`` serves every rank.
+:func:`session` is the one way to run inside a lab made for the purpose: up now, down at the end.
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.files import atomic_write_json, atomic_write_text
 from dpcompare.lab import netns
-from dpcompare.lab.rates import LabSpec, check_hosts, check_name, format_rate, parse_rate
-from dpcompare.launch import mpirun
+from dpcompare.lab.spec import LabSpec, check_link, check_name
+from dpcompare.launch import jobs, mpirun
 from dpcompare.launch.env import CPU_SHARERS
+from dpcompare.trace import LINK_ENV
 
 PREFIX = "dplab-"
 IFACE = "dplab0"
@@ -85,7 +89,7 @@ class Lab:
 
     @property
     def link(self) -> str:
-        return format_rate(self.link_bps)
+        return format_rate_bits(self.link_bps)
 
     @property
     def iface(self) -> str:
@@ -93,10 +97,7 @@ class Lab:
         return IFACE
 
     def _save(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / "state.json.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        tmp.replace(self.directory / "state.json")
+        atomic_write_json(self.directory / "state.json", asdict(self))
 
     @classmethod
     def load(cls, name: str = "default") -> Lab:
@@ -113,12 +114,10 @@ class Lab:
 
     # -- up and down ---------------------------------------------------------------------------------
     @classmethod
-    def up(cls, hosts: int = 2, link: str = "unlimited", slots: int = 1, name: str = "default") -> Lab:
-        """Create the lab (refusing when one of that name exists) and return it; on any failure, or Ctrl-C,
-        what was made so far is removed before the error goes on."""
-        check_name(name)
-        check_hosts(hosts, slots)
-        bps = parse_rate(link)
+    def up(cls, spec: LabSpec) -> Lab:
+        """Create the lab ``spec`` asks for (refusing when one of that name exists) and return it; on any failure,
+        or Ctrl-C, what was made so far is removed before the error goes on. :func:`session` also takes it down."""
+        name, hosts, slots, bps = spec.name, spec.hosts, spec.slots, spec.link_bps
         netns.preflight()
         leftovers = [ns for ns in netns.namespaces() if ns.startswith(f"{PREFIX}{name}-")]
         state_root().mkdir(parents=True, exist_ok=True)
@@ -162,25 +161,14 @@ class Lab:
             netns.ip("-n", h.namespace, "link", "set", "lo", "up")
         self.set_link(self.link_bps)
 
-    @classmethod
-    def from_spec(cls, spec: LabSpec) -> Lab:
-        """``with Lab.from_spec(parse_lab_spec("hosts=2,link=1gbit")) as lab:`` — up now, down at the end."""
-        return cls.up(spec.hosts, spec.link, spec.slots, spec.name)
-
     def down(self) -> list[str]:
         """Remove the lab's namespaces (ending what runs in them) and its state folder; what was removed."""
         return sweep(self.name)
 
-    def __enter__(self) -> Lab:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.down()
-
     # -- shaping and faults --------------------------------------------------------------------------
-    def set_link(self, rate: str | int | None, host: int | None = None) -> None:
-        """Shape every host's link (or only ``host``'s) to ``rate`` in both directions; None/'unlimited' unshapes."""
-        bps = parse_rate(rate) if isinstance(rate, str) else rate
+    def set_link(self, bps: int | None, host: int | None = None) -> None:
+        """Shape every host's link (or only ``host``'s) to ``bps`` bits/s in both directions; None unshapes."""
+        check_link(bps)
         for h in self._chosen(host):
             netns.shape(h.namespace, IFACE, bps)  # host → switch
             netns.shape(self.switch, h.port, bps)  # switch → host
@@ -205,67 +193,50 @@ class Lab:
 
     # -- launching -----------------------------------------------------------------------------------
     def _write_launch_files(self) -> None:
-        self.hostfile.write_text("".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
+        atomic_write_text(self.hostfile, "".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
         cases = "".join(f"  {h.address}|{h.namespace}) ns={h.namespace} ;;\n" for h in self.hosts)
-        self.agent.write_text(AGENT.format(name=self.name, cases=cases))
+        atomic_write_text(self.agent, AGENT.format(name=self.name, cases=cases))
         self.agent.chmod(0o755)
 
     @property
     def np(self) -> int:
         return len(self.hosts) * self.slots
 
-    def launch_env(self) -> dict[str, str]:
-        """Variables that make a plain ``mpirun -hostfile HOSTFILE`` (or ``dpcompare launch``) run inside
-        host 0 reach the lab's hosts: the remote agent, MPI's TCP kept on the lab's subnet, gloo/NCCL's interface."""
-        return {"OMPI_MCA_plm_rsh_agent": str(self.agent), "OMPI_MCA_btl_tcp_if_include": self.subnet,
-                "OMPI_MCA_oob_tcp_if_include": self.subnet, "GLOO_SOCKET_IFNAME": IFACE, "NCCL_SOCKET_IFNAME": IFACE}
+    def environment(self, np: int | None = None) -> dict[str, str]:
+        """What every rank of ``np`` (default: every slot) needs here besides the forwarded variables: the link's
+        rate (busbw as a share of it, :mod:`dpcompare.trace`) and how many ranks share this machine's cores."""
+        return {LINK_ENV: str(self.link_bps or ""), CPU_SHARERS: str(np or self.np)}
 
-    def mpirun_args(self) -> list[str]:
-        """Open MPI options placing ranks on the lab's hosts (the same as :meth:`launch_env`, as flags)."""
-        return ["-hostfile", str(self.hostfile), "--mca", "plm_rsh_agent", str(self.agent),
-                "--mca", "btl_tcp_if_include", self.subnet, "--mca", "oob_tcp_if_include", self.subnet,
-                "-x", f"GLOO_SOCKET_IFNAME={IFACE}", "-x", f"NCCL_SOCKET_IFNAME={IFACE}"]
+    def command(self, argv: Sequence[str], np: int | None = None, *, mpi_options: Sequence[str] = (),
+                per_host: int | None = None) -> list[str]:
+        """The whole command running ``argv`` as ``np`` ranks (default: every slot) across the lab, from host 0
+        (:class:`~dpcompare.launch.jobs.Placement`'s command; build it with :func:`~dpcompare.launch.jobs.job_line`).
+
+        Open MPI's mpirun with the lab's hostfile, its remote agent and keepalives, MPI's TCP kept on the lab's
+        subnet, gloo/NCCL on its interface; PATH, VIRTUAL_ENV, the HOROVOD_/GLOO_/... variables set here and
+        :meth:`environment` are forwarded with ``-x``. Ranks fill host 0's slots first, then host 1's...;
+        ``per_host`` places that many on each host instead. ``mpi_options``: more Open MPI options (e.g.
+        ``--mca coll_tuned_use_dynamic_rules 1``).
+        """
+        if mpirun.mpi_flavor() != "openmpi":
+            raise LaunchError("the lab's remote agent is Open MPI's (plm_rsh_agent); put Open MPI's mpirun on PATH")
+        env = {**mpirun.forwarded_env(os.environ, IFACE, mpirun.current_venv()), **self.environment(np)}
+        cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, mpi_net=self.subnet)
+        if per_host:
+            cmd[cmd.index("--map-by") + 1] = f"ppr:{per_host}:node"
+        return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *KEEPALIVE, *mpi_options, *cmd[1:]])
 
     def in_host(self, cmd: Sequence[str], host: int = 0) -> list[str]:
         """``cmd`` run inside ``host``'s namespace."""
         return ["ip", "netns", "exec", self._chosen(host)[0].namespace, *cmd]
 
-    def mpirun_command(self, argv: Sequence[str], np: int | None = None, mca: Sequence[str] = (),
-                       per_host: int | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
-        """The whole command running ``argv`` as ``np`` ranks (default: every slot) across the lab, from host 0.
-
-        Ranks fill host 0's slots first, then host 1's...; ``per_host`` places that many on each host instead.
-        ``mca``: more Open MPI options (e.g. ``--mca coll_tuned_use_dynamic_rules 1``). PATH, VIRTUAL_ENV and the
-        HOROVOD_/GLOO_/... variables set here are forwarded, as ``dpcompare launch`` does.
-        """
-        if mpirun.mpi_flavor() != "openmpi":
-            raise LaunchError("the lab's remote agent is Open MPI's (plm_rsh_agent); put Open MPI's mpirun on PATH")
-        environ = os.environ if environ is None else environ
-        env = mpirun.forwarded_env(environ, IFACE, mpirun.current_venv())
-        env["DPCOMPARE_LINK_BPS"] = str(self.link_bps or "")  # busbw as a share of the link (dpcompare.trace)
-        env[CPU_SHARERS] = str(np or self.np)  # every host's ranks run on this machine's cores
-        cmd = mpirun.openmpi_command(np or self.np, argv, hostfile=str(self.hostfile), env=env, environ=environ,
-                                     mpi_net=self.subnet)
-        if per_host:
-            cmd[cmd.index("--map-by") + 1] = f"ppr:{per_host}:node"
-        return self.in_host([cmd[0], "--mca", "plm_rsh_agent", str(self.agent), *KEEPALIVE, *mca, *cmd[1:]])
-
-    def run(self, argv: Sequence[str], np: int | None = None, mca: Sequence[str] = (), per_host: int | None = None,
-            timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess[str]:
-        """Run ``argv`` (e.g. ``[*dpcompare_argv(), "train", ...]``) across the lab and wait for it."""
-        cmd = self.mpirun_command(argv, np, mca, per_host)
-        pipe = subprocess.PIPE if capture else None
-        with subprocess.Popen(cmd, env=mpirun.job_env(), text=True, stdout=pipe, stderr=pipe) as proc:
-            try:
-                out, err = proc.communicate(timeout=timeout)
-            except BaseException:  # a timeout or Ctrl-C: SIGTERM lets mpirun end its ranks on every host
-                proc.terminate()
-                try:
-                    proc.communicate(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                raise
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    def run(self, argv: Sequence[str], logs: Path, np: int | None = None, *, timeout: float | None = None,
+            **options: object) -> tuple[int | None, float]:
+        """Run ``argv`` (e.g. ``[*dpcompare_argv(), "train", ...]``) across the lab and wait for it, its output in
+        ``logs``/stdout.log and stderr.log (:func:`~dpcompare.launch.jobs.run_job`: a timeout or Ctrl-C ends its
+        ranks on every host); ``options``: :meth:`command`'s. (exit code or None when stopped, seconds)."""
+        cmd = jobs.job_line(argv, np or self.np, self, **options)
+        return jobs.run_job(cmd, logs, mpirun.job_env(), timeout)
 
     def lost_line(self, output: str = "") -> str | None:
         """One line naming the hosts a failed job lost: those mpirun says it lost contact with (in ``output``)
@@ -296,7 +267,7 @@ class Lab:
             rate = q.get("options", {}).get("rate") if q.get("kind") == "tbf" else None
             rows.append({"host": h.index, "namespace": h.namespace, "present": h.namespace in present,
                          "address": h.address, "port": port[0].get("operstate", "?") if port else "missing",
-                         "shaped": format_rate(rate * 8) if rate else "unlimited",
+                         "shaped": format_rate_bits(rate * 8) if rate else "unlimited",
                          "tx_bytes": stats.get("tx", {}).get("bytes"), "rx_bytes": stats.get("rx", {}).get("bytes")})
         return rows
 
@@ -311,6 +282,24 @@ case "$host" in
 esac
 exec ip netns exec "$ns" /bin/sh -c "$*"
 """
+
+
+@contextlib.contextmanager
+def session(spec: LabSpec | None, say: Callable[[str], object] | None = None) -> Iterator[Lab | None]:
+    """``with session(spec) as lab:`` the lab ``spec`` asks for, up now and down at the end, also on failure and
+    Ctrl-C (None: no lab, and ``lab`` is None); ``say`` is told in one line what was made. compare, parity and
+    ``launch --lab`` run inside a lab through this."""
+    if spec is None:
+        yield None
+        return
+    lab = Lab.up(spec)
+    try:
+        if say is not None:
+            say(f"lab {lab.name!r} up: {len(lab.hosts)} hosts × {lab.slots} slot(s) on {lab.subnet}, link {lab.link} "
+                "(removed when this command ends)")
+        yield lab
+    finally:
+        lab.down()
 
 
 def _named(name: str) -> str:

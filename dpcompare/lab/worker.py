@@ -12,8 +12,8 @@ import json
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from dpcompare.files import atomic_write_text
 from dpcompare.launch.env import detect_launch_env
 from dpcompare.launch.rendezvous import ensure_rendezvous
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"backend": a.mpi_label if backend == "mpi" else backend, "collective": collective,
                                  "bytes": sent, "times_s": slowest})
     if comm.Get_rank() == 0:
-        Path(a.out).write_text(json.dumps({"ranks": n, "rows": rows}) + "\n")
+        atomic_write_text(a.out, json.dumps({"ranks": n, "rows": rows}) + "\n")
     if "gloo" in backends:
         dist.destroy_process_group()
     return 0

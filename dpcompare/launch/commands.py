@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.files import atomic_write_text
 from dpcompare.launch import mpirun, slurm
-from dpcompare.launch.jobs import dpcompare_command
+from dpcompare.launch.jobs import Placement, dpcompare_command, run_job
 
 #: sub-commands that may not be launched themselves (they start processes of their own)
 _NOT_LAUNCHABLE = ("launch", "slurm", "compare", "parity")
@@ -80,21 +82,30 @@ def command_words(a: argparse.Namespace, sub: argparse._SubParsersAction) -> lis
     return words
 
 
+def run_printed(np: int, words: Sequence[str], dry_run: bool, placement: Placement | None = None,
+                **launcher: Any) -> int:
+    """Print the line that runs ``dpcompare WORDS`` as ``np`` processes (``placement``: e.g. a lab's hosts), then
+    run it with its output on this terminal (unless ``dry_run``); its exit code."""
+    cmd = dpcompare_command(np, words, placement, **launcher)
+    print(shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    try:
+        rc, _ = run_job(cmd, None, mpirun.job_env(), None)
+    except FileNotFoundError:
+        raise LaunchError(f"{cmd[0]} not found on PATH") from None
+    if rc is None:  # stopped at a time limit (none is set here)
+        return 1
+    return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+
+
 def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     words = command_words(a, sub)
     if a.hostfile and not a.dry_run and not Path(a.hostfile).is_file():
         raise ConfigError(f"--hostfile {a.hostfile}: no such file")
     use_srun = {"auto": None, "mpirun": False, "srun": True}[a.launcher]
-    cmd = dpcompare_command(a.np, words, hosts=a.hosts, hostfile=a.hostfile, use_srun=use_srun, flavor=a.mpi,
-                            mpi_net=a.mpi_net, iface=a.iface)
-    print(shlex.join(cmd), flush=True)
-    if a.dry_run:
-        return 0
-    try:
-        rc = subprocess.run(cmd, env=mpirun.job_env()).returncode
-    except FileNotFoundError:
-        raise LaunchError(f"{cmd[0]} not found on PATH") from None
-    return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
+    return run_printed(a.np, words, a.dry_run, hosts=a.hosts, hostfile=a.hostfile, use_srun=use_srun, flavor=a.mpi,
+                       mpi_net=a.mpi_net, iface=a.iface)
 
 
 def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
@@ -111,7 +122,7 @@ def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     text = slurm.sbatch_script(spec, [*mpirun.dpcompare_argv(), *words], venv, str(Path(sys.executable).parent),
                                name=str(out))
     try:
-        out.write_text(text)
+        atomic_write_text(out, text)
     except OSError as e:
         raise ConfigError(f"cannot write {out}: {e.strerror}") from None
     gpus = f", {a.gpus_per_node} GPUs" if a.gpus_per_node else ""

@@ -37,6 +37,9 @@ class _Launcher:
     local_rank: tuple[str, ...]
     local_size: tuple[str, ...]
     hint: str
+    #: Slurm: its variables are set outside a task too (an allocation's shell, the batch and extern steps), told
+    #: apart by the step id; ``SLURM_STEP_NUM_TASKS`` is the step's size
+    has_steps: bool = False
 
 
 #: set by whatever places ranks of "different hosts" on the same CPUs (``dpcompare lab``): how many ranks share
@@ -62,7 +65,7 @@ LAUNCHERS: tuple[_Launcher, ...] = (
     _Launcher("mpich", "PMI_RANK", "PMI_SIZE", ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
               ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), "MPICH/Intel MPI's mpirun"),
     _Launcher("slurm", "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",),
-              ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), "srun"),
+              ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"), "srun", has_steps=True),
 )
 
 
@@ -92,7 +95,7 @@ def detect_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
         local_var = _first(env, spec.local_rank)
         if not present:
             continue
-        if spec.name == "slurm" and env.get("SLURM_STEP_ID", env.get("SLURM_STEPID")) in _SLURM_NOT_A_TASK:
+        if spec.has_steps and env.get("SLURM_STEP_ID", env.get("SLURM_STEPID")) in _SLURM_NOT_A_TASK:
             # The batch script's own shell (or the extern step) is not an srun task.
             continue
         missing = [v for k, v in required.items() if k not in present]
@@ -106,7 +109,7 @@ def detect_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
             )
         rank = _int(env, spec.rank, spec.hint)
         size = _int(env, spec.size, spec.hint)
-        if spec.name == "slurm" and "SLURM_STEP_NUM_TASKS" in env:
+        if spec.has_steps and "SLURM_STEP_NUM_TASKS" in env:
             size = _int(env, "SLURM_STEP_NUM_TASKS", spec.hint)
         local_rank = _int(env, local_var, spec.hint)
         ls_var = _first(env, spec.local_size)
@@ -124,7 +127,7 @@ def launcher_rank_size(env: Mapping[str, str] | None = None) -> tuple[int, int] 
     """(rank, size) from the first launcher whose variables are set, without validating them; None if none."""
     env = os.environ if env is None else env
     for spec in LAUNCHERS:
-        if spec.name == "slurm" and (spec.rank not in env or env.get(
+        if spec.has_steps and (spec.rank not in env or env.get(
                 "SLURM_STEP_ID", env.get("SLURM_STEPID")) in _SLURM_NOT_A_TASK):
             continue  # an allocation (salloc, the sbatch script's shell) sets SLURM_NTASKS but is no srun task
         if spec.rank in env or spec.size in env:

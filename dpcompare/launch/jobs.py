@@ -1,14 +1,17 @@
 """Who starts a job, who stops it, and how a command's process ends.
 
-:func:`dpcompare_command` is the one builder of a job's command line (``dpcompare launch``, ``compare`` and
-``parity`` all use it); it is pure. :func:`start_job` starts a job in its own session so that
-:func:`stop_job` can take all its processes down; :func:`run_job` is a fresh run from start to end, its output
-in RUN/stdout.log and RUN/stderr.log. :func:`run_command` turns a command's failures into exit codes (one
-line, no traceback) and :func:`leave` ends the process.
+:func:`job_line` (and :func:`dpcompare_command`, for ``dpcompare WORDS``) is the one builder of a job's command
+line: mpirun or srun, or a :class:`Placement`'s own line (the lab's hosts). ``dpcompare launch``, compare,
+parity, ``lab bench`` and ``Lab.run`` all build their jobs here; it is pure. :func:`start_job` starts a job in
+its own session so that :func:`stop_job` can take all its processes down; :func:`run_job` is a fresh run from
+start to end, with its output in RUN/stdout.log and RUN/stderr.log (:func:`log_tail` reads what it said last)
+and a time limit. :func:`run_command` turns a command's failures into exit codes (one line, no traceback) and
+:func:`leave` ends the process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from dpcompare.errors import DpcompareError
 from dpcompare.launch.env import reporting_rank
@@ -25,13 +28,35 @@ from dpcompare.launch.mpirun import dpcompare_argv, job_command
 
 #: seconds a stopped job gets after SIGTERM, then after SIGKILL
 STOP_GRACE = (10.0, 5.0)
+#: where :func:`run_job` keeps a job's output, in its run folder
+LOGS = ("stdout.log", "stderr.log")
 
 
-def dpcompare_command(np: int | None, words: Sequence[str], **launcher: Any) -> list[str]:
-    """``dpcompare WORDS`` (e.g. ``train --strategy ddp ...``) as ``np`` processes through mpirun or srun
-    (``launcher``: :func:`~dpcompare.launch.mpirun.job_command`'s options); ``np`` None: one plain process."""
+class Placement(Protocol):
+    """Where a job's ranks run when not where mpirun or srun would put them: :class:`dpcompare.lab.Lab` (its
+    emulated hosts) implements it. launch/ may not import the lab; the lab brings its placement here."""
+
+    def command(self, argv: Sequence[str], np: int | None = None, **options: Any) -> list[str]:
+        """The whole command running ``argv`` as ``np`` ranks there, with the variables its ranks need on the line
+        itself (so that the recorded line reruns the job alone); ``options``: the placement's own (e.g. the
+        lab's ``per_host`` and ``mpi_options``)."""
+        ...
+
+
+def job_line(argv: Sequence[str], np: int, placement: Placement | None = None, **options: Any) -> list[str]:
+    """``argv`` as ``np`` processes: through ``placement`` when given (``options``: its own), else mpirun or srun
+    (``options``: :func:`~dpcompare.launch.mpirun.job_command`'s)."""
+    if placement is not None:
+        return placement.command(argv, np, **options)
+    return job_command(np, argv, **options)
+
+
+def dpcompare_command(np: int | None, words: Sequence[str], placement: Placement | None = None,
+                      **options: Any) -> list[str]:
+    """``dpcompare WORDS`` (e.g. ``train --strategy ddp ...``) as ``np`` processes (:func:`job_line`); ``np``
+    None: one plain process on this machine."""
     argv = [*dpcompare_argv(), *words]
-    return argv if np is None else job_command(np, argv, **launcher)
+    return argv if np is None else job_line(argv, np, placement, **options)
 
 
 def start_job(cmd: Sequence[str], env: dict[str, str], stdout: IO[Any] | int | None,
@@ -54,13 +79,20 @@ def stop_job(p: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run_job(cmd: Sequence[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int | None, float]:
-    """Run one job with its output in RUN/stdout.log and RUN/stderr.log; (exit code or None on timeout, seconds).
+def run_job(cmd: Sequence[str], run_dir: Path | None, env: dict[str, str],
+            timeout: float | None) -> tuple[int | None, float]:
+    """Run one job in its own session with its output in RUN/stdout.log and RUN/stderr.log (``run_dir`` None: on
+    this terminal), stopped after ``timeout`` seconds; (exit code, or None when it was stopped; seconds).
 
     Ctrl-C (or any error) while it runs takes the job's processes down too.
     """
     t0 = time.perf_counter()
-    with open(run_dir / "stdout.log", "w") as out, open(run_dir / "stderr.log", "w") as err:
+    with contextlib.ExitStack() as files:
+        out: IO[Any] | None = None
+        err: IO[Any] | None = None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            out, err = (files.enter_context(open(run_dir / name, "w")) for name in LOGS)  # not atomic: log streams
         p = start_job(cmd, env, out, err)
         try:
             rc: int | None = p.wait(timeout=timeout)
@@ -71,6 +103,16 @@ def run_job(cmd: Sequence[str], run_dir: Path, env: dict[str, str], timeout: flo
             stop_job(p)
             raise
     return rc, time.perf_counter() - t0
+
+
+def log_tail(run_dir: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines a job run by :func:`run_job` wrote to stderr (to stdout when stderr is empty)."""
+    for name in reversed(LOGS):
+        path = run_dir / name
+        text = path.read_text(errors="replace").strip() if path.exists() else ""
+        if text:
+            return "\n".join(text.splitlines()[-lines:])
+    return ""
 
 
 def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpcompare import __version__
 from dpcompare.errors import ConfigError
+from dpcompare.versions import __version__
 
 _TIME = re.compile(r"^(?:(?P<d>\d+)-(?P<dh>\d{1,2})|(?P<h>\d+)):(?P<m>[0-5]\d):(?P<s>[0-5]\d)$")
 

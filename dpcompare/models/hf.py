@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dpcompare.errors import ConfigError
-from dpcompare.models import HF_ARCHITECTURES as ARCHITECTURES
+from dpcompare.models.catalog import HF_ARCHITECTURES as ARCHITECTURES
 
 _NO_DROPOUT = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob")
 

@@ -9,6 +9,6 @@ script under the layer, real Horovod or as a DDP port and records its optimizer 
 ``dpcompare script`` and ``dpcompare migrate`` (:mod:`.command`; reading a script :mod:`.migrate`, the DDP port
 writer :mod:`.port`).
 
-May import: the top-level modules and ``launch``. Nothing imports it but ``cli`` and ``compare``. This file
-imports nothing, so that ``dpcompare --help`` stays torch-free.
+May import: the top-level modules and launch. Nothing imports it but ``cli`` and ``compare``. This file imports
+nothing, so that ``dpcompare --help`` stays torch-free.
 """

@@ -18,7 +18,6 @@ from typing import Any
 
 from dpcompare.native.calls import HOROVOD_VERSION, RUN, Unsupported, module_refusal
 
-LAYER = "dpcompare.native.hvd"
 #: modules that are the layer itself
 ALIASES = frozenset({"horovod.torch", "horovod.torch.mpi_ops", "horovod.torch.optimizer", "horovod.torch.functions",
                      "horovod.torch.compression", "horovod.torch.sync_batch_norm", "horovod.common.exceptions"})
@@ -46,7 +45,9 @@ class _Loader(importlib.abc.Loader):
             _fill_root(module)
         elif name in ALIASES:
             # what the import statement returns is whatever sys.modules holds for the name once this returns
-            sys.modules[name] = importlib.import_module(LAYER)
+            from dpcompare.native import hvd
+
+            sys.modules[name] = hvd
         elif name not in PACKAGES:
             raise module_refusal(name)
 

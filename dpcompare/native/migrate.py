@@ -25,7 +25,7 @@ class Use:
     """One place the script touches Horovod."""
 
     line: int
-    name: str            # a key of CALLS, "optimizer.METHOD", "import MODULE" or "run"
+    key: str             # a key of CALLS, "optimizer.METHOD", "import MODULE" or "run"
     text: str            # the source it was read from
     call: Call
     node: ast.AST = field(repr=False)
@@ -47,7 +47,7 @@ class Scan:
     parents: dict[ast.AST, ast.AST] = field(default_factory=dict, repr=False)
 
     def named(self, name: str) -> list[Use]:
-        return [u for u in self.uses if u.name == name]
+        return [u for u in self.uses if u.key == name]
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -64,7 +64,7 @@ def _read_imports(scan: Scan) -> None:
     for node in ast.walk(scan.tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name == "horovod" or a.name.startswith("horovod."):
+                if a.name.split(".")[0] == "horovod":
                     local = a.asname or a.name.split(".")[0]
                     scan.modules[local] = a.name if a.asname else "horovod"
                     _add_import(scan, node, a.name)
@@ -76,7 +76,7 @@ def _read_imports(scan: Scan) -> None:
                     scan.modules[a.asname or a.name] = full  # from horovod.torch import mpi_ops
                 elif node.module.startswith(TORCH_MODULE) or node.module == "horovod.common.exceptions":
                     scan.direct[a.asname or a.name] = a.name
-                elif node.module == "horovod" and a.name == "torch":
+                elif (node.module, a.name) == ("horovod", "torch"):
                     scan.modules[a.asname or a.name] = TORCH_MODULE  # from horovod import torch as hvd
                 elif node.module == "horovod":
                     scan.direct[a.asname or a.name] = a.name
@@ -205,7 +205,7 @@ def port_warnings(scan: Scan) -> list[str]:
 # -- the command ------------------------------------------------------------------------------------------
 def report(scan: Scan) -> dict[str, Any]:
     return {"script": str(scan.path),
-            "calls": [{"line": u.line, "call": u.name, "source": u.text.splitlines()[0] if u.text else u.name,
+            "calls": [{"line": u.line, "call": u.key, "source": u.text.splitlines()[0] if u.text else u.key,
                        "supported": u.supported, "native": u.call.native, "note": u.call.note} for u in scan.uses],
             "unsupported": sum(not u.supported for u in scan.uses),
             "warnings": port_warnings(scan)}

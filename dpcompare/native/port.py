@@ -206,18 +206,18 @@ def reasons_not_simple(scan: Scan, opt: _Optimizer | None) -> list[str]:
     reasons = []
     call = opt.stmt.value if opt else None
     for u in scan.uses:
-        if u.name.startswith("import ") or (u.name == "Adasum" and call is not None
+        if u.key.startswith("import ") or (u.key == "Adasum" and call is not None
                                             and _in_keyword_of(scan, u.node, call, "op")):
             if not u.supported:
                 reasons.append(f"line {u.line}: {u.text.splitlines()[0]} is not supported")
             continue
         if not u.supported:
-            reasons.append(f"line {u.line}: {u.name} is not supported ({u.call.native})")
-        elif u.name not in PORTABLE:
-            reasons.append(f"line {u.line}: no automatic translation of {u.name} ({u.call.native})")
-        elif u.name in DROPPED and not isinstance(scan.parents.get(_call_of(scan, u)), ast.Expr):
-            reasons.append(f"line {u.line}: {u.name} is used inside an expression")
-        elif u.name == "optimizer.skip_synchronize" and not isinstance(scan.parents.get(u.node), ast.withitem):
+            reasons.append(f"line {u.line}: {u.key} is not supported ({u.call.native})")
+        elif u.key not in PORTABLE:
+            reasons.append(f"line {u.line}: no automatic translation of {u.key} ({u.call.native})")
+        elif u.key in DROPPED and not isinstance(scan.parents.get(_call_of(scan, u)), ast.Expr):
+            reasons.append(f"line {u.line}: {u.key} is used inside an expression")
+        elif u.key == "optimizer.skip_synchronize" and not isinstance(scan.parents.get(u.node), ast.withitem):
             reasons.append(f"line {u.line}: skip_synchronize() outside a `with` statement")
     return reasons
 
@@ -230,18 +230,18 @@ def _call_of(scan: Scan, use: Use) -> ast.AST:
 def _use_edit(scan: Scan, u: Use, helpers: set[str]) -> Edit | None:
     """The edit for one use of Horovod (None: handled elsewhere or nothing to do)."""
     call = _call_of(scan, u)
-    if u.name in DROPPED:
-        return _drop(scan, _statement(scan, call), DROPPED[u.name])
-    if u.name in CALL_TEXT and call is not u.node:
-        return Edit(*_span(call), CALL_TEXT[u.name])
-    if u.name in HELPERS:
-        helpers.add(u.name)
-        if u.name == "allreduce_":
+    if u.key in DROPPED:
+        return _drop(scan, _statement(scan, call), DROPPED[u.key])
+    if u.key in CALL_TEXT and call is not u.node:
+        return Edit(*_span(call), CALL_TEXT[u.key])
+    if u.key in HELPERS:
+        helpers.add(u.key)
+        if u.key == "allreduce_":
             helpers.add("allreduce")
-        return Edit(*_span(u.node), u.name)
-    if u.name in NAME_TEXT:
-        return Edit(*_span(u.node), NAME_TEXT[u.name])
-    if u.name == "Compression" and isinstance(u.node, ast.Attribute) and u.node.attr in COMPRESSION_TEXT:
+        return Edit(*_span(u.node), u.key)
+    if u.key in NAME_TEXT:
+        return Edit(*_span(u.node), NAME_TEXT[u.key])
+    if u.key == "Compression" and isinstance(u.node, ast.Attribute) and u.node.attr in COMPRESSION_TEXT:
         return Edit(*_span(u.node), COMPRESSION_TEXT[u.node.attr])
     return None
 
@@ -312,8 +312,8 @@ def _binds_torch(scan: Scan) -> bool:
 
 def _import_edits(scan: Scan, helpers: set[str]) -> list[Edit]:
     """The first Horovod import becomes torch.distributed's; the others go; the helpers follow the imports."""
-    imports = [u for u in scan.uses if u.name.startswith("import ")]
-    names = {u.name for u in scan.uses}
+    imports = [u for u in scan.uses if u.key.startswith("import ")]
+    names = {u.key for u in scan.uses}
     block = (["import os"] if names & {"local_rank", "local_size", "cross_rank", "cross_size"} else []) + \
         ([] if _binds_torch(scan) else ["import torch"]) + ["import torch.distributed as dist"] + \
         (["from torch.distributed.algorithms.ddp_comm_hooks import default_hooks"] if "Compression" in names else []) + \
@@ -336,9 +336,9 @@ def port_source(scan: Scan, opt: _Optimizer, port_name: str) -> str:
     inside = {id(n) for n in ast.walk(opt.stmt)}
     edits = _optimizer_edits(scan, opt)
     for u in scan.uses:
-        if u.name.startswith("import ") or id(u.node) in inside:
+        if u.key.startswith("import ") or id(u.node) in inside:
             continue
-        if u.name == "optimizer.skip_synchronize":
+        if u.key == "optimizer.skip_synchronize":
             edits.append(_unwrap_skip(scan, u))
         elif (edit := _use_edit(scan, u, helpers)) is not None:
             edits.append(edit)
@@ -357,7 +357,7 @@ def _overlapping(scan: Scan, opt: _Optimizer) -> list[str]:
     for u in scan.named("optimizer.skip_synchronize"):
         stmt = _statement(scan, u.node)
         body = {id(n) for s in getattr(stmt, "body", []) for n in ast.walk(s)}
-        out += [f"line {v.line}: {v.name} inside `with ...skip_synchronize():`" for v in scan.uses if id(v.node) in body]
+        out += [f"line {v.line}: {v.key} inside `with ...skip_synchronize():`" for v in scan.uses if id(v.node) in body]
     return out
 
 

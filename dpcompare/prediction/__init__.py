@@ -9,6 +9,6 @@ collectives where the library runs them and says how much of them the step waits
 scaling efficiency against one host, the crossover, the knob that would help) and :mod:`.output` prints,
 plots and writes it. docs/predict.md states the model and its limits.
 
-May import: the top-level modules (errors, files, argtypes, trace) and report/. Never a strategy, torch or
-training: a prediction reads trace.json and summary.json as data.
+May import: the top-level modules and report. Never a strategy, torch or training: a prediction reads
+trace.json and summary.json as data.
 """

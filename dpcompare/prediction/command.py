@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dpcompare.argtypes import fraction, positive_float, positive_int
+from dpcompare.argtypes import format_rate_bits, fraction, positive_float, positive_int, rate_bits
 from dpcompare.errors import ConfigError
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
@@ -43,14 +43,7 @@ def source(folder: Path, world_size: int) -> str:
 
 
 def _network(a: argparse.Namespace) -> Any:
-    from dpcompare.prediction.network import (
-        Link,
-        Network,
-        load_calibration,
-        load_profiles,
-        parse_duration,
-        parse_rate,
-    )
+    from dpcompare.prediction.network import Link, Network, load_calibration, load_profiles, parse_duration
 
     alpha = parse_duration(a.latency)
     intra = None
@@ -58,10 +51,10 @@ def _network(a: argparse.Namespace) -> Any:
         if not a.intra_link:
             raise ConfigError("--ranks-per-host above 1 needs --intra-link (e.g. 300gbyte for NVLink, 20gbyte "
                               "for a CPU socket's memory)")
-        intra = Link(parse_duration(a.intra_latency), parse_rate(a.intra_link))
+        intra = Link.of(parse_duration(a.intra_latency), a.intra_link)
     calibrated = load_calibration(a.calibration) if a.calibration else {}
     profiles = load_profiles(a.calibration) if a.calibration else {}
-    return Network(1, Link(alpha, parse_rate(a.link)), a.ranks_per_host, intra, calibrated, profiles=profiles)
+    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles)
 
 
 def _cmd_predict(a: argparse.Namespace) -> int:
@@ -88,15 +81,16 @@ def _cmd_predict(a: argparse.Namespace) -> int:
             curves.append(c)
     if not curves:
         raise ConfigError("no traced run to predict from")
-    link = a.link + (f" + {a.ranks_per_host}/host on {a.intra_link}" if a.ranks_per_host > 1 else "")
+    inter_link, intra_link = format_rate_bits(a.link), a.intra_link and format_rate_bits(a.intra_link)
+    link = inter_link + (f" + {a.ranks_per_host}/host on {intra_link}" if a.ranks_per_host > 1 else "")
     lines = {"who_wins": sweep.verdict(curves, hosts),
-             "below_threshold": output.answers(curves, a.threshold, a.link),
+             "below_threshold": output.answers(curves, a.threshold, inter_link),
              "knob_advice": [c.advice for c in curves]}
     out = Path(a.out or a.run_dirs[0])
     title = f"predicted on {link}, {a.latency} latency" + (" (calibrated)" if a.calibration else "")
     png = output.plot(curves, out / output.PNG_FILE, a.threshold, title)
-    inputs = {"runs": a.run_dirs, "hosts": hosts, "link": a.link, "latency": a.latency,
-              "ranks_per_host": a.ranks_per_host, "intra_link": a.intra_link, "calibration": a.calibration,
+    inputs = {"runs": a.run_dirs, "hosts": hosts, "link": inter_link, "latency": a.latency,
+              "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
               "threshold": a.threshold, "strategies": asked, "floor_from_trace": a.floor_from_trace}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
     console = output.make_console()
@@ -107,9 +101,9 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
-def project(folder: Path, link: str) -> Path | None:
-    """``dpcompare predict FOLDER --link LINK --out FOLDER/projected --quiet``, for a comparison whose runs were
-    traced: the report's "Projected to a cluster" section. None when no run was traced."""
+def project(folder: Path, link_bps: int) -> Path | None:
+    """``dpcompare predict FOLDER --link LINK --out FOLDER/projected --quiet`` (LINK: ``link_bps`` bits/s), for a
+    comparison whose runs were traced: the report's "Projected to a cluster" section. None when no run was traced."""
     from dpcompare.report.projection import FOLDER
 
     if not any((folder / "runs").glob("*/trace.json")):
@@ -117,7 +111,8 @@ def project(folder: Path, link: str) -> Path | None:
     (folder / FOLDER).mkdir(exist_ok=True)
     p = argparse.ArgumentParser()
     register(p.add_subparsers(), argparse.ArgumentParser)
-    a = p.parse_args(["predict", str(folder), "--link", link, "--out", str(folder / FOLDER), "--quiet"])
+    a = p.parse_args(["predict", str(folder), "--out", str(folder / FOLDER), "--quiet"])
+    a.link = link_bps  # parsed once, at compare's --project-link
     _cmd_predict(a)
     return folder / FOLDER
 
@@ -134,11 +129,13 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
     p.add_argument("--hosts", default=DEFAULT_HOSTS, help=f"host counts (default {DEFAULT_HOSTS}; '...' continues "
                    "the ratio)")
-    p.add_argument("--link", default="25gbit", help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
+    p.add_argument("--link", type=rate_bits, default="25gbit",
+                   help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
     p.add_argument("--latency", default="5us", help="inter-host latency per message step (alpha), e.g. 5us")
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
                    help="ranks per host (hierarchical collectives on --intra-link inside a host; default 1)")
-    p.add_argument("--intra-link", default=None, help="intra-host link rate, e.g. 300gbyte (NVLink-class)")
+    p.add_argument("--intra-link", type=rate_bits, default=None,
+                   help="intra-host link rate, e.g. 300gbyte (NVLink-class)")
     p.add_argument("--intra-latency", default="1us", help="intra-host latency (default 1us)")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a `dpcompare lab bench --out FILE` JSON: measured alpha and bandwidth share per backend "

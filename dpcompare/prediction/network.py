@@ -22,21 +22,8 @@ from typing import Any
 from dpcompare.errors import ConfigError
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
-_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
-_BYTES = {"byte": 8, "kbyte": 8e3, "mbyte": 8e6, "gbyte": 8e9, "tbyte": 8e12}
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?(?:bit|byte))(?:/s)?$")
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|ms|us|ns)$")
-
-
-def parse_rate(text: str) -> float:
-    """``25gbit`` → 3.125e9 bytes/s; ``300gbyte`` → 3e11 bytes/s (tc's bit units, and bytes spelt out)."""
-    m = _RATE.match(text.strip().lower())
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"link rate {text!r}: write a number and a unit, e.g. 25gbit, 200mbit or 300gbyte "
-                          f"(bits: {', '.join(_BITS)}; bytes: {', '.join(_BYTES)})")
-    unit = m.group(2)
-    return float(m.group(1)) * _BITS.get(unit, _BYTES.get(unit, 0.0)) / 8
 
 
 def parse_duration(text: str) -> float:
@@ -47,20 +34,18 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _TIME[m.group(2)]
 
 
-def format_rate(bytes_per_s: float) -> str:
-    bits = bytes_per_s * 8
-    for unit in ("tbit", "gbit", "mbit", "kbit"):
-        if bits >= _BITS[unit]:
-            return f"{bits / _BITS[unit]:g}{unit}"
-    return f"{bits:g}bit"
-
-
 @dataclass(frozen=True)
 class Link:
     """α (seconds per message step) and B (bytes per second) of one link."""
 
     alpha: float
     bandwidth: float
+
+    @classmethod
+    def of(cls, alpha: float, bits_per_s: float) -> Link:
+        """The link of latency ``alpha`` and a rate in bits per second (as :func:`dpcompare.argtypes.parse_rate_bits`
+        reads ``--link``)."""
+        return cls(alpha, bits_per_s / 8)
 
     def allreduce(self, nbytes: float, n: int) -> float:
         return 0.0 if n <= 1 else 2 * (n - 1) * self.alpha + 2 * (n - 1) / n * nbytes / self.bandwidth

@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from dpcompare.files import atomic_write_json
+from dpcompare.files import atomic_write_figure, atomic_write_json
 from dpcompare.prediction.sweep import Curve, pct
 
 JSON_FILE, PNG_FILE = "prediction.json", "prediction.png"
@@ -101,9 +101,7 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
     ax_e.legend(fontsize=8, frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return atomic_write_figure(path, fig)
 
 
 def write_json(path: Path, inputs: dict[str, Any], curves: Sequence[Curve], lines: dict[str, list[str]],

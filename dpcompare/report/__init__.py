@@ -7,8 +7,8 @@ pairing of runs), ``verdicts`` (Verdict and the accuracy verdicts), ``stats`` (t
 stopping rule, and every statistics name in one place), ``table``/``plots``/``html`` (the three renderings),
 ``traces``/``timeline`` (reading and drawing traces).
 
-May import: the top-level modules only (errors, files, trace, knobs). It reads results.json and trace files as
-data; it never imports ``compare``, ``training`` or a strategy.
+May import: the top-level modules only. It reads results.json and trace files as data; it never imports
+``compare``, ``training`` or a strategy (the strategies' torch-free catalog it may read).
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
 from dpcompare.report.groups import arm_of, arm_pairs, unit_blocks
@@ -169,8 +167,3 @@ def for_report(results: dict[str, Any], recompute: bool = False) -> list[dict[st
             and all(isinstance(a, dict) and "phases" in a for a in stored):
         return stored
     return [a.to_json() for a in attributions(results)]
-
-
-def shares_table(a: Attribution) -> list[tuple[str, float, float | None, float | None]]:
-    """(phase, mean ms, ci low, ci high) rows for a table or a bar chart, in step order."""
-    return [(s.phase, s.diff.mean, s.diff.lo, s.diff.hi) for s in a.shifts if np.isfinite(s.diff.mean)]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpcompare.files import MEMORY_KINDS, PHASES
+from dpcompare.files import LINK, MEMORY_KINDS, PHASES
 from dpcompare.report.intervals import CONFIDENCE, Interval, mean_ci
 
 
@@ -191,12 +191,12 @@ def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
 def arm_links(results: dict[str, Any]) -> dict[str, str]:
     """Arm label → the link rate it ran on, for a comparison that swept the lab's link (``--sweep link=``)."""
     arms = (results.get("config") or {}).get("arms") or []
-    return {a["label"]: str(a["knobs"]["link"]) for a in arms if "link" in (a.get("knobs") or {})}
+    return {a["label"]: str(a["knobs"][LINK]) for a in arms if LINK in (a.get("knobs") or {})}
 
 
 def without_link(label: str) -> str:
     """``horovod/link=1gbit`` → ``horovod``; ``ddp/batch_size=8,link=1gbit`` → ``ddp/batch_size=8``."""
-    return re.sub(r"[/,]link=[^,]*$", "", re.sub(r"([/,])link=[^,]*,", r"\1", label))
+    return re.sub(rf"[/,]{LINK}=[^,]*$", "", re.sub(rf"([/,]){LINK}=[^,]*,", r"\1", label))
 
 
 def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpcompare.files import PHASES
+from dpcompare.files import PHASES, atomic_write_text
 from dpcompare.report import attribution, fmt, regime
 from dpcompare.report.groups import (
     MEMORY_KINDS,
@@ -508,8 +508,5 @@ def _warnings(results: dict[str, Any]) -> list[str]:
 def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                plots: Sequence[Plot], extra: Sequence[str] = (),
                attributions: Sequence[dict[str, Any]] | None = None) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_html(results, groups, verdicts, plots, extra, attributions), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, render_html(results, groups, verdicts, plots, extra, attributions))
 

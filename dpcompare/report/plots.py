@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
-from dpcompare.files import PHASES
+from dpcompare.files import PHASES, atomic_write_figure
 from dpcompare.report import fmt  # noqa: E402
 from dpcompare.report.groups import (  # noqa: E402
     Group,
@@ -98,9 +98,7 @@ def _series(runs: Sequence[dict[str, Any]], arms: Sequence[str], nps: Sequence[i
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
-    return path
+    return atomic_write_figure(path, fig, dpi=DPI, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
 
 
 def _new(w: float, h: float, ncols: int = 1) -> tuple[Figure, Any]:
@@ -149,6 +147,24 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
                 "so that curves lying exactly on top of each other stay visible.")
 
 
+def _whisker(ax: Any, x: float, iv: Any, top: float) -> tuple[float, bool]:
+    """The 95 % interval of one bar, ending in an arrow (and its value) above ``top``; where the bar's label
+    goes, and whether the whisker was cut."""
+    if not iv.has_ci:
+        return iv.mean, False
+    lo, hi = max(iv.lo, 0.0), max(min(iv.hi, top), iv.mean)
+    clipped = hi < iv.hi
+    yerr = [[max(iv.mean - lo, 0.0)], [hi - iv.mean]]
+    ax.errorbar(x, iv.mean, yerr=yerr, fmt="none", ecolor="#222222",
+                elinewidth=1.3, capsize=0 if clipped else 5, capthick=1.3, zorder=4)
+    if not clipped:
+        return hi, False
+    ax.annotate("", (x, hi * 1.035), (x, hi), zorder=4, arrowprops={"arrowstyle": "-|>", "color": "#222222", "lw": 1.3})
+    ax.annotate(f"CI to {iv.hi:,.0f}", (x, hi * 1.035), xytext=(5, 0),
+                textcoords="offset points", fontsize=7.5, color="#555555", va="center")
+    return iv.mean, True
+
+
 def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence[int], path: Path) -> Plot | None:
     """Global samples/s per np (groups of bars) and strategy, with 95 % t-intervals and every repeat as a dot."""
     if not any(g.samples_per_sec for g in groups):
@@ -171,22 +187,8 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
                 x = ni + (si - (len(strategies) - 1) / 2) * width
                 iv = g.samples_per_sec
                 ax.bar(x, iv.mean, width * 0.86, color=col[s], alpha=0.85, label=s if ni == 0 else None, zorder=2)
-                label_y, clipped = iv.mean, False
-                if iv.has_ci:
-                    lo, hi = max(iv.lo, 0.0), max(min(iv.hi, top / 1.12), iv.mean)  # type: ignore[type-var]
-                    clipped = hi < iv.hi  # type: ignore[operator]
-                    yerr = [[max(iv.mean - lo, 0.0)], [hi - iv.mean]]
-                    ax.errorbar(x, iv.mean, yerr=yerr, fmt="none", ecolor="#222222",
-                                elinewidth=1.3, capsize=0 if clipped else 5, capthick=1.3, zorder=4)
-                    if clipped:
-                        ax.annotate("", (x, hi * 1.035), (x, hi), zorder=4,
-                                    arrowprops={"arrowstyle": "-|>", "color": "#222222", "lw": 1.3})
-                        ax.annotate(f"CI to {iv.hi:,.0f}", (x, hi * 1.035), xytext=(5, 0),
-                                    textcoords="offset points", fontsize=7.5, color="#555555", va="center")
-                    else:
-                        label_y = hi
-                else:
-                    no_ci = True
+                label_y, clipped = _whisker(ax, x, iv, top / 1.12)
+                no_ci = no_ci or not iv.has_ci
                 k = len(g.throughputs)
                 offs = [(i - (k - 1) / 2) * min(0.5 * width / max(k, 1), 0.06) for i in range(k)]
                 ax.scatter([x + o for o in offs], g.throughputs, s=14, color="white", edgecolor="#222222",

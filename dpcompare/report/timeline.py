@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare import trace as tr
+from dpcompare.files import atomic_write_figure
 
 COMM_COLOR, COMM_PHASE_COLOR, GRAD_COLOR, WAIT_COLOR = "#2f6db5", "#15365c", "#333333", "#c0303a"
 LANES = ("compute", "grad ready", "all-reduce")
@@ -182,9 +183,7 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
                     Line2D([], [], color=GRAD_COLOR, marker="|", linestyle="none", markersize=10,
                            label="gradient ready (one parameter)")]
         fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8.5)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=DPI, metadata={"Software": None})
+        path = atomic_write_figure(path, fig, dpi=DPI, metadata={"Software": None})
     return path
 
 

@@ -2,9 +2,10 @@
 
 Holds the ``dpcompare train`` command (:mod:`.command`), the loop (:mod:`.loop`: :func:`~.loop.train` and
 its :class:`~.loop.Run`), the step runner (:mod:`.step`), evaluation and the metric curve
-(:mod:`.evaluation`) and the run summary (:mod:`.summary`).
-May import: the top-level modules (config, errors, files, checkpoint, trace, knobs, progress, versions),
-``launch``, ``backends``, ``models`` and ``data``. Never ``compare`` or ``report``, and never a strategy by
-name: the loop only talks to :class:`~dpcompare.backends.base.Strategy`; nor a task by name: it only talks
-to a :class:`~dpcompare.data.workload.Workload`.
+(:mod:`.evaluation`), the run summary (:mod:`.summary`) and the experiment trackers (:mod:`.trackers`, a
+torch-free module whose ``TRACKERS`` table any module may read).
+
+May import: the top-level modules, launch, backends, models and data. Never ``compare`` or ``report``, and
+never a strategy by name: the loop only talks to :class:`~dpcompare.backends.base.Strategy`; nor a task by
+name: it only talks to a :class:`~dpcompare.data.workload.Workload`.
 """

@@ -20,15 +20,14 @@ your own job (a plug-in; `dpcompare workloads` explains them):
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from dpcompare.data.plugins import resolve_workload, settle
+    from dpcompare.data.plugins import resolve_workload
     from dpcompare.launch.env import detect_launch_env
 
-    cfg = settle(config_from_args(a))
-    workload = resolve_workload(cfg)  # a plug-in that does not import or fit: one line, before any process group
+    job = resolve_workload(config_from_args(a))  # a plug-in that does not import or fit: one line, before any group
     # imported after: a plug-in that does not import is refused without the cost of importing torch
     from dpcompare.training.loop import train
 
-    train(cfg, detect_launch_env(), workload=workload)  # train() names the default --out
+    train(job.cfg, detect_launch_env(), workload=job.workload)  # train() names the default --out
     return 0
 
 

@@ -28,8 +28,8 @@ from torch import nn
 from dpcompare import backends, checkpoint, knobs
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
-from dpcompare.data.builtin import builtin
 from dpcompare.data.datasets import eval_loader, train_loader
+from dpcompare.data.plugins import resolve_workload
 from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
 from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
@@ -117,7 +117,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
             remove_stale_temporaries(folder)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
     seed_everything(cfg.seed)
-    workload = workload or builtin(cfg)
+    workload = workload or resolve_workload(cfg).workload  # loop.train(cfg) from Python: the workload cfg names
     check_target(cfg, workload)
     train_set, test_set = workload.build_data()  # the data first, then the model (from the seed)
     model = workload.build_model()
@@ -130,7 +130,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
         weights = checkpoint.load_model_weights(cfg.init_from)
         checkpoint.check_fits(model, weights, cfg.init_from)
         model.load_state_dict(weights)
-    backends.get(cfg.strategy).check_config(cfg, env.world_size)  # refuse a knob before joining anyone
+    backends.check_config(cfg.strategy, cfg, env.world_size)  # refuse a knob before joining anyone
     return Start(workload, train_set, test_set, model, ckpt, resume_path)
 
 
@@ -343,8 +343,7 @@ class Run:
         self.rep.print(f"epoch {epoch:>3}/{self.last_epoch}  train_loss {train_loss:.6f}  "
                        f"{tag} {row['test_metric']:.4f}  {row['samples_per_sec']:,.0f} samples/s  {slowest:.2f}s")
         if strategy.is_main:
-            with open(self.out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+            _write_jsonl(self.out / "metrics.jsonl", self.history)
             self.trackers.log_epoch(self.global_step, row)
 
     def checkpoint(self, epoch: int) -> None:
@@ -390,7 +389,7 @@ class Run:
         """Rank 0: summary.json (and the step losses for parity), the closing lines."""
         cfg, out, name = self.cfg, self.out, self.metric.name
         if cfg.record_step_loss:
-            (out / "step_losses.json").write_text(json.dumps(self.step_losses))
+            atomic_write_json(out / "step_losses.json", self.step_losses)
         atomic_write_json(out / "summary.json", summary)
         self.trackers.log_timing(summary["timing"])
         self.trackers.finish(summary)

@@ -7,34 +7,51 @@ The loop talks to one :class:`Trackers` object and never to a tool::
     trackers.log_timing(summary["timing"])                  # the step-time phases, once
     trackers.finish(summary)                                # final figures; closes every tool
 
-On any other rank ``open_trackers`` returns an empty :class:`Trackers` whose calls do nothing.
+On any other rank ``open_trackers`` returns an empty :class:`Trackers` whose calls do nothing. A comparison
+groups its runs with :mod:`dpcompare.compare.trackers`. W&B is offline unless ``WANDB_MODE`` says otherwise.
 
-A ``compare`` groups its runs: :func:`start_comparison` (in the comparing process, before the first run)
-returns a :class:`Comparison` whose ``env`` every child job needs; each run then joins the W&B group
-(``WANDB_RUN_GROUP``) and becomes a child of the comparison's MLflow parent run. ``Comparison.finish``
-attaches the verdicts at the end. W&B is offline unless ``WANDB_MODE`` says otherwise.
+Importing this module imports no torch and no tool (the command line reads :data:`TRACKERS`): a new tracker is
+a row in :data:`TRACKERS` and a :class:`Tracker` subclass in :data:`OPENERS`, both here.
 """
 
 from __future__ import annotations
 
 import csv
 import importlib
+import io
 import json
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dpcompare.config import TRACKERS, TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
+
+#: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
+TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
+    "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
+    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
+    "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
+    "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
+}
 
 #: environment variables a compare's child jobs receive (besides WANDB_RUN_GROUP and MLFLOW_TRACKING_URI)
 MLFLOW_PARENT_ENV = "DPCOMPARE_MLFLOW_PARENT_RUN_ID"
 MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_ID"
 WANDB_PROJECT = "dpcompare"  # unless WANDB_PROJECT is set
 MLFLOW_EXPERIMENT = "dpcompare"  # unless MLFLOW_EXPERIMENT_NAME / MLFLOW_EXPERIMENT_ID is set
+
+
+def install_hint(name: str) -> str:
+    """What brings tracker ``name``'s module: ``pip install 'dpcompare[EXTRA]'`` or ``pip install MODULE``."""
+    module, extra, _ = TRACKERS[name]
+    return f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
 
 
 def selected(cfg: TrainConfig) -> list[str]:
@@ -47,14 +64,13 @@ def require(name: str) -> Any:
     """Import the module tracker ``name`` needs; ConfigError naming the extra when it is absent or broken."""
     if name not in TRACKERS:
         raise ConfigError(f"unknown tracker {name!r} in --log; choose from {', '.join(TRACKERS)}")
-    module, extra, _ = TRACKERS[name]
+    module = TRACKERS[name][0]
     if module is None:
         return None
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        hint = f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
-        raise ConfigError(f"--log {name}: {module} does not import ({e}); {hint}") from None
+        raise ConfigError(f"--log {name}: {module} does not import ({e}); {install_hint(name)}") from None
 
 
 def check(cfg: TrainConfig) -> None:
@@ -145,32 +161,34 @@ class TensorBoardTracker(Tracker):
 
 
 class CsvTracker(Tracker):
-    """``OUT/metrics.csv`` (a row per epoch, the columns of the first row) and ``OUT/timing.csv`` (name, value)."""
+    """``OUT/metrics.csv`` (a row per epoch, the columns of the first row) and ``OUT/timing.csv`` (name, value),
+    each rewritten whole (atomically) when it grows."""
 
     name = "csv"
 
     def __init__(self, out: Path, history: Sequence[Mapping[str, Any]] = ()) -> None:
         self.out = out
-        self.file = open(out / "metrics.csv", "w", newline="")  # noqa: SIM115 (closed in close())
-        self.writer: csv.DictWriter[str] | None = None
-        for row in history:  # a resumed run's earlier epochs, as metrics.jsonl keeps them
-            self.log_epoch(int(row.get("step", 0)), row)
+        self.rows: list[Mapping[str, Any]] = list(history)  # a resumed run's earlier epochs, as metrics.jsonl keeps them
+        self._write_metrics()
 
     def log_epoch(self, step: int, row: Mapping[str, Any]) -> None:
-        if self.writer is None:
-            self.writer = csv.DictWriter(self.file, fieldnames=list(row), extrasaction="ignore")
-            self.writer.writeheader()
-        self.writer.writerow(dict(row))
-        self.file.flush()
+        self.rows.append(dict(row))
+        self._write_metrics()
+
+    def _write_metrics(self) -> None:
+        text = io.StringIO(newline="")
+        if self.rows:
+            writer = csv.DictWriter(text, fieldnames=list(self.rows[0]), extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(self.rows)
+        atomic_write_text(self.out / "metrics.csv", text.getvalue())
 
     def log_timing(self, timing: Mapping[str, Any], step: int) -> None:
-        with open(self.out / "timing.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["name", "value"])
-            w.writerows(timing_scalars(timing).items())
-
-    def close(self, failed: bool = False) -> None:
-        self.file.close()
+        text = io.StringIO(newline="")
+        w = csv.writer(text)
+        w.writerow(["name", "value"])
+        w.writerows(timing_scalars(timing).items())
+        atomic_write_text(self.out / "timing.csv", text.getvalue())
 
 
 class WandbTracker(Tracker):
@@ -336,6 +354,20 @@ class Trackers:
         self.close(failed=kind is not None)
 
 
+#: tracker name → how to open it: ``(cfg, out, run_info, versions, history)`` → a Tracker that logged the config
+OPENERS: dict[str, Callable[..., Tracker]] = {
+    "tensorboard": lambda cfg, out, info, vers, history: _logged(TensorBoardTracker(out), info, vers),
+    "csv": lambda cfg, out, info, vers, history: CsvTracker(out, history),
+    "wandb": lambda cfg, out, info, vers, history: WandbTracker(out, info, vers),
+    "mlflow": lambda cfg, out, info, vers, history: MlflowTracker(out, cfg.mlflow_uri, info, vers),
+}
+
+
+def _logged(tracker: Tracker, run_info: Mapping[str, Any], vers: Mapping[str, Any]) -> Tracker:
+    tracker.log_config(run_info, vers)
+    return tracker
+
+
 def open_trackers(cfg: TrainConfig, run_info: Mapping[str, Any], out: Path, is_main: bool,
                   history: Sequence[Mapping[str, Any]] = ()) -> Trackers:
     """Open the trackers ``cfg`` asks for on the reporting rank and log the config and versions there.
@@ -354,102 +386,8 @@ def open_trackers(cfg: TrainConfig, run_info: Mapping[str, Any], out: Path, is_m
     opened = Trackers()
     try:
         for name in names:
-            if name == "tensorboard":
-                opened.trackers.append(TensorBoardTracker(out))
-                opened.trackers[-1].log_config(run_info, vers)
-            elif name == "csv":
-                opened.trackers.append(CsvTracker(out, history))
-            elif name == "wandb":
-                opened.trackers.append(WandbTracker(out, run_info, vers))
-            elif name == "mlflow":
-                opened.trackers.append(MlflowTracker(out, cfg.mlflow_uri, run_info, vers))
+            opened.trackers.append(OPENERS[name](cfg, out, run_info, vers, history))
     except BaseException:
         opened.close(failed=True)
         raise
     return opened
-
-
-# -- a comparison's group -------------------------------------------------------------------------------
-class Comparison:
-    """A ``compare``'s group in the trackers: ``env`` goes to every child job; :meth:`finish` adds the verdicts.
-
-    W&B: the runs share the group ``name`` (``WANDB_RUN_GROUP``) and a last run of job type ``comparison``
-    carries the verdicts (summary and table). MLflow: a parent run named ``name`` in the store, the runs its
-    children, the verdicts its tags, metrics and ``verdicts.json`` artifact.
-    """
-
-    def __init__(self, name: str, out: Path, kinds: Sequence[str], mlflow_uri: str | None = None) -> None:
-        self.name, self.out, self.kinds = name, out, [k for k in kinds if k in ("wandb", "mlflow")]
-        self.env: dict[str, str] = {}
-        self.mlflow: tuple[Any, str] | None = None
-        if "wandb" in self.kinds:
-            require("wandb")
-            self.env["WANDB_RUN_GROUP"] = name
-        if "mlflow" in self.kinds:
-            require("mlflow")
-            uri = mlflow_store(mlflow_uri, out)
-            client = mlflow_client(uri)
-            experiment = mlflow_experiment(client, uri)
-            run = client.create_run(experiment, run_name=name, tags={"dpcompare.kind": "comparison"})
-            self.mlflow = (client, run.info.run_id)
-            self.env.update({"MLFLOW_TRACKING_URI": uri, MLFLOW_EXPERIMENT_ENV: experiment,
-                             MLFLOW_PARENT_ENV: run.info.run_id})
-
-    def finish(self, verdicts: Sequence[Mapping[str, Any]], failed: bool = False) -> None:
-        """Attach ``verdicts`` (results.json's) to the group and close it."""
-        if "wandb" in self.kinds:
-            self._wandb_verdicts(verdicts, failed)
-        if self.mlflow is not None:
-            client, run_id = self.mlflow
-            self.mlflow = None
-            values = _verdict_scalars(verdicts)
-            tags = {f"verdict.{k}": str(v.get("text") or v.get("outcome")) for k, v in _keyed(verdicts).items()}
-            from mlflow.entities import Metric, RunTag
-
-            now = int(time.time() * 1000)
-            client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in values.items()],
-                             tags=[RunTag(k, t[:5000]) for k, t in tags.items()])
-            client.log_dict(run_id, {"comparison": self.name, "verdicts": list(verdicts)}, "verdicts.json")
-            client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
-
-    def _wandb_verdicts(self, verdicts: Sequence[Mapping[str, Any]], failed: bool) -> None:
-        wandb = require("wandb")
-        self.out.mkdir(parents=True, exist_ok=True)
-        run = wandb.init(project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT), name=f"{self.name}-verdicts",
-                         group=self.name, job_type="comparison", dir=str(self.out),
-                         config={"comparison": self.name}, mode=os.environ.get("WANDB_MODE", "offline"),
-                         settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
-                         reinit="create_new")
-        columns = ["np", "metric", "baseline", "other", "outcome", "ratio", "ci_low", "ci_high", "text"]
-        table = wandb.Table(columns=columns, data=[[v.get(c) for c in columns] for v in verdicts])
-        run.log({"verdicts": table})
-        run.summary.update(_verdict_scalars(verdicts))
-        run.summary.update({f"verdict/{k}": str(v.get("text") or v.get("outcome"))
-                            for k, v in _keyed(verdicts).items()})
-        run.finish(exit_code=1 if failed else 0)
-
-
-def _keyed(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """``throughput.horovod_vs_ddp.np2`` → verdict."""
-    return {f"{v.get('metric', 'throughput')}.{v.get('other')}_vs_{v.get('baseline')}.np{v.get('np')}": v
-            for v in verdicts}
-
-
-def _verdict_scalars(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, v in _keyed(verdicts).items():
-        out.update(scalars({k: v.get(k) for k in ("ratio", "ci_low", "ci_high", "blocks")}, key.replace(".", "/") + "/"))
-    return out
-
-
-def start_comparison(name: str, out: Path, kinds: str | Sequence[str], mlflow_uri: str | None = None) -> Comparison:
-    """Open a compare's group (``kinds``: ``--log``'s value or list; only wandb and mlflow group runs).
-
-    Call it in the comparing process before the first run and pass ``.env`` to every child job; the
-    children's own ``--log`` decides what they log."""
-    names = [k.strip() for k in kinds.split(",")] if isinstance(kinds, str) else list(kinds)
-    return Comparison(name, out, names, mlflow_uri)
-
-
-def finish_comparison(comparison: Comparison, verdicts: Sequence[Mapping[str, Any]]) -> None:
-    comparison.finish(verdicts)
