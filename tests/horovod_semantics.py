@@ -244,6 +244,9 @@ def deeper_model_many_steps():
         opt.zero_grad()
         F.cross_entropy(model(torch.randn(8, 16, generator=gen)), torch.randint(0, 2, (8,), generator=gen)).backward()
         opt.step()
+    fusion = getattr(opt, "_fusion", None)  # the native layer's own account (absent under Horovod)
+    if fusion is not None:
+        results["layer_fusion"] = {"groups": len(fusion.plan), "started": fusion.started}
     return [flat(p) for p in model.parameters()]
 
 

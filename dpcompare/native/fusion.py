@@ -103,6 +103,8 @@ class GradientFusion:
         self.explicit = groups is not None
         self.plan: list[list[int]] | None = groups
         self.learned_steps = 0
+        #: all-reduces started from the gradient hooks (during backward) and at synchronize(), over the run
+        self.started = {"backward": 0, "synchronize": 0}
         self._buffers: dict[tuple[int, ...], torch.Tensor] = {}
         self.group_of: list[int] = []
         self.planned: set[int] = set()
@@ -138,6 +140,7 @@ class GradientFusion:
         while self.next_group < len(self.plan) and self.waiting[self.next_group] == 0:
             # explicit groups go through Horovod's grouped all-reduce, which ignores gradient_predivide_factor
             self._launch(self.plan[self.next_group], *((1.0, 1.0) if self.explicit else (None, None)))
+            self.started["backward"] += 1
             self.next_group += 1
 
     # -- the all-reduces ------------------------------------------------------------------------------------
@@ -180,6 +183,7 @@ class GradientFusion:
         sparse = [i for i, p in enumerate(self.params)
                   if p.grad.is_sparse and not self.sparse_as_dense and i not in planned]
         dense = [i for i in range(len(self.params)) if i not in set(sparse)]
+        launched_before = len(self.flights)
         if self.plan is None:
             for group in plan_groups(dense, self._nbytes(), self._kinds(), self.threshold):
                 self._launch(group)
@@ -190,6 +194,7 @@ class GradientFusion:
         else:
             for group in self.plan[self.next_group:]:
                 self._launch(group)
+        self.started["synchronize"] += len(self.flights) - launched_before
         gathers = [(i, sparse_allreduce_async(self.params[i].grad, self.names[i], self.op)) for i in sparse]
         for flight in self.flights:
             self._finish(flight)
