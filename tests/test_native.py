@@ -303,3 +303,18 @@ def test_docs_table_lists_every_call() -> None:
     missing_rows = [n for n in CALLS if f"`{n if n.startswith('optimizer.') else 'hvd.' + n}`" not in page]
     missing_rows += [m for m in MODULES if f"`import {m}`" not in page]
     assert not missing_rows, f"docs/from-horovod.md lacks rows for {missing_rows}"
+
+
+def test_script_summary_takes_the_slowest_rank_per_step_after_warmup(tmp_path: Path) -> None:
+    from dpcompare.native.summary import write_summary
+
+    ends = {0: [1.0, 1.1, 1.2, 1.5, 1.6, 1.7], 1: [1.0, 1.15, 1.2, 1.4, 1.6, 1.75]}
+    for rank, e in ends.items():
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({
+            "arm": "native", "rank": rank, "world_size": 2, "exit_code": 0, "steps": len(e), "step_ends_s": e,
+            "metrics": {"val_accuracy": [0.5, 0.75]} if rank == 0 else {}}))
+    s = write_summary(tmp_path, warmup=2, metric="val_accuracy")
+    assert s == json.loads((tmp_path / "summary.json").read_text())
+    # steps 3..6 take (rank 0, rank 1) (0.1, 0.05), (0.3, 0.2), (0.1, 0.2), (0.1, 0.15) s: the slowest rank counts
+    assert s["timing"]["measured_steps"] == 4 and s["timing"]["step_ms_median"] == pytest.approx(175.0)
+    assert s["final_metric"] == 0.75 and s["metric"]["name"] == "val_accuracy" and s["exit_code"] == 0
