@@ -98,7 +98,7 @@ def worker(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     strategy = backends.create(a.strategy, device="cpu")
-    strategy.setup()
+    strategy.connect()
     tmp = Path(a.result).parent
     cfg = TrainConfig(strategy=a.strategy, model="convnet", dataset="digits", epochs=a.epochs, batch_size=a.batch,
                       lr=0.05, seed=1, out=str(tmp / f"run-{a.strategy}"), tensorboard=False, progress="none",
@@ -115,7 +115,7 @@ def worker(a: argparse.Namespace) -> None:
                 ours.append([row["samples_per_sec"] for row in rows[1:]])
     if strategy.is_main:
         Path(a.result).write_text(json.dumps({"strategy": a.strategy, "hand": hand, "dpcompare": ours}))
-    strategy.teardown()
+    strategy.disconnect()
 
 
 def main() -> int:

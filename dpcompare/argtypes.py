@@ -78,6 +78,23 @@ class NameList(list):
         return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n)
 
 
+class PluginNames(list):
+    """argparse ``choices`` that list the built-in names and also hold every plug-in ``MODULE:ATTR``."""
+
+    def __contains__(self, value: object) -> bool:
+        return list.__contains__(self, value) or (isinstance(value, str) and ":" in value)
+
+
+def strategy_arg(text: str) -> str:
+    """A built-in strategy or a plug-in ``MODULE:CLASS`` / ``path/to/file.py:CLASS`` (imported when used)."""
+    from dpcompare.backends.catalog import check_name
+
+    try:
+        return check_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def tracker_list(text: str) -> str:
     """``--log``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
     here, while the command line is read, so that a missing one stops the run before anything starts."""

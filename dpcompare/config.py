@@ -33,13 +33,13 @@ def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
                                             "hidden": hidden})
 
 
-def _names(module: str, table: str, intro: str | None = None) -> Callable[[], Any]:
-    """The names in ``module.table``, read when the parser is built (the table imports no torch): a list, or with
-    ``intro`` a help text that ends listing them."""
+def _names(module: str, table: str, intro: str | None = None, kind: type[list] = list) -> Callable[[], Any]:
+    """The names in ``module.table``, read when the parser is built (the table imports no torch): a ``kind`` list,
+    or with ``intro`` a help text that ends listing them."""
     def names() -> Any:
         import importlib
 
-        found = list(getattr(importlib.import_module(module), table))
+        found = kind(getattr(importlib.import_module(module), table))
         return found if intro is None else intro + ", ".join(found)
     return names
 
@@ -50,7 +50,7 @@ def _described(module: str, table: str, intro: str = "", outro: str = "") -> Cal
         import importlib
 
         rows = getattr(importlib.import_module(module), table).items()
-        return intro + "; ".join(f"{n}: {row[-1]}" for n, row in rows) + outro
+        return intro + "; ".join(f"{n}: {getattr(row, 'summary', row[-1])}" for n, row in rows) + outro
     return text
 
 
@@ -70,8 +70,10 @@ def _datasets_help() -> str:
 class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
     strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES",
-                                             "how gradients are synchronised: "),
-                        choices=_names("dpcompare.backends.catalog", "STRATEGIES"), resume=True)
+                                             "how gradients are synchronised: ", "; MODULE:CLASS or path/to/file.py:"
+                                             "CLASS: your own Strategy subclass (docs/layout.md)"),
+                        type=t.strategy_arg, choices=_names("dpcompare.backends.catalog", "STRATEGIES",
+                                                            kind=t.PluginNames), resume=True)
     workload: str | None = opt(None, "your own training job instead of --model/--dataset: a dpcompare Workload (or a "
                                      "function returning one) at MODULE:ATTR or path/to/file.py:ATTR, e.g. "
                                      "my_pkg.bench:workload; see `dpcompare workloads`", type=t.workload_arg,

@@ -10,7 +10,11 @@ from conftest import FAST, dpcompare, needs_mpi
 
 
 @pytest.mark.parametrize("args, words", [
-    (["train", "--strategy", "nope"], "invalid choice: 'nope'"),
+    (["train", "--strategy", "nope"], "unknown strategy nope; choose from ddp, fsdp, horovod, single, zero, or "
+                                      "name your own Strategy subclass as MODULE:CLASS or path/to/file.py:CLASS"),
+    (["train", "--strategy", "no_such_module:Strategy"], "no module 'no_such_module'"),
+    (["train", "--strategy", "dpcompare.knobs:Knob"], "not a subclass of dpcompare.backends.base.Strategy"),
+    (["train", "--strategy", "tests/nonexistent.py:S"], "no file tests/nonexistent.py"),
     (["train", "--model", "nope"], "unknown model 'nope'; choose from convnet, mlp"),
     (["train", "--dataset", "mnist"], "MNIST/raw/{train-images-idx3-ubyte, train-labels-idx1-ubyte, "
                                       "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte} under --data-dir DIR (none given)"),

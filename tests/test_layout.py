@@ -59,14 +59,16 @@ ROOMS: dict[str, frozenset[str]] = {
 CATALOGS = frozenset({"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models", "dpcompare.models.catalog",
                       "dpcompare.training.trackers", "dpcompare.launch.openmpi"})
 #: ``import_module(variable)`` in ``module:function`` → the table (module, name) whose strings it imports
-FOLLOWED: dict[str, tuple[str, str]] = {
-    "dpcompare.cli:build_parser": ("dpcompare.cli", "COMMAND_MODULES"),
-    "dpcompare.backends.registry:get": ("dpcompare.backends.catalog", "STRATEGIES"),
-    "dpcompare.training.trackers:require": ("dpcompare.training.trackers", "TRACKERS"),
+FOLLOWED: dict[str, tuple[str, str, str]] = {
+    "dpcompare.cli:build_parser": ("dpcompare.cli", "COMMAND_MODULES", ""),
+    "dpcompare.backends.registry:get": ("dpcompare.backends.catalog", "STRATEGIES", "dpcompare.backends."),
+    "dpcompare.prediction.strategies:schedules": ("dpcompare.backends.catalog", "STRATEGIES", "dpcompare.prediction."),
+    "dpcompare.training.trackers:require": ("dpcompare.training.trackers", "TRACKERS", ""),
 }
 #: ``import_module(variable)`` that imports the user's code, not dpcompare's: ``module:function`` → why
 USER_CODE: dict[str, str] = {
     "dpcompare.data.plugins:load_attr": "--workload/--model/--dataset MODULE:ATTR: the user's plug-in module",
+    "dpcompare.backends.registry:_import_module": "--strategy MODULE:CLASS: the user's own strategy module",
 }
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__
 MAX_FUNCTION_LINES = 60
@@ -83,7 +85,7 @@ class Rules:
     entry: frozenset[str] = ENTRY
     rooms: dict[str, frozenset[str]] = field(default_factory=lambda: dict(ROOMS))
     catalogs: frozenset[str] = CATALOGS
-    followed: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(FOLLOWED))
+    followed: dict[str, tuple[str, str, str]] = field(default_factory=lambda: dict(FOLLOWED))
     user_code: dict[str, str] = field(default_factory=lambda: dict(USER_CODE))
     max_lines: int = MAX_FUNCTION_LINES
 
@@ -197,11 +199,11 @@ class _Imports(ast.NodeVisitor):
         outer = self.functions[0].name if self.functions else "<module>"
         where = f"{self.name}:{outer}"
         if where in self.rules.followed:
-            module, table = self.rules.followed[where]
+            module, table, prefix = self.rules.followed[where]  # a table may hold several kinds of names
             if not any(isinstance(n, ast.Name) and n.id == table for n in ast.walk(self.functions[0])):
                 self.unfollowed.append(f"{self.path}:{node.lineno}: {outer} does not read {table}")
             named = (s.partition(":")[0] for s in _table(self.rules, module, table))  # MODULE or MODULE:ATTR
-            self.found.update(m for m in named if m in self.known)
+            self.found.update(m for m in named if m in self.known and m.startswith(prefix))
         elif where in self.rules.user_code:
             pass
         elif isinstance(arg, ast.Name) and (callers := self.callers_constants(arg.id)) is not None:

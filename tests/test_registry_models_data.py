@@ -37,13 +37,13 @@ def test_missing_library_gives_the_install_command(monkeypatch):
 
 def test_single_strategy_is_a_no_op():
     s = backends.create("single")
-    s.setup()
-    assert (s.rank, s.world_size, s.is_main, s.device.type) == (0, 1, True, "cpu")
-    m = torch.nn.Linear(2, 2)
-    assert s.wrap_model(m) is m
-    assert float(s.all_reduce(3.0, "sum")) == 3.0
-    assert s.all_gather_floats([1.0, 2.0]) == [[1.0, 2.0]]
-    s.teardown()
+    with s:
+        assert (s.rank, s.world_size, s.is_main, s.device.type) == (0, 1, True, "cpu")
+        m = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        assert s.setup(m, opt) == (m, opt)
+        assert float(s.all_reduce(3.0, "sum")) == 3.0
+        assert s.all_gather_floats([1.0, 2.0]) == [[1.0, 2.0]]
 
 
 @pytest.mark.parametrize("shape", [(1, 8, 8), (3, 32, 32), (1, 28, 28)])

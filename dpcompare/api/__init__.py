@@ -35,7 +35,8 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     Args:
         workload: a :class:`~dpcompare.data.workload.Workload`, a plug-in path (``"my_pkg.bench:workload"`` or
             ``"path/to/file.py:workload"``), or None for the built-in job that ``model=``/``dataset=`` name.
-        strategy: ``single``, ``ddp``, ``horovod``, ``zero`` or ``fsdp``; every process of the job passes the same.
+        strategy: ``single``, ``ddp``, ``horovod``, ``zero``, ``fsdp`` or your own Strategy subclass as
+            ``MODULE:CLASS`` or ``path/to/file.py:CLASS``; every process of the job passes the same.
         epochs: as ``dpcompare train --epochs``.
         batch_size: per process, as ``--batch-size``.
         lr: as ``--lr`` (used as given under every strategy).

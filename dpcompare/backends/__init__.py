@@ -1,7 +1,8 @@
 """Data-parallel strategies behind one interface.
 
-Importing this package imports no strategy (and not torch): names and summaries come from
-:mod:`~dpcompare.backends.catalog`, and :func:`get` imports a strategy's module when it is first asked for.
+Importing this package imports no strategy (and not torch): names, summaries and the other facts of the
+built-in strategies come from :mod:`~dpcompare.backends.catalog` (:func:`facts`), and :func:`get` imports a
+strategy's module when it is first asked for, or a plug-in's ``MODULE:CLASS`` / ``path/to/file.py:CLASS``.
 
 May import: the top-level modules and launch. From ``launch``: rendezvous, the launcher's environment, Open
 MPI's settings; never ``training``, ``compare``, ``report`` or command-line code.
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dpcompare.backends.registry import check_config, create, get, names, register
+from dpcompare.backends.catalog import one_process
+from dpcompare.backends.registry import check_config, create, facts, get, names, register
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy, StrategyUnavailable
 
-__all__ = ["Strategy", "StrategyUnavailable", "check_config", "create", "get", "names", "register"]
+__all__ = ["Strategy", "StrategyUnavailable", "check_config", "create", "facts", "get", "names", "one_process", "register"]
 
 
 def __getattr__(name: str) -> Any:  # Strategy and StrategyUnavailable live with torch in base.py

@@ -1,15 +1,27 @@
 """The strategy interface: everything that differs between DDP, Horovod and one process lives here.
 
 The trainer calls only these methods, so one training loop serves every strategy. A strategy owns
-process-group set-up and teardown, model and optimizer wrapping, the initial broadcast and the
-collectives the trainer needs for metrics.
+joining and leaving the other processes (:meth:`Strategy.connect`, :meth:`Strategy.disconnect`, or ``with
+strategy:``), the joint set-up of the model and its optimizer (:meth:`Strategy.setup`), the initial
+broadcast, every step's gradient work (:meth:`~Strategy.zero_grad`, :meth:`~Strategy.backward`, the
+accumulation context, :meth:`~Strategy.synchronize`, :meth:`~Strategy.clip_grad_norm`,
+:meth:`~Strategy.optimizer_step`) and the collectives the trainer needs for metrics.
+
+A step, as :class:`~dpcompare.training.step.StepRunner` runs it::
+
+    strategy.zero_grad(optimizer)
+    for micro in range(accumulate):
+        with strategy.accumulation_context(model, micro):      # DDP's no_sync covers forward and backward
+            strategy.backward(loss(model(x), y) / accumulate, scaler)
+    strategy.clip_grad_norm(model, optimizer, max_norm, scaler)  # only when clipping: synchronize, unscale, clip
+    strategy.optimizer_step(optimizer, scaler)                   # synchronize (unless done), then update
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -17,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.trace import CAT_GRAD
 
@@ -28,14 +41,24 @@ ReduceOp = Literal["mean", "sum", "max", "min"]
 
 
 class Strategy(ABC):
-    """One way of running data-parallel training, registered by ``name`` in backends/catalog.py."""
+    """One way of running data-parallel training.
+
+    Built-in strategies register themselves by ``name`` and take ``summary``, ``knobs``, ``communication``
+    and ``distributed`` from their line in :mod:`~dpcompare.backends.catalog`; a strategy outside the package
+    (``--strategy path/to/file.py:Class``) declares them here, as class attributes.
+    """
 
     name: ClassVar[str]
-    summary: ClassVar[str]  # one line for --help and reports: set by the registry from backends/catalog.py
+    #: one line for --help and reports
+    summary: ClassVar[str] = ""
     #: how gradients are synchronised, for teaching material and reports
     sync_mechanism: ClassVar[str] = ""
     #: the communication knobs (TrainConfig fields, see dpcompare.knobs) this strategy honours
-    knobs: ClassVar[frozenset[str]] = frozenset({"accumulate", "amp"})
+    knobs: ClassVar[frozenset[str]] = BASE_KNOBS
+    #: phase of the step → the communication done there (reports say which sits in a phase that differs)
+    communication: ClassVar[Mapping[str, str]] = {}
+    #: False only for one process with no communication (parity's reference run with the global batch)
+    distributed: ClassVar[bool] = True
 
     def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
                  timeout_s: float = 300.0) -> None:
@@ -49,6 +72,7 @@ class Strategy(ABC):
         self.cfg = TrainConfig()
         #: what the strategy installed and counted, for summary.json["comm"]
         self.counters: dict[str, int] = {"grad_allreduces": 0, "grad_allreduce_elements": 0}
+        self._synchronized = False  # this step's averaged gradients are in place (synchronize ran)
 
     # -- availability ---------------------------------------------------------------------------
     @classmethod
@@ -72,36 +96,27 @@ class Strategy(ABC):
         return {"installed": True, "version": cls.version()}
 
     # -- knobs ----------------------------------------------------------------------------------
-    @classmethod  # noqa: B027 (a hook: the base class has nothing to refuse)
+    @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
-        """Refuse, before any process group work, a value of ``cfg`` this strategy cannot take (subclasses add
-        their checks and call this). The knobs it does not honour at all are refused first, by
-        :func:`dpcompare.backends.registry.check_config`, which knows every strategy (this class does not)."""
+        """Refuse, before any process group work, a knob this strategy cannot honour or a value it cannot take.
+
+        The base version refuses the knobs other strategies own, naming who can
+        (:func:`dpcompare.knobs.refuse_unhonoured`); subclasses add their own value checks (and call this).
+        """
+        from dpcompare import knobs
+
+        honours = {n: e.knobs for n, e in STRATEGIES.items()}
+        knobs.refuse_unhonoured(cfg, cls.name, {**honours, cls.name: cls.knobs})
 
     def configure(self, cfg: TrainConfig) -> None:
-        """Take the run's knobs; called before :meth:`setup` (Horovod reads some of them at init)."""
+        """Take the run's knobs; called before :meth:`connect` (Horovod reads some of them at init)."""
         self.cfg = cfg
-
-    def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
-        """Context for the backward pass of micro-batch ``micro_step`` (0-based) of ``cfg.accumulate``.
-
-        Gradients are summed locally over the micro-batches and exchanged once, after the last one.
-        """
-        return contextlib.nullcontext()
 
     def make_grad_scaler(self) -> Any:
         """A gradient scaler for fp16 autocast on GPU, else None."""
         if self.cfg.amp == "fp16" and self.device.type == "cuda":
             return torch.amp.GradScaler("cuda")
         return None
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
-        """One optimizer step (through the gradient scaler when there is one)."""
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)
-            scaler.update()
 
     def library(self) -> str:
         """The library that carries the gradient exchange between processes (gloo, nccl, mpi), recorded as
@@ -112,21 +127,21 @@ class Strategy(ABC):
         """What this strategy installed for gradient exchange (hooks, compressor, sizes) and counted."""
         return dict(self.counters)
 
-    # -- life cycle -----------------------------------------------------------------------------
+    # -- joining and leaving the other processes ----------------------------------------------------
     @abstractmethod
-    def setup(self) -> None:
+    def connect(self) -> None:
         """Join the other processes. After this, rank/world_size/device are valid."""
 
     @abstractmethod
-    def teardown(self) -> None:
+    def disconnect(self) -> None:
         """Leave the process group. Safe to call twice."""
 
     def __enter__(self) -> Strategy:
-        self.setup()
+        self.connect()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.teardown()
+        self.disconnect()
 
     # -- who am I -------------------------------------------------------------------------------
     @property
@@ -168,12 +183,29 @@ class Strategy(ABC):
             return dev
         return torch.device(want)
 
-    # -- wrapping -------------------------------------------------------------------------------
+    # -- the model and its optimizer ---------------------------------------------------------------
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model and optimizer this strategy trains: BatchNorm synchronised if ``--sync-bn``, the model on
+        the device and wrapped (:meth:`wrap_model`), the optimizer wrapped (:meth:`wrap_optimizer`).
+
+        ``optimizer`` is a fresh one (no state yet) over ``model``'s parameters; where conversion or wrapping
+        replaces a parameter (FSDP's DTensor shards, Horovod's SyncBatchNorm), the optimizer is pointed at the
+        new one of the same name, in the same order. A checkpoint's optimizer state is loaded afterwards
+        (:meth:`load_full_optimizer_state`), then :meth:`broadcast_initial_state` runs.
+        """
+        names = {id(p): n for n, p in self.unwrap_model(model).named_parameters()}
+        if self.cfg.sync_bn:
+            model = self.convert_sync_batchnorm(model)
+        model = self.wrap_model(model.to(self.device))
+        _rebind(optimizer, names, dict(self.unwrap_model(model).named_parameters()))
+        return model, self.wrap_optimizer(optimizer, model)
+
     def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
         """Replace BatchNorm layers by this strategy's synchronised version (one process: nothing to sync)."""
         return model
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
+        """The model as this strategy runs it (part of :meth:`setup`)."""
         return model
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
@@ -181,7 +213,70 @@ class Strategy(ABC):
         return getattr(model, "module", model)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        """The optimizer as this strategy steps it (part of :meth:`setup`, after :meth:`wrap_model`)."""
         return optimizer
+
+    # -- one step's gradients ------------------------------------------------------------------------
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Start a step: no gradients (``set_to_none``, torch's default; Horovod's takes no arguments)."""
+        self._synchronized = False
+        optimizer.zero_grad()
+
+    def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
+        """Context for the forward and backward of micro-batch ``micro_step`` (0-based) of ``cfg.accumulate``.
+
+        Gradients are summed locally over the micro-batches and exchanged once, after the last one.
+        """
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, scaler: Any = None) -> None:
+        """Gradients of ``loss`` (scaled by the gradient scaler when there is one) added to each ``.grad``."""
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
+        """Finish the gradient exchange: afterwards every parameter's ``.grad`` holds its averaged gradient
+        (or, sharded, this rank's shard of it). Here nothing: the exchange ran inside backward.
+
+        Not called directly: :meth:`ensure_synchronized` runs it once per step, before anything reads the
+        gradients (:meth:`clip_grad_norm`, the gradient scaler, :meth:`optimizer_step`).
+        """
+        return None
+
+    def ensure_synchronized(self, optimizer: torch.optim.Optimizer) -> None:
+        """:meth:`synchronize`, unless it already ran in this step."""
+        if not self._synchronized:
+            self.synchronize(optimizer)
+            self._synchronized = True
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
+                       scaler: Any = None) -> float:
+        """Scale the averaged gradients so that their global 2-norm is at most ``max_norm``; the norm before.
+
+        Synchronises first (Horovod's all-reduces land in ``.grad`` there) and unscales the gradient scaler's
+        gradients; the norm is over every parameter of the whole model on every rank (a DTensor's shards
+        included), so every rank clips by the same factor. Call it between the last backward and
+        :meth:`optimizer_step`.
+        """
+        self.ensure_synchronized(optimizer)
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        params = list(self.unwrap_model(model).parameters())
+        return float(_full(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        """One optimizer step on the averaged gradients: :meth:`synchronize` unless it already ran (after
+        :meth:`clip_grad_norm`), then :meth:`update`."""
+        self.ensure_synchronized(optimizer)
+        self.update(optimizer, scaler)
+        self._synchronized = False
+
+    def update(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        """Apply the synchronised gradients (through the gradient scaler when there is one)."""
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
 
     @abstractmethod
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -206,7 +301,7 @@ class Strategy(ABC):
                                   state: dict[str, Any]) -> None:
         """Load a plain optimizer state (as :meth:`full_state_dicts` returns it) on every rank.
 
-        The model's weights are loaded into the plain module before :meth:`wrap_model`.
+        The model's weights are loaded into the plain module before :meth:`setup`.
         """
         optimizer.load_state_dict(state)
 
@@ -255,7 +350,7 @@ class Strategy(ABC):
 
     # -- tracing (dpcompare train --trace N; see dpcompare.trace) ---------------------------------
     def prepare_trace(self, folder: Path) -> None:
-        """Called before :meth:`setup` when tracing is on: a library told at initialisation is told here."""
+        """Called before :meth:`connect` when tracing is on: a library told at initialisation is told here."""
         self._tracing = True
 
     def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
@@ -332,6 +427,24 @@ def tensor_bytes(tensors: Iterable[object]) -> int:
         if isinstance(t, torch.Tensor):
             total += t.numel() * t.element_size()
     return total
+
+
+def _rebind(optimizer: torch.optim.Optimizer, names: dict[int, str], now: dict[str, nn.Parameter]) -> None:
+    """Point ``optimizer`` at the parameters the model holds ``now`` (name → parameter), where set-up replaced
+    one (``names``: id of each original parameter → its name)."""
+    for group in optimizer.param_groups:
+        fresh = [now.get(names.get(id(p), ""), p) for p in group["params"]]
+        if any(a is not b for a, b in zip(fresh, group["params"], strict=True)):
+            if optimizer.state:
+                raise ValueError("Strategy.setup needs a fresh optimizer: load its state after set-up")
+            group["params"] = fresh
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a norm over shards is a partial sum until reduced); another tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def require_gpu_for_sync_bn(device: torch.device, cls_name: str) -> None:

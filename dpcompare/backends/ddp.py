@@ -4,6 +4,9 @@ During ``backward()`` autograd hooks on each parameter mark its gradient ready; 
 gradients into buckets (``bucket_cap_mb``) and starts an all-reduce per bucket while backward is
 still computing earlier layers, so communication overlaps computation. By ``optimizer.step()`` the
 gradients are already averaged; the optimizer itself is untouched.
+
+The model hooks live in :class:`DDPModelHooks`, which ``zero`` shares; both stand on
+:class:`~dpcompare.backends.torchdist.TorchDistributedStrategy` for the process group.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,16 +22,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import (
-    ReduceOp,
-    Strategy,
-    patch,
-    require_gpu_for_sync_bn,
-    tensor_bytes,
-    timed_collective,
-)
+from dpcompare.backends.base import patch, tensor_bytes, timed_collective
+from dpcompare.backends.catalog import DDP_KNOBS
+from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
-from dpcompare.launch.rendezvous import ensure_rendezvous
 from dpcompare.trace import ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, TraceRecorder
 
 if TYPE_CHECKING:
@@ -37,17 +33,19 @@ if TYPE_CHECKING:
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
-_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-        "min": dist.ReduceOp.MIN}
 
 
-class DDPStrategy(Strategy):
-    name = "ddp"
-    sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
-                      "during backward(), overlapping communication with computation")
+class DDPModelHooks:
+    """Mix-in for a :class:`~dpcompare.backends.torchdist.TorchDistributedStrategy`: the model wrapped in
+    DistributedDataParallel, with the communication knobs DDP takes (bucket size, compression and PowerSGD
+    hooks, static graph), its ``no_sync`` for accumulation and its tracing.
+
+    ``ddp`` and ``zero`` both use it (they differ only in the optimizer): ``class X(DDPModelHooks,
+    TorchDistributedStrategy)``.
+    """
 
     bucket_cap_mb: float = 25.0  # torch's default
-    knobs = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "powersgd_rank", "static_graph"})
+    knobs = DDP_KNOBS  # (a built-in strategy's come from its catalog line: the same)
 
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
@@ -55,32 +53,6 @@ class DDPStrategy(Strategy):
         if cfg.powersgd_rank and cfg.grad_compression != "none":
             raise ConfigError(f"--powersgd-rank and --grad-compression {cfg.grad_compression} both replace DDP's "
                               "communication hook; choose one")
-
-    @classmethod
-    def version(cls) -> str | None:
-        return str(torch.__version__)
-
-    @property
-    def backend(self) -> str:
-        return "nccl" if self.device.type == "cuda" else "gloo"
-
-    def library(self) -> str:
-        return self.backend
-
-    def setup(self) -> None:
-        if dist.is_initialized():
-            return
-        ensure_rendezvous(self.env, self.iface)
-        dist.init_process_group(self.backend, init_method="env://", rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
-
-    def teardown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-    def convert_sync_batchnorm(self, model: nn.Module) -> nn.Module:
-        require_gpu_for_sync_bn(self.device, "torch.nn.SyncBatchNorm")
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -158,44 +130,13 @@ class DDPStrategy(Strategy):
 
     def stop_trace(self) -> None:
         self._recorder = None
-        super().stop_trace()
+        super().stop_trace()  # type: ignore[misc]
 
-    def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        module = self.unwrap_model(model)
-        with torch.no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
-                self._broadcast_(t)
-        for state in optimizer.state.values():  # empty unless resumed
-            for key in sorted(state):
-                if isinstance(state[key], torch.Tensor):
-                    self._broadcast_(state[key])
 
-    def _broadcast_(self, t: torch.Tensor, src: int = 0) -> None:
-        if t.device.type == self.device.type:
-            dist.broadcast(t, src)
-        else:  # e.g. a CPU step counter while the model is on CUDA under nccl
-            tmp = t.to(self.device)
-            dist.broadcast(tmp, src)
-            t.copy_(tmp)
-
-    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
-        dev = self.device if self.backend == "nccl" else torch.device("cpu")
-        t = torch.as_tensor(value, dtype=torch.float64).detach().clone().to(dev)
-        dist.all_reduce(t, _OPS[op])
-        if op == "mean":
-            t /= self.world_size
-        return t.cpu()
-
-    def broadcast_buffers(self, model: nn.Module) -> None:
-        with torch.no_grad():
-            for b in self.unwrap_model(model).buffers():
-                self._broadcast_(b)
-
-    def barrier(self) -> None:
-        if self.backend == "nccl":
-            dist.barrier(device_ids=[self.device.index])
-        else:
-            dist.barrier()
+class DDPStrategy(DDPModelHooks, TorchDistributedStrategy):
+    name = "ddp"
+    sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
+                      "during backward(), overlapping communication with computation")
 
 
 def bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]  (DDP rejects string annotations)

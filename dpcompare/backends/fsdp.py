@@ -7,6 +7,8 @@ the state. Per step each layer's parameters are all-gathered before its forward 
 backward), and its gradients are reduce-scattered after backward, so every rank receives the averaged
 gradient of its own shard only. Checkpoints gather the full model and optimizer state on rank 0 with
 ``torch.distributed.checkpoint.state_dict`` and are written in the plain format every strategy reads.
+Gradient clipping needs no code here: torch's ``clip_grad_norm_`` over the DTensor gradients reduces the
+norm over the shards, so it is the global one (tests/test_strategy_hooks.py checks it against a hand-made one).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpcompare.backends.base import Strategy, patch
-from dpcompare.backends.ddp import DDPStrategy
+from dpcompare.backends.base import patch
+from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.trace import ALL_GATHER, CAT_COMM, LANE_BUCKETS, REDUCE_SCATTER, TraceRecorder
 
 
@@ -30,13 +32,10 @@ def _full_options(**kw: bool) -> Any:
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-class FSDPStrategy(DDPStrategy):
+class FSDPStrategy(TorchDistributedStrategy):
     name = "fsdp"
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
                       "backward; its gradients are reduce-scattered, so each process updates only its shard")
-
-    # FSDP2 runs no DDP comm hooks and no buckets: of DDP's knobs only these apply
-    knobs = frozenset({"accumulate", "amp"})
 
     def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
         """FSDP2's no_sync: keep unsharded gradients local until the last micro-batch, then reduce-scatter."""
@@ -48,9 +47,7 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.fsdp import fully_shard
 
         # fully_shard shards each rank's own tensors: start every rank from rank 0's (as DDP's constructor does).
-        with torch.no_grad():
-            for t in list(model.parameters()) + list(model.buffers()):
-                self._broadcast_(t)
+        self.broadcast_module(model)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
         for m in units:
@@ -65,7 +62,7 @@ class FSDPStrategy(DDPStrategy):
         input (reduce dtype aside)."""
         from torch.distributed.fsdp import FSDPModule
 
-        Strategy.start_trace(self, model, optimizer, recorder)  # no DDP comm hook under FSDP
+        super().start_trace(model, optimizer, recorder)
         groups = []
         for m in model.modules():
             state = m._get_fsdp_state() if isinstance(m, FSDPModule) else None

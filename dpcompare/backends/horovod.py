@@ -3,8 +3,9 @@
 ``hvd.DistributedOptimizer`` registers a hook per parameter that enqueues an asynchronous
 all-reduce as soon as its gradient is ready; Horovod's background thread negotiates which tensors
 every rank has ready and fuses them into one buffer (``HOROVOD_FUSION_THRESHOLD``) per cycle
-(``HOROVOD_CYCLE_TIME``). ``optimizer.step()`` first calls ``synchronize()``, waiting for every
-outstanding all-reduce, then applies the update. The model is not wrapped.
+(``HOROVOD_CYCLE_TIME``). ``synchronize()`` waits for every outstanding all-reduce (dpcompare calls
+it before anything reads the gradients: clipping, the gradient scaler, the update), and the update then
+runs inside ``skip_synchronize()``. The model is not wrapped.
 """
 
 from __future__ import annotations
@@ -54,9 +55,6 @@ class HorovodStrategy(Strategy):
     name = "horovod"
     sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
                       "thread fuses; optimizer.step() waits for them (synchronize) before updating")
-
-    knobs = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "horovod_cycle_ms", "horovod_ops",
-                       "mpi_allreduce", "adasum"})
 
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
@@ -120,7 +118,7 @@ class HorovodStrategy(Strategy):
         info["cuda_built"] = bool(hvd.cuda_built())
         return info
 
-    def setup(self) -> None:
+    def connect(self) -> None:
         hvd = _hvd()
         # torch.optim imports torch._dynamo on first use, about 2 s of CPU. Import it before hvd.init():
         # Horovod's background thread cycles even while idle and, on 2 cores, stretched that import to 3.5 s.
@@ -138,7 +136,7 @@ class HorovodStrategy(Strategy):
             return "nccl"
         return "gloo" if _gloo_controller() or self.cfg.horovod_ops == "gloo" else "mpi"
 
-    def teardown(self) -> None:
+    def disconnect(self) -> None:
         hvd = getattr(self, "_hvd", None)
         if hvd is not None and hvd.is_initialized():
             hvd.shutdown()
@@ -173,16 +171,28 @@ class HorovodStrategy(Strategy):
             **{k: os.environ[k] for k in (*HOROVOD_VARS, *mpi_allreduce_env("default")) if k in os.environ}}
         return opt
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
-        if scaler is None:
-            optimizer.step()
-            return
-        # The scaler must see averaged gradients: wait for the all-reduces, unscale, then step without waiting again.
+    def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
+        """Wait for the all-reduces the optimizer's hooks enqueued: the averaged gradients are in ``.grad``."""
         optimizer.synchronize()  # type: ignore[attr-defined]
-        scaler.unscale_(optimizer)
+
+    def update(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        """The step without waiting again (:meth:`synchronize` ran; the scaler unscales averaged gradients).
+
+        Adasum's optimizer is another kind: each hook takes the local step and sends its delta, ``step()``
+        combines the deltas, ``synchronize()`` does nothing and ``skip_synchronize()`` refuses to run.
+        """
+        if self.cfg.adasum:
+            super().update(optimizer, scaler)
+            return
         with optimizer.skip_synchronize():  # type: ignore[attr-defined]
-            scaler.step(optimizer)
-        scaler.update()
+            super().update(optimizer, scaler)
+
+    def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
+                       scaler: Any = None) -> float:
+        if self.cfg.adasum:  # no averaged gradient ever exists: each rank steps locally inside backward's hooks
+            raise ConfigError("gradient clipping needs averaged gradients, which --adasum never forms (each rank "
+                              "takes its own step and Adasum combines the steps); drop one of the two")
+        return super().clip_grad_norm(model, optimizer, max_norm, scaler)
 
     def comm_report(self) -> dict[str, Any]:
         return {**getattr(self, "_installed", {}), **self.counters}

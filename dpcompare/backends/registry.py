@@ -1,13 +1,25 @@
-"""Name → strategy class. Names come from :mod:`~dpcompare.backends.catalog` (nothing imported); a
-strategy's module is imported on first :func:`get`, which registers the class the catalog names. The checks that
-need every strategy (:func:`check_config`) are here, above the strategies, not in their base class."""
+"""Name → strategy class. Built-in names come from :mod:`~dpcompare.backends.catalog` (nothing imported); a
+built-in strategy's module is imported on first :func:`get`, which registers the class its catalog line names (a
+strategy's module never imports this one).
+
+A strategy outside the package is named by where it is, ``MODULE:CLASS`` or ``path/to/file.py:CLASS`` (as
+``--workload`` names a workload): :func:`get` imports it (user code: the one place besides the catalog lines
+that imports a strategy by a name given at run time) and checks that it is a Strategy subclass. Its facts
+(summary, knobs, communication, whether it is distributed) are its class attributes.
+
+Imports :mod:`~dpcompare.backends.base` only inside functions, as base reads the catalog, not this module.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpcompare.backends.catalog import STRATEGIES
+from dpcompare.backends.catalog import STRATEGIES, Entry, check_name, is_plugin
 from dpcompare.backends.catalog import names as names
 from dpcompare.errors import ConfigError
 
@@ -19,32 +31,45 @@ _REGISTRY: dict[str, type[Strategy]] = {}
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
+    """List a built-in strategy by name, with its facts from its catalog line."""
     if cls.name not in STRATEGIES:
         raise ValueError(f"strategy {cls.name!r} is not in backends/catalog.py")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy {cls.name!r} registered twice")
-    cls.summary = STRATEGIES[cls.name][1]
+    entry = STRATEGIES[cls.name]
+    cls.summary, cls.communication, cls.distributed, cls.knobs = (entry.summary, entry.communication,
+                                                                 entry.distributed, entry.knobs)
     _REGISTRY[cls.name] = cls
     return cls
 
 
 def get(name: str) -> type[Strategy]:
-    if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy {name!r}; choose from {', '.join(names())}")
+    """The class of built-in strategy ``name`` or of the plug-in ``MODULE:CLASS`` / ``path/to/file.py:CLASS``."""
+    try:
+        check_name(name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if name not in _REGISTRY:
-        module, _, cls = STRATEGIES[name][0].partition(":")
-        register(getattr(importlib.import_module(module), cls))
+        if is_plugin(name):
+            _REGISTRY[name] = _load_plugin(name)
+        else:
+            module, _, cls = STRATEGIES[name].module.partition(":")
+            register(getattr(importlib.import_module(module), cls))
     return _REGISTRY[name]
+
+
+def facts(name: str) -> Entry:
+    """What dpcompare knows about strategy ``name``: its catalog line (torch-free), or a plug-in's class."""
+    if name in STRATEGIES:
+        return STRATEGIES[name]
+    cls = get(name)
+    return Entry(cls.__module__, cls.summary, cls.communication, cls.distributed, cls.knobs)
 
 
 def check_config(name: str, cfg: TrainConfig, world_size: int) -> None:
     """Refuse, before any process group work, a knob strategy ``name`` cannot honour (naming the strategies that
-    can, :func:`dpcompare.knobs.refuse_unhonoured`), then the values it cannot take (its ``check_config``)."""
-    from dpcompare import knobs
-
-    cls = get(name)
-    knobs.refuse_unhonoured(cfg, name, {n: get(n).knobs for n in names()})
-    cls.check_config(cfg, world_size)
+    can) or a value it cannot take: its class's ``check_config``."""
+    get(name).check_config(cfg, world_size)
 
 
 def create(name: str, **kwargs: object) -> Strategy:
@@ -57,3 +82,60 @@ def create(name: str, **kwargs: object) -> Strategy:
     except StrategyUnavailable as e:
         raise ConfigError(str(e)) from None
     return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def _load_plugin(spec: str) -> type[Strategy]:
+    """The Strategy subclass at ``spec``; a ConfigError of one line saying what to fix when it is not one."""
+    from dpcompare.backends.base import Strategy
+
+    where, _, attr = spec.rpartition(":")
+    try:
+        module = _import_file(Path(where)) if where.endswith(".py") or "/" in where else _import_module(where)
+    except ConfigError:
+        raise
+    except BaseException as e:  # noqa: BLE001  (the plug-in's own code failed while importing)
+        raise ConfigError(f"--strategy {spec}: importing {where} failed ({_one_line(e)}); fix it, or give a module "
+                          "on PYTHONPATH or a path/to/file.py") from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        got = ("nothing" if cls is None else f"the class {cls.__name__}" if isinstance(cls, type)
+               else f"a {type(cls).__name__}")
+        raise ConfigError(f"--strategy {spec}: {where} has {got} named {attr!r}, not a subclass of "
+                          "dpcompare.backends.base.Strategy (or of backends.torchdist.TorchDistributedStrategy)")
+    if "name" not in vars(cls):  # its name in summaries, checkpoints and messages: the spec it was given by
+        cls.name = spec
+    return cls
+
+
+def _import_module(name: str) -> object:
+    if os.getcwd() not in sys.path and "" not in sys.path:  # the console script leaves the cwd out
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and name.startswith(e.name):
+            raise ConfigError(f"--strategy {name}:...: no module {name!r} on PYTHONPATH or in this folder; give "
+                              "a module that imports, or a path/to/file.py") from None
+        raise
+
+
+def _import_file(path: Path) -> object:
+    """The module in the file ``path`` (imported once per process, under a name made from its path)."""
+    if not path.is_file():
+        raise ConfigError(f"--strategy {path}:...: no file {path}; give an existing path/to/file.py")
+    name = "dpcompare_strategy_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module  # pickle and dataclasses look a module up by name
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())[:300]

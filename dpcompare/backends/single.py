@@ -18,13 +18,13 @@ class SingleStrategy(Strategy):
     name = "single"
     sync_mechanism = "none: one process holds every gradient"
 
-    def setup(self) -> None:
+    def connect(self) -> None:
         if self.env.world_size != 1:
             raise LaunchError(f"--strategy single runs one process but {self.env.launcher} started "
                               f"{self.env.world_size}; drop mpirun/srun or use --strategy ddp|horovod")
         _ = self.device
 
-    def teardown(self) -> None:
+    def disconnect(self) -> None:
         """No process group to leave."""
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

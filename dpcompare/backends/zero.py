@@ -1,6 +1,7 @@
 """ZeRO-1: DDP for the gradients, ``ZeroRedundancyOptimizer`` to shard the optimizer state.
 
-The model is replicated and wrapped in DistributedDataParallel exactly as under ``ddp`` (gradients are
+The model is replicated and wrapped in DistributedDataParallel exactly as under ``ddp`` (the same
+:class:`~dpcompare.backends.ddp.DDPModelHooks`; gradients are
 all-reduced by model hooks during backward). The optimizer is split: each rank owns the optimizer state
 of about 1/N of the parameters and updates only those; after its step every rank broadcasts the
 parameters it owns, so all replicas agree again. Optimizer state per rank shrinks to about 1/N; the
@@ -17,11 +18,12 @@ import torch
 from torch import nn
 
 from dpcompare.backends.base import patch, tensor_bytes, timed_collective
-from dpcompare.backends.ddp import DDPStrategy
+from dpcompare.backends.ddp import DDPModelHooks
+from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.trace import BROADCAST, LANE_BROADCAST, TraceRecorder
 
 
-class ZeroStrategy(DDPStrategy):
+class ZeroStrategy(DDPModelHooks, TorchDistributedStrategy):
     name = "zero"
     sync_mechanism = ("model hooks all-reduce gradients as in ddp; each process updates only its shard of the "
                       "parameters (holding only that shard's optimizer state), then broadcasts it to the others")
@@ -46,10 +48,7 @@ class ZeroStrategy(DDPStrategy):
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # Each rank holds only its shard of the optimizer state (loaded from the same checkpoint on resume):
         # only parameters and buffers need rank 0's values.
-        module = self.unwrap_model(model)
-        with torch.no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
-                self._broadcast_(t)
+        self.broadcast_module(model)
 
     def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
                          ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

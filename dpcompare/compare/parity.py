@@ -119,7 +119,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
     from dpcompare import checkpoint
     from dpcompare.options import train_argv
 
-    distributed = cfg.strategy != "single"
+    distributed = backends.facts(cfg.strategy).distributed
     cmd = dpcompare_command(np_ if distributed else None, ["train", *train_argv(cfg)], lab if distributed else None)
     console.print(f"[bold]{cfg.strategy}[/] at np={np_ if distributed else 1} "
                   f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
@@ -142,8 +142,9 @@ def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tu
     runs: dict[str, TrainConfig] = {}
     notes: list[str] = []
     for s in strategies:  # a knob only one library has (Adasum, PowerSGD): the other runs without it
-        foreign = [k for k in knobs.active(base) if k not in backends.get(s).knobs]
-        runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s, out=str(Path(a.out) / s))
+        foreign = [k for k in knobs.active(base) if k not in backends.facts(s).knobs]
+        runs[s] = dataclasses.replace(knobs.without(base, foreign), strategy=s,
+                                      out=str(Path(a.out) / backends.catalog.folder(s)))
         if foreign:
             notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
         backends.check_config(s, runs[s], a.np)  # refuse now, not after the other runs
@@ -154,7 +155,8 @@ def _single(a: argparse.Namespace, base: TrainConfig) -> tuple[TrainConfig | Non
     """The one-process run with the global batch where it is exact in arithmetic, else why it is skipped."""
     if not a.single:
         return None, None
-    unsupported = [k for k in knobs.active(base) if k not in backends.get("single").knobs]
+    one = backends.one_process()
+    unsupported = [k for k in knobs.active(base) if k not in backends.facts(one).knobs]
     if unsupported:
         return None, f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
     if base.amp != "none":
@@ -163,7 +165,7 @@ def _single(a: argparse.Namespace, base: TrainConfig) -> tuple[TrainConfig | Non
     if not (base.sync_bn or not _has_batchnorm(base)):
         return None, (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
                       "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
-    return dataclasses.replace(base, strategy="single", out=str(Path(a.out) / "single"), batch_size=base.batch_size * a.np,
+    return dataclasses.replace(base, strategy=one, out=str(Path(a.out) / one), batch_size=base.batch_size * a.np,
                                lr=base.lr * a.np if base.scale_lr else base.lr, scale_lr=False, sync_bn=False), None
 
 
@@ -197,7 +199,7 @@ def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_not
     if len(runs) >= 2:
         return
     why = f" ({single_note})" if single_note else " (--no-single)" if not a.single else ""
-    other = "horovod" if runs[0] != "horovod" else "ddp"
+    other = next(n for n in backends.names() if n != runs[0] and backends.facts(n).distributed)
     raise ConfigError(f"parity needs two runs to compare but --strategies {','.join(a.strategies)} gives only "
                       f"{', '.join(runs)}{why}; name another, e.g. --strategies {runs[0]},{other}")
 
@@ -218,9 +220,11 @@ def run_parity(a: argparse.Namespace) -> int:
     from dpcompare.options import config_from_args
 
     console = Console(highlight=False)
-    strategies = [s for s in a.strategies if s != "single"]  # single is added below where it is exact
+    # the one-process run is added below, where it is exact
+    strategies = [s for s in a.strategies if backends.facts(s).distributed]
     if not strategies:
-        raise ConfigError("--strategies needs a distributed strategy (ddp, horovod, zero, fsdp)")
+        raise ConfigError("--strategies needs a distributed strategy (" + ", ".join(
+            n for n in backends.names() if backends.facts(n).distributed) + ", or your own MODULE:CLASS)")
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
@@ -234,7 +238,7 @@ def run_parity(a: argparse.Namespace) -> int:
     notes += [knob_note] if knob_note else []
     single, single_note = _single(a, base)
     if single is not None:
-        runs["single"] = single
+        runs[single.strategy] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
     try:
         results = _run_all(a, runs, console)
@@ -244,7 +248,8 @@ def run_parity(a: argparse.Namespace) -> int:
 
     ref = strategies[0]
     diffs = {s: compare_runs(results[ref], results[s]) for s in results if s != ref}
-    tol = {s: (a.single_tolerance if s == "single" else max(a.tolerance, knob_tol)) for s in diffs}
+    tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
+           for s in diffs}
     console.print(_table(a, results, ref, diffs, tol))
     for note in [*notes, *([single_note] if single_note else [])]:
         console.print(note)

@@ -108,12 +108,13 @@ def parse_np(text: str) -> list[int]:
 
 
 def _check_strategy(name: str) -> str:
-    from dpcompare import backends
+    """A built-in strategy's name or a plug-in's ``MODULE:CLASS`` / ``path/to/file.py:CLASS``."""
+    from dpcompare.backends.catalog import check_name
 
-    if name not in backends.names():
-        raise argparse.ArgumentTypeError(f"unknown strategy {name or '(empty)'}; choose from "
-                                         f"{', '.join(backends.names())}")
-    return name
+    try:
+        return check_name(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_arm_strategies(text: str) -> list[str]:

@@ -101,7 +101,8 @@ def environment(strategies: Sequence[str] | None = None) -> dict[str, Any]:
 
     return {**versions(), "platform": platform.platform(), "machine": platform.machine(),
             "hostname": platform.node(), "cpus": os.cpu_count(),
-            "strategies": {n: {"summary": backends.get(n).summary, "sync_mechanism": backends.get(n).sync_mechanism}
+            "strategies": {n: {"summary": backends.get(n).summary, "sync_mechanism": backends.get(n).sync_mechanism,
+                               "communication": dict(backends.get(n).communication)}
                            for n in (strategies or backends.names())}}
 
 

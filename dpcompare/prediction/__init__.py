@@ -4,7 +4,8 @@ A traced run (``dpcompare train --trace N``) gives the compute of a step: forwar
 gradient-ready moments with each gradient's bytes, the optimizer (:mod:`.profile`). An α-β (Hockney) network
 model prices each collective at n ranks on a link (:mod:`.network`). A schedule per strategy places the
 collectives where the library runs them and says how much of them the step waits for (:mod:`.ddp`,
-:mod:`.horovod`, :mod:`.zero`, :mod:`.fsdp`, looked up by strategy name in :mod:`.strategies`).
+:mod:`.horovod`, :mod:`.zero`, :mod:`.fsdp`, named by each strategy's line in the torch-free
+``backends.catalog`` and looked up in :mod:`.strategies`).
 :mod:`.sweep` evaluates them over host counts (step time, exposed and hidden communication, throughput,
 scaling efficiency against one host, the crossover, the knob that would help) and :mod:`.output` prints,
 plots and writes it. docs/predict.md states the model and its limits.

@@ -1,39 +1,50 @@
-"""Strategy name → its schedule class: the plug-in table (a new strategy is one module and one line here)."""
+"""Strategy name → its schedule class, from the ``schedule`` of its line in :mod:`dpcompare.backends.catalog`
+(a new strategy's schedule is its module here and that one entry; nothing to list in this file)."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 from pathlib import Path
 
+from dpcompare.backends.catalog import STRATEGIES
 from dpcompare.errors import ConfigError
-from dpcompare.prediction.ddp import DDPSchedule
-from dpcompare.prediction.fsdp import FSDPSchedule
-from dpcompare.prediction.horovod import HorovodSchedule
 from dpcompare.prediction.profile import Profile, find_runs, load_profile
 from dpcompare.prediction.schedule import Schedule
-from dpcompare.prediction.zero import ZeroSchedule
 
-SCHEDULES: dict[str, type[Schedule]] = {s.name: s for s in (DDPSchedule, HorovodSchedule, ZeroSchedule,
-                                                               FSDPSchedule)}
+
+@functools.cache
+def schedules() -> dict[str, type[Schedule]]:
+    """Every strategy that has a schedule → its class (imported on first use)."""
+    out: dict[str, type[Schedule]] = {}
+    for name, entry in STRATEGIES.items():
+        if entry.schedule:
+            module, _, cls = entry.schedule.partition(":")
+            out[name] = getattr(importlib.import_module(module), cls)
+    return out
+
+
 #: what a run of a strategy without a schedule (``single``) is predicted as, unless --strategies says
 DEFAULT_FOR_UNKNOWN = ("ddp", "horovod")
 
 
 def schedule(name: str) -> type[Schedule]:
-    if name not in SCHEDULES:
-        raise ConfigError(f"no model of strategy {name!r}; choose from {', '.join(SCHEDULES)}")
-    return SCHEDULES[name]
+    known = schedules()
+    if name not in known:
+        raise ConfigError(f"no model of strategy {name!r}; choose from {', '.join(known)}")
+    return known[name]
 
 
 def profile(folder: str | Path) -> Profile:
     """A run's compute profile, told whether its own strategy sharded the optimizer."""
-    return load_profile(folder, lambda s: s in SCHEDULES and SCHEDULES[s].shards_optimizer)
+    return load_profile(folder, lambda s: s in schedules() and schedules()[s].shards_optimizer)
 
 
 def modelled_as(p: Profile, asked: list[str] | None) -> list[str]:
     """The strategies to predict from profile ``p``: those asked, else its own (or ddp and horovod for single)."""
     if asked:
         return asked
-    return [p.strategy] if p.strategy in SCHEDULES else list(DEFAULT_FOR_UNKNOWN)
+    return [p.strategy] if p.strategy in schedules() else list(DEFAULT_FOR_UNKNOWN)
 
 
 def trace_floors(p: Profile) -> dict[str, tuple[float, float, int]]:
@@ -42,10 +53,10 @@ def trace_floors(p: Profile) -> dict[str, tuple[float, float, int]]:
     from dpcompare.prediction.network import floor_from
     from dpcompare.prediction.schedule import Knobs
 
-    if p.strategy not in SCHEDULES:
+    if p.strategy not in schedules():
         return {}
     f = floor_from(p.measured.get("allreduces") or [], p.world_size)
-    return {SCHEDULES[p.strategy](p, Knobs()).backend(): f} if f else {}
+    return {schedule(p.strategy)(p, Knobs()).backend(): f} if f else {}
 
 
 def profile_runs(paths: list[str]) -> list[Path]:

@@ -103,10 +103,16 @@ def _strategy(results: dict[str, Any], arm: str) -> str:
     return next((str(r["strategy"]) for r in results.get("runs", []) if arm_of(r) == arm), arm)
 
 
-def communication_in(strategy: str, phase: str, buffers: bool | None = None) -> str | None:
+def communication_in(strategy: str, phase: str, buffers: bool | None = None,
+                     results: dict[str, Any] | None = None) -> str | None:
     """What ``strategy`` declares it communicates in ``phase`` (None: nothing); a declaration for models with
-    buffers is dropped when the runs recorded none (``buffers`` False) and stated plainly when they had some."""
-    what = COMMUNICATION.get(strategy, {}).get(phase)
+    buffers is dropped when the runs recorded none (``buffers`` False) and stated plainly when they had some.
+
+    A built-in strategy's declaration is its catalog line's; a plug-in's, its class's, as the comparison
+    recorded it (``results`` ``environment.strategies``)."""
+    recorded = ((results or {}).get("environment") or {}).get("strategies") or {}
+    declared = COMMUNICATION.get(strategy) or (recorded.get(strategy) or {}).get("communication") or {}
+    what = declared.get(phase)
     if what and what.endswith(IF_BUFFERS) and buffers is not None:
         return what.removesuffix(IF_BUFFERS) if buffers else None
     return what
@@ -142,7 +148,8 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
     text += "." if step.has_ci else " (one unit of blocks: no intervals yet)."
     comm = []
     for p in [*main, *(s.phase for s in against)]:
-        what = {arm: communication_in(_strategy(results, arm), p, _buffers(results, arm)) for arm in (baseline, other)}
+        what = {arm: communication_in(_strategy(results, arm), p, _buffers(results, arm), results)
+                for arm in (baseline, other)}
         if any(what.values()):
             comm.append(f"in {p}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
                                                  for arm, w in what.items()))

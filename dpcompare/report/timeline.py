@@ -112,8 +112,8 @@ def _draw_run(ax: Any, data: dict[str, Any], step: int, t0: float, title: str) -
         for e in tr.events_in(events, st, tr.CAT_COMM_PHASE):
             ax.broken_barh([(ms(e["ts"]), e["dur"] / 1e3)], (y_com - 0.38, 0.16), color=COMM_PHASE_COLOR)
         if not comm:
-            note = ("no all-reduce recorded on this rank (Horovod's timeline is written by rank 0 only)"
-                    if data.get("otherData", {}).get("strategy") == "horovod" and rank else "no all-reduce")
+            note = ("no all-reduce recorded on this rank (the library's own timeline is written by rank 0 only)"
+                    if data.get("otherData", {}).get("library_timeline_rank0") and rank else "no all-reduce")
             ax.text(0.005, y_com, note, transform=ax.get_yaxis_transform(), va="center", fontsize=7.5,
                     color="#777777")
         row += 3.6

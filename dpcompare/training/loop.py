@@ -63,8 +63,11 @@ def seed_everything(seed: int) -> None:
 
 
 def default_out(cfg: TrainConfig, world_size: int) -> TrainConfig:
-    """``cfg`` with its output folder, ``runs/<strategy>-np<N>`` unless ``--out`` names one."""
-    return cfg if cfg.out is not None else dataclasses.replace(cfg, out=f"runs/{cfg.strategy}-np{world_size}")
+    """``cfg`` with its output folder, ``runs/<strategy>-np<N>`` unless ``--out`` names one (a plug-in's
+    ``path/to/file.py:Class`` as one folder name, ``path-to-file.py-Class``)."""
+    if cfg.out is not None:
+        return cfg
+    return dataclasses.replace(cfg, out=f"runs/{backends.catalog.folder(cfg.strategy)}-np{world_size}")
 
 
 def resolve_resume(cfg: TrainConfig) -> Path | None:
@@ -166,7 +169,7 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     strategy.configure(cfg)
     if cfg.trace:
         strategy.prepare_trace(Path(cfg.out))
-    with strategy if owned else contextlib.nullcontext(strategy):  # an owned strategy: setup ... teardown
+    with strategy if owned else contextlib.nullcontext(strategy):  # an owned strategy: connect ... disconnect
         return Run(cfg, strategy, start).train()
 
 
@@ -182,9 +185,8 @@ class Run:
         self.out = Path(cfg.out)
         self.lr = effective_lr(cfg, strategy.world_size)
         self.run_info = {**cfg.to_dict(), "world_size": strategy.world_size, "effective_lr": self.lr}
-        model = strategy.convert_sync_batchnorm(start.model) if cfg.sync_bn else start.model
-        self.model = strategy.wrap_model(model.to(strategy.device))
-        self.optimizer = strategy.wrap_optimizer(make_optimizer(cfg, self.model.parameters(), self.lr), self.model)
+        self.model, self.optimizer = strategy.setup(start.model, make_optimizer(cfg, start.model.parameters(),
+                                                                                self.lr))
         self.start_epoch = self.global_step = 0
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []

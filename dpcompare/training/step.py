@@ -1,8 +1,10 @@
 """The step runner: one optimizer step over ``accumulate`` micro-batches, timed phase by phase.
 
 It owns what a step needs and nothing about epochs: the loss of the workload, mixed precision and the
-gradient scaler, the strategy's accumulation context and optimizer step, the phase timer, the tracer's
-hooks, and the list of timed steps (those after warm-up) that the timing summary reads.
+gradient scaler, the phase timer, the tracer's hooks, and the list of timed steps (those after warm-up)
+that the timing summary reads. Everything done to gradients goes through the strategy's hooks
+(:class:`~dpcompare.backends.base.Strategy`: zero_grad, accumulation_context, backward, optimizer_step),
+so the runner never asks which strategy it runs.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class StepRunner:
             self.tracer.before_step(self.done)
         timer = self.timer
         timer.begin()
-        self.optimizer.zero_grad()  # set_to_none by default; Horovod takes no arguments
+        self.strategy.zero_grad(self.optimizer)
         mean = torch.zeros((), dtype=torch.float64)
         total = torch.zeros((), dtype=torch.float64)
         n = 0
@@ -122,8 +124,7 @@ class StepRunner:
             with torch.autocast(device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 loss = self.loss(self.model(x), y)
             self.timer.lap("forward")
-            scaled = loss / self.accumulate if self.accumulate > 1 else loss
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            self.strategy.backward(loss / self.accumulate if self.accumulate > 1 else loss, self.scaler)
             self.timer.lap("backward")
         return loss
 

@@ -76,5 +76,7 @@ class TraceSession:
         link = link_bps()  # DPCOMPARE_LINK_BPS: set by `dpcompare lab` for its runs
         world = self.strategy.world_size
         write_trace(out / TRACE_FILE, events, {**info, "world_size": world, "link_bps": link,
-                                               "traced_steps": len(steps), "notes": notes})
+                                               "traced_steps": len(steps), "notes": notes,
+                                               # the communication came from rank 0's view (Horovod's timeline)
+                                               "library_timeline_rank0": bool(lib_events)})
         return communication_figures(events, world, link) if steps else None
