@@ -12,6 +12,19 @@ from dpcompare.errors import DpcompareError
 
 #: the Horovod release whose semantics the layer reproduces (and the one scripts/setup.sh builds)
 HOROVOD_VERSION = "0.28.1"
+#: the ways to run one script: real Horovod, the native layer, its DDP port (``dpcompare script --as``)
+SCRIPT_ARMS = ("horovod", "native", "ddp")
+_NATIVE_COMMUNICATION = {
+    "backward": "fused all-reduce of the gradients, started from per-parameter hooks as each group of gradients "
+                "(fixed after step 2 from rank 0's timings) becomes ready",
+    "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
+}
+#: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are)
+SCRIPT_ARM_FACTS: dict[str, dict[str, object]] = {
+    "native": {"summary": "dpcompare's horovod.torch on torch.distributed (gloo on CPU, nccl on CUDA), the "
+                          "script unchanged",
+               "sync_mechanism": _NATIVE_COMMUNICATION["backward"], "communication": _NATIVE_COMMUNICATION},
+}
 
 
 @dataclass(frozen=True)

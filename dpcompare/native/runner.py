@@ -23,10 +23,10 @@ from types import ModuleType
 
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch.env import detect_launch_env, reporting_rank
-from dpcompare.native.calls import Unsupported
+from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
 from dpcompare.native.record import OUT_VAR, PARAMS, Recorder, rank_file
 
-ARMS = ("native", "horovod", "ddp")
+ARMS = SCRIPT_ARMS
 _PYTHONS = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 
 
