@@ -2,7 +2,7 @@
 """How fast is a Horovod script on the native layer? Against real Horovod and against its DDP port.
 
     python bench/native_speed.py [--np 2] [--repeats 5] [--models resnet18,gpt-mini] [--links unlimited,1gbit]
-                                 [--out runs/native-speed]
+                                 [--out runs/native-speed] [--quick]
 
 For each model and link it runs ``dpcompare compare --script examples/horovod/synthetic_benchmark.py
 --strategies horovod,native,ddp`` (the ``ddp`` arm is the port ``dpcompare migrate`` writes of the same script),
@@ -32,6 +32,8 @@ MODEL_ARGS = {
     "gpt-tiny": ["--batch-size", "4"],
 }
 STEPS = ["--num-warmup-batches", "3", "--num-batches-per-iter", "5", "--num-iters", "4"]
+#: --quick: does the benchmark run at all (a check, not a measurement)
+QUICK_STEPS = ["--num-warmup-batches", "3", "--num-batches-per-iter", "2", "--num-iters", "2"]
 
 
 def compare_line(model: str, link: str, a: argparse.Namespace, out: Path) -> list[str]:
@@ -39,7 +41,7 @@ def compare_line(model: str, link: str, a: argparse.Namespace, out: Path) -> lis
            "--np", str(a.np), "--repeats", str(a.repeats), "--warmup-steps", "3", "--out", str(out), "--overwrite"]
     if link != "unlimited":
         cmd += ["--lab", f"hosts=2,link={link},name=nspeed"]
-    return [*cmd, "--", "--model", model, *MODEL_ARGS.get(model, []), *STEPS]
+    return [*cmd, "--", "--model", model, *MODEL_ARGS.get(model, []), *(QUICK_STEPS if a.quick else STEPS)]
 
 
 def medians(results: dict) -> dict[str, float | None]:
@@ -67,7 +69,11 @@ def main() -> int:
     p.add_argument("--models", default="resnet18,gpt-mini")
     p.add_argument("--links", default="unlimited,1gbit", help="unlimited (this machine) and lab link rates")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "native-speed")
+    p.add_argument("--quick", action="store_true",
+                   help="check that it runs: gpt-tiny, 1 repeat, 7 steps per run (not a measurement)")
     a = p.parse_args()
+    if a.quick:
+        a.models, a.repeats = "gpt-tiny", 1
     rows = []
     for model in a.models.split(","):
         for link in a.links.split(","):
