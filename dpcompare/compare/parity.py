@@ -1,8 +1,9 @@
 """``dpcompare parity``: prove that DDP and Horovod compute the same thing.
 
 Runs the same K steps under each strategy (and, where that is exact in arithmetic, one process with
-the global batch), then compares the final weights tensor by tensor and the loss curves step by step.
-Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
+the global batch), then compares the final weights tensor by tensor and the loss curves step by step. With
+``--script`` it runs a user's Horovod script under real Horovod and the native layer (or its DDP port) and
+compares the final weights its optimizer held (:mod:`.script`). Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
 OUT/<strategy>/stdout.log and stderr.log).
 """
 
@@ -48,12 +49,15 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
                     "absolute difference per tensor of the final weights and between the loss curves. "
                     "Exit code 0 only when everything agrees within the tolerances.",
-        epilog="example:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100",
+        epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
+               "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
+               "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
-    p.add_argument("--strategies", type=parse_strategies, default="ddp,horovod",
-                   help="strategies to compare, the first is the reference (default: ddp,horovod)")
+    p.add_argument("--strategies", type=parse_strategies,
+                   help="strategies to compare, the first is the reference (default: ddp,horovod; with --script: "
+                        "horovod,native)")
     p.add_argument("--tolerance", type=nonneg_float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
     p.add_argument("--single-tolerance", type=nonneg_float, default=1e-5,
@@ -68,6 +72,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
                    help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
+    from dpcompare.compare.script import add_script_arguments
+
+    add_script_arguments(p.add_argument_group("a Horovod script (dpcompare parity --script train.py -- ARGS)"),
+                         compare=False)
     add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
     p.set_defaults(func=run_parity)
 
@@ -228,6 +236,10 @@ def run_parity(a: argparse.Namespace) -> int:
     from dpcompare.options import config_from_args
 
     console = Console(highlight=False)
+    if a.strategies is None:
+        a.strategies = ["horovod", "native"] if a.script is not None else ["ddp", "horovod"]
+    if a.script is not None or "native" in a.strategies:
+        return _script_parity(a, console)
     # the one-process run is added below, where it is exact
     strategies = [s for s in a.strategies if backends.facts(s).distributed]
     if not strategies:
@@ -273,3 +285,85 @@ def run_parity(a: argparse.Namespace) -> int:
         "config": base.to_dict(), "diffs": diffs})
     console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1
+
+
+def _script_parity(a: argparse.Namespace, console: Console) -> int:
+    """``parity --script``: the script's final weights under each arm (:mod:`dpcompare.compare.script`)."""
+    from dpcompare.options import config_from_args
+
+    out = Path(a.out)
+    if (out / "parity.json").exists() and not a.overwrite:
+        raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
+    if a.lab is not None:
+        a.lab.check_np(a.np)
+    return run_script_parity(a, config_from_args(a, strategy="horovod"), console)
+
+
+# -- parity --script ------------------------------------------------------------------------------------------
+def _final_weights(run_dir: Path) -> dict[str, Any]:
+    import torch
+
+    path = run_dir / "params.pt"
+    if not path.exists():
+        raise RuntimeError(f"{run_dir.name} recorded no weights (no DistributedOptimizer or optimizer stepped)")
+    return torch.load(path, weights_only=True)
+
+
+def run_script_parity(a: argparse.Namespace, cfg: TrainConfig, console: Any) -> int:
+    """``parity --script``: the script under each arm, its final weights compared tensor by tensor."""
+    from dpcompare.compare.script import port_notes, script_plan
+    from dpcompare.lab import session
+
+    arms, out = list(a.strategies), Path(a.out)
+    plan = script_plan(a, arms, out)
+    assert plan is not None
+    if len(arms) < 2:
+        raise ConfigError(f"parity needs two arms to compare; --strategies {','.join(arms)} gives one "
+                          "(e.g. --strategies horovod,native)")
+    weights: dict[str, dict[str, Any]] = {}
+    with session(a.lab, console.print) as lab:
+        for arm in arms:
+            run_dir = out / arm
+            cmd = plan.command(arm, a.np, run_dir, cfg, lab)
+            console.print(f"[bold]{arm}[/] at np={a.np}: {' '.join(cmd[:6])} …")
+            rc, seconds = run_job(cmd, run_dir, job_env(), a.run_timeout or None)
+            if rc != 0:
+                console.print(f"[red]parity: the {arm} run failed (exit {rc}); its output is in {run_dir}/stdout.log "
+                              f"and stderr.log:\n{log_tail(run_dir)}[/]")
+                return 1
+            weights[arm] = _final_weights(run_dir)
+            console.print(f"  done in {seconds:.1f} s")
+    ref = arms[0]
+    diffs = {arm: {k: max_abs_diff(v, weights[arm]["tensors"][k]) if k in weights[arm]["tensors"] else float("inf")
+                   for k, v in weights[ref]["tensors"].items()} for arm in arms[1:]}
+    console.print(_parity_table(a, weights[ref], diffs, ref))
+    notes = port_notes(plan, arms)
+    for note in notes:
+        console.print(note)
+    worst = {arm: max(d.values(), default=0.0) for arm, d in diffs.items()}
+    passed = all(v <= a.tolerance for v in worst.values())
+    atomic_write_json(out / "parity.json", {
+        "script": str(plan.path), "args": list(plan.args), "np": a.np, "reference": ref, "passed": passed,
+        "tolerance": a.tolerance, "weights_max": worst, "notes": notes, "seed": cfg.seed,
+        "diffs": {arm: {weights[ref]["names"].get(k, k): v for k, v in d.items()} for arm, d in diffs.items()}})
+    verdict = ("[green]PASS[/]: " + ", ".join(f"{arm} matches {ref} within {a.tolerance:g} (largest {w:.2e})"
+                                              for arm, w in worst.items())
+               if passed else "[red]FAIL[/]: differences above tolerance (red above)")
+    console.print(f"{verdict} → {out / 'parity.json'}")
+    return 0 if passed else 1
+
+
+def _parity_table(a: argparse.Namespace, ref: dict[str, Any], diffs: dict[str, dict[str, float]], name: str) -> Any:
+    table = Table(title=f"parity of {a.script.name} at np={a.np}: largest |difference| of the final weights from "
+                        f"{name}")
+    table.add_column("tensor")
+    table.add_column("shape")
+    for arm in diffs:
+        table.add_column(f"{arm} (tol {a.tolerance:g})", justify="right")
+    fmt = lambda v: f"[green]{v:.2e}[/]" if v <= a.tolerance else f"[red]{v:.2e}[/]"  # noqa: E731
+    for key, t in ref["tensors"].items():
+        table.add_row(ref["names"].get(key, key), "×".join(map(str, t.shape)) or "scalar",
+                      *(fmt(d[key]) for d in diffs.values()))
+    table.add_section()
+    table.add_row("[bold]all weights[/]", "", *(fmt(max(d.values(), default=0.0)) for d in diffs.values()))
+    return table

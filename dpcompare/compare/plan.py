@@ -110,7 +110,10 @@ def parse_np(text: str) -> list[int]:
 def _check_strategy(name: str) -> str:
     """A built-in strategy's name or a plug-in's ``MODULE:CLASS`` / ``path/to/file.py:CLASS``."""
     from dpcompare.backends.catalog import check_name
+    from dpcompare.native.calls import SCRIPT_ARMS
 
+    if name in SCRIPT_ARMS:
+        return name  # native is no strategy: an arm of a script comparison (--script)
     try:
         return check_name(name)
     except ValueError as e:
@@ -323,6 +326,7 @@ class Comparison:
     options: RunOptions = field(default_factory=RunOptions)
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     lab: LabSpec | None = None  # run every job across emulated hosts made for the comparison (``--lab``)
+    script: Any = None  # a Horovod script's comparison (``--script``: a compare.script.ScriptPlan), else training
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,10 +29,18 @@ from dpcompare.progress import ProgressLine
 Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | None, float]]
 
 
-def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None) -> list[str]:
+def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None, script: Any = None) -> list[str]:
     """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``, placed on its
-    hosts (mpirun started inside its host 0)."""
+    hosts (mpirun started inside its host 0). With a ``script`` (``--script``), the script in the run's arm."""
+    if script is not None:
+        seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
+        return script.command(spec.strategy, spec.np, run_dir, seeded, lab)
     return dpcompare_command(spec.np, ["train", *train_argv(child_config(cfg, spec, run_dir))], lab)
+
+
+def _script_records(run_dir: Path) -> list[str]:
+    """A script run's records (``rank*.json``, ``params.pt``) left in ``run_dir`` by an earlier attempt."""
+    return [p.name for p in run_dir.glob("rank*.json")] + ["params.pt"]
 
 
 class _Run:
@@ -67,19 +76,21 @@ class _Run:
     def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
         run_dir = self.c.out / "runs" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl"):  # never read an earlier job's files as this one's
-            (run_dir / stale).unlink(missing_ok=True)
+        for stale in ("summary.json", "metrics.jsonl", *_script_records(run_dir)):  # never read an earlier job's
+            (run_dir / stale).unlink(missing_ok=True)                             # files as this one's
         cfg, timeout = self.c.config, self.c.options.run_timeout
         link = spec.arm.link
         if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
             self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
-        cmd = child_command(cfg, spec, run_dir, self.lab)  # after the reshape: the line may carry the link's rate
-        bar.update(description=f"running {spec.name}")
+        cmd = child_command(cfg, spec, run_dir, self.lab, self.c.script)  # after the reshape: the line may carry
+        bar.update(description=f"running {spec.name}")                   # the link's rate
         watch = LoadWatch() if self.watch_load else None  # what else the machine ran meanwhile
         rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
                     if self.pool else self.launch(cmd, run_dir, self.env, timeout))
         if self.lab is not None and rc != 0:
             _name_lost_hosts(self.lab, run_dir)
+        if self.c.script is not None:
+            self.c.script.summarize(run_dir, cfg)  # the ranks' records → summary.json, read as a training run's
         rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
         rec["load"] = watch.result() if watch else None
         return rec
@@ -213,8 +224,10 @@ def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) ->
     if rec["status"] == "diverged":
         msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
     elif rec["status"] == "ok":
-        msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
-               f" · {metric_label(rec['metric'] or {})} {metric_value(rec['metric'] or {}, rec['final_metric'])}")
+        metric = rec.get("metric") or {}
+        value = rec.get("final_metric", rec.get("final_test_accuracy"))
+        msg = (f"[green]ok[/]     {rec['samples_per_sec'] or 0:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
+               + ("" if value is None else f" · {metric_label(metric)} {metric_value(metric, value)}"))
     else:
         msg = f"[red]FAILED[/] {headline(rec['error'])}"
     return f"[{done}/{total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"

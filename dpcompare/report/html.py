@@ -387,9 +387,11 @@ def _subtitle(results: dict[str, Any]) -> str:
     cfg = results.get("config") or {}
     train = cfg.get("train") or {}
     devices = sorted({str(r["device"]) for r in results.get("runs", []) if r.get("device")})
+    script = fmt.script_description(cfg)
+    workload = (script,) if script else (workload_label(results), train.get("epochs") and f"{train['epochs']} epochs",
+                                         train.get("batch_size") and f"batch {train['batch_size']}/process")
     return " · ".join(_e(x) for x in (
-        "/".join(devices), workload_label(results), train.get("epochs") and f"{train['epochs']} epochs",
-        train.get("batch_size") and f"batch {train['batch_size']}/process",
+        "/".join(devices), *workload,
         cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
         cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
         cfg.get("seeds") and "seeds " + ", ".join(map(str, cfg["seeds"])),
