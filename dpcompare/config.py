@@ -155,6 +155,12 @@ class TrainConfig:
                              metavar="R")
     static_graph: bool = opt(False, "ddp only: DistributedDataParallel(static_graph=True)", group=KNOBS,
                              resume=True)
+    find_unused_parameters: str = opt("auto", "ddp and zero: DistributedDataParallel(find_unused_parameters=...), "
+                                              "which lets trainable parameters go without a gradient at the cost of "
+                                              "a traversal of the autograd graph every step; auto: on exactly when "
+                                              "the plug-in's pre-check (one batch, forward and backward on the CPU) "
+                                              "finds such parameters", choices=["auto", "on", "off"], group=KNOBS,
+                                      resume=True)
     amp: str = opt("none", "autocast forward and loss in bf16 or fp16 (fp16 with a gradient scaler on GPU)",
                    choices=["none", "bf16", "fp16"], group=KNOBS, resume=True)
     # -- output and checkpoints -------------------------------------------------------------------

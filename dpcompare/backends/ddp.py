@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import patch, tensor_bytes, timed_collective
+from dpcompare.backends.base import listed, patch, tensor_bytes, timed_collective
 from dpcompare.backends.catalog import DDP_KNOBS
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
@@ -30,6 +30,7 @@ from dpcompare.trace import ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LAN
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
+    from dpcompare.data.workload import ModelTraits
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
@@ -61,8 +62,9 @@ class DDPModelHooks:
                 else {"broadcast_buffers": True})
         cfg = self.cfg
         bucket = cfg.bucket_mb or self.bucket_cap_mb
+        find_unused = self.finds_unused_parameters()
         ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket, static_graph=cfg.static_graph,
-                                      **sync)
+                                      find_unused_parameters=find_unused, **sync)
         state, hook, name = self.comm_hook()
         tracing = getattr(self, "_tracing", False)  # only with --trace
         # DDP takes one hook: counting and tracing wrap the one the knobs chose
@@ -76,8 +78,35 @@ class DDPModelHooks:
         self._installed = {"comm_hook": shown, "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
                            "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression,
                                                                                      "float32"),
-                           "powersgd_rank": cfg.powersgd_rank}
+                           "powersgd_rank": cfg.powersgd_rank, "find_unused_parameters": find_unused,
+                           **({"unused_parameters": list(self.traits.unused)} if self.traits and self.traits.unused
+                              else {})}
         return ddp
+
+    def finds_unused_parameters(self) -> bool:
+        """``find_unused_parameters`` as ``--find-unused-parameters`` asks: on, off, or (auto) on exactly when the
+        pre-check found trainable parameters without a gradient."""
+        setting = self.cfg.find_unused_parameters
+        return setting == "on" or (setting == "auto" and bool(self.traits and self.traits.unused))
+
+    @classmethod
+    def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
+        super().check_model(traits, cfg)
+        if traits.unused and cfg.find_unused_parameters == "off":
+            raise ConfigError(f"--find-unused-parameters off, but {listed(traits.unused)} get no gradient (the "
+                              "pre-check ran one batch forward and backward): DDP would stop at the second step; "
+                              "use --find-unused-parameters auto or on")
+        if traits.sparse and (cfg.grad_compression != "none" or cfg.powersgd_rank):
+            hook = f"--grad-compression {cfg.grad_compression}" if cfg.powersgd_rank == 0 else "--powersgd-rank"
+            raise ConfigError(f"{hook}: DDP's communication hooks take dense buckets, but {listed(traits.sparse)} "
+                              "have sparse gradients; drop the knob, or make the embedding dense (sparse=False)")
+
+    def unused_parameters_note(self) -> str:
+        if self.finds_unused_parameters():
+            return ("DDP runs with find_unused_parameters=True (a traversal of the autograd graph after every "
+                    "forward; --find-unused-parameters on|off|auto), and each gets a zero gradient before the update, "
+                    "as under every strategy")
+        return super().unused_parameters_note()  # type: ignore[misc]
 
     def comm_hook(self) -> tuple[Any, CommHook, str]:
         """The (state, hook, name) the knobs ask DDP to run on each bucket; the default all-reduce (the same

@@ -16,14 +16,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from dpcompare.backends.base import patch
+from dpcompare.backends.base import listed, patch
 from dpcompare.backends.torchdist import TorchDistributedStrategy
+from dpcompare.errors import ConfigError
 from dpcompare.trace import ALL_GATHER, CAT_COMM, LANE_BUCKETS, REDUCE_SCATTER, TraceRecorder
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
+    from dpcompare.data.workload import ModelTraits
 
 
 def _full_options(**kw: bool) -> Any:
@@ -36,6 +41,14 @@ class FSDPStrategy(TorchDistributedStrategy):
     name = "fsdp"
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
                       "backward; its gradients are reduce-scattered, so each process updates only its shard")
+
+    @classmethod
+    def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
+        super().check_model(traits, cfg)
+        if traits.sparse:
+            raise ConfigError(f"--strategy fsdp: {listed(traits.sparse)} have sparse gradients, which FSDP2 cannot "
+                              "reduce-scatter (it flattens every gradient); use ddp, zero or horovod, or make the "
+                              "embedding dense (sparse=False)")
 
     def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
         """FSDP2's no_sync: keep unsharded gradients local until the last micro-batch, then reduce-scatter."""

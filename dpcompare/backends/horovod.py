@@ -171,6 +171,10 @@ class HorovodStrategy(Strategy):
             **{k: os.environ[k] for k in (*HOROVOD_VARS, *mpi_allreduce_env("default")) if k in os.environ}}
         return opt
 
+    def unused_parameters_note(self) -> str:
+        return ("Horovod's synchronize() all-reduces a zero gradient for each (another rank may have used it), as "
+                "dpcompare does under every strategy")
+
     def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
         """Wait for the all-reduces the optimizer's hooks enqueued: the averaged gradients are in ``.grad``."""
         optimizer.synchronize()  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from dpcompare import backends, checkpoint, knobs
-from dpcompare.backends.base import Strategy
+from dpcompare.backends.base import Strategy, listed
 from dpcompare.config import TrainConfig
 from dpcompare.data.datasets import eval_loader, train_loader
 from dpcompare.data.plugins import resolve_workload
@@ -134,6 +134,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
         checkpoint.check_fits(model, weights, cfg.init_from)
         model.load_state_dict(weights)
     backends.check_config(cfg.strategy, cfg, env.world_size)  # refuse a knob before joining anyone
+    backends.check_model(cfg.strategy, workload.traits, cfg)  # and a model the strategy cannot train
     return Start(workload, train_set, test_set, model, ckpt, resume_path)
 
 
@@ -167,6 +168,7 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     if strategy is None:
         strategy = backends.create(cfg.strategy, env=env, device=cfg.device, iface=cfg.iface, timeout_s=cfg.timeout)
     strategy.configure(cfg)
+    strategy.configure_model(start.workload.traits)
     if cfg.trace:
         strategy.prepare_trace(Path(cfg.out))
     with strategy if owned else contextlib.nullcontext(strategy):  # an owned strategy: connect ... disconnect
@@ -275,11 +277,19 @@ class Run:
             f"global {self.global_batch} · lr {self.lr:g} · {self.steps_per_epoch} steps/epoch")
         if knobs.active(cfg):
             self.rep.print("knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.active(cfg).items()))
-        for n in self.notes:
+        for n in [*self.model_notes(), *self.notes]:
             self.rep.print(n)
         if cfg.target_accuracy and self.start.ckpt is not None:
             self.rep.print(f"note: time to {self.metric.name} counts only this run's steps (the resumed-from run's "
                            "time is unknown)")
+
+    def model_notes(self) -> list[str]:
+        """What the workload's pre-check saw that changes how the strategies train the model, one line each."""
+        traits = self.workload.traits
+        if traits is None or not traits.unused:
+            return []
+        return [f"unused parameters: {listed(traits.unused)} get no gradient (the pre-check ran one batch forward "
+                f"and backward); {self.strategy.unused_parameters_note()}"]
 
     def step_runner(self) -> StepRunner:
         cfg = self.cfg
