@@ -122,6 +122,11 @@ class TrainConfig:
                                       "evaluation time are not counted; 0: off",
                                  type=t.nonneg_float, metavar="A")
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
+    emulate_ranks: int = opt(0, "one process only (parity's reference): take each step as N processes would, "
+                                "the global batch as N per-process batches of --batch-size (each --accumulate "
+                                "micro-batches, here accumulate = N × K), each under the random state and BatchNorm "
+                                "statistics that process would have; 0: off", type=t.nonneg_int, hidden=True,
+                             metavar="N")
     count_allreduces: bool = opt(False, "count gradient all-reduces into summary.json's comm (tests; may add a "
                                         "Python hook)", hidden=True)
     # -- communication knobs (translated by the strategy plugins; see dpcompare.knobs) --------------

@@ -110,6 +110,10 @@ class Strategy(ABC):
 
         honours = {n: e.knobs for n, e in STRATEGIES.items()}
         knobs.refuse_unhonoured(cfg, cls.name, {**honours, cls.name: cls.knobs})
+        if cfg.emulate_ranks and cls.distributed:
+            from dpcompare.errors import ConfigError
+
+            raise ConfigError(f"--emulate-ranks is for one process (parity's reference), not --strategy {cls.name}")
 
     def configure(self, cfg: TrainConfig) -> None:
         """Take the run's knobs; called before :meth:`connect` (Horovod reads some of them at init)."""

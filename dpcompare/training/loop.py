@@ -28,7 +28,7 @@ from torch import nn
 from dpcompare import backends, checkpoint, knobs
 from dpcompare.backends.base import Strategy, listed
 from dpcompare.config import TrainConfig
-from dpcompare.data.datasets import eval_loader, train_loader
+from dpcompare.data.datasets import eval_loader, replay_loader, train_loader
 from dpcompare.data.plugins import resolve_workload
 from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
@@ -238,8 +238,12 @@ class Run:
     def lay_out(self) -> None:
         """The loaders, and how many steps and epochs the run takes."""
         cfg, strategy, collate = self.cfg, self.strategy, self.workload.collate
-        self.loader, self.sampler = train_loader(self.start.train_set, cfg.batch_size, strategy.rank,
-                                                 strategy.world_size, cfg.seed, collate=collate)
+        if cfg.emulate_ranks:  # parity's one-process reference: every process's batches, in one process
+            self.loader, self.sampler = replay_loader(self.start.train_set, cfg.batch_size, cfg.emulate_ranks,
+                                                      cfg.accumulate // cfg.emulate_ranks, cfg.seed, collate)
+        else:
+            self.loader, self.sampler = train_loader(self.start.train_set, cfg.batch_size, strategy.rank,
+                                                     strategy.world_size, cfg.seed, collate=collate)
         self.test_loader = eval_loader(self.start.test_set, strategy.rank, strategy.world_size, collate=collate)
         accumulate = cfg.accumulate
         self.steps_per_epoch = len(self.loader) // accumulate
