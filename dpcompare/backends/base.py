@@ -456,6 +456,11 @@ def timed_collective(recorder: TraceRecorder, run: Callable[[], Any], name: str,
     return timed
 
 
+def sparse_bytes(t: torch.Tensor) -> int:
+    """Bytes a sparse COO tensor holds: its indices and its values."""
+    return t._indices().numel() * t._indices().element_size() + t._values().numel() * t._values().element_size()
+
+
 def listed(names: Iterable[str], most: int = 4) -> str:
     """``a, b, c, d and 2 more``: parameter names for a one-line message."""
     names = list(names)

@@ -22,11 +22,12 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import listed, patch, tensor_bytes, timed_collective
+from dpcompare.backends.base import listed, patch, sparse_bytes, tensor_bytes, timed_collective
 from dpcompare.backends.catalog import DDP_KNOBS
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
-from dpcompare.trace import ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, TraceRecorder
+from dpcompare.trace import (ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, SPARSE_ALL_REDUCE,
+                             TraceRecorder)
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -93,13 +94,13 @@ class DDPModelHooks:
     def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
         super().check_model(traits, cfg)
         if traits.unused and cfg.find_unused_parameters == "off":
-            raise ConfigError(f"--find-unused-parameters off, but {listed(traits.unused)} get no gradient (the "
-                              "pre-check ran one batch forward and backward): DDP would stop at the second step; "
-                              "use --find-unused-parameters auto or on")
+            raise ConfigError(f"--find-unused-parameters off, but the pre-check (one batch forward and backward) "
+                              f"found trainable parameters without a gradient ({listed(traits.unused)}): DDP would "
+                              "stop at the second step; use --find-unused-parameters auto or on")
         if traits.sparse and (cfg.grad_compression != "none" or cfg.powersgd_rank):
             hook = f"--grad-compression {cfg.grad_compression}" if cfg.powersgd_rank == 0 else "--powersgd-rank"
             raise ConfigError(f"{hook}: DDP's communication hooks take dense buckets, but {listed(traits.sparse)} "
-                              "have sparse gradients; drop the knob, or make the embedding dense (sparse=False)")
+                              "get sparse gradients; drop the knob, or make the embedding dense (sparse=False)")
 
     def unused_parameters_note(self) -> str:
         if self.finds_unused_parameters():
@@ -199,13 +200,16 @@ def tracing_comm_hook(inner: CommHook, recorder: Callable[[], TraceRecorder | No
         start = rec.now()
         buf = bucket.buffer()
         names = [name_of(p) for p in bucket.parameters()]
-        index, nbytes = bucket.index(), buf.numel() * buf.element_size()
+        index, nbytes, collective = bucket.index(), buf.numel() * buf.element_size(), ALL_REDUCE
+        if buf.is_sparse:  # its own bucket; gloo gathers every rank's coalesced rows (assumed as many as here)
+            nbytes, collective = sparse_bytes(buf.coalesce()) * dist.get_world_size(), SPARSE_ALL_REDUCE
+        what = f"{'sparse ' if buf.is_sparse else ''}all-reduce bucket {index}"
         fut = inner(state, bucket)
-        rec.lanes[LANE_BUCKETS + index] = f"all-reduce bucket {index}"
+        rec.lanes[LANE_BUCKETS + index] = what
 
         def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            rec.span(f"all-reduce bucket {index}", CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
-                     bucket=index, bytes=nbytes, tensors=names, collective=ALL_REDUCE)
+            rec.span(what, CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
+                     bucket=index, bytes=nbytes, tensors=names, collective=collective)
             return f.value()
 
         return fut.then(done)

@@ -46,9 +46,9 @@ class FSDPStrategy(TorchDistributedStrategy):
     def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
         super().check_model(traits, cfg)
         if traits.sparse:
-            raise ConfigError(f"--strategy fsdp: {listed(traits.sparse)} have sparse gradients, which FSDP2 cannot "
-                              "reduce-scatter (it flattens every gradient); use ddp, zero or horovod, or make the "
-                              "embedding dense (sparse=False)")
+            raise ConfigError(f"--strategy fsdp: FSDP2 cannot reduce-scatter sparse gradients (it flattens every "
+                              f"gradient), and {listed(traits.sparse)} get sparse ones (nn.Embedding(sparse=True)); "
+                              "use ddp, zero or horovod, or make the embedding dense (sparse=False)")
 
     def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
         """FSDP2's no_sync: keep unsharded gradients local until the last micro-batch, then reduce-scatter."""

@@ -251,7 +251,10 @@ class HorovodStrategy(Strategy):
             def allreduce_grad_async(p: torch.Tensor) -> Any:
                 handle, ctx = send(p)
                 g = p.grad if p.grad is not None else p
-                watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
+                if callable(handle):  # a sparse gradient: all-gathers of its indices and values
+                    _watch_sparse(watcher, handle, names.get(p, "?"), g, self.world_size)
+                else:
+                    watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
                 return handle, ctx
 
             self._trace_undo.append(patch(optimizer, "_allreduce_grad_async", allreduce_grad_async))
@@ -291,6 +294,17 @@ class HorovodStrategy(Strategy):
         return horovod_timeline_events(raw, recorder.rank, steps), [
             "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer spins on rank 0 for the whole run, which slows "
             "every step (not only the traced ones)"]
+
+
+def _watch_sparse(watcher: HandleWatcher, handle: Any, name: str, grad: torch.Tensor, world_size: int) -> None:
+    """Watch the two all-gathers Horovod started for a sparse gradient (``sparse_allreduce_async``: indices, then
+    values; ``synchronize()`` sums what they gathered). Their handles are in the closure it returns; the bytes are
+    the gathered output (every rank assumed to send as many rows as this one)."""
+    cells = dict(zip(handle.__code__.co_freevars, (c.cell_contents for c in handle.__closure__ or ()), strict=False))
+    for part, key in (("indices", "indices_handle"), ("values", "values_handle")):
+        t = grad._indices() if part == "indices" else grad._values()
+        if isinstance(cells.get(key), int):
+            watcher.enqueued(cells[key], f"{name}.{part}", t.numel() * t.element_size() * world_size, tr.ALL_GATHER)
 
 
 def _gloo_controller() -> bool:

@@ -101,10 +101,11 @@ KNOB_CAUSES = {"grad_compression": "{} compression rounds the exchanged gradient
                "powersgd_rank": "PowerSGD sends a low-rank approximation of the gradients"}
 
 
-def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: dict[str, Any]) -> list[str]:
+def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: dict[str, Any],
+                 traits: ModelTraits) -> list[str]:
     """Why ``strategy``'s run may differ from ``ref``'s, where that is known: a knob that changes the arithmetic
-    on either side, sums of more than two terms taken in another order, the one-process reference's replay of
-    the processes' random streams failing, non-deterministic CUDA kernels."""
+    on either side, sums of more than two terms taken in another order (sparse gradients' rows included), the
+    one-process reference's replay of the processes' random streams failing, non-deterministic CUDA kernels."""
     causes = [KNOB_CAUSES[k].format(v) for k, v in knobs.active(base).items() if k in KNOB_CAUSES
               and any(k in backends.facts(s).knobs for s in (strategy, ref))]
     one = not backends.facts(strategy).distributed
@@ -116,6 +117,10 @@ def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: 
         causes.append("BatchNorm: statistics over the global batch, summed in another order than across processes")
     if (one and (np_ > 2 or base.accumulate > 1)) or (not one and np_ > 2):
         causes.append("summation order: sums of more than two terms grouped differently")
+    if traits.sparse:
+        causes.append("sparse gradients: each library adds the rows of the processes' sparse gradients in its own "
+                      "order (DDP over gloo: coalesced rows all-gathered and summed; Horovod: all-gathered, divided, "
+                      "then summed by the update)")
     if str(summary.get("device", "")).startswith("cuda"):
         causes.append("non-deterministic CUDA kernels (atomic adds in some backward passes)")
     return causes
@@ -305,7 +310,7 @@ def run_parity(a: argparse.Namespace) -> int:
 
     ref = strategies[0]
     diffs = {s: {**compare_runs(results[ref], results[s]),
-                 "causes": known_causes(s, ref, base, a.np, results[s]["summary"])} for s in results if s != ref}
+                 "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}
     console.print(_table(a, results, ref, diffs, tol))

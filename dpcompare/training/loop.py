@@ -292,8 +292,8 @@ class Run:
         traits = self.workload.traits
         if traits is None or not traits.unused:
             return []
-        return [f"unused parameters: {listed(traits.unused)} get no gradient (the pre-check ran one batch forward "
-                f"and backward); {self.strategy.unused_parameters_note()}"]
+        return [f"trainable parameters without a gradient: {listed(traits.unused)} (the pre-check ran one batch "
+                f"forward and backward); {self.strategy.unused_parameters_note()}"]
 
     def step_runner(self) -> StepRunner:
         cfg = self.cfg
