@@ -68,6 +68,13 @@ class Workload:
     source: str = "builtin"
     #: free-form facts for the run banner and summary (parameters, vocabulary, sequence length, ...)
     info: dict[str, Any] = field(default_factory=dict)
+    #: optional, its own optimizer: ``build_optimizer(model, lr)`` over the plain model's parameters at the run's
+    #: learning rate (--lr, × processes with --scale-lr), e.g. with parameter groups; replaces --optimizer,
+    #: --momentum and --weight-decay
+    build_optimizer: Callable[[nn.Module, float], torch.optim.Optimizer] | None = None
+    #: optional, its own learning-rate schedule: ``build_scheduler(optimizer, total_steps)``, a torch
+    #: ``LRScheduler`` stepped once after every optimizer step; replaces --lr-schedule and --lr-warmup-steps
+    build_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
     #: what the pre-check saw of the model (filled by it; None: not checked, as for the built-in workloads)
     traits: ModelTraits | None = None
 

@@ -187,8 +187,9 @@ class Run:
         self.out = Path(cfg.out)
         self.lr = effective_lr(cfg, strategy.world_size)
         self.run_info = {**cfg.to_dict(), "world_size": strategy.world_size, "effective_lr": self.lr}
-        self.model, self.optimizer = strategy.setup(start.model, make_optimizer(cfg, start.model.parameters(),
-                                                                                self.lr))
+        build = self.workload.build_optimizer  # a workload's own optimizer, else the flags'
+        plain = build(start.model, self.lr) if build else make_optimizer(cfg, start.model.parameters(), self.lr)
+        self.model, self.optimizer = strategy.setup(start.model, plain)
         self.start_epoch = self.global_step = 0
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []
@@ -299,7 +300,10 @@ class Run:
         cfg = self.cfg
         tracer = (TraceSession(cfg.trace, cfg.warmup_steps, self.strategy, self.model, self.optimizer)
                   if cfg.trace else None)
-        return StepRunner(cfg, self.strategy, self.model, self.optimizer, self.workload.loss, tracer)
+        build = self.workload.build_scheduler  # a workload's own learning-rate schedule, stepped after every step
+        scheduler = build(self.optimizer, self.total_steps) if build else None
+        return StepRunner(cfg, self.strategy, self.model, self.optimizer, self.workload.loss, tracer,
+                          scheduler=scheduler)
 
     def run_epoch(self, epoch: int) -> tuple[torch.Tensor, int, float]:
         """One epoch's steps (with ``--eval-every`` evaluations); this rank's loss sum, samples and seconds."""

@@ -78,8 +78,10 @@ class StepRunner:
     """Runs optimizer steps; keeps every rank's timed steps (``times``) and the count of steps taken."""
 
     def __init__(self, cfg: TrainConfig, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 loss: Callable[[Any, Any], torch.Tensor], tracer: TraceSession | None = None) -> None:
+                 loss: Callable[[Any, Any], torch.Tensor], tracer: TraceSession | None = None,
+                 scheduler: Any = None) -> None:
         self.strategy, self.model, self.optimizer, self.loss, self.tracer = strategy, model, optimizer, loss, tracer
+        self.scheduler = scheduler  # a torch LRScheduler stepped after every optimizer step, or None
         self.accumulate = cfg.accumulate
         self.warmup = cfg.warmup_steps
         self.amp_dtype = knobs.amp_dtype(cfg.amp)
@@ -109,6 +111,8 @@ class StepRunner:
             total += micro_loss * len(y)
             n += len(y)
         self.strategy.optimizer_step(self.optimizer, self.scaler)
+        if self.scheduler is not None:
+            self.scheduler.step()
         timer.lap("optimizer")
         if self.tracer:
             self.tracer.after_step(step_no, timer.start, timer.laps)
