@@ -34,6 +34,9 @@ from dpcompare.data.catalog import TEXT_DATASETS
 from dpcompare.data.workload import ModelTraits, Workload
 from dpcompare.errors import ConfigError
 
+#: ``--workload lightning:MODULE:ATTR``: a LightningModule (:mod:`dpcompare.data.lightning`)
+LIGHTNING = "lightning:"
+
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
 
@@ -215,6 +218,10 @@ def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: boo
     cfg = _settle(cfg)
     if given is not None:
         w = given if given.source != "builtin" else dataclasses.replace(given, source=f"python:{given.name}")
+    elif cfg.workload and cfg.workload.startswith(LIGHTNING):  # a LightningModule, without the Trainer
+        from dpcompare.data.lightning import lightning_workload
+
+        w = lightning_workload(cfg.workload, cfg)
     elif cfg.workload:
         w = load_workload(cfg.workload, cfg)
     elif is_plugin(cfg.model):
@@ -247,12 +254,14 @@ def check_workload(w: Workload, batch_size: int = 2) -> ModelTraits:
             model = w.build_model()
             if not isinstance(model, torch.nn.Module):
                 raise ConfigError(f"{who}: its model builder gave {_describe(model)}, not a torch.nn.Module")
-            stage = "running its model on one batch"
-            output, traits = _forward_backward(w, model, inputs, target, who)
+            traits = _forward_backward(w, model, inputs, target, who)
+            stage = "running its model on one batch in evaluation mode"
+            model.eval()  # as evaluation runs it
             with torch.no_grad():
+                output = model(inputs)
                 for m in w.metrics:
                     stage = f"its metric {m.name!r} on the model's output ({_shape(output)})"
-                    total, count = m.batch(output.detach() if isinstance(output, torch.Tensor) else output, target)
+                    total, count = m.batch(output, target)
                     float(total), int(count)
         except ConfigError:
             raise
@@ -290,8 +299,8 @@ def _first_batch(w: Workload, batch_size: int, who: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-def _forward_backward(w: Workload, model: Any, inputs: Any, target: Any, who: str) -> tuple[Any, ModelTraits]:
-    """The model's output on one batch in training mode, the loss's backward, and what they showed."""
+def _forward_backward(w: Workload, model: Any, inputs: Any, target: Any, who: str) -> ModelTraits:
+    """One batch forward in training mode and the loss's backward; what they showed of the model."""
     import torch
 
     model.train()
@@ -315,7 +324,7 @@ def _forward_backward(w: Workload, model: Any, inputs: Any, target: Any, who: st
         raise
     except Exception as e:
         raise _Stage(stage) from e
-    return output, model_traits(model, drew)
+    return model_traits(model, drew)
 
 
 def model_traits(model: Any, drew_random: bool) -> ModelTraits:
