@@ -26,8 +26,15 @@ from dpcompare.backends.base import listed, patch, sparse_bytes, tensor_bytes, t
 from dpcompare.backends.catalog import DDP_KNOBS
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
-from dpcompare.trace import (ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, SPARSE_ALL_REDUCE,
-                             TraceRecorder)
+from dpcompare.trace import (
+    ALL_REDUCE,
+    BROADCAST,
+    CAT_COMM,
+    LANE_BROADCAST,
+    LANE_BUCKETS,
+    SPARSE_ALL_REDUCE,
+    TraceRecorder,
+)
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
