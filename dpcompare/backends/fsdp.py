@@ -1,7 +1,8 @@
 """FSDP2: ``fully_shard`` shards parameters, gradients and optimizer state over the processes.
 
 Every module that owns parameters (each Linear, Conv, BatchNorm) and the root are wrapped by
-``torch.distributed.fsdp.fully_shard`` on a 1-D device mesh (gloo on CPU, nccl on CUDA). Each rank
+``torch.distributed.fsdp.fully_shard`` (a module sharing a parameter with another, as a tied output layer does,
+stays in the root's group) on a 1-D device mesh (gloo on CPU, nccl on CUDA). Each rank
 stores 1/N of every parameter (a DTensor shard); the optimizer, built on those shards, holds 1/N of
 the state. Per step each layer's parameters are all-gathered before its forward (and again before its
 backward), and its gradients are reduce-scattered after backward, so every rank receives the averaged
@@ -62,8 +63,7 @@ class FSDPStrategy(TorchDistributedStrategy):
         # fully_shard shards each rank's own tensors: start every rank from rank 0's (as DDP's constructor does).
         self.broadcast_module(model)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
-        for m in units:
+        for m in _units(model):
             fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
@@ -126,6 +126,18 @@ class FSDPStrategy(TorchDistributedStrategy):
             for m in units:
                 m.set_reshard_after_forward(True, recurse=False)
                 m.reshard()
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded as units of their own: each one below the root that owns parameters, except those
+    sharing a parameter with another module (tied weights: an output layer holding the embedding's), which stay
+    with the root's group, as FSDP2 requires of a shared parameter."""
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))
+            and all(owners[id(p)] == 1 for p in m.parameters(recurse=False))]
 
 
 def _trace_group(group: Any, recorder: TraceRecorder, lane: int) -> list[Callable[[], None]]:
