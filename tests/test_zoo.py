@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from conftest import dpcompare, missing, needs_horovod, needs_mpi, summary
