@@ -84,7 +84,7 @@ def ok(*names):
     return 1
 torch = ok("torch")
 extras = os.environ.get("DPCOMPARE_EXTRAS", "dev")
-dev = ("pytest", "ruff", "nbclient", "ipykernel", "wandb", "mlflow") if "dev" in extras.split(",") else ()
+dev = ("pytest", "ruff", "nbclient", "ipykernel", "wandb", "mlflow", "lightning") if "dev" in extras.split(",") else ()
 flags = [torch, torch and ok("torchvision"), ok("dpcompare", "mpi4py", "scipy", *dev), torch and ok("horovod.torch")]
 print(*flags)
 if all(flags):

@@ -41,6 +41,14 @@ def test_the_pre_check_sees_unused_sparse_frozen_and_random() -> None:
     assert convnet.traits is None and check_workload(convnet).batchnorm  # ... but can be
 
 
+def test_sparse_gradients_need_an_optimizer_that_takes_them() -> None:
+    spec = f"{ZOO / 'sparse_bag.py'}:workload"
+    for bad in ({"optimizer": "adam"}, {"weight_decay": 0.01}):
+        with pytest.raises(ConfigError, match=r"words.weight get sparse gradients .* use --optimizer sgd without"):
+            resolve_workload(TrainConfig(workload=spec, **bad))  # type: ignore[arg-type]
+    resolve_workload(TrainConfig(workload=spec))  # SGD with momentum takes them
+
+
 def test_the_pre_check_leaves_the_random_stream_alone() -> None:
     torch.manual_seed(3)
     before = torch.get_rng_state()

@@ -232,7 +232,19 @@ def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: boo
         return Job(cfg, _builtin(cfg))
     if check:
         w = dataclasses.replace(w, traits=check_workload(w))
+        check_sparse(cfg, w)
     return Job(cfg, w)
+
+
+def check_sparse(cfg: TrainConfig, w: Workload) -> None:
+    """Refuse the flags' optimizer where it cannot take the sparse gradients the pre-check saw."""
+    if w.traits is None or not w.traits.sparse or w.build_optimizer is not None:
+        return
+    if cfg.optimizer != "sgd" or cfg.weight_decay:
+        raise ConfigError(f"{w.source}: {', '.join(w.traits.sparse)} get sparse gradients (nn.Embedding(sparse=True)), "
+                          f"which --optimizer {cfg.optimizer}{' with --weight-decay' if cfg.weight_decay else ''} "
+                          "cannot take: use --optimizer sgd without --weight-decay, or give the workload its own "
+                          "optimizer (build_optimizer: Adagrad, SparseAdam)")
 
 
 def check_workload(w: Workload, batch_size: int = 2) -> ModelTraits:
