@@ -29,7 +29,6 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
-from dpcompare.data.plugins import LIGHTNING as PREFIX
 from dpcompare.data.workload import Metric, Workload
 from dpcompare.errors import ConfigError
 
@@ -40,11 +39,11 @@ if TYPE_CHECKING:
 LOWER_IS_BETTER = ("loss", "err", "perplexity", "ppl", "mse", "mae")
 
 
-def lightning_workload(spec: str, cfg: TrainConfig) -> Workload:
-    """The Workload of ``--workload lightning:MODULE:ATTR``; a module that cannot be trained without the Trainer
-    is refused in one line."""
+def lightning_workload(spec: str, obj: Any, cfg: TrainConfig) -> Workload:
+    """The Workload of ``--workload lightning:MODULE:ATTR`` (``obj``: what ATTR names); a module that cannot be
+    trained without the Trainer is refused in one line."""
     who = f"--workload {spec}"
-    make = _maker(spec[len(PREFIX):], cfg, who)
+    make = _maker(obj, cfg, who)
     with torch.random.fork_rng(devices=[]):  # the run's weights are drawn later, from the run's seed
         module, data = make()
         _refuse_manual(module, who)
@@ -59,12 +58,8 @@ def lightning_workload(spec: str, cfg: TrainConfig) -> Workload:
         build_scheduler=_scheduler(cfg, who, schedulers), info={"lightning": type(module).__qualname__})
 
 
-def _maker(target: str, cfg: TrainConfig, who: str) -> Callable[[], tuple[Any, Any]]:
-    """What builds a fresh (module, source of the dataloaders: the datamodule, else the module)."""
-    from dpcompare.data.plugins import load_attr
-
-    obj = load_attr(target, "--workload")
-
+def _maker(obj: Any, cfg: TrainConfig, who: str) -> Callable[[], tuple[Any, Any]]:
+    """What builds a fresh (module, source of the dataloaders: the datamodule, else the module) from ``obj``."""
     def make() -> tuple[Any, Any]:
         made = _call(obj, cfg, who)
         module, datamodule = made if isinstance(made, tuple) and len(made) == 2 else (made, None)

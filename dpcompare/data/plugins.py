@@ -221,7 +221,7 @@ def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: boo
     elif cfg.workload and cfg.workload.startswith(LIGHTNING):  # a LightningModule, without the Trainer
         from dpcompare.data.lightning import lightning_workload
 
-        w = lightning_workload(cfg.workload, cfg)
+        w = lightning_workload(cfg.workload, load_attr(cfg.workload[len(LIGHTNING):], "--workload"), cfg)
     elif cfg.workload:
         w = load_workload(cfg.workload, cfg)
     elif is_plugin(cfg.model):
