@@ -116,6 +116,18 @@ def test_unused_branch_compares_from_the_plain_command_line(tmp_path: Path) -> N
 
 
 @needs_mpi
+def test_a_parameter_unused_only_later_stops_ddp_with_one_line_and_on_fixes_it(tmp_path: Path) -> None:
+    spec = f"{ZOO / 'sometimes_unused.py'}:workload"
+    args = ("train", "--strategy", "ddp", "--workload", spec, "--epochs", "1", "--max-steps", "4", "--batch-size", "8",
+            "--threads", "1", "--no-tensorboard")
+    p = dpcompare(*args, "--out", str(tmp_path / "auto"), np=2, check=False)
+    assert p.returncode != 0 and "run with --find-unused-parameters on" in p.stderr
+    assert "Expected to have finished reduction" not in p.stderr  # not torch's wall of text
+    dpcompare(*args, "--find-unused-parameters", "on", "--out", str(tmp_path / "on"), np=2)
+    assert summary(tmp_path / "on")["comm"]["find_unused_parameters"] is True
+
+
+@needs_mpi
 @needs_horovod
 def test_tied_weights(tmp_path: Path) -> None:
     _exact(_parity(tmp_path, f"{ZOO / 'tied_weights.py'}:workload"))

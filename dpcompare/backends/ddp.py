@@ -140,9 +140,8 @@ class DDPModelHooks:
         return counted
 
     def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
-        if micro_step < self.cfg.accumulate - 1:
-            return model.no_sync()  # type: ignore[operator]
-        return contextlib.nullcontext()
+        sync = model.no_sync() if micro_step < self.cfg.accumulate - 1 else contextlib.nullcontext()  # type: ignore[operator]
+        return _explained(sync, self.finds_unused_parameters())
 
     def comm_report(self) -> dict[str, Any]:
         return {**getattr(self, "_installed", {}), **self.counters}
@@ -174,6 +173,25 @@ class DDPStrategy(DDPModelHooks, TorchDistributedStrategy):
     name = "ddp"
     sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
                       "during backward(), overlapping communication with computation")
+
+
+#: how DDP says that a parameter got no gradient in the step before (without find_unused_parameters)
+UNFINISHED = "Expected to have finished reduction in the prior iteration"
+
+
+@contextlib.contextmanager
+def _explained(inner: contextlib.AbstractContextManager[Any], finding: bool) -> Any:
+    """``inner``, with DDP's error for a parameter that got no gradient said in one line: the pre-check's batch used
+    every parameter, a later one did not (the parameters a step uses depend on its data)."""
+    try:
+        with inner:
+            yield
+    except RuntimeError as e:
+        if UNFINISHED not in str(e) or finding:
+            raise
+        raise ConfigError("DDP stopped: a trainable parameter got no gradient in the previous step, though every one "
+                          "got one on the pre-check's batch (which parameters a step uses depends on its data); run "
+                          "with --find-unused-parameters on") from None
 
 
 def bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]  (DDP rejects string annotations)
