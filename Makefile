@@ -1,13 +1,18 @@
 # dpcompare: `make demo` (A/B comparison on digits), `make lab-demo` (the same across 2 emulated hosts on a
-# shaped link) and `make test`; all set up everything first.
+# shaped link) and `make test`; all set up what they need first: `make setup` what the demo needs (torch,
+# dpcompare's dependencies, Horovod built for this machine), `make setup-dev` that plus the dev extras (tests,
+# lint, docs, trackers, transformers) for `make test` and `make docs`.
 VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 
-.PHONY: setup demo lab-demo test lint bench figures docs clean
+.PHONY: setup setup-dev demo lab-demo test lint bench figures remeasure docs clean
 
 setup:
 	@bash scripts/setup.sh
+
+setup-dev:
+	@DPCOMPARE_EXTRAS=dev bash scripts/setup.sh
 
 demo: setup
 	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 \
@@ -22,7 +27,7 @@ lab-demo: setup
 	    --epochs 1 --max-steps 20 --min-steps 15 --warmup-steps 3 --out runs/lab-demo --overwrite
 	@echo "open runs/lab-demo/report.html; the same across links: add --sweep link=unlimited,1gbit,200mbit"
 
-test: setup
+test: setup-dev
 	$(VENV)/bin/ruff check dpcompare tests bench examples
 	$(VENV)/bin/python -m pytest -q tests
 
@@ -32,7 +37,11 @@ bench: setup
 figures: setup
 	VENV=$(VENV) bash scripts/figures.sh docs/timeline.png
 
-docs: setup
+# Every figure the docs quote, measured again (on a quiet machine: bench/quiet.sh waits for one): bench/remeasure.sh
+remeasure: setup
+	VENV=$(VENV) bash bench/remeasure.sh
+
+docs: setup-dev
 	$(VENV)/bin/mkdocs build --strict
 
 clean:

@@ -37,10 +37,11 @@ if [ "$gpus" = 0 ]; then
 fi
 mkdir -p "$OUT/logs"
 say "$gpus GPU(s): $(nvidia-smi -L 2>/dev/null | head -4 | tr '\n' ' ')"
+QUIET_STRICT=0 bash "$ROOT/bench/quiet.sh" | tee "$OUT/logs/quiet.log"  # the checks pass or fail either way; timings say so
 
 # -- 1. set up what is missing -----------------------------------------------------------------------------
-# scripts/setup.sh keeps an installed torch and builds Horovod with NCCL operations when it finds a CUDA
-# toolkit (CUDA_HOME or /usr/local/cuda) and NCCL's headers (pip's nvidia-nccl package, which torch brings).
+# scripts/setup.sh keeps an installed torch and, the GPU being visible, builds Horovod with NCCL operations
+# (a CUDA toolkit, CUDA_HOME or /usr/local/cuda, and NCCL's headers from pip's nvidia-nccl, which torch brings).
 setup_log=$OUT/logs/setup.log
 if [ "${GPU_SETUP:-1}" = 1 ]; then
   prefix=$("$PY" -c 'import sys; print(sys.prefix)' 2>/dev/null || echo "")

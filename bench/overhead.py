@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from quiet import wait_for_quiet
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dpcompare.config import TrainConfig
@@ -132,6 +133,7 @@ def main() -> int:
     if a.worker:
         worker(a)
         return 0
+    wait_for_quiet()
 
     from rich.console import Console
     from rich.table import Table

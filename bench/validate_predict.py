@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quiet import wait_for_quiet
+
 from dpcompare.lab import Lab, LabSpec, session
 from dpcompare.lab import bench as labbench
 from dpcompare.lab.spec import link_bps
@@ -281,6 +283,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     a = parse()
     if a.cmd == "measure":
+        wait_for_quiet()
         a.out.mkdir(parents=True, exist_ok=True)
         path = a.out / RESULTS
         log = json.loads(path.read_text()) if path.is_file() else []

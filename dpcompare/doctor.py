@@ -91,6 +91,8 @@ def missing(info: dict[str, Any]) -> list[dict[str, str]]:
         out.append({"what": "torchvision (datasets " + ", ".join(VISION_DATASETS) + ", model resnet)",
                     "hint": _hint("torchvision")})
     out += [{"what": f"tracker {n}", "hint": t["hint"]} for n, t in info["trackers"].items() if not t["installed"]]
+    if not info.get("transformers"):
+        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install 'dpcompare[hf]'"})
     return out
 
 
@@ -110,6 +112,7 @@ def report() -> dict[str, Any]:
         "gpus": gpus,
         "launchers": _launchers(),
         "trackers": _trackers(),
+        "transformers": _dist_version("transformers"),  # --model hf:NAME
     }
     info["datasets"] = _datasets(info["torchvision"][:1].isdigit())
     info["missing"] = missing(info)

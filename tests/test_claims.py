@@ -87,7 +87,8 @@ def test_doctor_table_shows_horovods_build_and_torchvision():
 def test_overhead_benchmark_runs_and_prints_ratios():
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "overhead.py"), "--rounds", "2", "--epochs", "2",
                         "--strategies", "ddp"], capture_output=True, text=True, timeout=300,
-                       env={**mpi_env(), "COLUMNS": "200"})
+                       env={**mpi_env(), "COLUMNS": "200", "QUIET_MAX_WAIT": "0", "QUIET_STRICT": "0"})
     assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("[quiet] ") and "[quiet] machine: " in p.stdout  # the machine, said first
     row = re.search(r"ddp\s*│\s*[\d,]+\s*│\s*[\d,]+\s*│\s*(\d+\.\d{3})\s*│", p.stdout)
     assert row and 0.3 < float(row.group(1)) < 3.0, p.stdout

@@ -327,7 +327,12 @@ def test_the_report_fits_1300_px_and_states_attribution_and_regime(handmade: Pat
     assert "Where the difference lies · horovod vs ddp at np=2" in page
     # horovod's all-reduce wait moved 2 ms from backward into optimizer (run_entry), and its step is longer
     assert re.search(r"<td>optimizer ◀</td><td>\+2\.00</td>", page)  # the phases that carry the gap are marked
-    assert "gap lies in optimizer 2.00 ms" in page and "partly offset by backward (horovod 2.00 ms faster there)" in page
+    assert "its optimizer 2.00 ms longer" in page and "its backward 2.00 ms shorter" in page
+    assert "share of" not in page and "time moved from backward to optimizer" in page
+    # the bars on one ms scale: optimizer's +2.00 and backward's −2.00 fill a half each, on either side
+    assert re.search(r'<td>optimizer ◀</td>.*?<span class="half l"></span><span class="half r"><span class="bar" '
+                     r'style="width:64px', page)
+    assert re.search(r'<td>backward</td>.*?<span class="half l"><span class="bar" style="width:64px', page)
     assert "synchronize()" in page and "bucketed all-reduce" in page
     assert "What was measured · np=2" in page and "threads per rank" in page and "gradients per step" in page
     assert page.count('class="tiny"') == 2  # 1 ms steps of a model with no recorded gradients: np=1 and np=2
@@ -343,7 +348,10 @@ def test_the_terminal_table_warns_of_tiny_steps_and_says_why(handmade: Path) -> 
     render(handmade, console=console)
     text = console.export_text()
     assert "fixed per-step costs decide this verdict" in text and re.search(r"note: steps of 1[67]\.\d ms \(np=2\)", text)
-    assert "why: ddp is" in text and "gap lies in optimizer" in text
+    why = text[text.index("why: horovod's step 1.5"):].splitlines()
+    assert "optimizer +2.00 ms" in why[0] and "backward −2.00 ms" in why[0]
+    assert why[1].strip().startswith("in optimizer — ddp: nothing; horovod: step() waits") and len(why[0]) + len(why[1]) < 240
+    assert not why[2].strip().startswith(("in ", "why"))  # two lines, no more
 
 
 def test_attributions_are_read_back_as_stored(handmade: Path) -> None:
@@ -437,3 +445,10 @@ def test_report_shows_the_stored_verdicts_and_recompute_draws_them_again(tmp_pat
     legacy = [{k: x for k, x in d.items() if k != "block_repeats"} for d in stored]
     assert stats.report_verdicts({**results, "verdicts": legacy})[0].full_text == drawn
     assert stats.report_verdicts({**results, "verdicts": stored})[0].full_text.startswith("EDITED")
+
+
+def test_many_block_ratios_are_a_range_in_the_terminal() -> None:
+    from dpcompare.report.table import _ratios
+
+    assert _ratios([1.0, 0.9]) == "1.00 0.90"
+    assert _ratios([0.9, 1.0, 1.1] * 10) == "0.90 to 1.10 over 30 blocks (each in the report)"

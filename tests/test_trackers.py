@@ -35,7 +35,7 @@ def _need(*modules: str) -> None:
 
     for m in modules:
         if importlib.util.find_spec(m) is None:
-            missing(f"{m} is not installed (make setup installs the dev extra, which has it)")
+            missing(f"{m} is not installed (make setup-dev installs the dev extra, which has it)")
 
 
 @pytest.fixture

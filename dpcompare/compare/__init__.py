@@ -3,7 +3,8 @@
 Holds ``dpcompare compare`` — :mod:`.plan` (arms, runs, blocks, the :class:`~.plan.Comparison`),
 :mod:`.schedule` (when to stop), :mod:`.records` (summary.json → results.json), :mod:`.cmdline` (the flags it
 reads and writes), :mod:`.runner` (the run loop), :mod:`.command` (the sub-command, --resume),
-:mod:`.workers` (persistent workers) — and ``dpcompare parity``. A comparison starts training jobs as child
+:mod:`.workers` (persistent workers), :mod:`.load` (the CPU other processes took during each run) — and
+``dpcompare parity``. A comparison starts training jobs as child
 processes through :mod:`dpcompare.launch.jobs`; only the persistent worker runs :mod:`dpcompare.training`
 inside its own process (``training.command.main``).
 May import: the top-level modules, launch, backends, models, data, report, training, lab and prediction.

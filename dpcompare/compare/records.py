@@ -51,7 +51,7 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
         "peak_rss_mb": None, "memory_mb": None, "regime": None, "communication": None, "metric": None, "final_metric": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
         "metrics": metrics, "target_accuracy": None, "time_to_accuracy_s": None, "steps_to_accuracy": None,
-        "epochs_to_accuracy": None, "eval_curve": [],
+        "epochs_to_accuracy": None, "eval_curve": [], "load": None,
     }
     if returncode == 0 and summary is not None:
         t = summary.get("timing") or {}

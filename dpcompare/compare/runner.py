@@ -12,6 +12,7 @@ from typing import Any
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.compare import records
 from dpcompare.compare.cmdline import plan_flags, train_flags
+from dpcompare.compare.load import LoadWatch
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
 from dpcompare.compare.schedule import stop_reason
 from dpcompare.errors import ConfigError
@@ -49,6 +50,8 @@ class _Run:
 
         self.group = open_group(c.out.name, c.out, c.config.log, c.config.mlflow_uri)
         self.env.update(self.group.env)
+        # srun's ranks are not this process's descendants: their CPU time would count as other processes'
+        self.watch_load = not in_slurm_allocation()
         self.pool: Any = None
         if c.options.workers == "persistent":
             from dpcompare.compare.workers import WorkerPool
@@ -72,11 +75,14 @@ class _Run:
             self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
         cmd = child_command(cfg, spec, run_dir, self.lab)  # after the reshape: the line may carry the link's rate
         bar.update(description=f"running {spec.name}")
+        watch = LoadWatch() if self.watch_load else None  # what else the machine ran meanwhile
         rc, wall = (self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
                     if self.pool else self.launch(cmd, run_dir, self.env, timeout))
         if self.lab is not None and rc != 0:
             _name_lost_hosts(self.lab, run_dir)
-        return records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
+        rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
+        rec["load"] = watch.result() if watch else None
+        return rec
 
     def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
         """Run block number ``blocks`` (the kept runs of a resumed comparison are reused); runs done so far."""

@@ -3,13 +3,18 @@
 For every throughput verdict, each block gives the other arm's median phase times minus the baseline's
 (data, forward, backward, optimizer, and *other*: the step's median less the phases, where bookkeeping,
 the divergence check and waits outside the phases land). The mean of those per-block differences, with its
-95 % Student-t interval, says how much of the gap each phase holds. The strategies' declared communication
+95 % Student-t interval, says how many milliseconds each phase moved. The strategies' declared communication
 (:data:`dpcompare.backends.catalog.COMMUNICATION`) says what each does in the phases that account for it.
+
+Everything is said in milliseconds: when phases offset each other (Horovod's backward shorter because nothing
+waits there, its step() longer because the wait moved there), a phase's share of the small net gap is a
+meaningless 500 %. ``lines`` are the two short lines the terminal prints; ``text`` the whole sentence.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
@@ -39,6 +44,7 @@ class Attribution:
     shifts: list[PhaseShift]
     main: list[str]          # phases that account for the gap, largest first
     text: str
+    lines: list[str] = field(default_factory=list)  # the terminal's two short lines
 
     def to_json(self) -> dict[str, Any]:
         def iv(i: Interval) -> dict[str, Any]:
@@ -46,7 +52,7 @@ class Attribution:
 
         return {"np": self.np, "baseline": self.baseline, "other": self.other, "step": iv(self.step_diff),
                 "phases": {s.phase: {**iv(s.diff), "share": s.share} for s in self.shifts},
-                "main": self.main, "text": self.text}
+                "main": self.main, "text": self.text, "lines": self.lines}
 
 
 def _parts(run: dict[str, Any]) -> dict[str, float] | None:
@@ -87,7 +93,8 @@ def attribute(results: dict[str, Any], baseline: str, other: str, np_: int) -> A
     shifts = [PhaseShift(p, iv := diff(p), iv.mean / step.mean if step.mean else None) for p in STEP_PARTS]
     main = _main_phases(shifts, step)
     return Attribution(np_, baseline, other, step, shifts, main,
-                       _explain(results, baseline, other, step, shifts, main))
+                       _explain(results, baseline, other, step, shifts, main),
+                       _lines(results, baseline, other, step, shifts, main))
 
 
 def _main_phases(shifts: list[PhaseShift], step: Interval) -> list[str]:
@@ -130,34 +137,89 @@ def _unsure(iv: Interval) -> str:
     return ", its interval includes 0" if iv.has_ci and iv.lo <= 0.0 <= iv.hi else ""  # type: ignore[operator]
 
 
+def _ms(v: float) -> str:
+    """Milliseconds with the digits that matter: 160 ms, 2.4 ms, 0.28 ms."""
+    a = abs(v)
+    return f"{a:.0f} ms" if a >= 100 else f"{a:.1f} ms" if a >= 10 else f"{a:.2f} ms"
+
+
+def _signed(v: float) -> str:
+    return ("+" if v >= 0 else "−") + _ms(v)
+
+
+def _its(phase: str) -> str:
+    """How the sentence names a part of the step: "its backward", "the rest of its step" (``other``)."""
+    return "the rest of its step" if phase == "other" else f"its {phase}"
+
+
+def _short(phase: str) -> str:
+    return "the rest" if phase == "other" else phase
+
+
+def _against(shifts: list[PhaseShift]) -> list[PhaseShift]:
+    """Phases that move against the step by at least a quarter of its gap (the time moved between phases)."""
+    return [s for s in shifts if s.share is not None and s.share <= -MAIN_SHARE]
+
+
+def _brief(what: str) -> str:
+    """A declared communication's first clause, without its parentheses: for one short terminal line."""
+    buffers = what.endswith(IF_BUFFERS)
+    what = re.sub(r"\s+\((?:[^()]|\([^()]*\))+\)", "", what.removesuffix(IF_BUFFERS))
+    return re.split(r"; |, (?=started|whatever|then)", what)[0] + (" (if it has buffers)" if buffers else "")
+
+
+def _comm(results: dict[str, Any], arms: tuple[str, str], phase: str) -> dict[str, str | None]:
+    return {arm: communication_in(_strategy(results, arm), phase, _buffers(results, arm), results) for arm in arms}
+
+
 def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
              main: list[str]) -> str:
-    faster, slower = (other, baseline) if step.mean < 0 else (baseline, other)
-    gap = abs(step.mean)
+    """The whole sentence (report and results.json): the net gap, each phase that moved in ms, what each
+    strategy communicates there."""
+    net = f"{other}'s step is {_ms(step.mean)} {'shorter' if step.mean < 0 else 'longer'} than {baseline}'s"
     if not main:
-        return (f"{faster} is {gap:.2f} ms a step faster, but no single phase holds a quarter of the gap: "
-                "it is spread over the step.")
+        return f"{net}, spread over the step: no phase holds a quarter of the gap."
     by = {s.phase: s for s in shifts}
-    parts = [f"{p} {abs(by[p].diff.mean):.2f} ms ({100 * (by[p].share or 0):.0f} % of it{_unsure(by[p].diff)})"
-             for p in main]
-    text = f"{faster} is {gap:.2f} ms a step faster; the gap lies in " + ", ".join(parts)
-    against = [s for s in shifts if s.share is not None and s.share <= -MAIN_SHARE]
-    if against:
-        text += ", partly offset by " + ", ".join(
-            f"{s.phase} ({slower} {abs(s.diff.mean):.2f} ms faster there)" for s in against)
+    against = _against(shifts)
+    moved = [by[p] for p in main] + against
+    text = net + ": " + ", ".join(
+        f"{_its(s.phase)} {_ms(s.diff.mean)} {'shorter' if s.diff.mean < 0 else 'longer'}{_unsure(s.diff)}"
+        for s in moved)
     text += "." if step.has_ci else " (one unit of blocks: no intervals yet)."
+    if against:
+        text += (f" The phases offset each other: time moved from {' and '.join(_short(s.phase) for s in against)} "
+                 f"to {' and '.join(_short(p) for p in main)}, and only the net {_ms(step.mean)} changes the "
+                 "throughput.")
     comm = []
-    for p in [*main, *(s.phase for s in against)]:
-        what = {arm: communication_in(_strategy(results, arm), p, _buffers(results, arm), results)
-                for arm in (baseline, other)}
+    for s in moved:
+        what = _comm(results, (baseline, other), s.phase)
         if any(what.values()):
-            comm.append(f"in {p}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
-                                                 for arm, w in what.items()))
+            comm.append(f"in {_short(s.phase)}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
+                                                     for arm, w in what.items()))
     if comm:
         return text + " Communication there — " + " — ".join(comm) + "."
-    return text + (" Neither strategy communicates in " + " or ".join(main) + ": look at threads and CPU "
+    return text + (" Neither strategy communicates in " + " or ".join(map(_short, main)) + ": look at threads and CPU "
                    "contention (a background thread competing for cores, vCPU wake-ups) and per-step framework "
                    "overhead, not at the network.")
+
+
+def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
+           main: list[str]) -> list[str]:
+    """At most two short lines for the terminal: the phases that moved, in ms; the communication in the first."""
+    net = f"{other}'s step {_ms(step.mean)} {'shorter' if step.mean < 0 else 'longer'} than {baseline}'s"
+    if not main:
+        return [f"{net}, spread over the step (no phase holds a quarter of it)"]
+    by = {s.phase: s for s in shifts}
+    moved = [by[p] for p in main] + _against(shifts)
+    first = f"{net}: " + ", ".join(f"{_short(s.phase)} {_signed(s.diff.mean)}" for s in moved)
+    if not step.has_ci:
+        first += " (no intervals yet)"
+    phase = main[0]
+    what = _comm(results, (baseline, other), phase)
+    if not any(what.values()):
+        return [first, f"in {_short(phase)} neither communicates: threads, CPU contention, framework overhead"]
+    return [first, f"in {_short(phase)} — " + "; ".join(f"{arm}: {_brief(w) if w else 'nothing'}"
+                                                       for arm, w in what.items())]
 
 
 def attributions(results: dict[str, Any]) -> list[Attribution]:

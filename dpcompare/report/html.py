@@ -54,6 +54,8 @@ details > summary { cursor: pointer; color: var(--accent); }
 .sentence { margin: 10px 0 0; font-size: 14px; }
 .card > h3:first-child { margin-top: 0; }
 .bar { display: inline-block; height: 10px; border-radius: 2px; vertical-align: -1px; }
+.dbar { display: inline-block; white-space: nowrap; } .dbar .half { display: inline-block; width: 64px; height: 12px; }
+.dbar .half.l { text-align: right; border-right: 1px solid #8a929b; } .dbar .half .bar { vertical-align: 1px; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; vertical-align:0; }
 .ok { color: var(--ok); font-weight: 600; } .failed { color: var(--bad); font-weight: 600; }
 figure { margin: 0; } figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
@@ -202,13 +204,14 @@ def _runs(results: dict[str, Any]) -> str:
                  f'<span class="{"ok" if ok else "failed"}">{_e(r.get("status"))}</span>',
                  "–" if r.get("samples_per_sec") is None else f"{r['samples_per_sec']:,.0f}",
                  fmt.ms(step), fmt.metric_value(metric, final_metric(r)),
-                 "–" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f}",
+                 "–" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f}", _others_cell(r),
                  f'<code>{_e(r.get("dir", ""))}</code>']
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         if not ok and r.get("error"):
-            rows.append(f'<tr><td colspan="7" class="l"><details><summary class="failed">'
+            rows.append(f'<tr><td colspan="8" class="l"><details><summary class="failed">'
                         f'{_e(fmt.headline(r["error"]))}</summary><pre>{_e(r["error"])}</pre></details></td></tr>')
-    head = ["run", "status", "samples/s", "step ms", fmt.metric_label(metric, short=True), "wall s", "folder"]
+    head = ["run", "status", "samples/s", "step ms", fmt.metric_label(metric, short=True), "wall s",
+            "others'<br>CPU", "folder"]
     runs = results.get("runs", [])
     failed = sum(r.get("status") != "ok" for r in runs)
     table = ('<div class="scroll"><table><thead><tr>' + "".join(f"<th>{h}</th>" for h in head)
@@ -216,6 +219,14 @@ def _runs(results: dict[str, Any]) -> str:
     summary = f"{len(runs)} runs" + (f", {failed} failed" if failed else ", all ok")
     return f'<details{" open" if len(runs) <= OPEN_RUNS else ""}><summary>{summary}</summary>{table}</details>'
 
+
+
+def _others_cell(run: dict[str, Any]) -> str:
+    """The share of the cores other processes took during the run (its ``load``), flagged past the threshold."""
+    share = (run.get("load") or {}).get("others_cpu_share")
+    if share is None:
+        return "–"
+    return f'<span class="failed">{fmt.pct(share, 0)}</span>' if share >= regime.SHARED_SHARE else fmt.pct(share, 0)
 
 
 def _kv(d: dict[str, Any]) -> str:
@@ -402,8 +413,10 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
     eq = verdicts[0].equivalence
     share = measured_share(results)
     stop = (results.get("config") or {}).get("stop") or {}
+    shared = "".join(f'<p class="tiny"><strong>np={r.np}:</strong> {_e(regime.shared_line(r))}</p>'
+                     for r in regime.regimes(results) if r.shared and r.np in {v.np for v in verdicts})
     verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
-               + "</ul></div>")
+               + "</ul>" + shared + "</div>")
     why = _attribution_card(attributions)
     regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})
     how = (f'<details class="card"><summary>How the verdict is drawn</summary>'
@@ -426,36 +439,50 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
 
 
 def _attribution_card(attributions: Sequence[dict[str, Any]]) -> str:
-    """Per verdict: each phase's paired difference with its interval, as a table with a bar, and the sentence."""
+    """Per verdict: each phase's paired difference in ms with its interval and a bar on one ms scale, and the
+    sentence. No shares of the gap: when phases offset each other, a share of the small net means nothing."""
     out = [f"<h3>Where the difference lies · {_e(a['other'])} vs {_e(a['baseline'])} at np={a['np']}</h3>"
            + _html_table(["phase", f"{_e(a['other'])} − {_e(a['baseline'])}<br>ms/step", "95 % CI<br>ms",
-                          "share of<br>the gap", ""], _attribution_rows(a))
+                          "less ◂ ms ▸ more"], _attribution_rows(a))
            + f'<p class="sentence">{_e(a.get("text", ""))}</p>' for a in attributions]
     if not out:
         return ""
     return ('<div class="card">' + "".join(out) + '<p class="muted" style="font-size:12.5px;margin:8px 0 0">'
-            "Negative: the other arm spends less time there. ◀ marks the phases that hold at least a quarter of the "
-            "gap; <em>other</em> is the step less the four timed phases (bookkeeping, waits outside them).</p></div>")
+            "Bars in milliseconds, all on one scale: left (green), the other arm spends less time in that phase; "
+            "right (red), more. ◀ marks the phases that carry the gap; <em>other</em> is the step less the four "
+            "timed phases (bookkeeping, waits outside them).</p></div>")
+
+
+#: half the width of an attribution bar, px (the bar grows left or right of its centre line)
+BAR_HALF_PX = 64
+
+
+def _bar(ms: float, top: float, colour: str | None = None) -> str:
+    """A bar of ``ms`` on a scale where ``top`` ms fills one half: left of the centre line when negative."""
+    px = round(BAR_HALF_PX * min(abs(ms) / top, 1.0))
+    fill = colour or ("var(--ok)" if ms < 0 else "var(--bad)")
+    bar = f'<span class="bar" style="width:{px}px;background:{fill}"></span>'
+    return (f'<span class="dbar"><span class="half l">{bar if ms < 0 else ""}</span>'
+            f'<span class="half r">{bar if ms >= 0 else ""}</span></span>')
 
 
 def _attribution_rows(a: dict[str, Any]) -> list[list[str]]:
-    """(phase, mean, interval, share, bar) per phase, then the whole step."""
+    """(phase, mean, interval, bar) per phase, then the whole step, every bar on the same ms scale."""
     phases = a.get("phases") or {}
-    top = max((abs(p.get("mean_ms") or 0.0) for p in phases.values()), default=0.0) or 1.0
+    step = a.get("step") or {}
+    means = [abs(p.get("mean_ms") or 0.0) for p in phases.values()] + [abs(step.get("mean_ms") or 0.0)]
+    top = max(means, default=0.0) or 1.0
     rows = []
     for name, p in phases.items():
         m = p.get("mean_ms")
         if m is None:
             continue
-        colour = "var(--ok)" if m < 0 else "var(--bad)"
-        bar = f'<span class="bar" style="width:{60 * abs(m) / top:.0f}px;background:{colour}"></span>'
-        share = p.get("share")
         rows.append([_e(name) + (" ◀" if name in (a.get("main") or []) else ""), _signed(m),
-                     _span(p.get("ci_low_ms"), p.get("ci_high_ms")), "–" if share is None else f"{100 * share:.0f} %",
-                     bar])
-    step = a.get("step") or {}
-    rows.append(["<strong>step</strong>", f"<strong>{_signed(step.get('mean_ms'))}</strong>",
-                 _span(step.get("ci_low_ms"), step.get("ci_high_ms")), "100 %", ""])
+                     _span(p.get("ci_low_ms"), p.get("ci_high_ms")), _bar(m, top)])
+    m = step.get("mean_ms")
+    rows.append(["<strong>step</strong>", f"<strong>{_signed(m)}</strong>",
+                 _span(step.get("ci_low_ms"), step.get("ci_high_ms")),
+                 "" if m is None else _bar(m, top, "var(--accent)")])
     return rows
 
 
@@ -476,10 +503,15 @@ def _regime_card(r: regime.Regime, groups: Sequence[Group] = ()) -> str:
           "communicating or waiting": "not traced (--trace N measures it)" if r.comm_share is None
           else fmt.pct(r.comm_share, 0),
           "link": r.link, "threads per rank": "–" if r.threads is None else str(r.threads),
+          "other processes' CPU": regime.others_text(r),
           **({"model traits": " · ".join(r.model)} if r.model else {})}
     items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in kv.items())
     warn = (f'<p class="tiny"><strong>Tiny steps:</strong> under {regime.TINY_STEP_MS:g} ms or under '
             f"{regime.TINY_GRADIENT_MB:g} MB of gradients, fixed per-step costs decide.</p>" if r.tiny else "")
+    if r.shared:
+        warn += (f'<p class="tiny"><strong>Shared machine:</strong> other processes took at least '
+                 f"{100 * regime.SHARED_SHARE:g} % of the cores during a run; their work, not the strategies, may "
+                 "decide this verdict.</p>")
     return (f'<div class="card regime"><strong>What was measured · np={r.np}</strong>'
             f'<dl class="kv" style="margin-top:8px">{items}</dl>{warn}<p class="sentence">{_e(r.sentence)}</p></div>')
 

@@ -3,7 +3,8 @@
 A verdict from 3 ms steps of a 0.06 MB model on a 2-core VM is a fact about fixed per-step costs on that
 machine, not about the strategies on a cluster. The regime card puts next to every verdict the step time,
 the gradient bytes a step exchanges, the share of the step spent communicating or waiting for it (traced
-runs), the link the ranks used and the threads per rank, and one sentence on what the verdict generalises to.
+runs), the link the ranks used and the threads per rank, the CPU other processes took while the runs ran
+(each run's ``load``, :mod:`dpcompare.compare.load`), and one sentence on what the verdict generalises to.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from typing import Any
 #: below these, fixed per-step costs (framework bookkeeping, thread wake-ups) decide the verdict
 TINY_STEP_MS = 20.0
 TINY_GRADIENT_MB = 1.0
+#: other processes took at least this share of the machine's cores, on average over a run, in any run at a
+#: process count: the verdict there describes a shared machine (a busy-polling rank loses whole time slices)
+SHARED_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -27,12 +31,21 @@ class Regime:
     threads: int | None             # intra-op threads per rank
     tiny: bool
     sentence: str
+    others_cpu: float | None = None  # the largest share of the cores other processes took during a run
+    loadavg: float | None = None     # the largest 1-minute load average at a run's start
+    cores: int | None = None
     #: what the model made the strategies do (parameters without gradient, sparse gradients), one line each
     model: tuple[str, ...] = ()
 
+    @property
+    def shared(self) -> bool:
+        """Whether other processes took a noticeable share of the cores (:data:`SHARED_SHARE`) in some run."""
+        return self.others_cpu is not None and self.others_cpu >= SHARED_SHARE
+
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("np", "step_ms", "gradient_mb", "comm_share", "link", "threads",
-                                               "tiny", "sentence", "model")}
+        return {**{k: getattr(self, k) for k in ("np", "step_ms", "gradient_mb", "comm_share", "link", "threads",
+                                                 "tiny", "sentence", "others_cpu", "loadavg", "cores", "model")},
+                "shared": self.shared}
 
 
 def _names(names: list[str], most: int = 3) -> str:
@@ -116,6 +129,16 @@ def _sentence(step_ms: float | None, gradient_mb: float | None, link: str, tiny:
             "(dpcompare predict projects it).")
 
 
+def _load(runs: list[dict[str, Any]]) -> tuple[float | None, float | None, int | None]:
+    """(the largest share of the cores other processes took in a run, the largest 1-minute load average at a
+    run's start, the cores) over the runs that recorded their ``load``."""
+    loads = [r["load"] for r in runs if isinstance(r.get("load"), dict)]
+    shares = [x["others_cpu_share"] for x in loads if x.get("others_cpu_share") is not None]
+    starts = [x["loadavg_start"][0] for x in loads if x.get("loadavg_start")]
+    cores = next((int(x["cores"]) for x in loads if x.get("cores")), None)
+    return max(shares, default=None), max(starts, default=None), cores
+
+
 def regime(results: dict[str, Any], np_: int) -> Regime:
     runs = [r for r in results.get("runs", []) if int(r["np"]) == np_ and r.get("status") == "ok"]
     step = _median([(r.get("step_ms") or {}).get("median") for r in runs])
@@ -125,7 +148,7 @@ def regime(results: dict[str, Any], np_: int) -> Regime:
     sentence = _sentence(step, grad, link, tiny) if step is not None and grad is not None else \
         "Too few successful runs to say what this verdict speaks for."
     return Regime(np_, step, grad, _comm_share(runs), link, _threads(results, runs, np_), tiny, sentence,
-                  model_lines(runs))
+                  *_load(runs), model_lines(runs))
 
 
 def regimes(results: dict[str, Any]) -> list[Regime]:
@@ -144,3 +167,21 @@ def tiny_warning(results: dict[str, Any]) -> str | None:
         if x)
     return (f"note: {what} (np={r.np}) — fixed per-step costs decide this verdict, not communication; it does not "
             "generalise to larger models or clusters")
+
+
+def others_text(r: Regime) -> str:
+    """The CPU other processes took, for the regime card and the terminal: "3 % of the 2 cores at most in a run
+    (load average 0.4 before)"; "not recorded" for runs from before dpcompare recorded it, or under Slurm."""
+    if r.others_cpu is None:
+        return "not recorded"
+    cores = f" of the {r.cores} cores" if r.cores else " of the cores"
+    load = f"; load average {r.loadavg:.2f} at the start" if r.loadavg is not None else ""
+    return f"{100 * r.others_cpu:.0f} %{cores} at most in a run{load}"
+
+
+def shared_line(r: Regime) -> str:
+    """The line beside a verdict whose runs shared the machine with other work (:attr:`Regime.shared`)."""
+    cores = f"the {r.cores} cores" if r.cores else "the cores"
+    load = f", load average up to {r.loadavg:.1f}" if r.loadavg is not None else ""
+    return (f"shared machine: other processes took up to {100 * (r.others_cpu or 0):.0f} % of {cores} during a run"
+            f"{load}. This verdict describes a shared machine; rerun with nothing else running.")

@@ -28,7 +28,20 @@ def console_for_report() -> Console:
     return c if c.is_terminal else Console(highlight=False, width=max(c.width, 150))
 
 
-def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
+def others_by_group(results: dict[str, Any]) -> dict[tuple[str, int], float]:
+    """(arm, np) → the largest share of the cores other processes took during one of its runs."""
+    out: dict[tuple[str, int], float] = {}
+    for r in results.get("runs", []):
+        share = (r.get("load") or {}).get("others_cpu_share")
+        if r.get("status") == "ok" and share is not None:
+            key = (arm_of(r), int(r["np"]))
+            out[key] = max(out.get(key, 0.0), float(share))
+    return out
+
+
+def build_table(groups: Sequence[Group], title: str | None = None,
+                others: dict[tuple[str, int], float] | None = None) -> Table:
+    """One row per (arm, np); ``others``: :func:`others_by_group`, a column when any run recorded it."""
     several_np = len({g.np for g in groups}) > 1
     t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("arm", style="bold")
@@ -46,6 +59,8 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
             t.add_column(f"{MEMORY_LABELS[k]}\nMB/rank", justify="right")
     if several_np:
         t.add_column("scaling\neff.", justify="right")
+    if others:
+        t.add_column("others'\nCPU", justify="right")
     prev = None
     for g in groups:
         ok = f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]"
@@ -56,6 +71,10 @@ def build_table(groups: Sequence[Group], title: str | None = None) -> Table:
             row += [fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS]
         if several_np:
             row.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
+        if others:
+            share = others.get((g.arm, g.np))
+            cell = "–" if share is None else fmt.pct(share, 0)
+            row.append(f"[yellow]{cell}[/]" if share is not None and share >= regime.SHARED_SHARE else cell)
         t.add_row(*row, end_section=bool(next_strategy_differs(groups, g)))
         prev = g.arm
     return t
@@ -68,9 +87,13 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
                                          cfg.get("epochs") and f"{cfg['epochs']} epochs",
                                          cfg.get("batch_size") and f"batch {cfg['batch_size']}/process") if x)
     console.print()
-    console.print(build_table(groups, title=f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]"))
+    others = others_by_group(results)
+    console.print(build_table(groups, title=f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]",
+                              others=others))
     console.print("[dim]times are per step, median over steps (slowest rank for step ms, mean over ranks for "
-                  "phases), averaged over repeats; warm-up steps excluded[/]", soft_wrap=True)
+                  "phases), averaged over repeats; warm-up steps excluded"
+                  + ("; others' CPU: the largest share of the cores other processes took during a run" if others
+                     else "") + "[/]", soft_wrap=True)
     share = measured_share(results)
     if share is not None:
         console.print(f"[dim]timed steps: {100 * share:.0f} % of the runs' wall time (the rest is start-up, "
@@ -118,14 +141,28 @@ def _print_throughput_verdicts(console: Console, results: dict[str, Any], verdic
     """Each throughput verdict once, its per-block ratios, and the sentence on where the difference lies."""
     why = {(a["np"], a["other"]): a for a in (attribution.for_report(results) if attributions is None
                                                else attributions)}
+    shared = {r.np: r for r in regime.regimes(results) if r.shared}
     console.print("[bold]Verdict[/] (paired over blocks: each repeat runs every arm once, side by side)")
     for v in (v for v in verdicts if v.metric == "throughput"):
         colour = {"faster": "green", "slower": "red", "equal": "cyan"}.get(v.outcome, "yellow")
         console.print(_bullet(v, colour), soft_wrap=True, highlight=False)
+        if v.np in shared:
+            console.print(f"    [yellow]{regime.shared_line(shared[v.np])}[/]", soft_wrap=True, highlight=False)
         if v.block_ratios:
-            ratios = " ".join(f"{x:.2f}" for x in v.block_ratios)
-            console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {ratios}[/]", soft_wrap=True,
-                          highlight=False)
+            console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {_ratios(v.block_ratios)}[/]",
+                          soft_wrap=True, highlight=False)
         a = why.get((v.np, v.other))
-        if a and a.get("text"):
-            console.print(f"    why: {a['text']}", soft_wrap=True, highlight=False, markup=False)
+        lines = (a.get("lines") or [a.get("text")]) if a else []
+        for i, line in enumerate(x for x in lines if x):
+            console.print(f"    {'why: ' if i == 0 else '     '}{line}", soft_wrap=True, highlight=False, markup=False)
+
+
+#: more blocks than this: the terminal gives their range, the report each of them
+SHOWN_RATIOS = 10
+
+
+def _ratios(ratios: Sequence[float]) -> str:
+    """The per-block ratios, or with many blocks their range (every one is in the report and results.json)."""
+    if len(ratios) <= SHOWN_RATIOS:
+        return " ".join(f"{x:.2f}" for x in ratios)
+    return f"{min(ratios):.2f} to {max(ratios):.2f} over {len(ratios)} blocks (each in the report)"
