@@ -90,9 +90,30 @@ class TrainConfig:
     lr: float = opt(0.05, "learning rate", type=t.positive_float, resume=True)
     scale_lr: bool = opt(False, "multiply --lr by the number of processes (linear scaling), the same for every "
                                 "strategy", resume=True)
-    optimizer: str = opt("sgd", "optimizer", choices=["sgd", "adam"], resume=True)
+    optimizer: str = opt("sgd", "sgd (with --momentum), adam (--weight-decay as an L2 term on every parameter) or "
+                                "adamw (decoupled --weight-decay in two parameter groups: decay on every parameter "
+                                "of 2 or more dimensions outside a normalisation layer, such as Linear and conv "
+                                "weights and embedding tables; no decay on biases, on any other 1-D parameter, nor "
+                                "on the parameters of BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm "
+                                "layers)", choices=["sgd", "adam", "adamw"], resume=True)
     momentum: float = opt(0.9, "SGD momentum", type=t.nonneg_float, resume=True)
-    weight_decay: float = opt(0.0, "weight decay", type=t.nonneg_float, resume=True)
+    weight_decay: float = opt(0.0, "weight decay (adamw: on its decay group only)", type=t.nonneg_float,
+                              resume=True)
+    clip_grad_norm: float = opt(0.0, "clip the gradients to this global 2-norm before every optimizer step, taken "
+                                     "over the averaged gradients of the whole model on every process (after "
+                                     "Horovod's synchronize(), over every shard under zero and fsdp); 0: off",
+                                type=t.nonneg_float, metavar="X", resume=True)
+    lr_schedule: str = opt("constant", "the learning rate per optimizer step, after --lr-warmup-steps: constant; "
+                                       "cosine: torch's CosineAnnealingLR from --lr down to 0 over the run's "
+                                       "remaining steps; step: torch's StepLR, × --lr-gamma every --lr-step-every "
+                                       "steps", choices=["constant", "cosine", "step"], resume=True)
+    lr_warmup_steps: int = opt(0, "first optimizer steps of a linear warm-up (torch's LinearLR) from --lr/(N+1) to "
+                                  "--lr, before --lr-schedule (SequentialLR); 0: none", type=t.nonneg_int,
+                               metavar="N", resume=True)
+    lr_step_every: int = opt(0, "--lr-schedule step: optimizer steps between decays, counted after the warm-up",
+                             type=t.nonneg_int, metavar="N", resume=True)
+    lr_gamma: float = opt(0.1, "--lr-schedule step: the factor of each decay", type=t.positive_float, metavar="G",
+                          resume=True)
     seed: int = opt(42, "seeds weights and sampling", type=int, resume=True)
     width: int = opt(256, "hidden units of mlp", type=t.positive_int, resume=True)
     input_shape: tuple[int, ...] = opt((3, 32, 32), "C,H,W of synthetic samples; imagefolder resizes images to H,W, "

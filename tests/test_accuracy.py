@@ -172,5 +172,5 @@ def test_compare_with_seeds_and_target_accuracy(tmp_path: Path) -> None:
     assert metrics["accuracy"]["difference"] == 0.0 and metrics["accuracy"]["exact_by_construction"]
     assert metrics["accuracy"]["text"] in p.stdout and metrics["time_to_accuracy"]["text"] in p.stdout
     page = (out / "report.html").read_text()
-    assert "Accuracy and time to accuracy" in page and "zero by construction" in page
+    assert "Test accuracy and time to the target" in page and "zero by construction" in page
     assert len(render(out, quiet=True).verdicts) == 3

@@ -39,7 +39,8 @@ def test_a_regression_workload_trains_and_reports_its_metric(tmp_path: Path) -> 
     s = train(_cfg(tmp_path / "r", target_accuracy=0.5, save_final=True), workload=_regression())
     on_disk = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert on_disk["metric"] == {"name": "mse", "higher_is_better": False, "unit": ""} == s["metric"]
-    assert on_disk["workload"] == {"name": "regression", "source": "tests:regression", "features": 4}
+    assert on_disk["workload"] == {"name": "regression", "source": "tests:regression", "label": "regression",
+                                   "features": 4}
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all("test_accuracy" not in r and set(r["metrics"]) == {"mse", "mae"} for r in rows)
     assert rows[-1]["test_metric"] == on_disk["final_metric"] < rows[0]["test_metric"]  # it learns

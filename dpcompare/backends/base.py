@@ -279,14 +279,43 @@ class Strategy(ABC):
 
         Synchronises first (Horovod's all-reduces land in ``.grad`` there) and unscales the gradient scaler's
         gradients; the norm is over every parameter of the whole model on every rank (a DTensor's shards
-        included), so every rank clips by the same factor. Call it between the last backward and
+        included, :meth:`global_grad_norm`), so every rank clips by the same factor, ``max_norm / (norm +
+        1e-6)`` when below 1 (torch's ``clip_grad_norm_`` formula). Call it between the last backward and
         :meth:`optimizer_step`.
         """
         self.ensure_synchronized(optimizer)
         if scaler is not None:
             scaler.unscale_(optimizer)
-        params = list(self.unwrap_model(model).parameters())
-        return float(_full(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+        grads = [p.grad for p in self.unwrap_model(model).parameters() if p.grad is not None]
+        norm = self.global_grad_norm(grads)
+        coef = max_norm / (norm + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                _local(g).mul_(coef)
+        return norm
+
+    def global_grad_norm(self, grads: list[torch.Tensor]) -> float:
+        """The 2-norm of every gradient in ``grads`` together, summed in float64: a sharded DTensor's squares
+        are added up on each rank and all-reduced once (its shards cover the whole tensor over the ranks).
+
+        float64 makes the norm independent of how the tensors are cut: torch's own ``clip_grad_norm_`` takes
+        float32 norms per shard, which differ from the whole tensor's in the last bits, so FSDP would clip by
+        another factor than DDP. Here the sums differ by about 1e-16 and the float32 gradients get the same
+        factor.
+        """
+        from torch.distributed.tensor import DTensor
+
+        whole = torch.zeros((), dtype=torch.float64)
+        sharded = torch.zeros((), dtype=torch.float64)
+        for g in grads:
+            sq = torch.linalg.vector_norm(_local(g), dtype=torch.float64).cpu() ** 2
+            if isinstance(g, DTensor) and any(p.is_shard() for p in g.placements):
+                sharded += sq
+            else:
+                whole += sq
+        if any(isinstance(g, DTensor) for g in grads):
+            whole += self.all_reduce(sharded, "sum")
+        return float(whole.sqrt())
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
         """One optimizer step on the averaged gradients: :meth:`synchronize` unless it already ran (after
@@ -491,11 +520,11 @@ def _rebind(optimizer: torch.optim.Optimizer, names: dict[int, str], now: dict[s
             group["params"] = fresh
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value (a norm over shards is a partial sum until reduced); another tensor as it is."""
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (the same storage); another tensor as it is."""
     from torch.distributed.tensor import DTensor
 
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def require_gpu_for_sync_bn(device: torch.device, cls_name: str) -> None:

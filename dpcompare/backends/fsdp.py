@@ -8,8 +8,9 @@ the state. Per step each layer's parameters are all-gathered before its forward 
 backward), and its gradients are reduce-scattered after backward, so every rank receives the averaged
 gradient of its own shard only. Checkpoints gather the full model and optimizer state on rank 0 with
 ``torch.distributed.checkpoint.state_dict`` and are written in the plain format every strategy reads.
-Gradient clipping needs no code here: torch's ``clip_grad_norm_`` over the DTensor gradients reduces the
-norm over the shards, so it is the global one (tests/test_strategy_hooks.py checks it against a hand-made one).
+Gradient clipping needs no code here: :meth:`~dpcompare.backends.base.Strategy.global_grad_norm` sums each
+rank's squares of its gradient shards in float64 and all-reduces the sum once, so the norm is the global one and
+equal to DDP's (tests/test_strategy_hooks.py checks it against a hand-made one).
 """
 
 from __future__ import annotations

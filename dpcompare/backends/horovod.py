@@ -63,6 +63,9 @@ class HorovodStrategy(Strategy):
             raise ConfigError(f"--adasum needs a power-of-two number of processes (Horovod supports no other), not "
                               f"{world_size}; use -np {1 << (world_size.bit_length() - 1)} or "
                               f"{1 << world_size.bit_length()}, or drop --adasum")
+        if cfg.adasum and cfg.clip_grad_norm:
+            raise ConfigError("--clip-grad-norm needs averaged gradients, which --adasum never forms (each rank takes "
+                              "its own step and Adasum combines the steps); drop one of the two")
         if cfg.grad_compression == "bf16" and not _allreduces_bf16():
             raise ConfigError(f"--grad-compression bf16: Horovod {cls.version()}'s torch binding cannot all-reduce "
                               "bfloat16 tensors; only --strategy ddp can (fp16 works under both)")

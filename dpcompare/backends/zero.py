@@ -11,6 +11,7 @@ reported to hang on gloo.)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,10 +30,10 @@ class ZeroStrategy(DDPModelHooks, TorchDistributedStrategy):
                       "parameters (holding only that shard's optimizer state), then broadcasts it to the others")
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-        if len(optimizer.param_groups) != 1:
-            raise NotImplementedError("zero: one parameter group expected")
-        params = optimizer.param_groups[0]["params"]
-        return _zero_optimizer_class()(params, optimizer_class=type(optimizer), **optimizer.defaults)
+        """The same optimizer class over the same parameter groups (each with its own settings, such as AdamW's
+        no-decay group), sharded: each rank's local optimizer holds its part of every group."""
+        groups = [dict(g) for g in optimizer.param_groups]
+        return _zero_optimizer_class()(groups, optimizer_class=type(optimizer), **_constructor_defaults(optimizer))
 
     def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
         """DDP's all-reduces and buffer broadcast, and after ``step()`` each rank's broadcast of its updated shard
@@ -71,6 +72,15 @@ def _zero_optimizer_class() -> type[torch.optim.Optimizer]:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer
+
+
+def _constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults its class's constructor takes (AdamW's include ``decoupled_weight_decay``, which
+    its constructor does not take; every group carries all of them anyway)."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in params}
 
 
 def _plain_optimizer_state(sd: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from dpcompare.data.workload import ModelTraits
     from dpcompare.lab import Lab
 
+#: optimizers whose update scales each gradient by its running size: one process's global-batch sums, which
+#: differ from the processes' in the last bits, can then move a weight by up to the learning rate
+ADAPTIVE = ("adam", "adamw")
+
 #: seconds a parity run may take before it is stopped (``--run-timeout``): a run that hangs (a lost peer) ends
 DEFAULT_RUN_TIMEOUT = 1800.0
 
@@ -210,6 +214,11 @@ def _single(a: argparse.Namespace, base: TrainConfig, traits: ModelTraits) -> tu
     if base.amp != "none":
         return None, (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
                       "from per-process ones")
+    if base.optimizer in ADAPTIVE:
+        return None, (f"single skipped: under --sync-bn it takes the global batch in one pass, and --optimizer "
+                      f"{base.optimizer} divides each gradient by its running root mean square, so a gradient near 0, "
+                      "whose sum over one global batch and over per-process batches differ in the last bits, moves its "
+                      "weight by up to --lr either way")
     return dataclasses.replace(base, strategy=one, out=out, batch_size=base.batch_size * a.np, lr=lr, scale_lr=False,
                                sync_bn=False), None
 

@@ -49,7 +49,7 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
         "repeat": spec.repeat, "seed": spec.seed, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
         "step_ms": None, "phases_ms": None, "final_test_accuracy": None, "final_train_loss": None,
-        "peak_rss_mb": None, "memory_mb": None, "regime": None, "communication": None, "metric": None, "final_metric": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
+        "peak_rss_mb": None, "memory_mb": None, "regime": None, "communication": None, "metric": None, "final_metric": None, "workload": None, "measured_steps": None, "device": None, "wall_seconds": round(wall_seconds, 3),
         "metrics": metrics, "target_accuracy": None, "time_to_accuracy_s": None, "steps_to_accuracy": None,
         "epochs_to_accuracy": None, "eval_curve": [], "load": None,
     }
@@ -62,6 +62,7 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                    measured_steps=t.get("measured_steps"), device=summary.get("device"),
                    memory_mb=_memory_mb(summary.get("memory")), regime=summary.get("regime"), communication=summary.get("communication"),
                    metric=summary.get("metric"), final_metric=summary.get("final_metric"),
+                   workload=summary.get("workload"),
                    global_batch=summary.get("global_batch_size"), measured_seconds=t.get("measured_seconds"),
                    timing_only_steps=t.get("timing_only_steps"),
                    **{k: summary.get(k) for k in ("target_accuracy", "time_to_accuracy_s", "steps_to_accuracy",

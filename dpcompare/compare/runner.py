@@ -208,13 +208,13 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
 
 def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
-    from dpcompare.report.fmt import headline
+    from dpcompare.report.fmt import headline, metric_label, metric_value
 
     if rec["status"] == "diverged":
         msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
     elif rec["status"] == "ok":
         msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
-               f" · test acc {rec['final_test_accuracy'] or 0:.4f}")
+               f" · {metric_label(rec['metric'] or {})} {metric_value(rec['metric'] or {}, rec['final_metric'])}")
     else:
         msg = f"[red]FAILED[/] {headline(rec['error'])}"
     return f"[{done}/{total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"

@@ -1,9 +1,10 @@
 """A workload is everything one training job computes, as one object: model, data, loss and metrics.
 
 The loop in :mod:`dpcompare.training` asks nothing else of the job: it builds the model and the datasets,
-calls ``loss(output, target)`` on every micro-batch and accumulates every metric over the test set. The
-built-in models × datasets are instances (:func:`builtin`); a user's own (``--workload module:attr`` or
-``path/to/file.py:attr``) is another.
+calls ``loss(output, target)`` on every micro-batch and accumulates every metric over the test set. A workload
+may also bring its own optimizer, learning-rate schedule and clipping norm (``build_optimizer``,
+``build_scheduler``, ``clip_grad_norm``); without them the flags decide. The built-in models × datasets are
+instances (:func:`builtin`); a user's own (``--workload module:attr`` or ``path/to/file.py:attr``) is another.
 
 This module imports no torch at import time; the callables it holds do.
 """
@@ -75,9 +76,17 @@ class Workload:
     #: optional, its own learning-rate schedule: ``build_scheduler(optimizer, total_steps)``, a torch
     #: ``LRScheduler`` stepped once after every optimizer step; replaces --lr-schedule and --lr-warmup-steps
     build_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
+    #: optional, clip the gradients to this global 2-norm before every optimizer step; replaces --clip-grad-norm
+    clip_grad_norm: float | None = None
     #: what the pre-check saw of the model (filled by it; None: not checked, as for the built-in workloads)
     traits: ModelTraits | None = None
 
     @property
     def metric(self) -> Metric:
         return self.metrics[0]
+
+    @property
+    def label(self) -> str:
+        """What it trains, in words, wherever a run is described: its model and dataset when ``info`` names them
+        (the built-in ones: ``convnet · digits``), else its name (a plug-in's own)."""
+        return " · ".join(str(self.info[k]) for k in ("model", "dataset") if self.info.get(k)) or self.name

@@ -38,6 +38,19 @@ def metric_of(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return next((dict(r["metric"]) for r in runs if r.get("metric")), dict(ACCURACY_METRIC))
 
 
+def workload_label(results: dict[str, Any]) -> str:
+    """What the runs trained, in words: the label their summaries recorded (``convnet · digits`` for a built-in
+    workload, a plug-in's own name); older results: the plug-in's path, else the model and dataset settings."""
+    label = next((str(r["workload"]["label"]) for r in results.get("runs", [])
+                  if (r.get("workload") or {}).get("label")), None)
+    if label:
+        return label
+    train = (results.get("config") or {}).get("train") or {}
+    if train.get("workload"):
+        return str(train["workload"])
+    return " · ".join(str(train[k]) for k in ("model", "dataset") if train.get(k))
+
+
 def arm_of(run: dict[str, Any]) -> str:
     """The arm a run belongs to (its label); results without arms use the strategy name."""
     return str(run.get("arm") or run["strategy"])

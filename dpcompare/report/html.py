@@ -22,6 +22,7 @@ from dpcompare.report.groups import (
     phase_shifts,
     strategy_order,
     tta_target,
+    workload_label,
 )
 from dpcompare.report.plots import Plot, colors
 from dpcompare.report.verdicts import Verdict
@@ -260,8 +261,9 @@ def _accuracy_table(results: dict[str, Any], groups: Sequence[Group], strategies
     head = ["arm", "np", "seeds", f"{fmt.metric_label(groups[0].metric if groups else {})}<br>mean ± 95 % CI",
             "final train loss"]
     if target:
-        head += [f"reached<br>{100 * target:g} %", "time to accuracy<br>s (mean)", "steps to<br>accuracy",
-                 "epochs to<br>accuracy"]
+        head += [f"reached<br>{100 * target:g} %" if (groups and groups[0].metric.get("unit") == "%")
+                 else f"reached<br>{target:g}", "time to the target<br>s (mean)", "steps to<br>the target",
+                 "epochs to<br>the target"]
     head.append("samples/s<br>mean ± 95 % CI")
     rows = []
     for g in groups:
@@ -292,15 +294,16 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
     if not verdicts and not plots and not target:
         return []
     cfg = results.get("config") or {}
-    body = ['<h2 id="accuracy">Accuracy and time to accuracy</h2>']
+    name = metric_of(results.get("runs", []))["name"]
+    body = [f'<h2 id="accuracy">Test {_e(name)} and time to the target</h2>']
     if verdicts:
         items = []
         for v in verdicts:
-            what = "accuracy" if v.metric == "accuracy" else "time to accuracy"
+            what = name if v.metric == "accuracy" else "time to the target"
             cls = ' class="failed"' if v.outcome == "mismatch" else ""
             items.append(f"<li><strong{cls}>{_e(what)}: {_e(v.outcome)}</strong> {_e(v.full_text)}</li>")
         seeds = cfg.get("seeds") or []
-        body.append('<div class="card verdict"><strong>Accuracy verdicts</strong><ul>' + "".join(items) + "</ul>"
+        body.append(f'<div class="card verdict"><strong>Test {_e(name)} verdicts</strong><ul>' + "".join(items) + "</ul>"
                     + '<p class="muted" style="margin:10px 0 0;font-size:13px">'
                     + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
                        "the same initial weights and data order. Accuracy: the difference of final test accuracy "
@@ -343,7 +346,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     elif strategies:
         body.append('<div class="card verdict">One strategy only: nothing to compare.</div>')
     if acc_verdicts:
-        body.append(_accuracy_card(acc_verdicts))
+        body.append(_accuracy_card(acc_verdicts, metric_of(results.get("runs", []))["name"]))
     body.extend(_warnings(results))
 
     body.append("<h2>Results</h2>")
@@ -365,7 +368,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     body.append("<h2>Configuration</h2>"
                 f'<div class="card"><p style="margin-top:0">Reproduce with:</p><pre>{_e(command_line(results))}</pre>'
                 + "<details><summary>Every training setting</summary>"
-                + _kv({k: v for k, v in train.items() if k not in ("out", "overwrite", "progress", "strategy")})
+                + _kv({k: v for k, v in train.items() if k not in ("out", "overwrite", "progress", "strategy")
+                       and not (train.get("workload") and k in ("model", "dataset"))})  # a plug-in replaces both
                 + "</details></div>")
     env = results.get("environment") or {}
     body.append("<h2>Environment</h2><div class=\"card\">" + _kv(env) + "</div>")
@@ -384,7 +388,7 @@ def _subtitle(results: dict[str, Any]) -> str:
     train = cfg.get("train") or {}
     devices = sorted({str(r["device"]) for r in results.get("runs", []) if r.get("device")})
     return " · ".join(_e(x) for x in (
-        "/".join(devices), train.get("model"), train.get("dataset"), train.get("epochs") and f"{train['epochs']} epochs",
+        "/".join(devices), workload_label(results), train.get("epochs") and f"{train['epochs']} epochs",
         train.get("batch_size") and f"batch {train['batch_size']}/process",
         cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
         cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
@@ -516,13 +520,14 @@ def _regime_card(r: regime.Regime, groups: Sequence[Group] = ()) -> str:
             f'<dl class="kv" style="margin-top:8px">{items}</dl>{warn}<p class="sentence">{_e(r.sentence)}</p></div>')
 
 
-def _accuracy_card(acc_verdicts: Sequence[Verdict]) -> str:
-    """The accuracy and time-to-accuracy outcomes at the top; their words are in the accuracy section."""
-    return ('<div class="card verdict"><strong>Accuracy</strong><ul>' + "".join(
-        f"<li><strong>{_e('accuracy' if v.metric == 'accuracy' else 'time to accuracy')}: {_e(v.outcome)}"
+def _accuracy_card(acc_verdicts: Sequence[Verdict], name: str) -> str:
+    """The outcomes of the workload's metric (``name``) and time to its target at the top; their words are in
+    its section."""
+    return (f'<div class="card verdict"><strong>Test {_e(name)}</strong><ul>' + "".join(
+        f"<li><strong>{_e(name if v.metric == 'accuracy' else 'time to the target')}: {_e(v.outcome)}"
         f"</strong> ({_e(v.other)} vs {_e(v.baseline)}, np={v.np})</li>" for v in acc_verdicts)
             + '</ul><p class="muted" style="margin:10px 0 0;font-size:13px">In words, with the table and '
-              'the curves: <a href="#accuracy">Accuracy and time to accuracy</a>.</p></div>')
+              f'the curves: <a href="#accuracy">Test {_e(name)} and time to the target</a>.</p></div>')
 
 
 def _warnings(results: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from dpcompare.report.groups import (  # noqa: E402
     Group,
     arm_of,
     find,
+    metric_of,
     np_order,
     run_throughput,
     strategy_order,
@@ -107,21 +108,36 @@ def _new(w: float, h: float, ncols: int = 1) -> tuple[Figure, Any]:
     return fig, axes
 
 
+def _metric_axis(runs: Sequence[dict[str, Any]]) -> tuple[str, float, str]:
+    """The runs' metric as a plot shows it: its name, the scale of its values (100 for a share in %) and the
+    axis label."""
+    metric = metric_of(runs)
+    name, pct = str(metric["name"]), metric.get("unit") == "%"
+    return name, 100.0 if pct else 1.0, f"test {name}" + (" (%)" if pct else "")
+
+
+def _metric_value(row: dict[str, Any]) -> Any:
+    """An epoch's or evaluation's value of the workload's metric (older rows: the test accuracy)."""
+    return row.get("test_metric", row.get("test_accuracy"))
+
+
 def curves(results: dict[str, Any], path: Path) -> Plot | None:
-    """Train loss and test accuracy per epoch; a line per (strategy, np), the mean over repeats (band: min–max)."""
+    """Train loss and the workload's test metric per epoch; a line per (strategy, np), the mean over repeats
+    (band: min–max)."""
     runs = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("metrics")]
     if not runs:
         return None
     strategies, nps = strategy_order(results), np_order(results)
+    name, scale_m, label = _metric_axis(runs)
     with matplotlib.rc_context(RC):
         fig, (ax_l, ax_a) = _new(10, 3.9, 2)
         for ser in _series(runs, strategies, nps):
-            for ax, key, scale in ((ax_l, "train_loss", 1.0), (ax_a, "test_accuracy", 100.0)):
+            for ax, value, scale in ((ax_l, lambda row: row.get("train_loss"), 1.0), (ax_a, _metric_value, scale_m)):
                 by_epoch: dict[int, list[float]] = {}
                 for r in ser.runs:
                     for row in r["metrics"]:
-                        if row.get(key) is not None:
-                            by_epoch.setdefault(int(row["epoch"]), []).append(scale * float(row[key]))
+                        if value(row) is not None:
+                            by_epoch.setdefault(int(row["epoch"]), []).append(scale * float(value(row)))
                 if by_epoch:
                     ep = sorted(by_epoch)
                     ser.line(ax, ep, [statistics.fmean(by_epoch[e]) for e in ep], [min(by_epoch[e]) for e in ep],
@@ -130,9 +146,9 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
         ax_l.set_xlabel("epoch")
         ax_l.set_ylabel("mean train loss (log scale)")
         ax_l.set_yscale("log")
-        ax_a.set_title("Test accuracy")
+        ax_a.set_title(f"Test {name}")
         ax_a.set_xlabel("epoch")
-        ax_a.set_ylabel("test accuracy (%)")
+        ax_a.set_ylabel(label)
         for ax in (ax_l, ax_a):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         # one legend row per strategy, one column per np (the legend fills column by column)
@@ -141,7 +157,7 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
         fig.legend([entries[k] for k in order], order, loc="outside lower center", handlelength=3.2,
                    ncols=max(1, len(order) // max(1, len({k.split(" · ")[0] for k in order}))))
         _save(fig, path)
-    return Plot("curves", path, "Loss and accuracy per epoch",
+    return Plot("curves", path, f"Loss and {name} per epoch",
                 "Mean over repeats (shaded: min–max). Same seed and data order for every strategy, so matching "
                 "curves mean the strategies computed the same thing; the first strategy is drawn wide and pale "
                 "so that curves lying exactly on top of each other stay visible.")
@@ -341,11 +357,12 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
 
 
 def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
-    """Test accuracy against training time and against steps: a line per (arm, np), the mean over seeds and
-    repeats at each evaluation point (band: min–max), with the --target-accuracy line."""
+    """The workload's test metric against training time and against steps: a line per (arm, np), the mean over
+    seeds and repeats at each evaluation point (band: min–max), with the --target-accuracy line."""
     runs = [r for r in results.get("runs", []) if r.get("status") == "ok" and r.get("eval_curve")]
     if not runs:
         return None
+    name, scale, label = _metric_axis(runs)
     arms, nps = strategy_order(results), np_order(results)
     target = tta_target(results)
     with matplotlib.rc_context(RC):
@@ -355,7 +372,7 @@ def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
             for r in ser.runs:
                 for row in r["eval_curve"]:
                     by_step.setdefault(int(row["step"]), []).append(
-                        (float(row["train_seconds"]), 100.0 * float(row["test_accuracy"])))
+                        (float(row["train_seconds"]), scale * float(_metric_value(row))))
             steps = [k for k in sorted(by_step) if len(by_step[k]) == len(ser.runs)]  # points every run has
             if not steps:
                 continue
@@ -367,17 +384,18 @@ def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
                 ser.line(ax, xs, acc, lo, hi, ms=3.5)
         for ax in (ax_t, ax_s):
             if target:
-                ax.axhline(100.0 * target, color="#c0303a", lw=1, ls="--", label=f"target {100 * target:g} %")
-            ax.set_ylabel("test accuracy (%)")
-        ax_t.set_title("Test accuracy vs training time")
+                ax.axhline(scale * target, color="#c0303a", lw=1, ls="--", label=f"target {scale * target:g}"
+                           + (" %" if scale == 100.0 else ""))
+            ax.set_ylabel(label)
+        ax_t.set_title(f"Test {name} vs training time")
         ax_t.set_xlabel("training seconds (start-up and evaluation excluded; slowest rank)")
-        ax_s.set_title("Test accuracy vs optimizer steps")
+        ax_s.set_title(f"Test {name} vs optimizer steps")
         ax_s.set_xlabel("optimizer step")
         ax_s.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_s.legend(loc="lower right", fontsize=8)
         _save(fig, path)
     n_seeds = len({r.get("seed") for r in runs})
-    return Plot("accuracy", path, "Accuracy against time and steps",
+    return Plot("accuracy", path, f"Test {name} against time and steps",
                 f"Mean over {n_seeds} seed{'s' if n_seeds != 1 else ''} (and repeats) at every evaluation point "
                 "(shaded: min–max). Time counts the optimizer steps only (the slowest rank's), not start-up or the "
                 "evaluations themselves; the dashed line is --target-accuracy. The first arm is drawn wide and pale "

@@ -11,7 +11,16 @@ from rich.table import Table
 
 from dpcompare.files import PHASES
 from dpcompare.report import attribution, fmt, regime
-from dpcompare.report.groups import MEMORY_KINDS, MEMORY_LABELS, Group, arm_of, launch_note, measured_share
+from dpcompare.report.groups import (
+    MEMORY_KINDS,
+    MEMORY_LABELS,
+    Group,
+    arm_of,
+    launch_note,
+    measured_share,
+    metric_of,
+    workload_label,
+)
 from dpcompare.report.verdicts import Verdict
 
 PHASE_LABELS = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt"}
@@ -83,8 +92,7 @@ def build_table(groups: Sequence[Group], title: str | None = None,
 def print_report(console: Console, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                  html_path: str | None = None, attributions: Sequence[dict[str, Any]] | None = None) -> None:
     cfg = (results.get("config") or {}).get("train") or {}
-    desc = " · ".join(str(x) for x in (cfg.get("model"), cfg.get("dataset"),
-                                         cfg.get("epochs") and f"{cfg['epochs']} epochs",
+    desc = " · ".join(str(x) for x in (workload_label(results), cfg.get("epochs") and f"{cfg['epochs']} epochs",
                                          cfg.get("batch_size") and f"batch {cfg['batch_size']}/process") if x)
     console.print()
     others = others_by_group(results)
@@ -110,7 +118,8 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
         _print_throughput_verdicts(console, results, verdicts, attributions)
         others = [v for v in verdicts if v.metric != "throughput"]
         if others:
-            console.print("[bold]Accuracy[/] (paired by seed; time to accuracy paired over blocks, training "
+            name = metric_of(results.get("runs", []))["name"]
+            console.print(f"[bold]Test {name}[/] (paired by seed; time to the target paired over blocks, training "
                           "time only)")
         for v in others:
             colour = {"equal": "cyan", "faster": "green", "slower": "red", "mismatch": "bold red"}.get(

@@ -19,6 +19,7 @@ from dpcompare.report.groups import (
     arm_of,
     arm_pairs,
     exact_by_construction,
+    metric_of,
     paired_blocks,
     per_seed,
     tta_target,
@@ -228,7 +229,7 @@ def _accuracy_pair(results: dict[str, Any], n: int, base_arm: str, s: str, eq: f
     base = per_seed(results, base_arm, n, "final_test_accuracy")
     oth = per_seed(results, s, n, "final_test_accuracy")
     seeds = sorted(set(base) & set(oth))
-    head = f"test accuracy of {s} vs {base_arm} at np={n}"
+    head = f"test {metric_of(results.get('runs', []))['name']} of {s} vs {base_arm} at np={n}"
     if not seeds:
         return Verdict(n, base_arm, s, "undecided", None, None, None, 0, f"{head}: no seed where both succeeded",
                        metric="accuracy", equivalence=eq) if base or oth else None
@@ -308,7 +309,9 @@ def time_to_accuracy_verdicts(results: dict[str, Any], equivalence: float | None
 def _time_to_accuracy_pair(results: dict[str, Any], n: int, base: str, s: str, oks: dict[str, list[dict[str, Any]]],
                            target: float, eq: float, confidence: float) -> Verdict:
     """The time-to-accuracy verdict of arm ``s`` against ``base`` at np ``n`` (``oks``: each arm's ok runs)."""
-    tgt = f"{100 * target:g} % test accuracy"
+    metric = metric_of(results.get("runs", []))
+    tgt = (f"{100 * target:g} % test {metric['name']}" if metric.get("unit") == "%"
+           else f"test {metric['name']} {target:g}")
     missed = {a: sum(r.get("time_to_accuracy_s") is None for r in rs) for a, rs in oks.items()}
     reps, xb, xo = paired_blocks(results, base, s, n, statistic=lambda r: r.get("time_to_accuracy_s"))
     _, sb, so = paired_blocks(results, base, s, n, statistic=lambda r: r.get("steps_to_accuracy"))

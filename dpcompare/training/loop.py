@@ -36,6 +36,7 @@ from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, rem
 from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
 from dpcompare.options import changed_settings
 from dpcompare.progress import ProgressLine
+from dpcompare.training import optim
 from dpcompare.training.evaluation import EvalCurve, evaluate
 from dpcompare.training.step import StepRunner
 from dpcompare.training.summary import memory_summary, metric_keys, regime_facts, run_summary, timing_summary
@@ -46,14 +47,6 @@ from dpcompare.versions import versions
 
 def effective_lr(cfg: TrainConfig, world_size: int) -> float:
     return cfg.lr * world_size if cfg.scale_lr else cfg.lr
-
-
-def make_optimizer(cfg: TrainConfig, params: Any, lr: float) -> torch.optim.Optimizer:
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
-    raise ConfigError(f"unknown optimizer {cfg.optimizer!r}; choose sgd or adam")
 
 
 def seed_everything(seed: int) -> None:
@@ -122,6 +115,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
     seed_everything(cfg.seed)
     workload = workload or resolve_workload(cfg).workload  # loop.train(cfg) from Python: the workload cfg names
     check_target(cfg, workload)
+    optim.check(cfg, workload)
     train_set, test_set = workload.build_data()  # the data first, then the model (from the seed)
     model = workload.build_model()
     ckpt = checkpoint.load_checkpoint(resume_path) if resume_path else None
@@ -186,10 +180,14 @@ class Run:
         self.workload, self.metric = start.workload, start.workload.metric
         self.out = Path(cfg.out)
         self.lr = effective_lr(cfg, strategy.world_size)
-        self.run_info = {**cfg.to_dict(), "world_size": strategy.world_size, "effective_lr": self.lr}
-        build = self.workload.build_optimizer  # a workload's own optimizer, else the flags'
-        plain = build(start.model, self.lr) if build else make_optimizer(cfg, start.model.parameters(), self.lr)
+        info = self.workload.info  # a plug-in's own workload has no built-in model or dataset: its name says it
+        self.run_info = {**cfg.to_dict(), "model": info.get("model"), "dataset": info.get("dataset"),
+                         "workload_label": self.workload.label, "metric": self.metric.name,
+                         "world_size": strategy.world_size, "effective_lr": self.lr}
+        plain = optim.build_optimizer(cfg, self.workload, start.model, self.lr)
+        self.stepping = {**optim.describe(plain), "clip_grad_norm": optim.clip_norm(cfg, self.workload)}
         self.model, self.optimizer = strategy.setup(start.model, plain)
+        self.scheduler: Any = None  # the learning-rate schedule (lay_out knows the run's length)
         self.start_epoch = self.global_step = 0
         self.history: list[dict[str, Any]] = []
         self.notes: list[str] = []
@@ -202,9 +200,11 @@ class Run:
 
     def train(self) -> dict[str, Any]:
         """The whole run, in order; the summary."""
+        self.lay_out()
+        self.scheduler = optim.build_scheduler(self.cfg, self.workload, self.optimizer, self.total_steps)
+        self.stepping["lr_scheduler"] = type(self.scheduler).__name__ if self.scheduler is not None else None
         self.restore()
         self.strategy.broadcast_initial_state(self.model, self.optimizer)
-        self.lay_out()
         self.open_outputs()
         with self.trackers:  # a run that fails is marked failed in W&B/MLflow
             self.announce()
@@ -217,16 +217,11 @@ class Run:
             return self.finish()
 
     def restore(self) -> None:
-        """From the checkpoint (if resuming): optimizer state, RNG, position and history."""
-        ckpt, cfg = self.start.ckpt, self.cfg
+        """From the checkpoint (if resuming): optimizer state and schedule, RNG, position and history."""
+        ckpt = self.start.ckpt
         if ckpt is None:
             return
-        self.strategy.load_full_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
-        for g in self.optimizer.param_groups:  # the current run's hyper-parameters win over the checkpoint's
-            g["lr"] = self.lr
-            if "momentum" in g:
-                g["momentum"] = cfg.momentum
-            g["weight_decay"] = cfg.weight_decay
+        self.restore_optimizer(ckpt)
         checkpoint.set_rng_state(ckpt["rng"])
         self.start_epoch, self.global_step = int(ckpt["epoch"]), int(ckpt["global_step"])
         self.history = [h for h in ckpt.get("history", []) if h["epoch"] <= self.start_epoch]
@@ -235,6 +230,27 @@ class Run:
         changes = changed_settings(ckpt["config"], self.run_info)
         if changes:
             self.notes.append("differs from the checkpoint's run: " + ", ".join(changes))
+
+    def restore_optimizer(self, ckpt: dict[str, Any]) -> None:
+        """The checkpoint's optimizer state, then this run's hyper-parameters in each group and the checkpoint's
+        schedule, continued where it stopped (:func:`~dpcompare.training.optim.restore_hyperparameters`)."""
+        mine = optim.group_settings(self.optimizer)
+        saved = len(ckpt["optimizer"].get("param_groups") or [])
+        if saved != len(mine):
+            raise ConfigError(f"{self.start.resume_path} holds an optimizer of {saved} parameter group(s), this run's "
+                              f"has {len(mine)}: resume with the checkpoint's --optimizer "
+                              f"({ckpt['config'].get('optimizer')}), or start afresh with --init-from")
+        self.strategy.load_full_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
+        state = ckpt.get("scheduler")
+        ratio = self.lr / float(ckpt["config"].get("effective_lr") or self.lr)
+        optim.restore_hyperparameters(self.optimizer, self.scheduler, mine, ratio, state)
+        if self.scheduler is not None and state is None:
+            self.notes.append("the checkpoint saved no learning-rate schedule: this run's starts at its first step")
+        elif self.scheduler is None and state is not None:
+            self.notes.append("the checkpoint's learning-rate schedule is dropped: this run's rate is constant")
+        elif state is not None and ckpt.get("schedule_steps") not in (None, self.total_steps):
+            self.notes.append(f"the learning-rate schedule continues the checkpoint's, planned over "
+                              f"{ckpt['schedule_steps']} steps (this run takes {self.total_steps})")
 
     def lay_out(self) -> None:
         """The loaders, and how many steps and epochs the run takes."""
@@ -269,19 +285,22 @@ class Run:
     def announce(self) -> None:
         """The progress line and the banner: who runs what, on what, how."""
         cfg, s, world = self.cfg, self.strategy, self.strategy.world_size
-        info, accumulate = self.workload.info, cfg.accumulate
+        accumulate = cfg.accumulate
         n_params = sum(p.numel() for p in s.unwrap_model(self.model).parameters())
         # mpirun gives every rank a pseudo-terminal even when its output is a file: a bar only for one process.
         self.rep = ProgressLine(max(self.total_steps - self.global_step, 0), "train", cfg.progress,
                                 enabled=s.is_main, bar_allowed=s.env.launcher == "none")
         self.rep.print(
             f"dpcompare: {s.name} · {world} process{'es' if world > 1 else ''} ({s.env.launcher}) · {s.device} · "
-            f"{info.get('model', self.workload.name)} ({n_params:,} parameters) · {info.get('dataset', 'data')} "
-            f"({len(self.start.train_set)} train / {len(self.start.test_set)} test) · batch {cfg.batch_size}/process"
+            f"{self.workload.label} ({n_params:,} parameters; {len(self.start.train_set)} train / "
+            f"{len(self.start.test_set)} test samples; metric: {self.metric.name}) · batch {cfg.batch_size}/process"
             f"{f' × {accumulate} micro-batches' if accumulate > 1 else ''}, "
             f"global {self.global_batch} · lr {self.lr:g} · {self.steps_per_epoch} steps/epoch")
         if knobs.active(cfg):
             self.rep.print("knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.active(cfg).items()))
+        stepping = optim.banner(self.stepping, cfg, self.workload, self.total_steps)
+        if stepping:
+            self.rep.print(stepping)
         for n in [*self.model_notes(), *self.notes]:
             self.rep.print(n)
         if cfg.target_accuracy and self.start.ckpt is not None:
@@ -300,10 +319,8 @@ class Run:
         cfg = self.cfg
         tracer = (TraceSession(cfg.trace, cfg.warmup_steps, self.strategy, self.model, self.optimizer)
                   if cfg.trace else None)
-        build = self.workload.build_scheduler  # a workload's own learning-rate schedule, stepped after every step
-        scheduler = build(self.optimizer, self.total_steps) if build else None
         return StepRunner(cfg, self.strategy, self.model, self.optimizer, self.workload.loss, tracer,
-                          scheduler=scheduler)
+                          scheduler=self.scheduler, max_norm=self.stepping["clip_grad_norm"])
 
     def run_epoch(self, epoch: int) -> tuple[torch.Tensor, int, float]:
         """One epoch's steps (with ``--eval-every`` evaluations); this rank's loss sum, samples and seconds."""
@@ -357,7 +374,8 @@ class Run:
         train_loss = float(sums[0] / sums[1]) if sums[1] > 0 else float("nan")
         values = self.evaluate(self.global_step, float(epoch))
         row = {"epoch": epoch, "step": self.global_step, "train_loss": train_loss, **metric_keys(self.metric, values),
-               "samples_per_sec": float(sums[1]) / slowest if slowest > 0 else 0.0, "epoch_seconds": slowest}
+               "samples_per_sec": float(sums[1]) / slowest if slowest > 0 else 0.0, "epoch_seconds": slowest,
+               "lr": optim.current_lr(self.optimizer)}
         self.history.append(row)
         tag = "test_" + self.metric.name.replace(" ", "_")
         self.rep.print(f"epoch {epoch:>3}/{self.last_epoch}  train_loss {train_loss:.6f}  "
@@ -371,12 +389,14 @@ class Run:
         if (cfg.checkpoint_every and epoch % cfg.checkpoint_every == 0) or (
                 epoch == self.last_epoch and (cfg.checkpoint_every or cfg.save_final)):
             save_checkpoint(self.strategy, self.model, self.optimizer, cfg, self.run_info, epoch, self.global_step,
-                            self.history, self.out, self.workload)
+                            self.history, self.out, self.workload, self.scheduler, self.total_steps)
             self.last_good = checkpoint.checkpoint_path(self.out, epoch)
 
     def time_only(self) -> None:
-        """``--min-steps``: further steps after the last epoch, for timing only."""
+        """``--min-steps``: further steps after the last epoch, for timing only (at the last learning rate: the
+        schedule ended with the run's steps)."""
         cfg = self.cfg
+        self.steps.scheduler = None
         self.timing_only = self.steps.timing_only(self.loader, self.sampler, self.last_epoch, self.steps_per_epoch,
                                                   cfg.min_timed_steps)
         if self.timing_only:
@@ -390,10 +410,10 @@ class Run:
         timing["timing_only_steps"] = self.timing_only
         memory = memory_summary(strategy, strategy.memory_bytes(self.model, self.optimizer), timing)
         communication = steps.tracer.finish(self.out, {
-            "strategy": strategy.name, "world_size": strategy.world_size, "model": cfg.model, "dataset": cfg.dataset,
+            "strategy": strategy.name, "world_size": strategy.world_size, "model": self.workload.label,
             "batch_size": cfg.batch_size}) if steps.tracer else None
         summary = run_summary(cfg, strategy, self.workload, self.history, {
-            "lr": self.lr, "global_batch": self.global_batch, "epochs": self.last_epoch, "steps": self.global_step,
+            "lr": self.lr, "stepping": {**self.stepping, "final_lr": optim.current_lr(self.optimizer)}, "global_batch": self.global_batch, "epochs": self.last_epoch, "steps": self.global_step,
             "timing": timing, "memory": memory, "curve": self.curve.summary(), "run_info": self.run_info,
             "comm": {"optimizer_steps": steps.done, "micro_batches": steps.done * cfg.accumulate}},
             self.start.resume_path)
@@ -425,8 +445,10 @@ class Run:
 
 def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig,
                     run_info: dict[str, Any], epoch: int, global_step: int, history: list[dict[str, Any]],
-                    out: Path, workload: Workload | None = None) -> Path | None:
-    """Rank 0 writes ``OUT/checkpoints/epoch-<N>.pt`` (with the workload's source); every rank waits for it."""
+                    out: Path, workload: Workload | None = None, scheduler: Any = None,
+                    schedule_steps: int | None = None) -> Path | None:
+    """Rank 0 writes ``OUT/checkpoints/epoch-<N>.pt`` (with the workload's source and the learning-rate schedule's
+    state and planned length); every rank waits for it."""
     path = None
     model_state, optimizer_state = strategy.full_state_dicts(model, optimizer)  # every rank: may gather
     if strategy.is_main:
@@ -438,6 +460,7 @@ def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim
             "world_size": strategy.world_size, "versions": versions(), "history": list(history),
             "workload": {"name": workload.name, "source": workload.source} if workload else
                         {"name": "classification", "source": "builtin"},
+            "scheduler": scheduler.state_dict() if scheduler is not None else None, "schedule_steps": schedule_steps,
         }
         path = checkpoint.atomic_save(state, checkpoint.checkpoint_path(out, epoch))
         checkpoint.prune_checkpoints(out, cfg.keep_last, cfg.keep_every, keep=(path,))

@@ -3,8 +3,9 @@
 It owns what a step needs and nothing about epochs: the loss of the workload, mixed precision and the
 gradient scaler, the phase timer, the tracer's hooks, and the list of timed steps (those after warm-up)
 that the timing summary reads. Everything done to gradients goes through the strategy's hooks
-(:class:`~dpcompare.backends.base.Strategy`: zero_grad, accumulation_context, backward, optimizer_step),
-so the runner never asks which strategy it runs.
+(:class:`~dpcompare.backends.base.Strategy`: zero_grad, accumulation_context, backward, clip_grad_norm,
+optimizer_step), so the runner never asks which strategy it runs; the learning-rate schedule steps once after
+each optimizer step.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ class StepRunner:
 
     def __init__(self, cfg: TrainConfig, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
                  loss: Callable[[Any, Any], torch.Tensor], tracer: TraceSession | None = None,
-                 scheduler: Any = None) -> None:
+                 scheduler: Any = None, max_norm: float = 0.0) -> None:
         self.strategy, self.model, self.optimizer, self.loss, self.tracer = strategy, model, optimizer, loss, tracer
         self.scheduler = scheduler  # a torch LRScheduler stepped after every optimizer step, or None
+        self.max_norm = max_norm  # clip to this global gradient norm before every optimizer step (0: never)
         self.accumulate = cfg.accumulate
         self.warmup = cfg.warmup_steps
         self.amp_dtype = knobs.amp_dtype(cfg.amp)
@@ -110,9 +112,7 @@ class StepRunner:
             mean += micro_loss / self.accumulate
             total += micro_loss * len(y)
             n += len(y)
-        self.strategy.optimizer_step(self.optimizer, self.scaler)
-        if self.scheduler is not None:
-            self.scheduler.step()
+        self.update()
         timer.lap("optimizer")
         if self.tracer:
             self.tracer.after_step(step_no, timer.start, timer.laps)
@@ -120,6 +120,14 @@ class StepRunner:
         if self.done > self.warmup:
             self.times.append(timer.result())
         return StepResult(mean, total, n)
+
+    def update(self) -> None:
+        """Clip (the strategy synchronises first), step, and move the learning-rate schedule on by one step."""
+        if self.max_norm:
+            self.strategy.clip_grad_norm(self.model, self.optimizer, self.max_norm, self.scaler)
+        self.strategy.optimizer_step(self.optimizer, self.scaler)
+        if self.scheduler is not None:
+            self.scheduler.step()
 
     def _forward_backward(self, x: Any, y: Any, micro: int) -> torch.Tensor:
         """One micro-batch's forward and backward; its (unscaled) loss."""

@@ -86,22 +86,25 @@ def workload_keys(workload: Workload) -> dict[str, Any]:
     """summary.json's description of the workload and of its (first) metric."""
     m = workload.metric
     return {"metric": {"name": m.name, "higher_is_better": m.higher_is_better, "unit": m.unit},
-            "workload": {"name": workload.name, "source": workload.source, **workload.info}}
+            "workload": {"name": workload.name, "source": workload.source, "label": workload.label, **workload.info}}
 
 
 def run_summary(cfg: TrainConfig, strategy: Strategy, workload: Workload, history: list[dict[str, Any]],
                 figures: dict[str, Any], resume_path: Path | None) -> dict[str, Any]:
     """The run summary every rank returns and rank 0 writes as ``summary.json``.
 
-    ``figures`` holds what the run measured: lr, global_batch, epochs, steps, timing, memory, curve (the
-    eval curve's summary), comm (the run's own communication counters) and run_info (the run's config).
+    ``figures`` holds what the run measured: lr, stepping (the optimizer's class and groups, the schedule, the
+    clipping norm, the last learning rate), global_batch, epochs, steps, timing, memory, curve (the eval curve's
+    summary), comm (the run's own communication counters) and run_info (the run's config).
     """
     last = history[-1] if history else {}
     f = figures
     return {
         "strategy": strategy.name, "world_size": strategy.world_size, "launcher": strategy.env.launcher,
-        "device": str(strategy.device), "model": cfg.model, "dataset": cfg.dataset, "epochs": f["epochs"],
+        "device": str(strategy.device), "model": workload.info.get("model"), "dataset": workload.info.get("dataset"),
+        "epochs": f["epochs"],
         "steps": f["steps"], "batch_size": cfg.batch_size, "global_batch_size": f["global_batch"], "lr": f["lr"],
+        "stepping": f["stepping"],
         "seed": cfg.seed, "final_train_loss": last.get("train_loss"),
         "final_test_accuracy": last.get("test_accuracy"),
         "samples_per_sec": f["timing"]["samples_per_sec"], "timing": f["timing"], "memory": f["memory"],
