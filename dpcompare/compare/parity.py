@@ -28,6 +28,7 @@ from dpcompare.launch.mpirun import job_env
 if TYPE_CHECKING:
     import torch
 
+    from dpcompare.data.workload import ModelTraits
     from dpcompare.lab import Lab
 
 #: optimizers whose update scales each gradient by its running size: one process's global-batch sums, which
@@ -97,11 +98,44 @@ def judge(cfg: TrainConfig) -> tuple[str, float, str | None]:
     return "exact", 0.0, None
 
 
-def _has_batchnorm(cfg: TrainConfig) -> bool:
-    from dpcompare import models
-    from dpcompare.data.plugins import resolve_workload
+def model_traits(cfg: TrainConfig) -> ModelTraits:
+    """What one batch forward and backward on the CPU shows of the model ``cfg`` trains (a plug-in's pre-check
+    already ran; a built-in workload is checked here, before any run)."""
+    from dpcompare.data.plugins import check_workload, resolve_workload
 
-    return models.has_batchnorm(resolve_workload(cfg).workload.build_model())  # a plug-in is checked here, before any run
+    workload = resolve_workload(cfg).workload
+    return workload.traits or check_workload(workload)
+
+
+#: what a knob that changes the arithmetic does to the result (parity names it beside the difference)
+KNOB_CAUSES = {"grad_compression": "{} compression rounds the exchanged gradients",
+               "adasum": "Adasum combines the gradients instead of averaging them",
+               "powersgd_rank": "PowerSGD sends a low-rank approximation of the gradients"}
+
+
+def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: dict[str, Any],
+                 traits: ModelTraits) -> list[str]:
+    """Why ``strategy``'s run may differ from ``ref``'s, where that is known: a knob that changes the arithmetic
+    on either side, sums of more than two terms taken in another order (sparse gradients' rows included), the
+    one-process reference's replay of the processes' random streams failing, non-deterministic CUDA kernels."""
+    causes = [KNOB_CAUSES[k].format(v) for k, v in knobs.active(base).items() if k in KNOB_CAUSES
+              and any(k in backends.facts(s).knobs for s in (strategy, ref))]
+    one = not backends.facts(strategy).distributed
+    diverged = (summary.get("comm") or {}).get("diverged_at_step")
+    if one and diverged:
+        causes.append(f"random operations (dropout): from step {diverged} the processes drew different amounts of "
+                      "random numbers (batch shapes differ by process), which one process cannot replay")
+    if one and base.sync_bn:
+        causes.append("BatchNorm: statistics over the global batch, summed in another order than across processes")
+    if (one and (np_ > 2 or base.accumulate > 1)) or (not one and np_ > 2):
+        causes.append("summation order: sums of more than two terms grouped differently")
+    if traits.sparse:
+        causes.append("sparse gradients: each library adds the rows of the processes' sparse gradients in its own "
+                      "order (DDP over gloo: coalesced rows all-gathered and summed; Horovod: all-gathered, divided, "
+                      "then summed by the update)")
+    if str(summary.get("device", "")).startswith("cuda"):
+        causes.append("non-deterministic CUDA kernels (atomic adds in some backward passes)")
+    return causes
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -146,11 +180,14 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
         raise RuntimeError(f"{cfg.strategy} run wrote no checkpoint in {out}")
     console.print(f"  done in {seconds:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
-            "losses": json.loads((out / "step_losses.json").read_text())}
+            "losses": json.loads((out / "step_losses.json").read_text()),
+            "summary": json.loads((out / "summary.json").read_text())}
 
 
-def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tuple[dict[str, TrainConfig], list[str]]:
-    """The distributed runs (each strategy without the knobs it lacks) and notes on what was left out."""
+def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str],
+          traits: ModelTraits) -> tuple[dict[str, TrainConfig], list[str]]:
+    """The distributed runs (each strategy without the knobs it lacks) and notes on what was left out; a knob or
+    a model a strategy cannot take is refused here, before any run."""
     runs: dict[str, TrainConfig] = {}
     notes: list[str] = []
     for s in strategies:  # a knob only one library has (Adasum, PowerSGD): the other runs without it
@@ -160,29 +197,38 @@ def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tu
         if foreign:
             notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
         backends.check_config(s, runs[s], a.np)  # refuse now, not after the other runs
+        backends.check_model(s, traits, runs[s])
     return runs, notes
 
 
-def _single(a: argparse.Namespace, base: TrainConfig) -> tuple[TrainConfig | None, str | None]:
-    """The one-process run with the global batch where it is exact in arithmetic, else why it is skipped."""
+def _single(a: argparse.Namespace, base: TrainConfig, traits: ModelTraits) -> tuple[TrainConfig | None, str | None]:
+    """The one-process reference, or why it is skipped. It takes each step as the ``--np`` processes would
+    (``emulate_ranks``: their batches, random states and BatchNorm statistics, one after the other), except under
+    ``--sync-bn``, where it takes the global batch in one pass (BatchNorm's statistics are the global batch's)."""
     if not a.single:
         return None, None
     one = backends.one_process()
     unsupported = [k for k in knobs.active(base) if k not in backends.facts(one).knobs]
     if unsupported:
         return None, f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
+    out = str(Path(a.out) / one)
+    lr = base.lr * a.np if base.scale_lr else base.lr
+    if not base.sync_bn:
+        return dataclasses.replace(base, strategy=one, out=out, accumulate=base.accumulate * a.np,
+                                   emulate_ranks=a.np, lr=lr, scale_lr=False), None
+    if traits.random:
+        return None, (f"single skipped: under --sync-bn it takes the global batch in one pass, whose random masks "
+                      f"({', '.join(traits.random)}) come from one random stream instead of one per process")
     if base.amp != "none":
         return None, (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
                       "from per-process ones")
     if base.optimizer in ADAPTIVE:
-        return None, (f"single skipped: --optimizer {base.optimizer} divides each gradient by its running root mean "
-                      "square, so a gradient near 0, whose sum over one global batch and over per-process batches "
-                      "differ in the last bits, moves its weight by up to --lr either way")
-    if not (base.sync_bn or not _has_batchnorm(base)):
-        return None, (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
-                      "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
-    return dataclasses.replace(base, strategy=one, out=str(Path(a.out) / one), batch_size=base.batch_size * a.np,
-                               lr=base.lr * a.np if base.scale_lr else base.lr, scale_lr=False, sync_bn=False), None
+        return None, (f"single skipped: under --sync-bn it takes the global batch in one pass, and --optimizer "
+                      f"{base.optimizer} divides each gradient by its running root mean square, so a gradient near 0, "
+                      "whose sum over one global batch and over per-process batches differ in the last bits, moves its "
+                      "weight by up to --lr either way")
+    return dataclasses.replace(base, strategy=one, out=out, batch_size=base.batch_size * a.np, lr=lr, scale_lr=False,
+                               sync_bn=False), None
 
 
 def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, diffs: dict[str, dict[str, Any]],
@@ -199,15 +245,31 @@ def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, 
     table.add_section()
     table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
     table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
+    if any(_differs(diffs[s]) for s in others):
+        table.add_row("[bold]known cause[/]", "", *(_cause_cell(diffs[s]) for s in others))
     return table
+
+
+def _differs(d: dict[str, Any]) -> bool:
+    return bool(d["weights_max"] or d["loss_max"])
+
+
+def _cause_cell(d: dict[str, Any]) -> str:
+    """What the table says beside a difference: its known causes, or that none is known (nothing when it is 0)."""
+    if not _differs(d):
+        return ""
+    return "; ".join(d["causes"]) if d["causes"] else "none known"
 
 
 def _verdict(mode: str, passed: bool, ref: str, diffs: dict[str, dict[str, Any]], tol: dict[str, float]) -> str:
     if mode == "distance":
         return "[yellow]NOT MEANT TO MATCH[/]: " + ", ".join(
             f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items())
-    return ("[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
-            if passed else "[red]FAIL[/]: differences above tolerance (red above)")
+    if passed:
+        return "[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
+    over = [s for s, d in diffs.items() if d["weights_max"] > tol[s] or d["loss_max"] > tol[s]]
+    return "[red]FAIL[/]: differences above tolerance (red above): " + "; ".join(
+        f"{s} ({', '.join(diffs[s]['causes']) or 'no known cause'})" for s in over)
 
 
 def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_note: str | None) -> None:
@@ -253,10 +315,11 @@ def run_parity(a: argparse.Namespace) -> int:
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
                             resume=None, strategy=strategies[0])
-    runs, notes = _runs(a, base, strategies)
+    traits = model_traits(base)
+    runs, notes = _runs(a, base, strategies, traits)
     mode, knob_tol, knob_note = judge(base)
     notes += [knob_note] if knob_note else []
-    single, single_note = _single(a, base)
+    single, single_note = _single(a, base, traits)
     if single is not None:
         runs[single.strategy] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
@@ -267,7 +330,8 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: compare_runs(results[ref], results[s]) for s in results if s != ref}
+    diffs = {s: {**compare_runs(results[ref], results[s]),
+                 "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}
     console.print(_table(a, results, ref, diffs, tol))
@@ -282,7 +346,7 @@ def run_parity(a: argparse.Namespace) -> int:
     atomic_write_json(out / "parity.json", {
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
         "mode": mode, "knobs": knobs.active(base), "notes": notes, **_lab_json(a),
-        "config": base.to_dict(), "diffs": diffs})
+        "config": base.to_dict(), "model": dataclasses.asdict(traits), "diffs": diffs})
     console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1
 

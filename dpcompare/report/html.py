@@ -509,7 +509,8 @@ def _regime_card(r: regime.Regime, groups: Sequence[Group] = ()) -> str:
           "communicating or waiting": "not traced (--trace N measures it)" if r.comm_share is None
           else fmt.pct(r.comm_share, 0),
           "link": r.link, "threads per rank": "–" if r.threads is None else str(r.threads),
-          "other processes' CPU": regime.others_text(r)}
+          "other processes' CPU": regime.others_text(r),
+          **({"model traits": " · ".join(r.model)} if r.model else {})}
     items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in kv.items())
     warn = (f'<p class="tiny"><strong>Tiny steps:</strong> under {regime.TINY_STEP_MS:g} ms or under '
             f"{regime.TINY_GRADIENT_MB:g} MB of gradients, fixed per-step costs decide.</p>" if r.tiny else "")
