@@ -51,6 +51,7 @@ COMMAND_MODULES = (
     "dpcompare.lab.command",       # dpcompare lab up|down|status|bench|set-link
     "dpcompare.prediction.command",  # dpcompare predict
     "dpcompare.api",               # dpcompare workloads
+    "dpcompare.native.command",    # dpcompare script, dpcompare migrate
 )
 
 

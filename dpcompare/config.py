@@ -143,6 +143,11 @@ class TrainConfig:
                                       "evaluation time are not counted; 0: off",
                                  type=t.nonneg_float, metavar="A")
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
+    emulate_ranks: int = opt(0, "one process only (parity's reference): take each step as N processes would, "
+                                "the global batch as N per-process batches of --batch-size (each --accumulate "
+                                "micro-batches, here accumulate = N × K), each under the random state and BatchNorm "
+                                "statistics that process would have; 0: off", type=t.nonneg_int, hidden=True,
+                             metavar="N")
     count_allreduces: bool = opt(False, "count gradient all-reduces into summary.json's comm (tests; may add a "
                                         "Python hook)", hidden=True)
     # -- communication knobs (translated by the strategy plugins; see dpcompare.knobs) --------------
@@ -176,6 +181,12 @@ class TrainConfig:
                              metavar="R")
     static_graph: bool = opt(False, "ddp only: DistributedDataParallel(static_graph=True)", group=KNOBS,
                              resume=True)
+    find_unused_parameters: str = opt("auto", "ddp and zero: DistributedDataParallel(find_unused_parameters=...), "
+                                              "which lets trainable parameters go without a gradient at the cost of "
+                                              "a traversal of the autograd graph every step; auto: on exactly when "
+                                              "the plug-in's pre-check (one batch, forward and backward on the CPU) "
+                                              "finds such parameters", choices=["auto", "on", "off"], group=KNOBS,
+                                      resume=True)
     amp: str = opt("none", "autocast forward and loss in bf16 or fp16 (fp16 with a gradient scaler on GPU)",
                    choices=["none", "bf16", "fp16"], group=KNOBS, resume=True)
     # -- output and checkpoints -------------------------------------------------------------------

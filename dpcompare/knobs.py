@@ -48,6 +48,12 @@ TABLE: dict[str, Knob] = {
                           "PowerSGD sends a low-rank approximation with error feedback: not meant to match"),
     "static_graph": Knob("DistributedDataParallel(static_graph=True)", "—", "exact",
                          "an optimisation of DDP's bookkeeping, the same all-reduces"),
+    "find_unused_parameters": Knob(
+        "DistributedDataParallel(find_unused_parameters=True)", "— (synchronize() all-reduces a zero gradient for "
+        "each parameter without one)", "exact",
+        "DDP's bookkeeping for parameters that get no gradient (it marks them ready after a traversal of the "
+        "autograd graph); the same all-reduces, and dpcompare gives such a parameter a zero gradient under "
+        "every strategy"),
     "amp": Knob("torch.autocast (+ GradScaler for fp16 on GPU)", "torch.autocast (+ GradScaler with "
                 "optimizer.synchronize()/skip_synchronize())", "exact",
                 "the same autocast forward on both sides; only the gradient exchange differs"),

@@ -151,7 +151,10 @@ def events_in(events: Sequence[dict[str, Any]], step: dict[str, Any], cat: str) 
 # -- collectives, nccl-tests style -----------------------------------------------------------------------
 #: the collective a ``CAT_COMM`` event stands for (``args["collective"]``; absent: an all-reduce)
 ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "broadcast", "all_gather", "reduce_scatter"
-COLLECTIVES = (ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER)
+#: DDP's all-reduce of a sparse gradient: gloo coalesces it, all-gathers every rank's indices and values and sums
+#: them locally, so on the wire it is an all-gather (``bytes``: the gathered indices and values)
+SPARSE_ALL_REDUCE = "sparse_all_reduce"
+COLLECTIVES = (ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, SPARSE_ALL_REDUCE)
 #: bits per second of each host's link, set by ``dpcompare lab`` for the ranks it runs (or by the user)
 LINK_ENV = "DPCOMPARE_LINK_BPS"
 
@@ -161,7 +164,7 @@ def bus_factor(collective: str, n: int) -> float:
     byte of the operation (``bytes`` is the full buffer: all-gather's output, reduce-scatter's input)."""
     if collective == ALL_REDUCE:
         return 2.0 * (n - 1) / n
-    if collective in (ALL_GATHER, REDUCE_SCATTER):
+    if collective in (ALL_GATHER, REDUCE_SCATTER, SPARSE_ALL_REDUCE):
         return (n - 1) / n
     if collective == BROADCAST:
         return 1.0
@@ -259,7 +262,7 @@ def communication_figures(events: Sequence[dict[str, Any]], world_size: int | No
     backward's computation: between the start of ``backward`` and its last gradient-ready tick; DDP's backward
     also waits for the last buckets, which is not hidden) and ``exposed_ms_per_step`` (the rest: the step waited);
     ``overlap_pct`` = ``hidden_pct``; ``collectives``: per kind (all_reduce, broadcast, all_gather,
-    reduce_scatter) what :func:`_collective_figures` gives, nccl-tests' algbw and busbw with ``world_size`` ranks
+    reduce_scatter, sparse_all_reduce) what :func:`_collective_figures` gives, nccl-tests' algbw and busbw with ``world_size`` ranks
     (default: the ranks in the trace) and busbw as a share of ``link`` (bits/s); ``allreduce_bytes_per_step`` and
     ``allreduce_ops_per_step``: the all-reduces (DDP: buckets; Horovod: fused operations);
     ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for them (Horovod).

@@ -89,11 +89,26 @@ def test_handle_watcher_groups_tensors_completed_together():
     w = HandleWatcher(rec, poll=lambda h: False)
     w.stop()
     # a and b complete in the same poll: one fused operation starting at b's enqueue; c waits for it
-    w.done = [("a", 400, 10.0, 50.0), ("b", 600, 20.0, 50.0), ("c", 100, 30.0, 70.0)]
+    w.done = [("a", 400, 10.0, 50.0, tr.ALL_REDUCE), ("b", 600, 20.0, 50.0, tr.ALL_REDUCE),
+              ("c", 100, 30.0, 70.0, tr.ALL_REDUCE)]
     ops = [e for e in w.events() if e["cat"] == tr.CAT_COMM]
     assert [(e["ts"], e["dur"], e["args"]["bytes"], e["args"]["tensors"]) for e in ops] == [
         (20.0, 30.0, 1000, ["a", "b"]), (50.0, 20.0, 100, ["c"])]
     assert len([e for e in w.events() if e["cat"] == "horovod"]) == 3
+
+
+def test_handle_watcher_keeps_a_sparse_gradients_all_gathers_apart():
+    """A sparse gradient's indices and values are all-gathered (two operations of another kind): completed in the
+    same poll as an all-reduce, they still make their own span, named and counted as an all-gather."""
+    rec = tr.TraceRecorder(0)
+    w = HandleWatcher(rec, poll=lambda h: False)
+    w.stop()
+    w.done = [("fc.weight", 400, 10.0, 50.0, tr.ALL_REDUCE), ("emb.indices", 64, 12.0, 50.0, tr.ALL_GATHER),
+              ("emb.values", 512, 12.0, 50.0, tr.ALL_GATHER)]
+    ops = {e["args"]["collective"]: e for e in w.events() if e["cat"] == tr.CAT_COMM}
+    assert ops[tr.ALL_GATHER]["args"]["tensors"] == ["emb.indices", "emb.values"]
+    assert ops[tr.ALL_GATHER]["args"]["bytes"] == 576 and ops[tr.ALL_GATHER]["name"] == "all-gather (2 tensors)"
+    assert ops[tr.ALL_REDUCE]["args"]["bytes"] == 400
 
 
 def test_handle_watcher_stamps_completions_from_its_thread():
@@ -106,7 +121,7 @@ def test_handle_watcher_stamps_completions_from_its_thread():
     w.wait_idle(10)
     w.stop()
     assert sorted(t for t, *_ in w.done) == ["fc.bias", "fc.weight"]
-    assert all(t1 >= t0 for _, _, t0, t1 in w.done)
+    assert all(t1 >= t0 for _, _, t0, t1, _ in w.done)
 
 
 # -- a 2-host lab at 200 Mbit/s -----------------------------------------------------------------------

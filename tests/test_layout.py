@@ -51,7 +51,9 @@ ROOMS: dict[str, frozenset[str]] = {
     "report": frozenset(),
     "lab": frozenset({"launch"}),
     "prediction": frozenset({"report"}),
-    "compare": frozenset({"launch", "backends", "models", "data", "report", "training", "lab", "prediction"}),
+    "compare": frozenset({"launch", "backends", "models", "data", "report", "training", "lab", "prediction",
+                          "native"}),
+    "native": frozenset({"launch"}),
 }
 #: torch-free tables any module may read (what keeps ``dpcompare --help`` light)
 CATALOGS = frozenset({"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models", "dpcompare.models.catalog",

@@ -108,9 +108,12 @@ Plug-ins: your own job under every strategy, with no change to dpcompare.
      build(input_shape, num_classes); on pydoc/tokens input_shape is (seq_len,) and num_classes 256)
   3. Only the data, for a built-in model:   --dataset my_pkg.data:load   (returns (train, test) for a language
      model, (train, test, num_classes) for a classifier)
+  4. A LightningModule, without the Trainer: --workload lightning:my_pkg.models:LitModel  (training_step's
+     loss, configure_optimizers, the dataloaders' datasets, validation_step's self.log as metrics)
 
 Every process imports the same plug-in; one that does not import, returns the wrong thing or whose output does not
-fit its loss stops the job with one line (exit 2) before any process group forms, after one batch on the CPU.
+fit its loss stops the job with one line (exit 2) before any process group forms, after one batch forward and
+backward on the CPU, which also finds parameters without a gradient (DDP then runs with find_unused_parameters).
 From Python: dpcompare.train(workload, strategy="horovod", epochs=3) inside a script run under mpirun
 (see docs/workloads.md and examples/train_my_model.py)."""
 

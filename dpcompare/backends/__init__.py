@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dpcompare.backends.catalog import one_process
-from dpcompare.backends.registry import check_config, create, facts, get, names, register
+from dpcompare.backends.registry import check_config, check_model, create, facts, get, names, register
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy, StrategyUnavailable
 
-__all__ = ["Strategy", "StrategyUnavailable", "check_config", "create", "facts", "get", "names", "one_process", "register"]
+__all__ = ["Strategy", "StrategyUnavailable", "check_config", "check_model", "create", "facts", "get", "names", "one_process", "register"]
 
 
 def __getattr__(name: str) -> Any:  # Strategy and StrategyUnavailable live with torch in base.py

@@ -35,6 +35,7 @@ from dpcompare.trace import CAT_GRAD
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
+    from dpcompare.data.workload import ModelTraits
     from dpcompare.trace import TraceRecorder
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
@@ -91,6 +92,8 @@ class Strategy(ABC):
         #: what the strategy installed and counted, for summary.json["comm"]
         self.counters: dict[str, int] = {"grad_allreduces": 0, "grad_allreduce_elements": 0}
         self._synchronized = False  # this step's averaged gradients are in place (synchronize ran)
+        #: what the workload's pre-check saw of the model (:meth:`configure_model`); None: not checked
+        self.traits: ModelTraits | None = None
 
     # -- availability ---------------------------------------------------------------------------
     @classmethod
@@ -125,10 +128,30 @@ class Strategy(ABC):
 
         honours = {n: e.knobs for n, e in STRATEGIES.items()}
         knobs.refuse_unhonoured(cfg, cls.name, {**honours, cls.name: cls.knobs})
+        if cfg.emulate_ranks and cls.distributed:
+            from dpcompare.errors import ConfigError
+
+            raise ConfigError(f"--emulate-ranks is for one process (parity's reference), not --strategy {cls.name}")
 
     def configure(self, cfg: TrainConfig) -> None:
         """Take the run's knobs; called before :meth:`connect` (Horovod reads some of them at init)."""
         self.cfg = cfg
+
+    @classmethod
+    def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
+        """Refuse, before any process group work, a model this strategy cannot train, from what the workload's
+        pre-check saw of it (unused parameters, sparse gradients...). The base version accepts every model."""
+        return None
+
+    def configure_model(self, traits: ModelTraits | None) -> None:
+        """Take what the workload's pre-check saw of the model (None: not checked); called after :meth:`configure`,
+        before :meth:`setup` (DDP decides ``find_unused_parameters`` from it)."""
+        self.traits = traits
+
+    def unused_parameters_note(self) -> str:
+        """How this strategy treats the trainable parameters the pre-check found without a gradient (the run
+        banner says it)."""
+        return "each gets a zero gradient before the update, as under every strategy"
 
     def make_grad_scaler(self) -> Any:
         """A gradient scaler for fp16 autocast on GPU, else None."""
@@ -261,9 +284,11 @@ class Strategy(ABC):
         return None
 
     def ensure_synchronized(self, optimizer: torch.optim.Optimizer) -> None:
-        """:meth:`synchronize`, unless it already ran in this step."""
+        """:meth:`synchronize`, unless it already ran in this step; then every trainable parameter left without a
+        gradient gets a zero one (:func:`fill_missing_grads`), so that every strategy updates alike."""
         if not self._synchronized:
             self.synchronize(optimizer)
+            fill_missing_grads(optimizer)
             self._synchronized = True
 
     def clip_grad_norm(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
@@ -450,6 +475,21 @@ class Strategy(ABC):
 
 
 
+def fill_missing_grads(optimizer: torch.optim.Optimizer) -> None:
+    """A zero gradient for every trainable parameter of ``optimizer`` that has none after the exchange.
+
+    Horovod's ``synchronize()`` does this itself (it all-reduces a zero gradient for each parameter whose hook did
+    not fire, since another rank may have used it), while DDP leaves a parameter that no rank used at ``None``,
+    and optimizers skip ``None`` but not zero: under weight decay a zero gradient still moves the weight, and Adam
+    still counts the step. One rule for every strategy keeps them computing the same thing: a trainable parameter
+    without a gradient has a zero gradient. Frozen parameters (``requires_grad=False``) are left alone.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is None and p.requires_grad:
+                p.grad = torch.zeros_like(p)
+
+
 def patch(obj: object, name: str, value: Any) -> Callable[[], None]:
     """Set ``obj.name = value`` on the instance (tracing wraps a method for the traced steps only); return
     what restores the attribute as it was."""
@@ -479,6 +519,17 @@ def timed_collective(recorder: TraceRecorder, run: Callable[[], Any], name: str,
                           blocking=True)
 
     return timed
+
+
+def sparse_bytes(t: torch.Tensor) -> int:
+    """Bytes a sparse COO tensor holds: its indices and its values."""
+    return t._indices().numel() * t._indices().element_size() + t._values().numel() * t._values().element_size()
+
+
+def listed(names: Iterable[str], most: int = 4) -> str:
+    """``a, b, c, d and 2 more``: parameter names for a one-line message."""
+    names = list(names)
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def tensor_bytes(tensors: Iterable[object]) -> int:

@@ -48,7 +48,8 @@ class Entry(NamedTuple):
 
 
 #: what DDP's model hooks take (``ddp`` and ``zero``); FSDP2 runs no DDP comm hooks and no buckets
-DDP_KNOBS = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "powersgd_rank", "static_graph"})
+DDP_KNOBS = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "powersgd_rank", "static_graph",
+                       "find_unused_parameters"})
 
 STRATEGIES: dict[str, Entry] = {
     "ddp": Entry(

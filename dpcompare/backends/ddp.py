@@ -22,14 +22,23 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import patch, tensor_bytes, timed_collective
+from dpcompare.backends.base import listed, patch, sparse_bytes, tensor_bytes, timed_collective
 from dpcompare.backends.catalog import DDP_KNOBS
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
-from dpcompare.trace import ALL_REDUCE, BROADCAST, CAT_COMM, LANE_BROADCAST, LANE_BUCKETS, TraceRecorder
+from dpcompare.trace import (
+    ALL_REDUCE,
+    BROADCAST,
+    CAT_COMM,
+    LANE_BROADCAST,
+    LANE_BUCKETS,
+    SPARSE_ALL_REDUCE,
+    TraceRecorder,
+)
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
+    from dpcompare.data.workload import ModelTraits
 
 _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # renamed across torch versions
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
@@ -61,8 +70,9 @@ class DDPModelHooks:
                 else {"broadcast_buffers": True})
         cfg = self.cfg
         bucket = cfg.bucket_mb or self.bucket_cap_mb
+        find_unused = self.finds_unused_parameters()
         ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket, static_graph=cfg.static_graph,
-                                      **sync)
+                                      find_unused_parameters=find_unused, **sync)
         state, hook, name = self.comm_hook()
         tracing = getattr(self, "_tracing", False)  # only with --trace
         # DDP takes one hook: counting and tracing wrap the one the knobs chose
@@ -76,8 +86,35 @@ class DDPModelHooks:
         self._installed = {"comm_hook": shown, "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
                            "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression,
                                                                                      "float32"),
-                           "powersgd_rank": cfg.powersgd_rank}
+                           "powersgd_rank": cfg.powersgd_rank, "find_unused_parameters": find_unused,
+                           **({"unused_parameters": list(self.traits.unused)} if self.traits and self.traits.unused
+                              else {})}
         return ddp
+
+    def finds_unused_parameters(self) -> bool:
+        """``find_unused_parameters`` as ``--find-unused-parameters`` asks: on, off, or (auto) on exactly when the
+        pre-check found trainable parameters without a gradient."""
+        setting = self.cfg.find_unused_parameters
+        return setting == "on" or (setting == "auto" and bool(self.traits and self.traits.unused))
+
+    @classmethod
+    def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
+        super().check_model(traits, cfg)
+        if traits.unused and cfg.find_unused_parameters == "off":
+            raise ConfigError(f"--find-unused-parameters off, but the pre-check (one batch forward and backward) "
+                              f"found trainable parameters without a gradient ({listed(traits.unused)}): DDP would "
+                              "stop at the second step; use --find-unused-parameters auto or on")
+        if traits.sparse and (cfg.grad_compression != "none" or cfg.powersgd_rank):
+            hook = f"--grad-compression {cfg.grad_compression}" if cfg.powersgd_rank == 0 else "--powersgd-rank"
+            raise ConfigError(f"{hook}: DDP's communication hooks take dense buckets, but {listed(traits.sparse)} "
+                              "get sparse gradients; drop the knob, or make the embedding dense (sparse=False)")
+
+    def unused_parameters_note(self) -> str:
+        if self.finds_unused_parameters():
+            return ("DDP runs with find_unused_parameters=True (a traversal of the autograd graph after every "
+                    "forward; --find-unused-parameters on|off|auto), and each gets a zero gradient before the update, "
+                    "as under every strategy")
+        return super().unused_parameters_note()  # type: ignore[misc]
 
     def comm_hook(self) -> tuple[Any, CommHook, str]:
         """The (state, hook, name) the knobs ask DDP to run on each bucket; the default all-reduce (the same
@@ -103,9 +140,8 @@ class DDPModelHooks:
         return counted
 
     def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
-        if micro_step < self.cfg.accumulate - 1:
-            return model.no_sync()  # type: ignore[operator]
-        return contextlib.nullcontext()
+        sync = model.no_sync() if micro_step < self.cfg.accumulate - 1 else contextlib.nullcontext()  # type: ignore[operator]
+        return _explained(sync, self.finds_unused_parameters())
 
     def comm_report(self) -> dict[str, Any]:
         return {**getattr(self, "_installed", {}), **self.counters}
@@ -139,6 +175,25 @@ class DDPStrategy(DDPModelHooks, TorchDistributedStrategy):
                       "during backward(), overlapping communication with computation")
 
 
+#: how DDP says that a parameter got no gradient in the step before (without find_unused_parameters)
+UNFINISHED = "Expected to have finished reduction in the prior iteration"
+
+
+@contextlib.contextmanager
+def _explained(inner: contextlib.AbstractContextManager[Any], finding: bool) -> Any:
+    """``inner``, with DDP's error for a parameter that got no gradient said in one line: the pre-check's batch used
+    every parameter, a later one did not (the parameters a step uses depend on its data)."""
+    try:
+        with inner:
+            yield
+    except RuntimeError as e:
+        if UNFINISHED not in str(e) or finding:
+            raise
+        raise ConfigError("DDP stopped: a trainable parameter got no gradient in the previous step, though every one "
+                          "got one on the pre-check's batch (which parameters a step uses depends on its data); run "
+                          "with --find-unused-parameters on") from None
+
+
 def bf16_compress_hook(process_group, bucket):  # type: ignore[no-untyped-def]  (DDP rejects string annotations)
     """torch's ``fp16_compress_hook`` with bfloat16: cast the bucket, divide, sum in bf16, copy back.
 
@@ -170,13 +225,16 @@ def tracing_comm_hook(inner: CommHook, recorder: Callable[[], TraceRecorder | No
         start = rec.now()
         buf = bucket.buffer()
         names = [name_of(p) for p in bucket.parameters()]
-        index, nbytes = bucket.index(), buf.numel() * buf.element_size()
+        index, nbytes, collective = bucket.index(), buf.numel() * buf.element_size(), ALL_REDUCE
+        if buf.is_sparse:  # its own bucket; gloo gathers every rank's coalesced rows (assumed as many as here)
+            nbytes, collective = sparse_bytes(buf.coalesce()) * dist.get_world_size(), SPARSE_ALL_REDUCE
+        what = f"{'sparse ' if buf.is_sparse else ''}all-reduce bucket {index}"
         fut = inner(state, bucket)
-        rec.lanes[LANE_BUCKETS + index] = f"all-reduce bucket {index}"
+        rec.lanes[LANE_BUCKETS + index] = what
 
         def done(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            rec.span(f"all-reduce bucket {index}", CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
-                     bucket=index, bytes=nbytes, tensors=names, collective=ALL_REDUCE)
+            rec.span(what, CAT_COMM, start, rec.now(), tid=LANE_BUCKETS + index,
+                     bucket=index, bytes=nbytes, tensors=names, collective=collective)
             return f.value()
 
         return fut.then(done)

@@ -1,7 +1,8 @@
 """FSDP2: ``fully_shard`` shards parameters, gradients and optimizer state over the processes.
 
 Every module that owns parameters (each Linear, Conv, BatchNorm) and the root are wrapped by
-``torch.distributed.fsdp.fully_shard`` on a 1-D device mesh (gloo on CPU, nccl on CUDA). Each rank
+``torch.distributed.fsdp.fully_shard`` (a module sharing a parameter with another, as a tied output layer does,
+stays in the root's group) on a 1-D device mesh (gloo on CPU, nccl on CUDA). Each rank
 stores 1/N of every parameter (a DTensor shard); the optimizer, built on those shards, holds 1/N of
 the state. Per step each layer's parameters are all-gathered before its forward (and again before its
 backward), and its gradients are reduce-scattered after backward, so every rank receives the averaged
@@ -17,14 +18,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from dpcompare.backends.base import patch
+from dpcompare.backends.base import listed, patch
 from dpcompare.backends.torchdist import TorchDistributedStrategy
+from dpcompare.errors import ConfigError
 from dpcompare.trace import ALL_GATHER, CAT_COMM, LANE_BUCKETS, REDUCE_SCATTER, TraceRecorder
+
+if TYPE_CHECKING:
+    from dpcompare.config import TrainConfig
+    from dpcompare.data.workload import ModelTraits
 
 
 def _full_options(**kw: bool) -> Any:
@@ -38,6 +44,14 @@ class FSDPStrategy(TorchDistributedStrategy):
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
                       "backward; its gradients are reduce-scattered, so each process updates only its shard")
 
+    @classmethod
+    def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
+        super().check_model(traits, cfg)
+        if traits.sparse:
+            raise ConfigError(f"--strategy fsdp: FSDP2 cannot reduce-scatter sparse gradients (it flattens every "
+                              f"gradient), and {listed(traits.sparse)} get sparse ones (nn.Embedding(sparse=True)); "
+                              "use ddp, zero or horovod, or make the embedding dense (sparse=False)")
+
     def accumulation_context(self, model: nn.Module, micro_step: int) -> contextlib.AbstractContextManager[Any]:
         """FSDP2's no_sync: keep unsharded gradients local until the last micro-batch, then reduce-scatter."""
         model.set_requires_gradient_sync(micro_step == self.cfg.accumulate - 1)  # type: ignore[operator]
@@ -50,8 +64,7 @@ class FSDPStrategy(TorchDistributedStrategy):
         # fully_shard shards each rank's own tensors: start every rank from rank 0's (as DDP's constructor does).
         self.broadcast_module(model)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
-        for m in units:
+        for m in _units(model):
             fully_shard(m, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
@@ -114,6 +127,18 @@ class FSDPStrategy(TorchDistributedStrategy):
             for m in units:
                 m.set_reshard_after_forward(True, recurse=False)
                 m.reshard()
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded as units of their own: each one below the root that owns parameters, except those
+    sharing a parameter with another module (tied weights: an output layer holding the embedding's), which stay
+    with the root's group, as FSDP2 requires of a shared parameter."""
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))
+            and all(owners[id(p)] == 1 for p in m.parameters(recurse=False))]
 
 
 def _trace_group(group: Any, recorder: TraceRecorder, lane: int) -> list[Callable[[], None]]:

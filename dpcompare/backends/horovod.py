@@ -180,6 +180,10 @@ class HorovodStrategy(Strategy):
             **{k: os.environ[k] for k in (*HOROVOD_VARS, *mpi_allreduce_env("default")) if k in os.environ}}
         return opt
 
+    def unused_parameters_note(self) -> str:
+        return ("Horovod's synchronize() all-reduces a zero gradient for each (another rank may have used it), as "
+                "dpcompare does under every strategy")
+
     def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
         """Wait for the all-reduces the optimizer's hooks enqueued: the averaged gradients are in ``.grad``."""
         optimizer.synchronize()  # type: ignore[attr-defined]
@@ -289,7 +293,10 @@ class HorovodStrategy(Strategy):
             def allreduce_grad_async(p: torch.Tensor) -> Any:
                 handle, ctx = send(p)
                 g = p.grad if p.grad is not None else p
-                watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
+                if callable(handle):  # a sparse gradient: all-gathers of its indices and values
+                    _watch_sparse(watcher, handle, names.get(p, "?"), g, self.world_size)
+                else:
+                    watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
                 return handle, ctx
 
             self._trace_undo.append(patch(optimizer, "_allreduce_grad_async", allreduce_grad_async))
@@ -329,6 +336,17 @@ class HorovodStrategy(Strategy):
         return horovod_timeline_events(raw, recorder.rank, steps), [
             "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer spins on rank 0 for the whole run, which slows "
             "every step (not only the traced ones)"]
+
+
+def _watch_sparse(watcher: HandleWatcher, handle: Any, name: str, grad: torch.Tensor, world_size: int) -> None:
+    """Watch the two all-gathers Horovod started for a sparse gradient (``sparse_allreduce_async``: indices, then
+    values; ``synchronize()`` sums what they gathered). Their handles are in the closure it returns; the bytes are
+    the gathered output (every rank assumed to send as many rows as this one)."""
+    cells = dict(zip(handle.__code__.co_freevars, (c.cell_contents for c in handle.__closure__ or ()), strict=False))
+    for part, key in (("indices", "indices_handle"), ("values", "values_handle")):
+        t = grad._indices() if part == "indices" else grad._values()
+        if isinstance(cells.get(key), int):
+            watcher.enqueued(cells[key], f"{name}.{part}", t.numel() * t.element_size() * world_size, tr.ALL_GATHER)
 
 
 def _gloo_controller() -> bool:

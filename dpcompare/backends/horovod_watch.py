@@ -30,8 +30,8 @@ class HandleWatcher:
 
     def __init__(self, recorder: tr.TraceRecorder, poll: Callable[[int], bool]) -> None:
         self.recorder, self._poll = recorder, poll
-        self._pending: dict[int, tuple[str, int, float]] = {}  # handle → (tensor, bytes, enqueued_us)
-        self.done: list[tuple[str, int, float, float]] = []  # (tensor, bytes, enqueued_us, completed_us)
+        self._pending: dict[int, tuple[str, int, float, str]] = {}  # handle → (tensor, bytes, enqueued_us, collective)
+        self.done: list[tuple[str, int, float, float, str]] = []  # (tensor, bytes, enqueued_us, completed_us, collective)
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
@@ -39,9 +39,11 @@ class HandleWatcher:
         self._thread = threading.Thread(target=self._run, name="dpcompare-horovod-watch", daemon=True)
         self._thread.start()
 
-    def enqueued(self, handle: int, tensor: str, nbytes: int) -> None:
+    def enqueued(self, handle: int, tensor: str, nbytes: int, collective: str = tr.ALL_REDUCE) -> None:
+        """Horovod took ``tensor``'s operation (an all-reduce; for a sparse gradient two all-gathers, its indices'
+        and its values')."""
         with self._lock:
-            self._pending[handle] = (tensor, nbytes, self.recorder.now())
+            self._pending[handle] = (tensor, nbytes, self.recorder.now(), collective)
             self._idle.clear()
 
     def wait_idle(self, timeout_s: float) -> None:
@@ -58,8 +60,8 @@ class HandleWatcher:
                 now = self.recorder.now()
                 with self._lock:
                     for h in finished:
-                        tensor, nbytes, t0 = self._pending.pop(h)
-                        self.done.append((tensor, nbytes, t0, now))
+                        tensor, nbytes, t0, collective = self._pending.pop(h)
+                        self.done.append((tensor, nbytes, t0, now, collective))
                     if not self._pending:
                         self._idle.set()
             time.sleep(POLL_S)
@@ -76,30 +78,32 @@ class HandleWatcher:
         self._thread.join()
         now = self.recorder.now()
         with self._lock:
-            self.done += [(t, b, t0, now) for t, b, t0 in self._pending.values()]
+            self.done += [(t, b, t0, now, c) for t, b, t0, c in self._pending.values()]
             self._pending.clear()
             self._idle.set()
 
     def events(self) -> list[dict[str, Any]]:
-        """One ``allreduce`` span per fused operation on :data:`tr.LANE_COMM` (bytes, tensors) and, per tensor,
-        its enqueue → completion span on a lane of its own (category ``horovod``)."""
+        """One span per fused operation on :data:`tr.LANE_COMM` (bytes, tensors, the collective: all-reduces, and
+        the all-gathers of sparse gradients) and, per tensor, its enqueue → completion span on a lane of its own
+        (category ``horovod``)."""
         rank = self.recorder.rank
         out: list[dict[str, Any]] = []
         lanes: dict[str, int] = {}
-        groups: dict[float, list[tuple[str, int, float, float]]] = {}
+        groups: dict[tuple[float, str], list[tuple[str, int, float, float, str]]] = {}
         for item in self.done:
-            groups.setdefault(item[3], []).append(item)
+            groups.setdefault((item[3], item[4]), []).append(item)
             lane = lanes.setdefault(item[0], tr.LANE_TENSORS + len(lanes))
             self.recorder.lanes[lane] = f"horovod: {item[0]}"
             out.append({"name": "enqueued → done", "cat": "horovod", "ph": "X", "ts": item[2],
                         "dur": item[3] - item[2], "pid": rank, "tid": lane})
         previous_end = float("-inf")
-        for end in sorted(groups):
-            g = groups[end]
-            start = max(max(t0 for _, _, t0, _ in g), previous_end)
-            out.append({"name": f"all-reduce ({len(g)} tensor{'s' if len(g) > 1 else ''})", "cat": tr.CAT_COMM,
+        for end, collective in sorted(groups):
+            g = groups[(end, collective)]
+            start = max(max(item[2] for item in g), previous_end)
+            what = "all-gather" if collective == tr.ALL_GATHER else "all-reduce"
+            out.append({"name": f"{what} ({len(g)} tensor{'s' if len(g) > 1 else ''})", "cat": tr.CAT_COMM,
                         "ph": "X", "ts": start, "dur": end - start, "pid": rank, "tid": tr.LANE_COMM,
-                        "args": {"bytes": sum(b for _, b, _, _ in g), "tensors": [t for t, _, _, _ in g],
-                                 "collective": tr.ALL_REDUCE, "timing": "last enqueue → completion"}})
+                        "args": {"bytes": sum(item[1] for item in g), "tensors": [item[0] for item in g],
+                                 "collective": collective, "timing": "last enqueue → completion"}})
             previous_end = end
         return out

@@ -26,6 +26,7 @@ from dpcompare.errors import ConfigError
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy
     from dpcompare.config import TrainConfig
+    from dpcompare.data.workload import ModelTraits
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
@@ -70,6 +71,13 @@ def check_config(name: str, cfg: TrainConfig, world_size: int) -> None:
     """Refuse, before any process group work, a knob strategy ``name`` cannot honour (naming the strategies that
     can) or a value it cannot take: its class's ``check_config``."""
     get(name).check_config(cfg, world_size)
+
+
+def check_model(name: str, traits: ModelTraits | None, cfg: TrainConfig) -> None:
+    """Refuse, before any process group work, a model strategy ``name`` cannot train, from what the workload's
+    pre-check saw of it (nothing to check when it was not checked)."""
+    if traits is not None:
+        get(name).check_model(traits, cfg)
 
 
 def create(name: str, **kwargs: object) -> Strategy:

@@ -91,6 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", dest="resume_dir", metavar="DIR",
                    help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
                         "failed ones run; its plan and options are reused (any given must match them)")
+    from dpcompare.compare.script import add_script_arguments
+
+    add_script_arguments(p.add_argument_group("a Horovod script (dpcompare compare --script train.py -- ARGS)"),
+                         compare=True)
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
@@ -176,6 +180,8 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--replay"]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
+    if c.script is not None:
+        flags += c.script.flags()
     return flags
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from dpcompare.compare.cmdline import add_arguments, stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, seed_list
@@ -20,7 +21,7 @@ from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
 from dpcompare.compare.schedule import Schedule
 from dpcompare.errors import ConfigError
-from dpcompare.files import RESULTS
+from dpcompare.files import LINK, RESULTS
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -65,7 +66,8 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
     from dpcompare.options import config_from_args
 
     base = list(a.variants or ()) or [Arm.named(s) for s in a.strategies]
-    cfg = config_from_args(a, strategy=base[0].strategy, out=a.out)
+    script = _script_of(a, base)
+    cfg = config_from_args(a, strategy="horovod" if script else base[0].strategy, out=a.out)
     repeats = a.repeats if a.repeats != 0 else (1 if a.seeds else 3)  # 0: not given
     schedule = Schedule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
                         time_budget=a.time_budget, equivalence=a.equivalence / 100.0,
@@ -74,9 +76,24 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
                          project_link=a.project_link)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
-                   lab=getattr(a, "lab", None), fault=a.fault, replay=a.replay)
+                   lab=getattr(a, "lab", None), fault=a.fault, replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
     return c
+
+
+def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
+    """The Horovod script this comparison runs (``--script``), checked against the rest of the plan; else None."""
+    from dpcompare.compare.script import script_plan
+
+    plan = script_plan(a, [x.strategy for x in arms], Path(a.out))
+    if plan is None:
+        return None
+    if a.variants or any(name != LINK for name, _ in a.sweep or ()):
+        raise ConfigError("--script compares the arms horovod, native and ddp of one script: --variants and "
+                          "--sweep of train settings do not apply (--sweep link=... does)")
+    if a.workers == "persistent":
+        raise ConfigError("--script runs every run as its own job: leave --workers persistent out")
+    return plan
 
 
 def _cmd_compare(a: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """``dpcompare parity``: prove that DDP and Horovod compute the same thing.
 
 Runs the same K steps under each strategy (and, where that is exact in arithmetic, one process with
-the global batch), then compares the final weights tensor by tensor and the loss curves step by step.
-Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
+the global batch), then compares the final weights tensor by tensor and the loss curves step by step. With
+``--script`` it runs a user's Horovod script under real Horovod and the native layer (or its DDP port) and
+compares the final weights its optimizer held (:mod:`.script`). Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
 OUT/<strategy>/stdout.log and stderr.log).
 """
 
@@ -27,6 +28,7 @@ from dpcompare.launch.mpirun import job_env
 if TYPE_CHECKING:
     import torch
 
+    from dpcompare.data.workload import ModelTraits
     from dpcompare.lab import Lab
 
 #: optimizers whose update scales each gradient by its running size: one process's global-batch sums, which
@@ -48,12 +50,15 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
                     "absolute difference per tensor of the final weights and between the loss curves. "
                     "Exit code 0 only when everything agrees within the tolerances.",
-        epilog="example:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100",
+        epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
+               "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
+               "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
-    p.add_argument("--strategies", type=parse_strategies, default="ddp,horovod",
-                   help="strategies to compare, the first is the reference (default: ddp,horovod)")
+    p.add_argument("--strategies", type=parse_strategies,
+                   help="strategies to compare, the first is the reference (default: ddp,horovod; with --script: "
+                        "horovod,native)")
     p.add_argument("--tolerance", type=nonneg_float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
     p.add_argument("--single-tolerance", type=nonneg_float, default=1e-5,
@@ -68,6 +73,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
                    help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
+    from dpcompare.compare.script import add_script_arguments
+
+    add_script_arguments(p.add_argument_group("a Horovod script (dpcompare parity --script train.py -- ARGS)"),
+                         compare=False)
     add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
     p.set_defaults(func=run_parity)
 
@@ -89,11 +98,44 @@ def judge(cfg: TrainConfig) -> tuple[str, float, str | None]:
     return "exact", 0.0, None
 
 
-def _has_batchnorm(cfg: TrainConfig) -> bool:
-    from dpcompare import models
-    from dpcompare.data.plugins import resolve_workload
+def model_traits(cfg: TrainConfig) -> ModelTraits:
+    """What one batch forward and backward on the CPU shows of the model ``cfg`` trains (a plug-in's pre-check
+    already ran; a built-in workload is checked here, before any run)."""
+    from dpcompare.data.plugins import check_workload, resolve_workload
 
-    return models.has_batchnorm(resolve_workload(cfg).workload.build_model())  # a plug-in is checked here, before any run
+    workload = resolve_workload(cfg).workload
+    return workload.traits or check_workload(workload)
+
+
+#: what a knob that changes the arithmetic does to the result (parity names it beside the difference)
+KNOB_CAUSES = {"grad_compression": "{} compression rounds the exchanged gradients",
+               "adasum": "Adasum combines the gradients instead of averaging them",
+               "powersgd_rank": "PowerSGD sends a low-rank approximation of the gradients"}
+
+
+def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: dict[str, Any],
+                 traits: ModelTraits) -> list[str]:
+    """Why ``strategy``'s run may differ from ``ref``'s, where that is known: a knob that changes the arithmetic
+    on either side, sums of more than two terms taken in another order (sparse gradients' rows included), the
+    one-process reference's replay of the processes' random streams failing, non-deterministic CUDA kernels."""
+    causes = [KNOB_CAUSES[k].format(v) for k, v in knobs.active(base).items() if k in KNOB_CAUSES
+              and any(k in backends.facts(s).knobs for s in (strategy, ref))]
+    one = not backends.facts(strategy).distributed
+    diverged = (summary.get("comm") or {}).get("diverged_at_step")
+    if one and diverged:
+        causes.append(f"random operations (dropout): from step {diverged} the processes drew different amounts of "
+                      "random numbers (batch shapes differ by process), which one process cannot replay")
+    if one and base.sync_bn:
+        causes.append("BatchNorm: statistics over the global batch, summed in another order than across processes")
+    if (one and (np_ > 2 or base.accumulate > 1)) or (not one and np_ > 2):
+        causes.append("summation order: sums of more than two terms grouped differently")
+    if traits.sparse:
+        causes.append("sparse gradients: each library adds the rows of the processes' sparse gradients in its own "
+                      "order (DDP over gloo: coalesced rows all-gathered and summed; Horovod: all-gathered, divided, "
+                      "then summed by the update)")
+    if str(summary.get("device", "")).startswith("cuda"):
+        causes.append("non-deterministic CUDA kernels (atomic adds in some backward passes)")
+    return causes
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -138,11 +180,14 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
         raise RuntimeError(f"{cfg.strategy} run wrote no checkpoint in {out}")
     console.print(f"  done in {seconds:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
-            "losses": json.loads((out / "step_losses.json").read_text())}
+            "losses": json.loads((out / "step_losses.json").read_text()),
+            "summary": json.loads((out / "summary.json").read_text())}
 
 
-def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tuple[dict[str, TrainConfig], list[str]]:
-    """The distributed runs (each strategy without the knobs it lacks) and notes on what was left out."""
+def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str],
+          traits: ModelTraits) -> tuple[dict[str, TrainConfig], list[str]]:
+    """The distributed runs (each strategy without the knobs it lacks) and notes on what was left out; a knob or
+    a model a strategy cannot take is refused here, before any run."""
     runs: dict[str, TrainConfig] = {}
     notes: list[str] = []
     for s in strategies:  # a knob only one library has (Adasum, PowerSGD): the other runs without it
@@ -152,29 +197,38 @@ def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str]) -> tu
         if foreign:
             notes.append(f"{s} runs without {', '.join(foreign)} (it has no equivalent)")
         backends.check_config(s, runs[s], a.np)  # refuse now, not after the other runs
+        backends.check_model(s, traits, runs[s])
     return runs, notes
 
 
-def _single(a: argparse.Namespace, base: TrainConfig) -> tuple[TrainConfig | None, str | None]:
-    """The one-process run with the global batch where it is exact in arithmetic, else why it is skipped."""
+def _single(a: argparse.Namespace, base: TrainConfig, traits: ModelTraits) -> tuple[TrainConfig | None, str | None]:
+    """The one-process reference, or why it is skipped. It takes each step as the ``--np`` processes would
+    (``emulate_ranks``: their batches, random states and BatchNorm statistics, one after the other), except under
+    ``--sync-bn``, where it takes the global batch in one pass (BatchNorm's statistics are the global batch's)."""
     if not a.single:
         return None, None
     one = backends.one_process()
     unsupported = [k for k in knobs.active(base) if k not in backends.facts(one).knobs]
     if unsupported:
         return None, f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
+    out = str(Path(a.out) / one)
+    lr = base.lr * a.np if base.scale_lr else base.lr
+    if not base.sync_bn:
+        return dataclasses.replace(base, strategy=one, out=out, accumulate=base.accumulate * a.np,
+                                   emulate_ranks=a.np, lr=lr, scale_lr=False), None
+    if traits.random:
+        return None, (f"single skipped: under --sync-bn it takes the global batch in one pass, whose random masks "
+                      f"({', '.join(traits.random)}) come from one random stream instead of one per process")
     if base.amp != "none":
         return None, (f"single skipped: under --amp {base.amp} one global batch's gradient sums round differently "
                       "from per-process ones")
     if base.optimizer in ADAPTIVE:
-        return None, (f"single skipped: --optimizer {base.optimizer} divides each gradient by its running root mean "
-                      "square, so a gradient near 0, whose sum over one global batch and over per-process batches "
-                      "differ in the last bits, moves its weight by up to --lr either way")
-    if not (base.sync_bn or not _has_batchnorm(base)):
-        return None, (f"single skipped: {base.model} has BatchNorm, whose statistics over one global batch "
-                      "differ from per-process ones; pass --sync-bn (GPU) or use --model mlp")
-    return dataclasses.replace(base, strategy=one, out=str(Path(a.out) / one), batch_size=base.batch_size * a.np,
-                               lr=base.lr * a.np if base.scale_lr else base.lr, scale_lr=False, sync_bn=False), None
+        return None, (f"single skipped: under --sync-bn it takes the global batch in one pass, and --optimizer "
+                      f"{base.optimizer} divides each gradient by its running root mean square, so a gradient near 0, "
+                      "whose sum over one global batch and over per-process batches differ in the last bits, moves its "
+                      "weight by up to --lr either way")
+    return dataclasses.replace(base, strategy=one, out=out, batch_size=base.batch_size * a.np, lr=lr, scale_lr=False,
+                               sync_bn=False), None
 
 
 def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, diffs: dict[str, dict[str, Any]],
@@ -191,15 +245,31 @@ def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, 
     table.add_section()
     table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
     table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
+    if any(_differs(diffs[s]) for s in others):
+        table.add_row("[bold]known cause[/]", "", *(_cause_cell(diffs[s]) for s in others))
     return table
+
+
+def _differs(d: dict[str, Any]) -> bool:
+    return bool(d["weights_max"] or d["loss_max"])
+
+
+def _cause_cell(d: dict[str, Any]) -> str:
+    """What the table says beside a difference: its known causes, or that none is known (nothing when it is 0)."""
+    if not _differs(d):
+        return ""
+    return "; ".join(d["causes"]) if d["causes"] else "none known"
 
 
 def _verdict(mode: str, passed: bool, ref: str, diffs: dict[str, dict[str, Any]], tol: dict[str, float]) -> str:
     if mode == "distance":
         return "[yellow]NOT MEANT TO MATCH[/]: " + ", ".join(
             f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items())
-    return ("[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
-            if passed else "[red]FAIL[/]: differences above tolerance (red above)")
+    if passed:
+        return "[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
+    over = [s for s, d in diffs.items() if d["weights_max"] > tol[s] or d["loss_max"] > tol[s]]
+    return "[red]FAIL[/]: differences above tolerance (red above): " + "; ".join(
+        f"{s} ({', '.join(diffs[s]['causes']) or 'no known cause'})" for s in over)
 
 
 def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_note: str | None) -> None:
@@ -228,6 +298,10 @@ def run_parity(a: argparse.Namespace) -> int:
     from dpcompare.options import config_from_args
 
     console = Console(highlight=False)
+    if a.strategies is None:
+        a.strategies = ["horovod", "native"] if a.script is not None else ["ddp", "horovod"]
+    if a.script is not None or "native" in a.strategies:
+        return _script_parity(a, console)
     # the one-process run is added below, where it is exact
     strategies = [s for s in a.strategies if backends.facts(s).distributed]
     if not strategies:
@@ -241,10 +315,11 @@ def run_parity(a: argparse.Namespace) -> int:
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
                             resume=None, strategy=strategies[0])
-    runs, notes = _runs(a, base, strategies)
+    traits = model_traits(base)
+    runs, notes = _runs(a, base, strategies, traits)
     mode, knob_tol, knob_note = judge(base)
     notes += [knob_note] if knob_note else []
-    single, single_note = _single(a, base)
+    single, single_note = _single(a, base, traits)
     if single is not None:
         runs[single.strategy] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
@@ -255,7 +330,8 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: compare_runs(results[ref], results[s]) for s in results if s != ref}
+    diffs = {s: {**compare_runs(results[ref], results[s]),
+                 "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}
     console.print(_table(a, results, ref, diffs, tol))
@@ -270,6 +346,88 @@ def run_parity(a: argparse.Namespace) -> int:
     atomic_write_json(out / "parity.json", {
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
         "mode": mode, "knobs": knobs.active(base), "notes": notes, **_lab_json(a),
-        "config": base.to_dict(), "diffs": diffs})
+        "config": base.to_dict(), "model": dataclasses.asdict(traits), "diffs": diffs})
     console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
     return 0 if passed else 1
+
+
+def _script_parity(a: argparse.Namespace, console: Console) -> int:
+    """``parity --script``: the script's final weights under each arm (:mod:`dpcompare.compare.script`)."""
+    from dpcompare.options import config_from_args
+
+    out = Path(a.out)
+    if (out / "parity.json").exists() and not a.overwrite:
+        raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
+    if a.lab is not None:
+        a.lab.check_np(a.np)
+    return run_script_parity(a, config_from_args(a, strategy="horovod"), console)
+
+
+# -- parity --script ------------------------------------------------------------------------------------------
+def _final_weights(run_dir: Path) -> dict[str, Any]:
+    import torch
+
+    path = run_dir / "params.pt"
+    if not path.exists():
+        raise RuntimeError(f"{run_dir.name} recorded no weights (no DistributedOptimizer or optimizer stepped)")
+    return torch.load(path, weights_only=True)
+
+
+def run_script_parity(a: argparse.Namespace, cfg: TrainConfig, console: Any) -> int:
+    """``parity --script``: the script under each arm, its final weights compared tensor by tensor."""
+    from dpcompare.compare.script import port_notes, script_plan
+    from dpcompare.lab import session
+
+    arms, out = list(a.strategies), Path(a.out)
+    plan = script_plan(a, arms, out)
+    assert plan is not None
+    if len(arms) < 2:
+        raise ConfigError(f"parity needs two arms to compare; --strategies {','.join(arms)} gives one "
+                          "(e.g. --strategies horovod,native)")
+    weights: dict[str, dict[str, Any]] = {}
+    with session(a.lab, console.print) as lab:
+        for arm in arms:
+            run_dir = out / arm
+            cmd = plan.command(arm, a.np, run_dir, cfg, lab)
+            console.print(f"[bold]{arm}[/] at np={a.np}: {' '.join(cmd[:6])} …")
+            rc, seconds = run_job(cmd, run_dir, job_env(), a.run_timeout or None)
+            if rc != 0:
+                console.print(f"[red]parity: the {arm} run failed (exit {rc}); its output is in {run_dir}/stdout.log "
+                              f"and stderr.log:\n{log_tail(run_dir)}[/]")
+                return 1
+            weights[arm] = _final_weights(run_dir)
+            console.print(f"  done in {seconds:.1f} s")
+    ref = arms[0]
+    diffs = {arm: {k: max_abs_diff(v, weights[arm]["tensors"][k]) if k in weights[arm]["tensors"] else float("inf")
+                   for k, v in weights[ref]["tensors"].items()} for arm in arms[1:]}
+    console.print(_parity_table(a, weights[ref], diffs, ref))
+    notes = port_notes(plan, arms)
+    for note in notes:
+        console.print(note)
+    worst = {arm: max(d.values(), default=0.0) for arm, d in diffs.items()}
+    passed = all(v <= a.tolerance for v in worst.values())
+    atomic_write_json(out / "parity.json", {
+        "script": str(plan.path), "args": list(plan.args), "np": a.np, "reference": ref, "passed": passed,
+        "tolerance": a.tolerance, "weights_max": worst, "notes": notes, "seed": cfg.seed,
+        "diffs": {arm: {weights[ref]["names"].get(k, k): v for k, v in d.items()} for arm, d in diffs.items()}})
+    verdict = ("[green]PASS[/]: " + ", ".join(f"{arm} matches {ref} within {a.tolerance:g} (largest {w:.2e})"
+                                              for arm, w in worst.items())
+               if passed else "[red]FAIL[/]: differences above tolerance (red above)")
+    console.print(f"{verdict} → {out / 'parity.json'}")
+    return 0 if passed else 1
+
+
+def _parity_table(a: argparse.Namespace, ref: dict[str, Any], diffs: dict[str, dict[str, float]], name: str) -> Any:
+    table = Table(title=f"parity of {a.script.name} at np={a.np}: largest |difference| of the final weights from "
+                        f"{name}")
+    table.add_column("tensor")
+    table.add_column("shape")
+    for arm in diffs:
+        table.add_column(f"{arm} (tol {a.tolerance:g})", justify="right")
+    fmt = lambda v: f"[green]{v:.2e}[/]" if v <= a.tolerance else f"[red]{v:.2e}[/]"  # noqa: E731
+    for key, t in ref["tensors"].items():
+        table.add_row(ref["names"].get(key, key), "×".join(map(str, t.shape)) or "scalar",
+                      *(fmt(d[key]) for d in diffs.values()))
+    table.add_section()
+    table.add_row("[bold]all weights[/]", "", *(fmt(max(d.values(), default=0.0)) for d in diffs.values()))
+    return table

@@ -179,7 +179,10 @@ def _check_strategy(name: str) -> str:
     """A built-in strategy's name (or its elastic mode, ``ddp-elastic``) or a plug-in's ``MODULE:CLASS`` /
     ``path/to/file.py:CLASS``."""
     from dpcompare.backends.catalog import check_arm_name
+    from dpcompare.native.calls import SCRIPT_ARMS
 
+    if name in SCRIPT_ARMS:
+        return name  # native is no strategy: an arm of a script comparison (--script)
     try:
         return check_arm_name(name)
     except ValueError as e:
@@ -417,6 +420,7 @@ class Comparison:
     lab: LabSpec | None = None  # run every job across emulated hosts made for the comparison (``--lab``)
     fault: Fault | None = None  # every arm also runs meeting this fault (``--fault``)
     replay: bool = False  # check an elastic run that met the fault against a clean one from its checkpoint
+    script: Any = None  # a Horovod script's comparison (``--script``: a compare.script.ScriptPlan), else training
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))

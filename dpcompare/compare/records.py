@@ -103,9 +103,18 @@ def environment(strategies: Sequence[str] | None = None) -> dict[str, Any]:
 
     return {**versions(), "platform": platform.platform(), "machine": platform.machine(),
             "hostname": platform.node(), "cpus": os.cpu_count(),
-            "strategies": {n: {"summary": backends.get(n).summary, "sync_mechanism": backends.get(n).sync_mechanism,
-                               "communication": dict(backends.get(n).communication)}
-                           for n in (strategies or backends.names())}}
+            "strategies": {n: _strategy_facts(n) for n in (strategies or backends.names())}}
+
+
+def _strategy_facts(name: str) -> dict[str, Any]:
+    """What results.json records about an arm's strategy; the native layer (a ``--script`` arm) is no strategy."""
+    from dpcompare import backends
+    from dpcompare.native.calls import SCRIPT_ARM_FACTS
+
+    if name in SCRIPT_ARM_FACTS:
+        return dict(SCRIPT_ARM_FACTS[name])
+    s = backends.get(name)
+    return {"summary": s.summary, "sync_mechanism": s.sync_mechanism, "communication": dict(s.communication)}
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
@@ -143,7 +152,8 @@ def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli:
                    "np": list(c.nps), "repeats": schedule["repeats"], "baseline": arms[0].label,
                    **{k: v for k, v in schedule.items() if k != "repeats"},
                    "order": [], "workers": c.options.workers, "train": c.config.to_dict(),
-                   "train_flags": train_flags, "cli": cli, **_lab_json(c)},
+                   "train_flags": train_flags, "cli": cli, **_lab_json(c),
+                   **({"script": c.script.to_json()} if c.script is not None else {})},
         "environment": environment(list(dict.fromkeys(a.strategy for a in arms))), "runs": [], "verdicts": [],
     }
 

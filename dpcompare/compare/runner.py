@@ -33,9 +33,13 @@ Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | N
 
 
 def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None, step_log: bool = False,
-                  replay: bool = False) -> list[str]:
+                  replay: bool = False, script: Any = None) -> list[str]:
     """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``, placed on its
-    hosts (mpirun started inside its host 0; an elastic arm's launcher: :func:`elastic_launch`)."""
+    hosts (mpirun started inside its host 0; an elastic arm's launcher: :func:`elastic_launch`). With a
+    ``script`` (``--script``), the script in the run's arm."""
+    if script is not None:
+        seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
+        return script.command(spec.strategy, spec.np, run_dir, seeded, lab)
     words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
     how = elastic_launch(spec, run_dir, lab)
     return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
@@ -49,6 +53,11 @@ def elastic_launch(spec: RunSpec, run_dir: Path, lab: Lab | None) -> ElasticLaun
     launcher = facts(spec.strategy).elastic
     assert launcher is not None  # an elastic arm names a strategy that has an elastic mode (plan.Arm.named)
     return ElasticLaunch(launcher, min_np=max(1, spec.np - lab.slots), run_id=run_dir.name)
+
+
+def _script_records(run_dir: Path) -> list[str]:
+    """A script run's records (``rank*.json``, ``params.pt``) left in ``run_dir`` by an earlier attempt."""
+    return [p.name for p in run_dir.glob("rank*.json")] + ["params.pt"]
 
 
 class _Run:
@@ -84,15 +93,16 @@ class _Run:
     def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
         run_dir = self.c.out / "runs" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl", faults.STEP_LOG):  # never read an earlier job's files
-            (run_dir / stale).unlink(missing_ok=True)
+        for stale in ("summary.json", "metrics.jsonl", faults.STEP_LOG, *_script_records(run_dir)):
+            (run_dir / stale).unlink(missing_ok=True)  # never read an earlier job's files as this one's
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nor resume from them (elastic arms)
         cfg, timeout = self.c.config, self.c.options.run_timeout
         link = spec.arm.link
         if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
             self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
         step_log = self.c.fault is not None  # the fault's runs and their twins without it: steps over time
-        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay)  # after the reshape (the link)
+        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay,
+                            self.c.script)  # after the reshape (the link)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
         watch = LoadWatch() if self.watch_load else None  # what else the machine ran meanwhile
@@ -107,6 +117,8 @@ class _Run:
             rc, wall = self.launch(cmd, run_dir, self.env, timeout)
         if self.lab is not None and rc != 0:
             _name_lost_hosts(self.lab, run_dir)
+        if self.c.script is not None:
+            self.c.script.summarize(run_dir, cfg)  # the ranks' records → summary.json, read as a training run's
         rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
         rec["load"] = watch.result() if watch else None
         rec.update(faults.figures(run_dir, fault, t_start) if step_log else {})
@@ -283,8 +295,10 @@ def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) ->
     if rec["status"] == "diverged":
         msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
     elif rec["status"] == "ok":
-        msg = (f"[green]ok[/]     {rec['samples_per_sec']:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
-               f" · {metric_label(rec['metric'] or {})} {metric_value(rec['metric'] or {}, rec['final_metric'])}")
+        metric = rec.get("metric") or {}
+        value = rec.get("final_metric", rec.get("final_test_accuracy"))
+        msg = (f"[green]ok[/]     {rec['samples_per_sec'] or 0:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
+               + ("" if value is None else f" · {metric_label(metric)} {metric_value(metric, value)}"))
     else:
         msg = f"[red]FAILED[/] {headline(rec['error'])}"
     return f"[{done}/{total}] {spec.name:<18} {msg} ({rec['wall_seconds']:.1f} s)"

@@ -339,6 +339,48 @@ def train_loader(ds: Dataset, batch_size: int, rank: int, world_size: int, seed:
     return loader, sampler
 
 
+class Samplers:
+    """Several samplers moved to the next epoch together (:class:`ReplayLoader`'s)."""
+
+    def __init__(self, samplers: list[DistributedSampler]) -> None:
+        self.samplers = samplers
+
+    def set_epoch(self, epoch: int) -> None:
+        for s in self.samplers:
+            s.set_epoch(epoch)
+
+
+class ReplayLoader:
+    """The batches ``ranks`` processes would take, in one process: for each step, rank 0's ``accumulate``
+    micro-batches, then rank 1's, and so on (each rank's loader as :func:`train_loader` builds it there).
+
+    Each process's DataLoader draws one number from the global random stream when it starts an epoch; here only
+    rank 0's draws (the others start under a forked stream), so the stream advances as it does in each process.
+    """
+
+    def __init__(self, loaders: list[DataLoader], accumulate: int) -> None:
+        self.loaders, self.accumulate = loaders, accumulate
+
+    def __len__(self) -> int:
+        return len(self.loaders) * (len(self.loaders[0]) // self.accumulate) * self.accumulate
+
+    def __iter__(self) -> Any:
+        its = [iter(self.loaders[0])]
+        with torch.random.fork_rng(devices=[]):
+            its += [iter(loader) for loader in self.loaders[1:]]
+        for _ in range(len(self.loaders[0]) // self.accumulate):
+            for it in its:
+                for _ in range(self.accumulate):
+                    yield next(it)
+
+
+def replay_loader(ds: Dataset, batch_size: int, ranks: int, accumulate: int, seed: int,
+                  collate: Callable[[list[Any]], Any] | None = None) -> tuple[ReplayLoader, Samplers]:
+    """:class:`ReplayLoader` over ``ranks`` processes' loaders (``accumulate`` micro-batches each per step)."""
+    pairs = [train_loader(ds, batch_size, r, ranks, seed, collate=collate) for r in range(ranks)]
+    return ReplayLoader([lo for lo, _ in pairs], accumulate), Samplers([s for _, s in pairs])
+
+
 def eval_loader(ds: Dataset, rank: int, world_size: int, batch_size: int = 512,
                 collate: Callable[[list[Any]], Any] | None = None) -> DataLoader:
     return DataLoader(Subset(ds, range(rank, len(ds), world_size)), batch_size=batch_size, shuffle=False,

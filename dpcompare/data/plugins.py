@@ -25,14 +25,17 @@ import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpcompare import models
 from dpcompare.data.catalog import TEXT_DATASETS
-from dpcompare.data.workload import Workload
+from dpcompare.data.workload import ModelTraits, Workload
 from dpcompare.errors import ConfigError
+
+#: ``--workload lightning:MODULE:ATTR``: a LightningModule (:mod:`dpcompare.data.lightning`)
+LIGHTNING = "lightning:"
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -215,6 +218,10 @@ def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: boo
     cfg = _settle(cfg)
     if given is not None:
         w = given if given.source != "builtin" else dataclasses.replace(given, source=f"python:{given.name}")
+    elif cfg.workload and cfg.workload.startswith(LIGHTNING):  # a LightningModule, without the Trainer
+        from dpcompare.data.lightning import lightning_workload
+
+        w = lightning_workload(cfg.workload, load_attr(cfg.workload[len(LIGHTNING):], "--workload"), cfg)
     elif cfg.workload:
         w = load_workload(cfg.workload, cfg)
     elif is_plugin(cfg.model):
@@ -224,46 +231,127 @@ def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: boo
     else:
         return Job(cfg, _builtin(cfg))
     if check:
-        check_workload(w)
+        w = dataclasses.replace(w, traits=check_workload(w))
+        check_sparse(cfg, w)
     return Job(cfg, w)
 
 
-def check_workload(w: Workload, batch_size: int = 2) -> None:
-    """Build ``w`` and run one small batch through its model, loss and metrics on the CPU, without gradients.
+def check_sparse(cfg: TrainConfig, w: Workload) -> None:
+    """Refuse the flags' optimizer where it cannot take the sparse gradients the pre-check saw."""
+    if w.traits is None or not w.traits.sparse or w.build_optimizer is not None:
+        return
+    if cfg.optimizer != "sgd" or cfg.weight_decay:
+        raise ConfigError(f"{w.source}: {', '.join(w.traits.sparse)} get sparse gradients (nn.Embedding(sparse=True)), "
+                          f"which --optimizer {cfg.optimizer}{' with --weight-decay' if cfg.weight_decay else ''} "
+                          "cannot take: use --optimizer sgd without --weight-decay, or give the workload its own "
+                          "optimizer (build_optimizer: Adagrad, SparseAdam)")
 
-    Any failure is one ConfigError naming the workload's source and what went wrong.
+
+def check_workload(w: Workload, batch_size: int = 2) -> ModelTraits:
+    """Build ``w`` and run one small batch through its model, loss (forward and backward) and metrics on the CPU;
+    what it saw of the model (:class:`~dpcompare.data.workload.ModelTraits`): the trainable parameters that got
+    no gradient, the sparse gradients, the frozen parameters, the random operations, BatchNorm.
+
+    Any failure is one ConfigError naming the workload's source and what went wrong. The run's random streams
+    are left as they were.
     """
     import torch
-    from torch.utils.data import default_collate
 
     who = w.source if w.source != "builtin" else w.name
     with torch.random.fork_rng(devices=[]):  # leave the run's random streams as they were
         stage = "building its datasets"
         try:
-            train, _ = w.build_data()
-            stage = "reading a batch of its training set"
-            batch = (w.collate or default_collate)([train[i] for i in range(min(batch_size, len(train)))])
-            inputs, target = batch
+            inputs, target = _first_batch(w, batch_size, who)
             stage = "building its model"
             model = w.build_model()
             if not isinstance(model, torch.nn.Module):
                 raise ConfigError(f"{who}: its model builder gave {_describe(model)}, not a torch.nn.Module")
-            stage = "running its model on one batch"
-            with torch.no_grad(), warnings.catch_warnings():
+            traits = _forward_backward(w, model, inputs, target, who)
+            stage = "running its model on one batch in evaluation mode"
+            model.eval()  # as evaluation runs it
+            with torch.no_grad():
                 output = model(inputs)
-                warnings.simplefilter("error", UserWarning)  # torch warns when a loss broadcasts mismatched shapes
-                stage = f"its loss on the model's output ({_shape(output)}) and the target ({_shape(target)})"
-                loss = w.loss(output, target)
-                if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
-                    raise ConfigError(f"{who}: its loss gave {_describe(loss)}, not a one-element float tensor")
                 for m in w.metrics:
                     stage = f"its metric {m.name!r} on the model's output ({_shape(output)})"
                     total, count = m.batch(output, target)
                     float(total), int(count)
         except ConfigError:
             raise
+        except _Stage as e:
+            raise ConfigError(f"{who}: {e.stage} failed: {_one_line(e.__cause__)}") from None  # type: ignore[arg-type]
         except Exception as e:  # noqa: BLE001
             raise ConfigError(f"{who}: {stage} failed: {_one_line(e)}") from None
+    return traits
+
+
+class _Stage(Exception):
+    """A failure inside one stage of the pre-check (the stage's name; the real exception is its cause)."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__(stage)
+        self.stage = stage
+
+
+def _first_batch(w: Workload, batch_size: int, who: str) -> tuple[Any, Any]:
+    """The first ``batch_size`` training samples through the workload's collate: (inputs, target)."""
+    from torch.utils.data import default_collate
+
+    try:
+        train, _ = w.build_data()
+    except Exception as e:
+        raise _Stage("building its datasets") from e
+    try:
+        batch = (w.collate or default_collate)([train[i] for i in range(min(batch_size, len(train)))])
+    except Exception as e:
+        raise _Stage("reading a batch of its training set") from e
+    if isinstance(batch, Mapping) or not (isinstance(batch, tuple | list) and len(batch) == 2):
+        raise ConfigError(f"{who}: a batch of its training set is {_describe(batch)[:60]}...; the loop needs "
+                          "(inputs, target) pairs: make the collate function return (inputs, target), where inputs "
+                          "may be a dict of tensors")
+    return batch[0], batch[1]
+
+
+def _forward_backward(w: Workload, model: Any, inputs: Any, target: Any, who: str) -> ModelTraits:
+    """One batch forward in training mode and the loss's backward; what they showed of the model."""
+    import torch
+
+    model.train()
+    before = torch.get_rng_state()
+    try:
+        output = model(inputs)
+    except Exception as e:
+        raise _Stage("running its model on one batch") from e
+    drew = not torch.equal(before, torch.get_rng_state())
+    stage = f"its loss on the model's output ({_shape(output)}) and the target ({_shape(target)})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # torch warns when a loss broadcasts mismatched shapes
+            loss = w.loss(output, target)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.is_floating_point()):
+            raise ConfigError(f"{who}: its loss gave {_describe(loss)}, not a one-element float tensor")
+        if loss.requires_grad:
+            stage = "the backward pass of its loss"
+            loss.backward()
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise _Stage(stage) from e
+    return model_traits(model, drew)
+
+
+def model_traits(model: Any, drew_random: bool) -> ModelTraits:
+    """What one forward and backward left on ``model``'s parameters (``drew_random``: the forward drew random
+    numbers)."""
+    from torch import nn
+
+    params = list(model.named_parameters())
+    dropouts = sorted({type(m).__name__ for m in model.modules() if "dropout" in type(m).__name__.lower()})
+    random = tuple(dropouts or ["random numbers drawn in forward"]) if drew_random else ()
+    return ModelTraits(
+        unused=tuple(n for n, p in params if p.requires_grad and p.grad is None),
+        sparse=tuple(n for n, p in params if p.grad is not None and p.grad.is_sparse),
+        frozen=tuple(n for n, p in params if not p.requires_grad), random=random,
+        batchnorm=any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()))
 
 
 def _shape(x: Any) -> str:

@@ -38,6 +38,24 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class ModelTraits:
+    """What the pre-check (:func:`~dpcompare.data.plugins.check_workload`) saw when it ran one batch forward and
+    backward on the CPU: the facts strategies and ``parity`` act on. Names are the plain module's parameter names.
+    """
+
+    #: trainable parameters (``requires_grad=True``) that got no gradient: DDP needs ``find_unused_parameters``
+    unused: tuple[str, ...] = ()
+    #: parameters whose gradient is sparse (``nn.Embedding(sparse=True)``)
+    sparse: tuple[str, ...] = ()
+    #: parameters frozen by the model (``requires_grad=False``): not trained, not exchanged
+    frozen: tuple[str, ...] = ()
+    #: module types that draw random numbers while training (Dropout...), by class name
+    random: tuple[str, ...] = ()
+    #: whether the model has BatchNorm layers (per-process batch statistics)
+    batchnorm: bool = False
+
+
+@dataclass(frozen=True)
 class Workload:
     """Everything a training job computes. ``metrics[0]`` is the one verdicts and time-to-target use."""
 
@@ -60,6 +78,8 @@ class Workload:
     build_scheduler: Callable[[torch.optim.Optimizer, int], Any] | None = None
     #: optional, clip the gradients to this global 2-norm before every optimizer step; replaces --clip-grad-norm
     clip_grad_norm: float | None = None
+    #: what the pre-check saw of the model (filled by it; None: not checked, as for the built-in workloads)
+    traits: ModelTraits | None = None
 
     @property
     def metric(self) -> Metric:

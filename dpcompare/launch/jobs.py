@@ -67,16 +67,44 @@ def start_job(cmd: Sequence[str], env: dict[str, str], stdout: IO[Any] | int | N
 
 
 def stop_job(p: subprocess.Popen[bytes]) -> None:
-    """End a job started by :func:`start_job`: SIGTERM to the whole group, SIGKILL if it lingers."""
-    for sig, wait in zip((signal.SIGTERM, signal.SIGKILL), STOP_GRACE, strict=True):
+    """End a job started by :func:`start_job`: SIGTERM to the whole group, SIGKILL if any of it lingers.
+
+    The job is over when its leader (e.g. mpirun) has exited *and* every other process of its session (the
+    ranks it started) is gone, not only when the leader is.
+    """
+    for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), STOP_GRACE, strict=True):
+        deadline = time.monotonic() + grace
         try:
             os.killpg(p.pid, sig)
-            p.wait(timeout=wait)
-            return
         except ProcessLookupError:
             return
-        except subprocess.TimeoutExpired:
-            continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=grace)
+        while p.returncode is not None and _group_alive(p.pid):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if p.returncode is not None and not _group_alive(p.pid):
+            return
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (zombies, waiting for their parent, are not)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: any member, zombie or not
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        if fields[2] == str(pgid) and fields[0] not in "ZX":
+            return True
+    return False
 
 
 def run_job(cmd: Sequence[str], run_dir: Path | None, env: dict[str, str],

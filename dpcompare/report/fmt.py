@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dpcompare.report.groups import Group
 from dpcompare.report.intervals import Interval
 
@@ -66,3 +68,14 @@ def headline(error: str | None, limit: int = 160) -> str:
     lines = [ln.strip() for ln in error.splitlines() if ln.strip() and not set(ln.strip()) <= set("-=*")]
     hit = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else "")
     return hit if len(hit) <= limit else hit[: limit - 1] + "…"
+
+
+def script_description(config: dict[str, Any]) -> str | None:
+    """A script comparison's workload (``config.script``): the script, its arguments and what a sample is."""
+    script = config.get("script")
+    if not isinstance(script, dict):
+        return None
+    words = " ".join([str(script.get("path", "")).rsplit("/", 1)[-1], *map(str, script.get("args") or [])])
+    batch = script.get("global_batch")
+    unit = f"{batch} samples per optimizer step" if batch else "samples/s = optimizer steps/s (no --global-batch)"
+    return f"script {words} · {unit}"

@@ -387,9 +387,11 @@ def _subtitle(results: dict[str, Any]) -> str:
     cfg = results.get("config") or {}
     train = cfg.get("train") or {}
     devices = sorted({str(r["device"]) for r in results.get("runs", []) if r.get("device")})
+    script = fmt.script_description(cfg)
+    workload = (script,) if script else (workload_label(results), train.get("epochs") and f"{train['epochs']} epochs",
+                                         train.get("batch_size") and f"batch {train['batch_size']}/process")
     return " · ".join(_e(x) for x in (
-        "/".join(devices), workload_label(results), train.get("epochs") and f"{train['epochs']} epochs",
-        train.get("batch_size") and f"batch {train['batch_size']}/process",
+        "/".join(devices), *workload,
         cfg.get("np") and "np " + ", ".join(map(str, cfg["np"])),
         cfg.get("repeats") and f"{cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}",
         cfg.get("seeds") and "seeds " + ", ".join(map(str, cfg["seeds"])),
@@ -507,7 +509,8 @@ def _regime_card(r: regime.Regime, groups: Sequence[Group] = ()) -> str:
           "communicating or waiting": "not traced (--trace N measures it)" if r.comm_share is None
           else fmt.pct(r.comm_share, 0),
           "link": r.link, "threads per rank": "–" if r.threads is None else str(r.threads),
-          "other processes' CPU": regime.others_text(r)}
+          "other processes' CPU": regime.others_text(r),
+          **({"model traits": " · ".join(r.model)} if r.model else {})}
     items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in kv.items())
     warn = (f'<p class="tiny"><strong>Tiny steps:</strong> under {regime.TINY_STEP_MS:g} ms or under '
             f"{regime.TINY_GRADIENT_MB:g} MB of gradients, fixed per-step costs decide.</p>" if r.tiny else "")

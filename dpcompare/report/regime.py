@@ -34,6 +34,8 @@ class Regime:
     others_cpu: float | None = None  # the largest share of the cores other processes took during a run
     loadavg: float | None = None     # the largest 1-minute load average at a run's start
     cores: int | None = None
+    #: what the model made the strategies do (parameters without gradient, sparse gradients), one line each
+    model: tuple[str, ...] = ()
 
     @property
     def shared(self) -> bool:
@@ -42,8 +44,31 @@ class Regime:
 
     def to_json(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in ("np", "step_ms", "gradient_mb", "comm_share", "link", "threads",
-                                                 "tiny", "sentence", "others_cpu", "loadavg", "cores")},
+                                                 "tiny", "sentence", "others_cpu", "loadavg", "cores", "model")},
                 "shared": self.shared}
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def model_lines(runs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """What the runs' model made the strategies do, from their regime facts: the arms that ran DDP with
+    ``find_unused_parameters`` (and which parameters get no gradient), and the sparse gradients."""
+    facts = [(r.get("arm") or r.get("strategy"), r.get("regime") or {}) for r in runs]
+    lines = []
+    unused = next((f["unused_parameters"] for _, f in facts if f.get("unused_parameters")), None)
+    if unused:
+        finders = sorted({str(a) for a, f in facts if f.get("find_unused_parameters")})
+        lines.append(f"{len(unused)} trainable parameter{'s' if len(unused) > 1 else ''} get no gradient "
+                     f"({_names(unused)}): " + (f"{', '.join(finders)} ran DDP with find_unused_parameters=True (a "
+                                                "traversal of the autograd graph every step); " if finders else "")
+                     + "every strategy gives them a zero gradient")
+    sparse = next((f["sparse_parameters"] for _, f in facts if f.get("sparse_parameters")), None)
+    if sparse:
+        lines.append(f"sparse gradients ({_names(sparse)}): DDP all-reduces them sparse (gloo all-gathers every "
+                     "rank's rows and sums them), Horovod all-gathers their indices and values")
+    return tuple(lines)
 
 
 def _median(xs: list[float]) -> float | None:
@@ -123,7 +148,7 @@ def regime(results: dict[str, Any], np_: int) -> Regime:
     sentence = _sentence(step, grad, link, tiny) if step is not None and grad is not None else \
         "Too few successful runs to say what this verdict speaks for."
     return Regime(np_, step, grad, _comm_share(runs), link, _threads(results, runs, np_), tiny, sentence,
-                  *_load(runs))
+                  *_load(runs), model_lines(runs))
 
 
 def regimes(results: dict[str, Any]) -> list[Regime]:

@@ -92,8 +92,9 @@ def build_table(groups: Sequence[Group], title: str | None = None,
 def print_report(console: Console, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                  html_path: str | None = None, attributions: Sequence[dict[str, Any]] | None = None) -> None:
     cfg = (results.get("config") or {}).get("train") or {}
-    desc = " · ".join(str(x) for x in (workload_label(results), cfg.get("epochs") and f"{cfg['epochs']} epochs",
-                                         cfg.get("batch_size") and f"batch {cfg['batch_size']}/process") if x)
+    desc = fmt.script_description(results.get("config") or {}) or " · ".join(
+        str(x) for x in (workload_label(results), cfg.get("epochs") and f"{cfg['epochs']} epochs",
+                         cfg.get("batch_size") and f"batch {cfg['batch_size']}/process") if x)
     console.print()
     others = others_by_group(results)
     console.print(build_table(groups, title=f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]",

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from dpcompare import backends, checkpoint, knobs
-from dpcompare.backends.base import Strategy
+from dpcompare.backends.base import Strategy, listed
 from dpcompare.config import TrainConfig
-from dpcompare.data.datasets import eval_loader, train_loader
+from dpcompare.data.datasets import eval_loader, replay_loader, train_loader
 from dpcompare.data.plugins import resolve_workload
 from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
@@ -130,6 +130,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
         checkpoint.check_fits(model, weights, cfg.init_from)
         model.load_state_dict(weights)
     backends.check_config(cfg.strategy, cfg, env.world_size)  # refuse a knob before joining anyone
+    backends.check_model(cfg.strategy, workload.traits, cfg)  # and a model the strategy cannot train
     return Start(workload, train_set, test_set, model, ckpt, resume_path)
 
 
@@ -163,6 +164,7 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     if strategy is None:
         strategy = backends.create(cfg.strategy, env=env, device=cfg.device, iface=cfg.iface, timeout_s=cfg.timeout)
     strategy.configure(cfg)
+    strategy.configure_model(start.workload.traits)
     if cfg.trace:
         strategy.prepare_trace(Path(cfg.out))
     with strategy if owned else contextlib.nullcontext(strategy):  # an owned strategy: connect ... disconnect
@@ -291,8 +293,12 @@ class Run:
     def lay_out(self) -> None:
         """The loaders, and how many steps and epochs the run takes."""
         cfg, strategy, collate = self.cfg, self.strategy, self.workload.collate
-        self.loader, self.sampler = train_loader(self.start.train_set, cfg.batch_size, strategy.rank,
-                                                 strategy.world_size, cfg.seed, collate=collate)
+        if cfg.emulate_ranks:  # parity's one-process reference: every process's batches, in one process
+            self.loader, self.sampler = replay_loader(self.start.train_set, cfg.batch_size, cfg.emulate_ranks,
+                                                      cfg.accumulate // cfg.emulate_ranks, cfg.seed, collate)
+        else:
+            self.loader, self.sampler = train_loader(self.start.train_set, cfg.batch_size, strategy.rank,
+                                                     strategy.world_size, cfg.seed, collate=collate)
         self.test_loader = eval_loader(self.start.test_set, strategy.rank, strategy.world_size, collate=collate)
         accumulate = cfg.accumulate
         self.steps_per_epoch = len(self.loader) // accumulate
@@ -341,11 +347,19 @@ class Run:
         stepping = optim.banner(self.stepping, cfg, self.workload, self.total_steps)
         if stepping:
             self.rep.print(stepping)
-        for n in self.notes:
+        for n in [*self.model_notes(), *self.notes]:
             self.rep.print(n)
         if cfg.target_accuracy and self.start.ckpt is not None:
             self.rep.print(f"note: time to {self.metric.name} counts only this run's steps (the resumed-from run's "
                            "time is unknown)")
+
+    def model_notes(self) -> list[str]:
+        """What the workload's pre-check saw that changes how the strategies train the model, one line each."""
+        traits = self.workload.traits
+        if traits is None or not traits.unused:
+            return []
+        return [f"trainable parameters without a gradient: {listed(traits.unused)} (the pre-check ran one batch "
+                f"forward and backward); {self.strategy.unused_parameters_note()}"]
 
     def step_runner(self) -> StepRunner:
         cfg = self.cfg

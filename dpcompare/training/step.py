@@ -163,6 +163,7 @@ class StepRunner:
 
         Every rank gets the same answer (a max all-reduce of a flag), so all of them stop at the same step.
         """
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad._values() if p.grad.is_sparse else p.grad for p in self.model.parameters()
+                 if p.grad is not None]
         ok = bool(torch.isfinite(loss).all()) and all(bool(torch.isfinite(g).all()) for g in grads)
         return float(self.strategy.all_reduce(0.0 if ok else 1.0, "max")) == 0.0

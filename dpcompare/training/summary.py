@@ -127,6 +127,10 @@ def regime_facts(strategy: Strategy, model: Any, communication: dict[str, Any] |
     facts: dict[str, Any] = {"gradient_mb": sum(p.numel() * p.element_size() for p in params) / 2**20,
                              "buffer_mb": sum(b.numel() * b.element_size() for b in buffers) / 2**20,
                              "threads": torch.get_num_threads(), "hosts": len(hosts)}
+    traits = strategy.traits  # what the workload's pre-check saw, and what the strategy did about it
+    if traits is not None and (traits.unused or traits.sparse):
+        facts.update(unused_parameters=list(traits.unused), sparse_parameters=list(traits.sparse),
+                     find_unused_parameters=strategy.comm_report().get("find_unused_parameters"))
     if communication:
         facts["communication"] = {k: communication[k] for k in ("exposed_ms_per_step", "hidden_ms_per_step",
                                                                  "wait_ms_per_step", "comm_ms_per_step")

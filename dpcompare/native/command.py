@@ -1,0 +1,199 @@
+"""``dpcompare script`` (run a Horovod PyTorch script, unchanged, on the native layer or on real Horovod) and
+``dpcompare migrate`` (its calls, their native equivalents, a DDP port).
+
+Without ``--np`` this process is one rank (start it with mpirun, srun or torchrun, as the script would be);
+with ``--np N`` dpcompare starts the N ranks itself through the launch room's one command-line builder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from dpcompare.errors import ConfigError, LaunchError
+
+DESCRIPTION = """\
+Run a Horovod PyTorch script (`import horovod.torch as hvd`) unchanged:
+
+  --as native    on torch.distributed through dpcompare's Horovod layer (gloo on CPU, NCCL on GPU): Horovod
+                 need not be installed, and is not used where it is
+  --as horovod   on the real Horovod library
+  --as ddp       a torchrun-style script (e.g. the DDP port `dpcompare migrate` writes) under mpirun or srun
+
+Without --np this process is one rank: start it as you start the script (mpirun -np 2 dpcompare script ...).
+With --np N dpcompare starts N ranks itself (mpirun, or srun inside a Slurm allocation). Calls the layer does
+not support stop the script with one line naming the native replacement (exit code 2); `dpcompare migrate
+SCRIPT` lists them beforehand. --out DIR records every optimizer.step() and the final weights (for parity
+and compare --script).
+"""
+
+EPILOG = """\
+examples:
+  dpcompare script --np 2 -- python examples/horovod/mnist.py --epochs 1
+  mpirun -np 2 dpcompare script --as native -- python train.py --lr 0.01
+  mpirun -np 2 python -m dpcompare.native train.py --lr 0.01      # the same, for your own launch lines
+  dpcompare script --np 2 --as horovod --out runs/hvd -- python train.py
+  dpcompare migrate train.py                                        # the calls, and a DDP port beside it
+"""
+
+
+def _per_rank_words(a: argparse.Namespace) -> list[str]:
+    """The ``dpcompare script`` each rank runs (the same command without ``--np`` and the launcher's flags)."""
+    words = ["script", "--as", a.arm]
+    if a.out:
+        words += ["--out", str(a.out)]
+    if a.seed is not None:
+        words += ["--seed", str(a.seed)]
+    if a.overwrite:
+        words.append("--overwrite")
+    if a.threads is not None:
+        words += ["--threads", str(a.threads)]
+    return [*words, "--", *a.target]
+
+
+def _launch(a: argparse.Namespace) -> int:
+    from dpcompare.launch.jobs import dpcompare_command
+    from dpcompare.launch.mpirun import job_env
+    from dpcompare.native.runner import check_out, parse_target
+
+    parse_target(a.target)  # refuse a missing script before starting anyone
+    if a.out:
+        check_out(a.out, a.overwrite)
+    cmd = dpcompare_command(a.np, _per_rank_words(a), hosts=a.hosts, hostfile=a.hostfile, mpi_net=a.mpi_net,
+                            iface=a.iface)
+    sys.stderr.write(f"dpcompare script: {shlex.join(cmd)}\n")
+    try:
+        rc = subprocess.run(cmd, env=job_env()).returncode
+    except FileNotFoundError:
+        raise LaunchError(f"{cmd[0]} not found on PATH") from None
+    if a.out:
+        _summarize(a)
+    return rc if rc >= 0 else 128 - rc
+
+
+def _summarize(a: argparse.Namespace) -> None:
+    """OUT/summary.json from every rank's record, and one line about it."""
+    from dpcompare.native.summary import write_summary
+
+    summary = write_summary(a.out, a.warmup_steps, a.metric)
+    if summary is None:
+        sys.stderr.write(f"dpcompare script: no rank left a record in {a.out}\n")
+        return
+    t = summary["timing"]
+    median = f"{t['step_ms_median']:.1f} ms" if t["step_ms_median"] is not None else "none timed"
+    metric = f", {a.metric} {summary['final_metric']}" if a.metric else ""
+    sys.stderr.write(f"dpcompare script: {summary['steps']} optimizer steps, median step {median} over "
+                     f"{t['measured_steps']} (after {a.warmup_steps}){metric}; records in {a.out}\n")
+
+
+def _cmd_script(a: argparse.Namespace) -> int:
+    if a.target[:1] == ["--"]:
+        a.target = a.target[1:]
+    if not a.target:
+        raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS`")
+    if a.np is not None:
+        return _launch(a)
+    from dpcompare.native.runner import parse_target, run_script
+
+    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
+    # A normal interpreter exit, not dpcompare's fast one: the script's atexit handlers must run.
+    raise SystemExit(code)
+
+
+def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    from dpcompare.argtypes import nonneg_int, positive_int
+    from dpcompare.native.summary import DEFAULT_WARMUP
+
+    p = sub.add_parser("script", help="run a Horovod PyTorch script unchanged on native torch.distributed "
+                                      "(or on real Horovod)", description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--as", dest="arm", choices=("native", "horovod", "ddp"), default="native",
+                   help="native: dpcompare's layer; horovod: the real library; ddp: a torchrun script "
+                        "(default: native)")
+    p.add_argument("--np", type=positive_int, help="start this many ranks (default: this process is one rank)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="record optimizer steps and final weights here (never beside the script)")
+    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
+                                            "(the same in every arm; for scripts that do not seed)")
+    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    p.add_argument("--threads", type=nonneg_int, metavar="N",
+                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
+                        "(default: torch's own; a script's own torch.set_num_threads wins)")
+    p.add_argument("--warmup-steps", type=nonneg_int, default=DEFAULT_WARMUP,
+                   help=f"with --np and --out: steps left out of OUT/summary.json's step times (default: "
+                        f"{DEFAULT_WARMUP})")
+    p.add_argument("--metric", metavar="NAME", help="with --np and --out: the value the script all-reduces with "
+                                                    "hvd.allreduce(..., name=NAME), as the run's metric")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--hosts", metavar="H1:N,H2:N", help="with --np: hosts and their slots")
+    where.add_argument("--hostfile", metavar="FILE", help="with --np: an MPI hostfile")
+    p.add_argument("--mpi-net", metavar="SUBNET|IF", help="with --np: the network for MPI's own traffic")
+    p.add_argument("--iface", help="with --np: the interface gloo/NCCL use on every rank")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- [python] SCRIPT ARGS",
+                   help="the script and its arguments, after --")
+    p.set_defaults(func=_cmd_script)
+    _register_migrate(sub)
+
+
+# -- dpcompare migrate -------------------------------------------------------------------------------------
+def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    table = Table(title=f"Horovod in {rep['script']}", title_justify="left")
+    for col in ("line", "call", "layer", "native PyTorch"):
+        table.add_column(col, overflow="fold")
+    for c in rep["calls"]:
+        native = c["native"] + (f" [dim]({c['note']})[/dim]" if c["note"] else "")
+        table.add_row(str(c["line"]), c["source"], "runs" if c["supported"] else "[red]refused[/red]", native)
+    console.print(table)
+    n = rep["unsupported"]
+    console.print(f"{len(rep['calls'])} uses; the native layer runs "
+                  + ("all of them" if not n else f"all but {n} (they stop the script with one line, exit code 2)"))
+    if rep["warnings"]:
+        console.print("\nWhere a DDP port computes different numbers:")
+        for w in rep["warnings"]:
+            console.print(f"  - {w}")
+    console.print("\n" + port["message"])
+
+
+def _cmd_migrate(a: argparse.Namespace) -> int:
+    import json
+
+    from dpcompare.native.migrate import report, scan_script
+    from dpcompare.native.port import write_port
+
+    scan = scan_script(Path(a.script))
+    if not scan.uses:
+        raise ConfigError(f"{a.script}: no `import horovod` and no Horovod call found")
+    rep = report(scan)
+    port = write_port(scan, Path(a.port) if a.port else None, dry_run=a.no_port)
+    if a.json:
+        print(json.dumps({**rep, "port": port}, indent=2))
+    else:
+        print_report(rep, port)
+    return 0
+
+
+def _register_migrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "migrate", help="list a Horovod script's calls with their native PyTorch equivalents; write a DDP port",
+        description="Read a Horovod PyTorch script (without running it) and list every `import horovod...` and "
+                    "Horovod call with its line, whether dpcompare's native layer runs it (`dpcompare script`), "
+                    "and its native PyTorch equivalent (DDP, torch.distributed, torchrun); say where an idiomatic "
+                    "DDP port computes different numbers; and, when the script is simple enough (one "
+                    "DistributedOptimizer over one model, nothing the layer refuses), write that port beside it "
+                    "(SCRIPT_ddp.py, never over an existing file) for you to review.",
+        epilog="examples:\n  dpcompare migrate train.py\n  dpcompare migrate train.py --port ports/train_ddp.py\n"
+               "  dpcompare migrate train.py --no-port --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("script", help="the Horovod script")
+    p.add_argument("--port", metavar="FILE", help="where to write the DDP port (default: SCRIPT_ddp.py beside it)")
+    p.add_argument("--no-port", action="store_true", help="list only; write no port")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.set_defaults(func=_cmd_migrate)

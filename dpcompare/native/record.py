@@ -1,0 +1,138 @@
+"""What the runner records of a script, the same way in every arm: its optimizer steps and its final weights.
+
+In the Horovod arms (``native`` and ``horovod``) the ``DistributedOptimizer`` factory of the ``horovod.torch``
+module the script sees is wrapped, so every optimizer it returns times its own ``step()`` (the instance's method is
+replaced by a bound wrapper: LR schedulers keep working, and the zero-gradient step ``broadcast_optimizer_state``
+runs on the wrapped class is not counted). In the ``ddp`` arm torch's global optimizer step hooks do the same for
+the plain optimizer. Named scalar all-reduces (``hvd.allreduce(acc, name="val_accuracy")``) are kept as metrics.
+
+Written into the runner's output folder, never beside the script: ``rank{R}.json`` per rank (step end times and
+step() durations, metrics, exit code) and, from rank 0, ``params.pt``: the tensors the optimizers held at exit,
+keyed by position (``optimizer.group.index``) with their names when the script gave them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dpcompare.files import atomic_write, atomic_write_json
+
+#: the folder a runner's records go to, for ranks started by a launcher (set by ``dpcompare script --out``)
+OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
+PARAMS = "params.pt"
+
+
+def rank_file(out: Path, rank: int) -> Path:
+    return out / f"rank{rank}.json"
+
+
+class Recorder:
+    """Step times, named metrics and the optimizers to read the final weights from, for one process."""
+
+    def __init__(self, out: Path, arm: str, rank: int, world_size: int) -> None:
+        self.out, self.arm, self.rank, self.world_size = out, arm, rank, world_size
+        self.t0 = time.perf_counter()
+        self.step_ends: list[float] = []
+        self.step_calls: list[float] = []
+        self.metrics: dict[str, list[float]] = {}
+        self.optimizers: list[Any] = []
+        self._pre: float | None = None
+
+    # -- steps ----------------------------------------------------------------------------------------------
+    def _stepped(self, start: float, end: float) -> None:
+        self.step_ends.append(end - self.t0)
+        self.step_calls.append(end - start)
+
+    def watch(self, optimizer: Any) -> Any:
+        """Time ``optimizer.step()`` of this instance and keep it for the final weights; returns it."""
+        step = optimizer.step
+        recorder = self
+
+        def timed_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                recorder._stepped(start, time.perf_counter())
+
+        optimizer.step = types.MethodType(timed_step, optimizer)
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def watch_every_optimizer(self) -> None:
+        """The ``ddp`` arm: torch's global step hooks time every optimizer's ``step()``."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            self._pre = time.perf_counter()
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            end = time.perf_counter()
+            self._stepped(self._pre if self._pre is not None else end, end)
+            if not any(o is opt for o in self.optimizers):
+                self.optimizers.append(opt)
+
+        register_optimizer_step_pre_hook(pre)
+        register_optimizer_step_post_hook(post)
+
+    # -- the horovod.torch module ---------------------------------------------------------------------------
+    def _factory(self, factory: Callable[..., Any]) -> Callable[..., Any]:
+        def DistributedOptimizer(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (Horovod's name)
+            return self.watch(factory(*args, **kwargs))
+        DistributedOptimizer.__doc__ = factory.__doc__
+        DistributedOptimizer.__wrapped__ = factory  # type: ignore[attr-defined]
+        return DistributedOptimizer
+
+    def _metric(self, allreduce: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(allreduce)
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            out = allreduce(*args, **kwargs)
+            try:
+                name = signature.bind_partial(*args, **kwargs).arguments.get("name")
+            except TypeError:
+                name = None
+            if name and hasattr(out, "numel") and out.numel() == 1:
+                self.metrics.setdefault(str(name), []).append(float(out.detach().float().cpu()))
+            return out
+        recorded.__doc__ = allreduce.__doc__
+        recorded.__wrapped__ = allreduce  # type: ignore[attr-defined]
+        return recorded
+
+    def patch(self, hvd: types.ModuleType) -> None:
+        """Wrap ``hvd.DistributedOptimizer`` and the synchronous all-reduces of a ``horovod.torch`` module."""
+        hvd.DistributedOptimizer = self._factory(hvd.DistributedOptimizer)  # type: ignore[attr-defined]
+        for name in ("allreduce", "allreduce_"):
+            setattr(hvd, name, self._metric(getattr(hvd, name)))
+
+    # -- at exit --------------------------------------------------------------------------------------------
+    def final_tensors(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """(position → tensor on CPU, position → name) of every watched optimizer's parameters."""
+        tensors: dict[str, Any] = {}
+        names: dict[str, str] = {}
+        for k, opt in enumerate(self.optimizers):
+            prefix = f"{k}." if len(self.optimizers) > 1 else ""
+            known = getattr(opt, "_parameter_names", {}) or {}
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    key = f"{prefix}{g}.{i}"
+                    tensors[key] = p.detach().to("cpu", copy=True)
+                    if p in known:
+                        names[key] = known[p]
+        return tensors, names
+
+    def write(self, exit_code: int) -> None:
+        record = {"arm": self.arm, "rank": self.rank, "world_size": self.world_size, "exit_code": exit_code,
+                  "wall_s": time.perf_counter() - self.t0, "steps": len(self.step_ends),
+                  "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics}
+        if self.rank == 0 and self.optimizers:
+            import torch
+
+            tensors, names = self.final_tensors()
+            atomic_write(self.out / PARAMS, lambda f: torch.save({"tensors": tensors, "names": names}, f))
+        atomic_write_json(rank_file(self.out, self.rank), record)
