@@ -349,6 +349,11 @@ class Samplers:
         for s in self.samplers:
             s.set_epoch(epoch)
 
+    def start_at(self, position: int) -> None:
+        """Every rank's sampler leaves out the epoch's first ``position`` samples (a resumed run)."""
+        for s in self.samplers:
+            s.start_at(position)
+
 
 class ReplayLoader:
     """The batches ``ranks`` processes would take, in one process: for each step, rank 0's ``accumulate``
