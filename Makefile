@@ -15,8 +15,8 @@ setup-dev:
 	@DPCOMPARE_EXTRAS=dev bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 \
-	    --max-repeats 60 --time-budget 260 --workers persistent --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
+	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 10 \
+	    --max-repeats 40 --time-budget 150 --workers persistent --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
 	@echo "open runs/demo/report.html (one self-contained file; dpcompare report runs/demo re-renders it)"
 
 # Across 2 emulated hosts (network namespaces) on a 1 Gbit/s link: the mlp's 17 MB of gradients per step cross

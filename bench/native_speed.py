@@ -25,13 +25,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "horovod" / "synthetic_benchmark.py"
 ARMS = ("horovod", "native", "ddp")
-#: the benchmark script's arguments per model (batch per rank; 3 + 4 x 5 optimizer steps per run)
+#: the benchmark script's arguments per model (batch per rank)
 MODEL_ARGS = {
     "resnet18": ["--batch-size", "16"],
     "gpt-mini": ["--batch-size", "4"],
     "gpt-tiny": ["--batch-size", "4"],
 }
-STEPS = ["--num-warmup-batches", "3", "--num-batches-per-iter", "5", "--num-iters", "4"]
+
+def steps(per_iter: int, iters: int) -> list[str]:
+    """The benchmark script's step arguments: 3 warm-up steps, then ``iters`` × ``per_iter`` timed ones."""
+    return ["--num-warmup-batches", "3", "--num-batches-per-iter", str(per_iter), "--num-iters", str(iters)]
+
+
 #: --quick: does the benchmark run at all (a check, not a measurement)
 QUICK_STEPS = ["--num-warmup-batches", "3", "--num-batches-per-iter", "2", "--num-iters", "2"]
 
@@ -41,7 +46,8 @@ def compare_line(model: str, link: str, a: argparse.Namespace, out: Path) -> lis
            "--np", str(a.np), "--repeats", str(a.repeats), "--warmup-steps", "3", "--out", str(out), "--overwrite"]
     if link != "unlimited":
         cmd += ["--lab", f"hosts=2,link={link},name=nspeed"]
-    return [*cmd, "--", "--model", model, *MODEL_ARGS.get(model, []), *(QUICK_STEPS if a.quick else STEPS)]
+    run_steps = QUICK_STEPS if a.quick else steps(a.per_iter, a.iters)
+    return [*cmd, "--", "--model", model, *MODEL_ARGS.get(model, []), *run_steps]
 
 
 def medians(results: dict) -> dict[str, float | None]:
@@ -67,6 +73,8 @@ def main() -> int:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="paired blocks per model and link (default: 5)")
     p.add_argument("--models", default="resnet18,gpt-mini")
+    p.add_argument("--per-iter", type=int, default=5, help="optimizer steps per iteration of the script (default: 5)")
+    p.add_argument("--iters", type=int, default=4, help="iterations of the script per run (default: 4)")
     p.add_argument("--links", default="unlimited,1gbit", help="unlimited (this machine) and lab link rates")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "native-speed")
     p.add_argument("--quick", action="store_true",

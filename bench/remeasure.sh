@@ -30,7 +30,7 @@ ALL=(setup demo concepts predict lab trackers tests suite)
 SECTIONS=("${@:-${ALL[@]}}")
 
 section() { printf '\n\033[1m== %s\033[0m: %s\n' "$1" "$2"; bash "$ROOT/bench/quiet.sh"; }
-timed() { local t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s: $*)"; }
+timed() { local t0=$SECONDS; "$@"; echo "   ($((SECONDS - t0)) s: $*)" >&2; }  # on stderr: the command's own output may be redirected
 mpi2() { mpirun -np 2 --oversubscribe --bind-to none "$DPC" "$@"; }
 
 s_setup() {

@@ -11,8 +11,8 @@
 #   $CACHE/ccache, so a rebuild for another torch reuses what did not change).
 
 #: minutes the build takes on 2 quiet cores (the estimate printed first; scaled by the cores there are)
-HVD_MINUTES_CPU=${HVD_MINUTES_CPU:-3}
-HVD_MINUTES_NCCL=${HVD_MINUTES_NCCL:-7}
+HVD_MINUTES_CPU=${HVD_MINUTES_CPU:-2}
+HVD_MINUTES_NCCL=${HVD_MINUTES_NCCL:-3}
 
 gpu_visible() {  # gpu_visible TORCH_GPUS: 0 when the driver, a device file or torch shows an NVIDIA GPU
   if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then return 0; fi

@@ -179,7 +179,7 @@ fi
 
 # 4. dpcompare with its dependencies; while Horovod builds (it needs only torch), alongside the build.
 if [ -n "$EXTRAS" ]; then
-  pkg_what="dpcompare (editable) with its dependencies and the extras $EXTRAS"; pkg_est="4 min on a fresh machine"
+  pkg_what="dpcompare (editable) with its dependencies and the extras $EXTRAS"; pkg_est="1.5 min on a fresh machine"
 else
   pkg_what="dpcompare (editable) with its dependencies (scipy, scikit-learn, matplotlib, mpi4py...)"; pkg_est="30 s"
 fi

@@ -4,7 +4,10 @@ A verdict from a shared machine describes that machine: other work steals cycles
 Horovod, whose background thread busy-polls) and a strategy can come out several times slower than it is. The
 comparing process samples, around each run, the machine's busy CPU time (``/proc/stat``, through psutil) and the
 CPU time of its own process tree (itself, the launcher, the ranks, a persistent worker: every descendant,
-living or reaped). What the machine spent beyond that went to other processes::
+living or reaped). A rank whose parent (e.g. Open MPI's daemon on a lab host) ends before reaping it would leave
+the tree and count as another process's; so the comparing process adopts such orphans (Linux's child subreaper).
+It does not reap them: an ended orphan stays a zombie child, whose CPU time the samples keep reading (a pid each,
+given back when compare ends), and no exit code that a launcher waits for is taken from it. What the machine spent beyond that went to other processes::
 
     others' share = (machine busy CPU s − this process tree's CPU s) / (cores × wall s)
 
@@ -14,11 +17,24 @@ traffic lands there, charged to no process). The report's threshold: :data:`dpco
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 import time
 from typing import Any
 
 import psutil
+
+#: prctl's PR_SET_CHILD_SUBREAPER (linux/prctl.h)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux; elsewhere nothing happens)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _busy_seconds() -> float:
@@ -42,6 +58,7 @@ class LoadWatch:
     """Samples the machine and this process tree when made and at :meth:`result` (the run in between)."""
 
     def __init__(self) -> None:
+        _adopt_orphans()
         self.me = psutil.Process()
         self.cores = psutil.cpu_count() or os.cpu_count() or 1
         self.loadavg_start = [round(x, 2) for x in os.getloadavg()]

@@ -290,14 +290,15 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
 
 def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
-    from dpcompare.report.fmt import headline, metric_label, metric_value
+    from dpcompare.report.fmt import headline, metric_label, metric_value, rate
 
     if rec["status"] == "diverged":
         msg = f"[yellow]DIVERGED[/] {headline(rec['error'])}"
     elif rec["status"] == "ok":
         metric = rec.get("metric") or {}
         value = rec.get("final_metric", rec.get("final_test_accuracy"))
-        msg = (f"[green]ok[/]     {rec['samples_per_sec'] or 0:>9,.0f} samples/s · step {rec['step_ms']['median']:.2f} ms"
+        msg = (f"[green]ok[/]     {rate(rec['samples_per_sec'] or 0):>9} samples/s"
+               f" · step {rec['step_ms']['median']:.2f} ms"
                + ("" if value is None else f" · {metric_label(metric)} {metric_value(metric, value)}"))
     else:
         msg = f"[red]FAILED[/] {headline(rec['error'])}"

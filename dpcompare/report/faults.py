@@ -205,7 +205,7 @@ def _redone(r: dict[str, Any]) -> str:
     d = r.get("steps_redone")
     if not d:
         return "–"
-    return f"{d['mean']:g}" + (f" ({d['min']}–{d['max']})" if d["min"] != d["max"] else "")
+    return f"{d['mean']:.3g}" + (f" ({d['min']}–{d['max']})" if d["min"] != d["max"] else "")
 
 
 def section(results: dict[str, Any], plot: Plot | None) -> str:

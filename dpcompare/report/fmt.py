@@ -14,13 +14,20 @@ def ms(v: float | None) -> str:
     return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:,.0f}"
 
 
+def rate(v: float | None) -> str:
+    """A throughput: whole numbers from 100 on, three significant digits below (a script's optimizer steps/s)."""
+    if v is None:
+        return "–"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def sps(iv: Interval | None) -> str:
     """Samples/s as ``mean ± half-width`` (or ``mean (no CI)`` with one repeat)."""
     if iv is None:
         return "–"
     if not iv.has_ci:
-        return f"{iv.mean:,.0f} (no CI)"
-    return f"{iv.mean:,.0f} ± {iv.half_width:,.0f}"
+        return f"{rate(iv.mean)} (no CI)"
+    return f"{rate(iv.mean)} ± {rate(iv.half_width)}"
 
 
 def pct(v: float | None, digits: int = 1) -> str:

@@ -203,7 +203,7 @@ def _runs(results: dict[str, Any]) -> str:
         step = (r.get("step_ms") or {}).get("median")
         cells = [f"{_e(arm_of(r))}-np{r['np']}-r{r['repeat']}",
                  f'<span class="{"ok" if ok else "failed"}">{_e(r.get("status"))}</span>',
-                 "–" if r.get("samples_per_sec") is None else f"{r['samples_per_sec']:,.0f}",
+                 fmt.rate(r.get("samples_per_sec")),
                  fmt.ms(step), fmt.metric_value(metric, final_metric(r)),
                  "–" if r.get("wall_seconds") is None else f"{r['wall_seconds']:.1f}", _others_cell(r),
                  f'<code>{_e(r.get("dir", ""))}</code>']
