@@ -5,9 +5,9 @@ Horovod, whose background thread busy-polls) and a strategy can come out several
 comparing process samples, around each run, the machine's busy CPU time (``/proc/stat``, through psutil) and the
 CPU time of its own process tree (itself, the launcher, the ranks, a persistent worker: every descendant,
 living or reaped). A rank whose parent (e.g. Open MPI's daemon on a lab host) ends before reaping it would leave
-the tree and count as another process's; so the comparing process adopts such orphans (Linux's child subreaper).
-It does not reap them: an ended orphan stays a zombie child, whose CPU time the samples keep reading (a pid each,
-given back when compare ends), and no exit code that a launcher waits for is taken from it. What the machine spent beyond that went to other processes::
+the tree and count as another process's; so the comparing process adopts such orphans while a run runs (Linux's
+child subreaper). It does not reap them: an ended orphan stays a zombie child, whose CPU time the samples keep
+reading (a pid each, given back when compare ends), and no exit code that a launcher waits for is taken from it. What the machine spent beyond that went to other processes::
 
     others' share = (machine busy CPU s − this process tree's CPU s) / (cores × wall s)
 
@@ -30,11 +30,11 @@ import psutil
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def _adopt_orphans() -> None:
-    """Make this process the reaper of its descendants' orphans (Linux; elsewhere nothing happens)."""
+def _adopt_orphans(on: bool) -> None:
+    """Whether this process adopts the orphans of its descendants from now on (Linux; elsewhere nothing happens)."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
 def _busy_seconds() -> float:
@@ -58,7 +58,7 @@ class LoadWatch:
     """Samples the machine and this process tree when made and at :meth:`result` (the run in between)."""
 
     def __init__(self) -> None:
-        _adopt_orphans()
+        _adopt_orphans(True)  # while the run runs
         self.me = psutil.Process()
         self.cores = psutil.cpu_count() or os.cpu_count() or 1
         self.loadavg_start = [round(x, 2) for x in os.getloadavg()]
@@ -68,6 +68,7 @@ class LoadWatch:
         """results.json's ``load`` of a run (docs/results-schema.md)."""
         wall = time.perf_counter() - self.t0
         busy, tree = _busy_seconds() - self.busy0, _tree_seconds(self.me) - self.tree0
+        _adopt_orphans(False)
         others = max(busy - tree, 0.0)
         return {"others_cpu_share": round(others / (self.cores * wall), 4) if wall > 0 else None,
                 "others_cpu_s": round(others, 2), "job_cpu_s": round(tree, 2), "busy_cpu_s": round(busy, 2),
