@@ -131,8 +131,10 @@ def main() -> int:
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
+        from dpcompare.launch.jobs import leave
+
         worker(a)
-        return 0
+        leave(0)  # gloo's threads outlive the process group under DDP: no interpreter teardown for them to abort
     wait_for_quiet()
 
     from rich.console import Console

@@ -61,8 +61,9 @@ def test_the_parser_imports_no_torch_and_no_strategy():
 
 
 @pytest.mark.parametrize("code", [0, 3])
-def test_leave_skips_teardown_only_after_success(code):
-    """A successful command that loaded torch leaves at once, its output flushed; a failure exits normally."""
+def test_leave_skips_teardown_and_runs_atexit_only_after_failure(code):
+    """A command that loaded torch leaves without the interpreter's teardown, its output flushed; after a
+    failure the atexit handlers run first."""
     import subprocess
     import sys
 

@@ -11,6 +11,7 @@ and a time limit. :func:`run_command` turns a command's failures into exit codes
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -168,15 +169,21 @@ def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:
 
 
 def leave(code: int) -> None:
-    """End the process with ``code``; after a successful command that loaded torch, skip Python's teardown.
+    """End the process with ``code`` without Python's teardown once a command that loaded torch returns.
 
     Every file a command writes is closed by the time it returns, and its strategy has left the process
-    group. What remains is the interpreter unwinding torch, torch._dynamo and CUDA's libraries, about 1.4 s
-    a process on a 2-core machine: a tenth of a short ``dpcompare compare`` run, for nothing. MPI, if
-    mpi4py started it, is finalized first so that mpirun sees a clean exit. Failures take the normal path.
+    group. What remains is the interpreter unwinding torch, torch._dynamo and CUDA's libraries: about 1.4 s
+    a process on a 2-core machine, a tenth of a short ``dpcompare compare`` run, for nothing. It is also
+    where gloo's worker threads, which outlive ``destroy_process_group`` while DDP's reducer holds the group,
+    can release the last collective's tensors: taking the GIL of an interpreter that is finalizing aborts the
+    process (signal 6, seen in CI after a diverged run and a finished one). After a failure the atexit
+    handlers still run (a failure path may have registered clean-up); MPI, if mpi4py started it, is
+    finalized last so that mpirun sees the exit code, not a crash.
     """
-    if code != 0 or "torch" not in sys.modules:
+    if "torch" not in sys.modules:
         sys.exit(code)
+    if code != 0:
+        atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
