@@ -60,19 +60,21 @@ def test_the_parser_imports_no_torch_and_no_strategy():
     assert p.stdout.strip() == "[]", p.stdout
 
 
-@pytest.mark.parametrize("code", [0, 3])
-def test_leave_skips_teardown_and_runs_atexit_only_after_failure(code):
+@pytest.mark.parametrize(("code", "script"), [(0, False), (3, False), (0, True)])
+def test_leave_skips_the_teardown_but_not_what_a_script_needs(code, script):
     """A command that loaded torch leaves without the interpreter's teardown, its output flushed; after a
-    failure the atexit handlers run first."""
+    failure its atexit handlers run first; after a user's script, its non-daemon threads finish, then they."""
     import subprocess
     import sys
 
-    prog = ("import atexit, torch; from dpcompare.cli import leave; "
+    late = "threading.Thread(target=lambda: (time.sleep(0.2), print('thread', end=''))).start(); " if script else ""
+    prog = ("import atexit, threading, time, torch; from dpcompare.cli import leave; "
             "atexit.register(lambda: print('teardown ran')); print('written', end=''); "
-            f"leave({code})")
+            f"{late}leave({code}, script={script})")
     p = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
     assert p.returncode == code
-    assert p.stdout == ("written" if code == 0 else "writtenteardown ran\n")
+    expected = {(0, False): "written", (3, False): "writtenteardown ran\n", (0, True): "writtenthreadteardown ran\n"}
+    assert p.stdout == expected[code, script]
 
 
 def test_doctor_reports_the_build(tmp_path):

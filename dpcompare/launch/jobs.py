@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -168,21 +169,29 @@ def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:
         return LOST_PEER_EXIT
 
 
-def leave(code: int) -> None:
+def leave(code: int, *, script: bool = False) -> None:
     """End the process with ``code`` without Python's teardown once a command that loaded torch returns.
 
     Every file a command writes is closed by the time it returns, and its strategy has left the process
     group. What remains is the interpreter unwinding torch, torch._dynamo and CUDA's libraries: about 1.4 s
     a process on a 2-core machine, a tenth of a short ``dpcompare compare`` run, for nothing. It is also
-    where gloo's worker threads, which outlive ``destroy_process_group`` while DDP's reducer holds the group,
-    can release the last collective's tensors: taking the GIL of an interpreter that is finalizing aborts the
-    process (signal 6, seen in CI after a diverged run and a finished one). After a failure the atexit
-    handlers still run (a failure path may have registered clean-up); MPI, if mpi4py started it, is
-    finalized last so that mpirun sees the exit code, not a crash.
+    where gloo's worker threads, which outlive ``destroy_process_group`` while anything (DDP's reducer, a
+    script's module) still holds the group, can release the last collective's tensors or run a future's
+    Python callback: taking the GIL of an interpreter that is finalizing aborts the process (signal 6, seen
+    in CI after a diverged run, a finished one and a Horovod script on the native layer).
+
+    After a failure the atexit handlers still run (a failure path may have registered clean-up). After a
+    user's ``script``, the process ends the way Python ends one up to its teardown: the script's other
+    non-daemon threads are joined, then every atexit handler runs. MPI, if mpi4py started it, is finalized
+    last so that mpirun sees the exit code, not a crash.
     """
     if "torch" not in sys.modules:
         sys.exit(code)
-    if code != 0:
+    if script:
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+    if code != 0 or script:
         atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()

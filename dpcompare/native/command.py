@@ -97,11 +97,12 @@ def _cmd_script(a: argparse.Namespace) -> int:
         raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS`")
     if a.np is not None:
         return _launch(a)
+    from dpcompare.launch.jobs import leave
     from dpcompare.native.runner import parse_target, run_script
 
     code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
-    # A normal interpreter exit, not dpcompare's fast one: the script's atexit handlers must run.
-    raise SystemExit(code)
+    leave(code, script=True)  # the script's threads and atexit handlers, not the interpreter's teardown
+    return code
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
