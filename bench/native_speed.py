@@ -32,13 +32,14 @@ MODEL_ARGS = {
     "gpt-tiny": ["--batch-size", "4"],
 }
 
+
 def steps(per_iter: int, iters: int) -> list[str]:
     """The benchmark script's step arguments: 3 warm-up steps, then ``iters`` × ``per_iter`` timed ones."""
     return ["--num-warmup-batches", "3", "--num-batches-per-iter", str(per_iter), "--num-iters", str(iters)]
 
 
 #: --quick: does the benchmark run at all (a check, not a measurement)
-QUICK_STEPS = ["--num-warmup-batches", "3", "--num-batches-per-iter", "2", "--num-iters", "2"]
+QUICK_STEPS = steps(2, 2)
 
 
 def compare_line(model: str, link: str, a: argparse.Namespace, out: Path) -> list[str]:

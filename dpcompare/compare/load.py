@@ -7,7 +7,8 @@ CPU time of its own process tree (itself, the launcher, the ranks, a persistent 
 living or reaped). A rank whose parent (e.g. Open MPI's daemon on a lab host) ends before reaping it would leave
 the tree and count as another process's; so the comparing process adopts such orphans while a run runs (Linux's
 child subreaper). It does not reap them: an ended orphan stays a zombie child, whose CPU time the samples keep
-reading (a pid each, given back when compare ends), and no exit code that a launcher waits for is taken from it. What the machine spent beyond that went to other processes::
+reading (a pid each, given back when compare ends), and no exit code that a launcher waits for is taken from it.
+What the machine spent beyond that went to other processes::
 
     others' share = (machine busy CPU s − this process tree's CPU s) / (cores × wall s)
 

@@ -176,7 +176,7 @@ def _whisker(ax: Any, x: float, iv: Any, top: float) -> tuple[float, bool]:
     if not clipped:
         return hi, False
     ax.annotate("", (x, hi * 1.035), (x, hi), zorder=4, arrowprops={"arrowstyle": "-|>", "color": "#222222", "lw": 1.3})
-    ax.annotate(f"CI to {iv.hi:,.0f}", (x, hi * 1.035), xytext=(5, 0),
+    ax.annotate(f"CI to {fmt.rate(iv.hi)}", (x, hi * 1.035), xytext=(5, 0),
                 textcoords="offset points", fontsize=7.5, color="#555555", va="center")
     return iv.mean, True
 
@@ -209,7 +209,7 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
                 offs = [(i - (k - 1) / 2) * min(0.5 * width / max(k, 1), 0.06) for i in range(k)]
                 ax.scatter([x + o for o in offs], g.throughputs, s=14, color="white", edgecolor="#222222",
                            linewidth=0.8, zorder=5)
-                label = f"{iv.mean:,.0f}" + ("" if iv.has_ci else "\n(n=1, no CI)")
+                label = fmt.rate(iv.mean) + ("" if iv.has_ci else "\n(n=1, no CI)")
                 label_y = max([label_y, *(t for t in g.throughputs if t <= top / 1.12)])  # above the dots too
                 ax.annotate(label, (x, label_y), xytext=(0, 6), textcoords="offset points", ha="center",
                             va="bottom", fontsize=8.5, color="#333333", zorder=6,
@@ -218,7 +218,7 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
         ax.set_xticks(range(len(nps)), [f"np={n}" for n in nps])
         ax.set_ylim(0, top)
         ax.set_ylabel("samples / s (global, slowest rank decides)")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt.rate(v)))
         ax.grid(axis="x", visible=False)
         ax.set_title("Throughput")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, clear of the labels
@@ -326,7 +326,7 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
         ax_r.set_title("Throughput per run, in run order")
         ax_r.set_xlabel("run (in the order it ran)")
         ax_r.set_ylabel("samples / s (global batch ÷ median step)")
-        ax_r.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax_r.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt.rate(v)))
         ax_r.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_r.legend(loc="best", fontsize=8)
         if ax_b is not None:

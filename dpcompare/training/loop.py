@@ -409,9 +409,8 @@ class Run:
         if self.rep.has_bar:  # formatting the loss costs a little: only when a bar shows it
             self.rep.update(1, f"epoch {epoch}/{self.last_epoch} loss {float(r.loss):.4f}")
         if not self.steps.all_finite(r.loss):  # after the timing: the check is not a phase
-            # Every rank stops here, together (the check all-reduced). The process then ends through
+            # Every rank stops here, together: the check all-reduced. The process then ends through
             # launch.jobs.leave, without the interpreter teardown that gloo's threads could abort.
-            self.strategy.barrier()
             raise DivergedError(diverged_message(self.strategy, epoch, self.global_step, self.last_good))
         return r
 
