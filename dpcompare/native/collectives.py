@@ -6,16 +6,17 @@ precision (float for fp16 and fp32), integers are scaled in double and truncated
 skipped. At two ranks a sum has one order, so the results are bit-equal to Horovod's; with more ranks gloo's
 order of summation may differ from MPI's in the last bit.
 
-Asynchronous calls return an integer handle, as Horovod's do, for :func:`poll` and :func:`synchronize`. Unlike
-Horovod, which negotiates by name, torch.distributed pairs collectives by order: every rank must issue them in
-the same order (Horovod's own examples do).
+Asynchronous calls return an integer handle, as Horovod's do, for :func:`poll` and :func:`synchronize`. The ranks
+agree on each call by name before it runs (:mod:`.negotiation`): the calls may come in different orders on
+different ranks, a mismatch raises Horovod's error on every rank, and ``join()`` answers the others' all-reduces
+with zeros. Every dtype Horovod takes on CPU runs: int16, which gloo lacks, travels as int32 in an all-reduce and
+as its bytes (viewed as float16) in an all-gather or a broadcast.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,16 +26,13 @@ import torch
 import torch.distributed as dist
 
 from dpcompare.native.calls import unsupported
+from dpcompare.native.negotiation import HorovodInternalError, Request, dtype_of, first_dim, negotiator
 from dpcompare.native.state import size
 
 # Horovod's reduction codes (horovod.common.basics), so that scripts comparing or printing them see the same.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.ReduceOp.MIN, Max: dist.ReduceOp.MAX,
               Product: dist.ReduceOp.PRODUCT}
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed (a peer died, the network broke): Horovod's exception, raised where Horovod raises it."""
 
 
 class ProcessSet:
@@ -90,6 +88,16 @@ def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce"
     return op
 
 
+#: dtypes gloo lacks: what an all-reduce sums them in, what an all-gather or a broadcast moves their bytes as
+_WIDER = {torch.int16: torch.int32}
+_SAME_BYTES = {torch.int16: torch.float16}
+
+
+def as_wire(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s storage as a dtype gloo moves (``t`` itself when gloo has its dtype)."""
+    return t.view(_SAME_BYTES[t.dtype]) if t.dtype in _SAME_BYTES and not t.is_cuda else t
+
+
 def scale_(t: torch.Tensor, factor: float) -> torch.Tensor:
     """``t *= factor`` as Horovod's ScaleBuffer does it: in the tensor's precision, integers in double then
     truncated toward zero."""
@@ -121,31 +129,70 @@ class Pending:
         return self.finish()
 
 
+@dataclass(eq=False)
+class Deferred:
+    """Requests queued for the ranks' agreement (:mod:`.negotiation`): started in a round, then waited for;
+    ``finish`` turns their results into the handle's output."""
+
+    requests: list[Request]
+    finish: Callable[[list[Any]], Any] = field(default=lambda outs: outs[0])
+
+    def done(self) -> bool:
+        return all(r.done and (r.error is not None or r.started is None or r.started.done()) for r in self.requests)
+
+    def started(self) -> bool:
+        return all(r.done for r in self.requests)
+
+    def result(self) -> Any:
+        neg = negotiator()
+        try:
+            started = [neg.wait(r) for r in self.requests]
+            return self.finish([p.result() if p is not None else None for p in started])
+        finally:
+            for r in self.requests:
+                neg.release(r)
+
+
 #: the tensors of the last collectives, kept a little longer: gloo's worker thread lets go of a finished work
 #: just after wait() returns, and if its reference were the last one it would need the GIL to free a tensor made
 #: in Python, which aborts the process when that happens while the interpreter exits
-_recent: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=32)
-_handles: dict[int, Pending] = {}
+_recent: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=64)
+_handles: dict[int, Pending | Deferred] = {}
 _counter = itertools.count(1)
 
 
-def register(p: Pending) -> int:
+def register(p: Pending | Deferred) -> int:
     h = next(_counter)
     _handles[h] = p
     return h
 
 
 def poll(handle: int) -> bool:
-    """True when :func:`synchronize` on ``handle`` will not block."""
+    """True when :func:`synchronize` on ``handle`` will not block (a request not agreed on yet runs one round)."""
     if handle not in _handles:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
-    return _handles[handle].done()
+    p = _handles[handle]
+    if isinstance(p, Deferred) and not p.started():
+        negotiator().poll()
+    return p.done()
 
 
 def synchronize(handle: int) -> Any:
     """Wait for ``handle``'s collective and return its output (None for an unknown handle, as Horovod does)."""
     p = _handles.pop(handle, None)
     return None if p is None else p.result()
+
+
+def submit(kind: str, tensor: torch.Tensor | None, name: str | None, start: Callable[[list[Any]], Any],
+           **facts: Any) -> Request:
+    """Queue one call for the ranks' agreement; ``start(rows)`` issues its collective once they agree."""
+    neg = negotiator()
+    return neg.submit(Request(neg.auto_name(kind, name), kind, tensor, start, **facts))
+
+
+def run(requests: list[Request], finish: Callable[[list[Any]], Any] = lambda outs: outs[0]) -> Any:
+    """Agree on ``requests``, run them, return ``finish`` of their outputs (a blocking call)."""
+    return Deferred(requests, finish).result()
 
 
 # -- all-reduce ---------------------------------------------------------------------------------------------
@@ -156,16 +203,35 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
         raise ValueError("Tensor is required to be contiguous.")
     if output is not tensor:
         output.copy_(tensor)
+    wire = output.to(_WIDER[output.dtype]) if output.dtype in _WIDER and not output.is_cuda else output
     if prescale != 1.0:
-        scale_(output, prescale)
-    work = dist.all_reduce(output, op=_TORCH_OPS[op], async_op=True)
+        scale_(wire, prescale)
+    work = dist.all_reduce(wire, op=_TORCH_OPS[op], async_op=True)
     post = postscale / size() if op == Average else postscale
 
     def finish() -> torch.Tensor:
         if post != 1.0:
-            scale_(output, post)
+            scale_(wire, post)
+        if wire is not output:
+            output.copy_(wire)
         return output
-    return Pending([work], finish, (tensor, output))
+    return Pending([work], finish, (tensor, output, wire))
+
+
+def _answer_joined(row: list[int]) -> None:
+    """A rank that joined answers an all-reduce it did not submit with zeros of the same size and dtype."""
+    zeros = torch.zeros(row[5], dtype=dtype_of(row))
+    _recent.append((zeros, start_allreduce(zeros, zeros, row[9], 1.0, 1.0)))
+
+
+def allreduce_request(tensor: torch.Tensor, output: torch.Tensor, op: int, prescale: float, postscale: float,
+                      name: str | None) -> Request:
+    """One all-reduce queued for agreement (``output`` may be ``tensor``: in place)."""
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+    negotiator().answer_joined = _answer_joined
+    return submit("allreduce", tensor, name, lambda rows: start_allreduce(tensor, output, op, prescale, postscale),
+                  op=op, prescale=prescale, postscale=postscale)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -173,7 +239,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.allreduce_async")
     op = resolve_op(op, average, "hvd.allreduce_async")
-    return register(start_allreduce(tensor, torch.empty_like(tensor), op, prescale_factor, postscale_factor))
+    req = allreduce_request(tensor, torch.empty_like(tensor), op, prescale_factor, postscale_factor, name)
+    return register(Deferred([req]))
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -181,7 +248,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.allreduce_async_")
     op = resolve_op(op, average, "hvd.allreduce_async_")
-    return register(start_allreduce(tensor, tensor, op, prescale_factor, postscale_factor))
+    return register(Deferred([allreduce_request(tensor, tensor, op, prescale_factor, postscale_factor, name)]))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -194,15 +261,17 @@ class _Allreduce(torch.autograd.Function):
     """All-reduce with a gradient: the gradient is all-reduced with the same op and factors (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: int, prescale: float, postscale: float) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, op: int, prescale: float, postscale: float,
+                name: str | None) -> torch.Tensor:
         ctx.args = (op, prescale, postscale)
-        return start_allreduce(tensor, torch.empty_like(tensor), op, prescale, postscale).result()
+        return run([allreduce_request(tensor, torch.empty_like(tensor), op, prescale, postscale, name)])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         op, prescale, postscale = ctx.args
-        out = start_allreduce(grad.contiguous(), torch.empty_like(grad), op, prescale, postscale).result()
-        return out, None, None, None
+        grad = grad.contiguous()
+        out = run([allreduce_request(grad, torch.empty_like(grad), op, prescale, postscale, None)])
+        return out, None, None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression: Any = None,
@@ -215,7 +284,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     op = resolve_op(op, average)
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, name)
     return compression.decompress(reduced, ctx)
 
 
@@ -225,7 +294,8 @@ def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: fl
                           buffer: torch.Tensor | None = None) -> Pending:
     """One all-reduce of ``tensors`` (one dtype, one device) copied into one buffer (``buffer`` when given: kept
     between steps, as Horovod keeps its fusion buffer); the results go to ``outputs`` (default: back into
-    ``tensors``). A single contiguous tensor is reduced in place. ``Pending.keep[0]`` is the buffer."""
+    ``tensors``). A single contiguous tensor is reduced in place. ``Pending.keep[0]`` is the buffer.
+    Issued at once, without the ranks' agreement: :mod:`.fusion`'s gradients, in the same order on every rank."""
     outputs = list(tensors) if outputs is None else list(outputs)
     if len(tensors) == 1 and outputs[0] is tensors[0] and tensors[0].is_contiguous():
         return start_allreduce(tensors[0], tensors[0], op, prescale, postscale)
@@ -244,19 +314,12 @@ def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: fl
 
 
 def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
-             outputs: Sequence[torch.Tensor]) -> Pending:
-    """Fused all-reduces of ``tensors``, one per dtype and device, waited for together."""
-    by_kind: dict[tuple[Any, Any], list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_kind.setdefault((t.dtype, t.device), []).append(i)
-    parts = [start_fused_allreduce([tensors[i] for i in idx], op, prescale, postscale, [outputs[i] for i in idx])
-             for idx in by_kind.values()]
-
-    def finish() -> list[torch.Tensor]:
-        for p in parts:
-            p.finish()
-        return list(outputs)
-    return Pending([w for p in parts for w in p.works], finish, tuple(tensors))
+             outputs: Sequence[torch.Tensor], name: str | None) -> Deferred:
+    """Horovod's grouped all-reduce: one request per tensor (``NAME.i``), agreed on and waited for together."""
+    base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
+    reqs = [allreduce_request(t, o, op, prescale, postscale, f"{base}.{i}")
+            for i, (t, o) in enumerate(zip(tensors, outputs, strict=True))]
+    return Deferred(reqs, list)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -265,7 +328,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
     check_process_set(process_set, "hvd.grouped_allreduce_async")
     op = resolve_op(op, average, "hvd.grouped_allreduce_async")
     outs = [torch.empty_like(t) for t in tensors]
-    return register(_grouped(tensors, op, prescale_factor, postscale_factor, outs))
+    return register(_grouped(tensors, op, prescale_factor, postscale_factor, outs, name))
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -273,7 +336,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.grouped_allreduce_async_")
     op = resolve_op(op, average, "hvd.grouped_allreduce_async_")
-    return register(_grouped(tensors, op, prescale_factor, postscale_factor, tensors))
+    return register(_grouped(tensors, op, prescale_factor, postscale_factor, tensors, name))
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -281,8 +344,9 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     if any(t.requires_grad for t in tensors):  # with gradients: one autograd all-reduce each (same numbers)
-        return [allreduce(t, average, name, compression, op, prescale_factor, postscale_factor, process_set)
-                for t in tensors]
+        base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
+        return [allreduce(t, average, f"{base}.{i}", compression, op, prescale_factor, postscale_factor,
+                          process_set) for i, t in enumerate(tensors)]
     from dpcompare.native.compression import Compression
 
     compression = compression or Compression.none
@@ -300,65 +364,82 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 # -- all-gather ---------------------------------------------------------------------------------------------
-def start_allgather(tensor: torch.Tensor) -> Pending:
-    """Concatenate every rank's ``tensor`` along the first dimension, which may differ between ranks."""
+def gather_rows(tensor: torch.Tensor, counts: Sequence[int]) -> Pending:
+    """Concatenate every rank's ``tensor`` along the first dimension, rank ``r`` giving ``counts[r]`` rows."""
     t = tensor.contiguous()
-    n = size()
-    first = torch.tensor([t.shape[0] if t.dim() else 1], dtype=torch.int64)
-    firsts = [torch.zeros_like(first) for _ in range(n)]
-    dist.all_gather(firsts, first)
-    _recent.append((first, *firsts))
-    counts = [int(f) for f in firsts]
-    longest = max(counts)
     t = t.reshape(1) if t.dim() == 0 else t
+    longest = max(counts)
     padded = t if t.shape[0] == longest else torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
-    parts = [torch.empty_like(padded) for _ in range(n)]
-    work = dist.all_gather(parts, padded, async_op=True)
+    parts = [torch.empty_like(padded) for _ in counts]
+    work = dist.all_gather([as_wire(p) for p in parts], as_wire(padded), async_op=True)
 
     def finish() -> torch.Tensor:
         return torch.cat([p[:k] for p, k in zip(parts, counts, strict=True)])
-    return Pending([work], finish, (tensor, padded))
+    return Pending([work], finish, (tensor, padded, *parts))
+
+
+def start_allgather(tensor: torch.Tensor) -> Pending:
+    """An all-gather issued at once, without the ranks' agreement (the first dimensions exchanged first)."""
+    first = torch.tensor([tensor.shape[0] if tensor.dim() else 1], dtype=torch.int64)
+    firsts = [torch.zeros_like(first) for _ in range(size())]
+    dist.all_gather(firsts, first)
+    _recent.append((first, *firsts))
+    return gather_rows(tensor, [int(f) for f in firsts])
+
+
+def allgather_request(tensor: torch.Tensor, name: str | None,
+                      counts: list[int] | None = None) -> Request:
+    """One all-gather queued for agreement; ``counts`` (when given) receives every rank's row count."""
+    def start(rows: list[Any]) -> Pending:
+        got = [first_dim(r) for r in rows]
+        if counts is not None:
+            counts[:] = got
+        return gather_rows(tensor, got)
+    return submit("allgather", tensor, name, start)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.allgather_async")
-    return register(start_allgather(tensor))
+    return register(Deferred([allgather_request(tensor, name)]))
 
 
 class _Allgather(torch.autograd.Function):
     """All-gather with a gradient: the averaged gradient's rows that belong to this rank (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
-        ctx.rows = tensor.shape[0]
-        return start_allgather(tensor).result()
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+        ctx.counts = []
+        return run([allgather_request(tensor, name, ctx.counts)])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = start_allreduce(grad.contiguous(), torch.empty_like(grad), Average, 1.0, 1.0).result()
-        rows = start_allgather(torch.tensor([ctx.rows], dtype=torch.int64)).result()
-        offset = int(rows[: dist.get_rank()].sum())
-        return (reduced.narrow(0, offset, ctx.rows),)
+        grad = grad.contiguous()
+        reduced = run([allreduce_request(grad, torch.empty_like(grad), Average, 1.0, 1.0, None)])
+        me = dist.get_rank()
+        return reduced.narrow(0, sum(ctx.counts[:me]), ctx.counts[me]), None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     check_process_set(process_set, "hvd.allgather")
-    return _Allgather.apply(tensor)
+    return _Allgather.apply(tensor, name)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.grouped_allgather_async")
-    parts = [start_allgather(t) for t in tensors]
-    return register(Pending([w for p in parts for w in p.works], lambda: [p.finish() for p in parts]))
+    base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
+    return register(Deferred([allgather_request(t, f"{base}.{i}") for i, t in enumerate(tensors)], list))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     check_process_set(process_set, "hvd.grouped_allgather")
-    return [allgather(t) for t in tensors]
+    if not any(t.requires_grad for t in tensors):
+        return synchronize(grouped_allgather_async(tensors, name, process_set))
+    base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
+    return [allgather(t, f"{base}.{i}") for i, t in enumerate(tensors)]
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
@@ -381,20 +462,29 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
 def start_broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int) -> Pending:
     if output is not tensor:
         output.copy_(tensor)
-    work = dist.broadcast(output, src=root_rank, async_op=True)
+    work = dist.broadcast(as_wire(output), src=root_rank, async_op=True)
     return Pending([work], lambda: output, (tensor, output))
+
+
+def broadcast_request(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: str | None) -> Request:
+    """One broadcast queued for agreement; a root rank outside the job raises here (Horovod's ranks would wait)."""
+    if not 0 <= int(root_rank) < size():
+        raise HorovodInternalError(f"hvd.broadcast of tensor '{name or 'broadcast'}': root rank {root_rank} is "
+                                   f"not a rank of this job (ranks 0 to {size() - 1})")
+    return submit("broadcast", tensor, name, lambda rows: start_broadcast(tensor, output, root_rank),
+                  root=int(root_rank))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.broadcast_async")
-    return register(start_broadcast(tensor, torch.empty_like(tensor), root_rank))
+    return register(Deferred([broadcast_request(tensor, torch.empty_like(tensor), root_rank, name)]))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
     check_process_set(process_set, "hvd.broadcast_async_")
-    return register(start_broadcast(tensor, tensor, root_rank))
+    return register(Deferred([broadcast_request(tensor, tensor, root_rank, name)]))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -406,41 +496,37 @@ class _Broadcast(torch.autograd.Function):
     """Broadcast with a gradient: the averaged gradient on the root, zero elsewhere (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
         ctx.root = root_rank
-        return start_broadcast(tensor, torch.empty_like(tensor), root_rank).result()
+        return run([broadcast_request(tensor, torch.empty_like(tensor), root_rank, name)])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = start_allreduce(grad.contiguous(), torch.empty_like(grad), Average, 1.0, 1.0).result()
+        grad = grad.contiguous()
+        reduced = run([allreduce_request(grad, torch.empty_like(grad), Average, 1.0, 1.0, None)])
         if dist.get_rank() != ctx.root:
             reduced *= 0
-        return reduced, None
+        return reduced, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     check_process_set(process_set, "hvd.broadcast")
-    return _Broadcast.apply(tensor, root_rank)
+    return _Broadcast.apply(tensor, root_rank, name)
 
 
 # -- the rest -----------------------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Every rank (that has not joined) reaches it: the ranks' agreement on it is the barrier."""
     check_process_set(process_set, "hvd.barrier")
-    dist.barrier()
+    run([submit("barrier", None, "barrier", lambda rows: None)])
 
 
 def join(device: int = -1) -> int:
-    """Every rank waits for the others; returns the rank that arrived last.
-
-    Horovod's join also lets ranks that ran out of data keep answering the others' all-reduces with zeros; here
-    every rank must have issued as many collectives before it (even data). Uneven data: torch's ``Join``.
-    """
-    mine = torch.tensor([time.time()], dtype=torch.float64)
-    every = [torch.zeros_like(mine) for _ in range(size())]
-    dist.all_gather(every, mine)
-    _recent.append((mine, *every))
-    return int(torch.cat(every).argmax())
+    """Horovod's join: until every rank has joined, this rank answers the others' all-reduces with zeros (their
+    all-gathers and broadcasts fail, as in Horovod); returns the last rank to join, the same on every rank."""
+    negotiator().answer_joined = _answer_joined
+    return negotiator().join()
 
 
 def _refused(name: str) -> Callable[..., Any]:
@@ -477,21 +563,24 @@ def _loads(t: torch.Tensor) -> Any:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """``obj`` pickled on ``root_rank`` and unpickled everywhere (sizes, then bytes, on CPU tensors)."""
+    """``obj`` pickled on ``root_rank`` and unpickled everywhere (its size, then its bytes, named as Horovod
+    names them: ``NAME.sz`` and ``NAME.t``, NAME the object's type by default)."""
     check_process_set(process_set, "hvd.broadcast_object")
+    name = name or type(obj).__name__
     payload = _dumps(obj) if dist.get_rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    dist.broadcast(length, src=root_rank)
+    run([broadcast_request(length, length, root_rank, f"{name}.sz")])
     if dist.get_rank() != root_rank:
         payload = torch.empty(int(length), dtype=torch.uint8)
-    dist.broadcast(payload, src=root_rank)
+    run([broadcast_request(payload, payload, root_rank, f"{name}.t")])
     _recent.append((length, payload))
     return obj if dist.get_rank() == root_rank else _loads(payload)
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     """Every rank's ``obj``, in rank order."""
+    name = name or type(obj).__name__
     payload = _dumps(obj)
-    gathered = start_allgather(payload).result()
-    lengths = start_allgather(torch.tensor([payload.numel()], dtype=torch.int64)).result().tolist()
-    return [_loads(part) for part in gathered.split(lengths)]
+    counts: list[int] = []
+    gathered = run([allgather_request(payload, f"{name}.t", counts)])
+    return [_loads(part) for part in gathered.split(counts)]

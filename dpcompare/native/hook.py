@@ -2,7 +2,9 @@
 
 :func:`install` puts a finder first on ``sys.meta_path``, so the layer wins even where real Horovod is installed.
 ``horovod.torch`` and its submodules (``mpi_ops``, ``optimizer``, ``functions``...) are all :mod:`.hvd`;
-``horovod`` is a small package with ``__version__`` and a refusing ``horovod.run``; every other part of Horovod
+``horovod`` is a small package with ``__version__`` and a refusing ``horovod.run``; ``horovod.runner.util.threads``
+(``in_thread``, which Horovod's own test utilities import) is answered, the rest of ``horovod.runner`` refused at
+the name used; every other part of Horovod
 (TensorFlow, Keras, MXNet, Spark, Ray, elastic) fails to import with one line naming the native road.
 """
 
@@ -13,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import types
 from typing import Any
 
@@ -23,6 +26,9 @@ ALIASES = frozenset({"horovod.torch", "horovod.torch.mpi_ops", "horovod.torch.op
                      "horovod.torch.compression", "horovod.torch.sync_batch_norm", "horovod.common.exceptions"})
 #: empty packages on the way to an alias
 PACKAGES = frozenset({"horovod.common"})
+#: packages on the way to the one launcher utility answered: their other names are refused at use
+RUNNER_PACKAGES = frozenset({"horovod.runner", "horovod.runner.util"})
+THREADS = "horovod.runner.util.threads"
 
 
 def _run(*args: Any, **kwargs: Any) -> Any:
@@ -33,6 +39,29 @@ def _fill_root(module: types.ModuleType) -> None:
     module.__doc__ = "Horovod's top-level package, answered by dpcompare's native layer (horovod.torch only)."
     module.__version__ = f"{HOROVOD_VERSION}+dpcompare.native"  # type: ignore[attr-defined]
     module.run = _run  # type: ignore[attr-defined]
+
+
+def in_thread(target: Any, args: tuple[Any, ...] = (), name: str | None = None, daemon: bool = True,
+              silent: bool = False) -> threading.Thread:
+    """``horovod.runner.util.threads.in_thread``: ``target(*args)`` in a started thread (errors not printed when
+    ``silent``)."""
+    def body() -> None:
+        try:
+            target(*args)
+        except BaseException:
+            if not silent:
+                raise
+    thread = threading.Thread(target=body, name=name, daemon=daemon)
+    thread.start()
+    return thread
+
+
+def _fill_runner(module: types.ModuleType) -> None:
+    def refuse(attr: str) -> Any:
+        if attr.startswith("__") or attr in ("util", "threads"):
+            raise AttributeError(attr)
+        raise module_refusal(f"{module.__name__}.{attr}")
+    module.__getattr__ = refuse  # type: ignore[attr-defined]
 
 
 class _Loader(importlib.abc.Loader):
@@ -48,6 +77,10 @@ class _Loader(importlib.abc.Loader):
             from dpcompare.native import hvd
 
             sys.modules[name] = hvd
+        elif name in RUNNER_PACKAGES:
+            _fill_runner(module)
+        elif name == THREADS:
+            module.in_thread = in_thread  # type: ignore[attr-defined]
         elif name not in PACKAGES:
             raise module_refusal(name)
 

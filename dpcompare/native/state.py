@@ -2,7 +2,8 @@
 
 ``init()`` reads the launcher (mpirun, srun, torchrun, horovodrun) through :mod:`dpcompare.launch.env`, meets the
 other ranks through :mod:`dpcompare.launch.rendezvous` and starts one process group: gloo for CPU tensors, and NCCL
-for CUDA tensors when this torch has CUDA and a GPU is visible. Local ranks are the launcher's; cross ranks (Horovod's: the
+for CUDA tensors when this torch has CUDA and a GPU is visible, and a second gloo group of the layer's own for
+the ranks' agreement on each collective (:mod:`.negotiation`). Local ranks are the launcher's; cross ranks (Horovod's: the
 rank among the processes with the same local rank) come from one small all-gather at init.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,7 @@ class World:
     homogeneous: bool
     backend: str
     owns_group: bool            # False when the script (or torchrun code) had started the process group itself
+    control: Any = None         # the gloo group the negotiation's rounds run on
 
 
 _world: World | None = None
@@ -74,14 +77,18 @@ def init(comm: object = None, process_sets: object = None) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     local_rank, local_size = (env.local_rank, env.local_size) if env.world_size == size else (0, 1)
     cross_rank, cross_size, homogeneous = _layout(rank, size, local_rank, local_size)
+    control = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
     _world = World(rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous,
-                   str(dist.get_backend()), owns)
+                   str(dist.get_backend()), owns, control)
 
 
 def shutdown() -> None:
     global _world
-    if _world is not None and _world.owns_group and dist.is_initialized():
-        dist.destroy_process_group()
+    if _world is not None and dist.is_initialized():
+        if _world.owns_group:
+            dist.destroy_process_group()
+        elif _world.control is not None:
+            dist.destroy_process_group(_world.control)
     _world = None
 
 
@@ -124,7 +131,8 @@ def is_homogeneous() -> bool:
     return world().homogeneous
 
 
-# What the layer is "built" with: it talks gloo and NCCL through torch.distributed, never MPI, DDL or oneCCL.
+# What the layer is "built" with, in the types Horovod answers (bools; the NCCL version as an int): it talks gloo,
+# and NCCL where a GPU is visible, through torch.distributed; never MPI, DDL or oneCCL.
 def mpi_built(verbose: bool = False) -> bool:
     return False
 
@@ -145,16 +153,22 @@ def gloo_enabled() -> bool:
     return dist.is_gloo_available()
 
 
-def nccl_built(verbose: bool = False) -> bool:
-    return dist.is_nccl_available() and torch.version.cuda is not None
+def nccl_built(verbose: bool = False) -> int:
+    """The NCCL version as Horovod encodes it (2.18.3 → 21803) where the layer uses NCCL, else 0 (a CPU machine,
+    even with a CUDA build of torch: the layer's collectives there are gloo's)."""
+    if not (cuda_built() and dist.is_nccl_available()):
+        return 0
+    major, minor, patch = (tuple(torch.cuda.nccl.version()) + (0, 0, 0))[:3]
+    return major * 10000 + minor * 100 + patch if (major, minor) >= (2, 9) else major * 1000 + minor * 100 + patch
 
 
 def cuda_built(verbose: bool = False) -> bool:
-    return torch.version.cuda is not None
+    """True where the layer runs collectives on CUDA tensors: a CUDA build of torch with a GPU visible."""
+    return torch.version.cuda is not None and torch.cuda.is_available()
 
 
 def rocm_built(verbose: bool = False) -> bool:
-    return getattr(torch.version, "hip", None) is not None
+    return getattr(torch.version, "hip", None) is not None and torch.cuda.is_available()
 
 
 def ddl_built(verbose: bool = False) -> bool:

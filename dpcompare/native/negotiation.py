@@ -1,0 +1,452 @@
+"""Horovod's negotiation on torch.distributed: collectives matched by name, checked across ranks before they run.
+
+Horovod's background thread pairs the ranks' requests by tensor name, checks that they agree (dtype, shape, root
+rank, reduction op, scale factors) and answers a mismatch with an error on every rank instead of a hang; a rank
+that called ``join()`` answers the others' all-reduces with zeros; a stall inspector names the tensors some ranks
+wait for. The layer does the same without a thread:
+
+- a call (``hvd.allreduce_async``, ``hvd.broadcast``...) queues a :class:`Request` and returns: nothing is sent;
+- where a result is needed (``synchronize``, a blocking call, ``barrier``, ``join``, ``poll``), the rank runs
+  *rounds*: one all-gather, on a gloo group of its own, of a fixed-size table of int64 descriptors (one row per
+  queued request: name hash, kind, dtype, device, shape, root, op, factors, process set); a second all-gather only
+  when some rank has more than :data:`SLOTS` requests queued;
+- from those rows every rank derives the same list of requests submitted by every rank that has not joined, in
+  the same order, checks each for agreement and starts its collective (or fails it with Horovod's message,
+  naming the tensor and the ranks); a request not ready waits for a later round.
+
+Rounds are collectives, so every rank counts the same rounds and starts the same collectives in the same order,
+whatever order its own calls came in. Unnamed requests are named ``KIND.noname.N`` with one counter per rank, as
+Horovod names them by handle: ranks that issue unnamed calls in the same order match.
+
+Process sets: a row carries its set's id; :data:`PROCESS_SETS` maps an id to its global ranks (the global set, 0,
+is every rank). Whoever adds sets registers them there; a request is ready when every member that has not joined
+submitted it.
+
+The gradients of ``DistributedOptimizer`` do not come here (:mod:`.fusion` issues them directly, in the same order
+on every rank), so a rank that joined does not answer them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpcompare.native import state
+
+KINDS = ("allreduce", "allgather", "broadcast", "barrier", "alltoall", "reducescatter")
+DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.bool)
+#: requests one all-gather carries per rank (more: a second, sized to the longest queue)
+SLOTS = 8
+MAX_DIMS = 6
+NAME, KIND, DTYPE, DEVICE, NDIM, NUMEL, SHAPE, REST, ROOT, OP, PRE, POST, PSET, DIMS = range(14)
+WIDTH = DIMS + MAX_DIMS
+#: the header row of each rank's table: how many requests follow, the round it joined in (-1: has not)
+COUNT, JOINED = 0, 1
+#: process set id → its global ranks; None: every rank (the global set)
+PROCESS_SETS: dict[int, Sequence[int] | None] = {0: None}
+#: kinds a rank that joined answers (with zeros); the others fail while a rank has joined, as in Horovod
+JOIN_ANSWERS = {"allreduce": "", "barrier": "",
+                "allgather": "Allgather is not supported with Join at this time. Specify sparse_to_dense=True if "
+                             "using DistributedOptimizer",
+                "broadcast": "Broadcast is not supported with Join at this time.",
+                "alltoall": "Alltoall is not supported with Join at this time.",
+                "reducescatter": "Reducescatter is not supported with Join at this time."}
+DUPLICATE_NAME = ("Requested to allreduce, allgather, or broadcast a tensor with the same name as another tensor "
+                  "that is currently being processed.  If you want to request another tensor, use a different "
+                  "tensor name.")
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed (the ranks disagreed on it, a peer died, the network broke, a stall was stopped):
+    Horovod's exception, raised where Horovod raises it."""
+
+
+NegotiationError = HorovodInternalError
+
+
+def name_hash(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _shape_hash(dims: Sequence[int]) -> int:
+    return name_hash(",".join(map(str, dims)))
+
+
+@dataclass(eq=False)
+class Request:
+    """One call of this rank waiting for the others: what its row says, and how to start it once agreed."""
+
+    name: str
+    kind: str
+    tensor: torch.Tensor | None
+    #: starts the collective given every rank's row for it (None: that rank joined); returns what ``wait`` gives
+    start: Callable[[list[list[int] | None]], Any]
+    root: int = -1
+    op: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set: int = 0
+    started: Any = None
+    done: bool = False
+    error: BaseException | None = None
+
+    def row(self) -> list[int]:
+        t = self.tensor
+        dims = list(t.shape) if t is not None else []
+        row = [0] * WIDTH
+        row[NAME], row[KIND] = name_hash(self.name), KINDS.index(self.kind) + 1
+        if t is not None:
+            row[DTYPE] = DTYPES.index(t.dtype) + 1 if t.dtype in DTYPES else 100 + name_hash(str(t.dtype)) % 1000
+            row[DEVICE] = 1 if t.is_cuda else 0
+            row[NDIM], row[NUMEL] = t.dim(), t.numel()
+            row[SHAPE], row[REST] = _shape_hash(dims), _shape_hash(dims[1:])
+            row[DIMS:DIMS + min(len(dims), MAX_DIMS)] = dims[:MAX_DIMS]
+        row[ROOT], row[OP], row[PRE], row[POST] = self.root, self.op, _bits(self.prescale), _bits(self.postscale)
+        row[PSET] = self.process_set
+        return row
+
+
+def dtype_of(row: Sequence[int]) -> torch.dtype:
+    return DTYPES[row[DTYPE] - 1]
+
+
+def first_dim(row: Sequence[int]) -> int:
+    """The rows a rank contributes to an all-gather (a scalar counts as one)."""
+    return row[DIMS] if row[NDIM] else 1
+
+
+def _shape(row: Sequence[int]) -> str:
+    dims = row[DIMS:DIMS + min(row[NDIM], MAX_DIMS)]
+    return "[" + ", ".join(map(str, dims)) + (", ...]" if row[NDIM] > MAX_DIMS else "]")
+
+
+def _dtype_name(row: Sequence[int]) -> str:
+    return str(dtype_of(row)).replace("torch.", "") if 0 < row[DTYPE] <= len(DTYPES) else f"dtype#{row[DTYPE]}"
+
+
+def _differs(rows: dict[int, list[int]], show: Callable[[list[int]], str]) -> str:
+    """``rank 0 sent X, rank 1 sent Y`` (ranks that sent the same thing grouped)."""
+    groups: dict[str, list[int]] = {}
+    for r, row in sorted(rows.items()):
+        groups.setdefault(show(row), []).append(r)
+    return ", ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))} sent {v}" for v, rs in groups.items())
+
+
+#: (columns that must agree, for which kinds, what Horovod calls the difference, how a row shows it)
+_CHECKS: list[tuple[tuple[int, ...], tuple[str, ...] | None, str, Callable[[list[int]], str]]] = [
+    ((KIND,), None, "Mismatched operations", lambda r: KINDS[r[KIND] - 1]),
+    ((DTYPE,), None, "Mismatched data types", _dtype_name),
+    ((DEVICE,), None, "Mismatched devices (CPU and GPU)", lambda r: "cuda" if r[DEVICE] else "cpu"),
+    ((NDIM, SHAPE), ("allreduce", "broadcast"), "Mismatched {kind} tensor shapes", _shape),
+    ((NDIM, REST), ("allgather",), "Mismatched allgather tensor shapes (all but the first dimension)", _shape),
+    ((ROOT,), ("broadcast",), "Mismatched broadcast root ranks", lambda r: f"root rank {r[ROOT]}"),
+    ((OP,), ("allreduce", "reducescatter"), "Mismatched reduction operation", lambda r: _op_name(r[OP])),
+    ((PRE, POST), ("allreduce", "reducescatter"), "Mismatched prescale and/or postscale factors",
+     lambda r: "factors ({}, {})".format(*(struct.unpack("<d", struct.pack("<q", r[c]))[0] for c in (PRE, POST)))),
+]
+
+
+def _op_name(op: int) -> str:
+    names = ("hvd.Average", "hvd.Sum", "hvd.Adasum", "hvd.Min", "hvd.Max", "hvd.Product")
+    return names[op] if 0 <= op < len(names) else f"op {op}"
+
+
+def disagreement(name: str, rows: dict[int, list[int]]) -> str | None:
+    """Horovod's message for the first thing the ranks' rows of one request disagree on, naming the tensor and
+    what each rank sent; None when they agree."""
+    kind = KINDS[next(iter(rows.values()))[KIND] - 1]
+    for cols, kinds, what, show in _CHECKS:
+        if kinds is not None and kind not in kinds:
+            continue
+        if len({tuple(row[c] for c in cols) for row in rows.values()}) > 1:
+            return f"{what.format(kind=kind)} for tensor '{name}': {_differs(rows, show)}."
+    return None
+
+
+def members(process_set: int, n: int) -> list[int]:
+    ranks = PROCESS_SETS.get(process_set)
+    return list(range(n)) if ranks is None else list(ranks)
+
+
+@dataclass
+class _Stall:
+    """Horovod's stall inspector: names the tensors waited for and the ranks that have not submitted them."""
+
+    check_s: float = 60.0
+    shutdown_s: float = 0.0
+    disabled: bool = False
+    since: float = 0.0
+    warned: float = 0.0
+    published: bool = False
+    stopped: bool = False
+
+    @classmethod
+    def from_env(cls) -> _Stall:
+        def seconds(var: str, default: float) -> float:
+            try:
+                return float(os.environ.get(var, "") or default)
+            except ValueError:
+                return default
+        check = seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
+        stop = seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        disabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "").strip() in ("1", "true", "True")
+        return cls(check, stop if stop <= 0 or stop >= check else 0.0, disabled)
+
+    def begin(self) -> None:
+        """A wait starts: the limits read again (a script may set them after ``init()``), the clock started."""
+        fresh = _Stall.from_env()
+        self.check_s, self.shutdown_s, self.disabled = fresh.check_s, fresh.shutdown_s, fresh.disabled
+        self.since = self.warned = time.monotonic()
+
+    def end(self) -> None:
+        """A wait ended: what this rank published withdrawn (kept when it stopped the job: others may read it)."""
+        if self.published and not self.stopped:
+            self.published = False
+            with contextlib.suppress(Exception):  # a store gone with the job: nothing left to tidy
+                _store().delete_key(_stall_key(state.rank()))
+
+    def next_check(self) -> float:
+        """Seconds until :meth:`tick` has something to do (the longest a wait may block before calling it)."""
+        if self.disabled:
+            return 3600.0
+        due = self.warned + self.check_s
+        if self.shutdown_s:
+            due = min(due, self.since + self.shutdown_s)
+        return max(due - time.monotonic(), 0.001)
+
+    def tick(self, waiting: list[str]) -> None:
+        """Warn every ``check_s`` of waiting; past ``shutdown_s`` raise with the same message."""
+        if self.disabled:
+            return
+        now = time.monotonic()
+        lag = now - self.since
+        stop = bool(self.shutdown_s) and lag > self.shutdown_s
+        if lag < self.check_s or (now - self.warned < self.check_s and not stop):
+            return
+        self.warned = now
+        message = self._message(waiting, stop)
+        if stop:
+            self.stopped = True
+            raise NegotiationError(message)
+        sys.stderr.write(f"[{state.rank()}]: WARNING: {message}\n")
+        sys.stderr.flush()
+
+    def _message(self, waiting: list[str], stop: bool) -> str:
+        """Publish what this rank waits for; read what the others wait for (the job's store); Horovod's words."""
+        n, me = state.size(), state.rank()
+        queued: dict[int, list[str]] = {me: waiting}
+        try:
+            store = _store()
+            store.set(_stall_key(me), json.dumps(waiting))
+            self.published = True
+            for r in range(n):
+                if r != me and store.check([_stall_key(r)]):
+                    queued[r] = json.loads(store.get(_stall_key(r)))
+        except Exception:  # noqa: BLE001  (no store: this rank's view only)
+            pass
+        names = sorted({x for q in queued.values() for x in q})
+        missing = {r: [x for x in names if x not in queued.get(r, [])] for r in range(n)}
+        lines = [f"{r}{'' if r in queued else '!'}: [{', '.join(xs[:5])}{' ...' if len(xs) > 5 else ''}]"
+                 for r, xs in missing.items() if xs]
+        text = ("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and "
+                f"are waiting for remainder of ranks for more than {self.check_s:g} seconds. This may indicate that "
+                "different ranks are trying to submit different tensors or that only subset of ranks is "
+                "submitting tensors, which will cause deadlock.\nMissing ranks (\"!\": not waiting in any Horovod "
+                "call):\n" + "\n".join(lines))
+        if stop:
+            text += (f"\nOne or more rank (marked by \"!\") is stalled for longer than {self.shutdown_s:g} seconds. "
+                     "Will shutdown.")
+        return text
+
+
+def _store() -> Any:
+    return dist.distributed_c10d._get_default_store()
+
+
+def _stall_key(rank: int) -> str:
+    return f"dpcompare.native.stall/{rank}"
+
+
+@dataclass
+class Negotiator:
+    """This rank's queue of requests and its side of the rounds."""
+
+    queue: list[Request] = field(default_factory=list)
+    in_flight: dict[str, Request] = field(default_factory=dict)
+    rounds: int = 0
+    joined_at: int = -1
+    last_joined: int = -1
+    counter: int = 0
+    broken: str = ""
+    stall: _Stall = field(default_factory=_Stall.from_env)
+    #: what a rank that joined contributes to an all-reduce it did not submit (set by the collectives module)
+    answer_joined: Callable[[list[int]], Any] | None = None
+
+    def auto_name(self, kind: str, name: str | None) -> str:
+        self.counter += 1
+        return name if name is not None else f"{kind}.noname.{self.counter}"
+
+    def submit(self, request: Request) -> Request:
+        """Queue ``request``; a name already in flight on this rank is Horovod's ValueError, at this call."""
+        if self.broken:
+            raise NegotiationError(self.broken)
+        if request.name in self.in_flight:
+            raise ValueError(f"{DUPLICATE_NAME} (tensor '{request.name}')")
+        self.in_flight[request.name] = request
+        self.queue.append(request)
+        return request
+
+    def release(self, request: Request) -> None:
+        """The request's handle was synchronized: its name may be used again."""
+        if self.in_flight.get(request.name) is request:
+            del self.in_flight[request.name]
+
+    def wait(self, request: Request) -> Any:
+        """Run rounds until ``request`` has started (or failed); what its start returned."""
+        self.progress(lambda: request.done)
+        if request.error is not None:
+            self.release(request)
+            raise request.error
+        return request.started
+
+    def progress(self, finished: Callable[[], bool]) -> None:
+        if finished():
+            return
+        self.stall.begin()
+        pause = 0.0005
+        try:
+            while not finished():
+                if self.round():
+                    pause = 0.0005
+                else:
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+                    self.stall.tick(self.waiting())
+        finally:
+            self.stall.end()
+
+    def poll(self) -> None:
+        """One round (``hvd.poll`` on a request not started yet: the others may be waiting for this rank)."""
+        self.stall.begin()
+        try:
+            self.round()
+        finally:
+            self.stall.end()
+
+    def waiting(self) -> list[str]:
+        return [r.name for r in self.queue] + (["join"] if self.joined_at >= 0 else [])
+
+    # -- one round ------------------------------------------------------------------------------------------
+    def _table(self, slots: int) -> torch.Tensor:
+        table = torch.zeros((1 + slots, WIDTH), dtype=torch.int64)
+        table[0, COUNT], table[0, JOINED] = len(self.queue), self.joined_at
+        for i, req in enumerate(self.queue[:slots]):
+            table[1 + i] = torch.tensor(req.row(), dtype=torch.int64)
+        return table
+
+    def _gather(self, table: torch.Tensor) -> torch.Tensor:
+        """Every rank's table (n × rows × WIDTH), waited for with the stall inspector awake."""
+        group = state.world().control
+        out = torch.empty((state.size() * table.shape[0], WIDTH), dtype=torch.int64)
+        work = dist.all_gather_into_tensor(out, table, group=group, async_op=True)
+        while True:
+            try:
+                work.wait(timeout=timedelta(seconds=self.stall.next_check()))
+                return out.view(state.size(), *table.shape)
+            except RuntimeError as e:
+                if "timed out" not in str(e):
+                    raise
+            try:
+                self.stall.tick(self.waiting())
+            except NegotiationError as e:
+                self.broken = str(e)        # the gather is still posted: this group cannot be used again
+                raise
+
+    def round(self) -> bool:
+        """One round: exchange the tables, start (or fail) what every rank submitted. True if anything moved."""
+        if self.broken:
+            raise NegotiationError(self.broken)
+        every = self._gather(self._table(SLOTS))
+        longest = int(every[:, 0, COUNT].max())
+        if longest > SLOTS:
+            every = self._gather(self._table(longest))
+        self.rounds += 1
+        n = state.size()
+        joined = {r: int(every[r, 0, JOINED]) for r in range(n) if int(every[r, 0, JOINED]) >= 0}
+        rows = [[every[r, 1 + i].tolist() for i in range(min(int(every[r, 0, COUNT]), every.shape[1] - 1))]
+                for r in range(n)]
+        moved = self._start_ready(rows, set(joined))
+        if len(joined) == n and self.joined_at >= 0:
+            last = max(joined.values())
+            self.last_joined = max(r for r, at in joined.items() if at == last)
+            self.joined_at = -1
+            moved = True
+        return moved
+
+    def _start_ready(self, rows: list[list[list[int]]], joined: set[int]) -> bool:
+        """Start, in the same order on every rank, each request every member that has not joined submitted."""
+        seen: dict[int, dict[int, list[int]]] = {}
+        for r, table in enumerate(rows):
+            for row in table:
+                seen.setdefault(row[NAME], {})[r] = row
+        mine = {name_hash(q.name): q for q in self.queue}
+        me, moved = state.rank(), False
+        for h, by_rank in seen.items():
+            group = members(next(iter(by_rank.values()))[PSET], len(rows))
+            if any(r not in by_rank for r in group if r not in joined) or all(r in joined for r in group):
+                continue
+            moved = True
+            request = mine.get(h)
+            kind = KINDS[next(iter(by_rank.values()))[KIND] - 1]
+            problem = disagreement(request.name if request else f"#{h}", by_rank)
+            if problem is None and joined & set(group):
+                problem = JOIN_ANSWERS.get(kind) or None
+            if request is not None:
+                self.queue.remove(request)
+                request.done = True
+                if problem is not None:
+                    request.error = NegotiationError(problem)
+                else:
+                    request.started = request.start([by_rank.get(r) for r in range(len(rows))])
+            elif me in joined and me in group and problem is None and kind == "allreduce" \
+                    and self.answer_joined is not None:
+                self.answer_joined(next(iter(by_rank.values())))
+        return moved
+
+    def join(self) -> int:
+        """Horovod's join: answer the others' all-reduces with zeros until every rank has joined; the last
+        rank to join (the same on every rank)."""
+        self.joined_at = self.rounds + 1
+        self.last_joined = -1
+        self.progress(lambda: self.joined_at < 0)
+        return self.last_joined
+
+
+_negotiator: Negotiator | None = None
+
+
+def negotiator() -> Negotiator:
+    """This process's negotiator (a new one after each ``init()``, as Horovod's state is)."""
+    global _negotiator
+    world = state.world()
+    if _negotiator is None or getattr(_negotiator, "_world", None) is not world:
+        _negotiator = Negotiator()
+        _negotiator._world = world  # type: ignore[attr-defined]
+    return _negotiator

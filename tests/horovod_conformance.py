@@ -1,0 +1,131 @@
+"""A Horovod script that records how the native layer meets Horovod's contract on bad input, for
+tests/test_native_conformance.py: every dtype through every collective, ranks that disagree on a call (each
+difference Horovod's negotiation catches), calls issued in different orders, one name twice in flight, ``join()``
+with uneven work, a root rank outside the job, what is "built", and last the stall inspector (tiny limits, set
+read at each wait) stopping two ranks that wait for different tensors.
+
+    mpirun -np 2 python -m dpcompare.native tests/horovod_conformance.py OUT.json
+"""
+
+import json
+import os
+import sys
+
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+results = {}
+
+
+def outcome(fn):
+    """``ok``/the value fn returns, or the exception's type and message."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001  (the exception is what is recorded)
+        return {"error": type(e).__name__, "runtime": isinstance(e, RuntimeError), "message": str(e)}
+
+
+# -- every dtype through every collective ----------------------------------------------------------------
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+          torch.float64]
+
+
+def dtype_checks(dtype):
+    mine = torch.full((3, 2), rank + 1).to(dtype)
+    summed = hvd.allreduce(mine, op=hvd.Sum, name=f"sum.{dtype}")
+    gathered = hvd.allgather(torch.full((rank + 1, 2), rank + 1).to(dtype), name=f"gather.{dtype}")
+    sent = hvd.broadcast(mine, 1, name=f"bcast.{dtype}")
+    grouped = hvd.grouped_allreduce([mine, mine + 1], op=hvd.Sum, name=f"group.{dtype}")
+    expect_sum = sum(range(1, size + 1))
+    rows = torch.cat([torch.full((r + 1, 2), r + 1) for r in range(size)])
+    return {"allreduce": bool((summed.double() == expect_sum).all()) and summed.dtype == dtype,
+            "allgather": bool((gathered.double() == rows.double()).all()) and gathered.dtype == dtype,
+            "broadcast": bool((sent.double() == 2).all()) and sent.dtype == dtype,
+            "grouped_allreduce": bool((grouped[1].double() == expect_sum + size).all())}
+
+
+for dtype in DTYPES:
+    results[f"dtype.{str(dtype).replace('torch.', '')}"] = outcome(lambda dtype=dtype: dtype_checks(dtype))
+results["dtype.bool"] = outcome(lambda: bool(hvd.broadcast(torch.tensor([rank == 1]), 1).all())
+                                and hvd.allgather(torch.tensor([True])).tolist() == [True] * size)
+
+# -- ranks that disagree ----------------------------------------------------------------------------------
+MISMATCHES = {
+    "allreduce_dtype": lambda: hvd.allreduce(torch.ones(4, dtype=torch.int32 if rank else torch.float32),
+                                             name="m.dtype"),
+    "allreduce_shape": lambda: hvd.allreduce(torch.ones(4 + rank, 3), name="m.shape"),
+    "allreduce_rank_of_shape": lambda: hvd.allreduce(torch.ones(12) if rank else torch.ones(3, 4), name="m.dims"),
+    "allreduce_op": lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum if rank else hvd.Max, name="m.op"),
+    "allreduce_factors": lambda: hvd.allreduce(torch.ones(4), prescale_factor=1.0 + rank, name="m.scale"),
+    "allgather_shape": lambda: hvd.allgather(torch.ones(2, 3 + rank), name="m.gather"),
+    "allgather_dtype": lambda: hvd.allgather(torch.ones(2, dtype=torch.int64 if rank else torch.float64),
+                                             name="m.gtype"),
+    "broadcast_root": lambda: hvd.broadcast(torch.ones(4), rank, name="m.root"),
+    "broadcast_shape": lambda: hvd.broadcast(torch.ones(2, 2 + rank), 0, name="m.bshape"),
+    "operation": lambda: (hvd.allgather if rank else hvd.allreduce)(torch.ones(4), name="m.kind"),
+}
+for key, fn in MISMATCHES.items():
+    results[f"mismatch.{key}"] = outcome(fn)
+results["after_mismatches"] = outcome(lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist())
+
+# -- order, names, join, roots ------------------------------------------------------------------------------
+
+
+def out_of_order():
+    a, b = torch.full((3,), 1.0 + rank), torch.full((5,), 10.0 * (rank + 1))
+    first, second = ("a", "b") if rank == 0 else ("b", "a")
+    handles = {n: hvd.allreduce_async(a if n == "a" else b, name=n, op=hvd.Sum) for n in (first, second)}
+    return [hvd.synchronize(handles["a"]).tolist(), hvd.synchronize(handles["b"]).tolist()]
+
+
+def duplicate_name():
+    got = {}
+    handle = None
+    if rank == 0:
+        handle = hvd.allreduce_async(torch.ones(3), name="twice", op=hvd.Sum)
+        got["second"] = outcome(lambda: hvd.allreduce_async(torch.ones(3), name="twice"))
+    hvd.barrier()  # rank 0's "twice" waits for rank 1, which submits it only after this barrier
+    if rank > 0:
+        handle = hvd.allreduce_async(torch.ones(3), name="twice", op=hvd.Sum)
+        got["second"] = outcome(lambda: hvd.allreduce_async(torch.ones(3), name="twice"))
+    got["first"] = hvd.synchronize(handle).tolist()
+    got["reused_after_synchronize"] = hvd.allreduce(torch.ones(1), name="twice", op=hvd.Sum).tolist()
+    return got
+
+
+def join_uneven():
+    got = {}
+    if rank == 1:
+        got["join"] = hvd.join()
+    else:
+        got["average"] = hvd.allreduce(torch.full((4,), 6.0), name="uneven").tolist()
+        got["summed"] = synchronize_two()
+        got["allgather"] = outcome(lambda: hvd.allgather(torch.ones(2), name="joined.gather"))
+        got["join"] = hvd.join()
+    got["everyone"] = hvd.allgather_object(got["join"])
+    return got
+
+
+def synchronize_two():
+    h1 = hvd.allreduce_async(torch.ones(2, dtype=torch.int16), name="j1", op=hvd.Sum)
+    h2 = hvd.allreduce_async(torch.ones(3), name="j2", op=hvd.Sum)
+    return [hvd.synchronize(h1).tolist(), hvd.synchronize(h2).tolist()]
+
+
+results["out_of_order"] = outcome(out_of_order)
+results["duplicate_name"] = outcome(duplicate_name)
+results["join_uneven"] = outcome(join_uneven)
+results["join_even"] = outcome(lambda: hvd.join())
+results["broadcast_root_out_of_range"] = outcome(lambda: hvd.broadcast(torch.ones(2), size + 3, name="far"))
+results["objects"] = outcome(lambda: [hvd.broadcast_object({"r": rank}, 1), hvd.allgather_object(rank)])
+results["built"] = {"nccl": hvd.nccl_built(), "mpi": hvd.mpi_built(), "gloo": hvd.gloo_built(),
+                    "cuda": hvd.cuda_built(), "rocm": hvd.rocm_built(), "gpu": torch.cuda.is_available()}
+
+# -- the stall inspector: ranks waiting for different tensors, stopped after the shutdown time --------------
+os.environ.update(HOROVOD_STALL_CHECK_TIME_SECONDS="1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="2")
+results["stall"] = outcome(lambda: hvd.allreduce(torch.ones(2), name=f"only_rank{rank}"))
+if rank == 0:
+    with open(sys.argv[1], "w") as f:  # not atomic: a test's scratch file, read once the job has ended
+        json.dump(results, f, indent=1)
