@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Horovod's own PyTorch tests against dpcompare's native layer, side by side with real Horovod.
 #
-#   bench/horovod_conformance.sh [-k REGEX] [-t SECONDS] [-a "horovod native"] [-o DIR] HOROVOD_TESTS_DIR [NP...]
+#   bench/horovod_conformance.sh [-k REGEX] [-t SECONDS] [-a "horovod native"] [-o DIR] [-s] HOROVOD_TESTS_DIR [NP...]
 #
 # HOROVOD_TESTS_DIR is the test/ folder of Horovod's repository at the release the layer follows (0.28.1):
 #   git clone --branch v0.28.1 --depth 1 https://github.com/horovod/horovod /tmp/horovod   # then /tmp/horovod/test
@@ -15,13 +15,15 @@
 # -k keeps the tests whose name matches the extended regex (e.g. -k 'join|duplicate'); -a runs only the arms
 # named; -o keeps each run's log and outcome in DIR (default: a new temporary folder), and a run already
 # recorded there is not run again, so the arms and the NPs can be run at different times and tabulated together.
-# NP defaults to 2. Run it from the repository root with the project's environment active (`make setup`).
+# -s screens faster: all the selected tests in one job per arm and NP (pytest's JUnit report of each rank tells the
+# outcomes; a test that fails on any rank fails), limited to 10 s a test plus -t; a hang there stops the tests after
+# it (reported as hang), so rerun those without -s. NP defaults to 2. Run it from the repository root with the project's environment active (`make setup`).
 set -u
-filter="." limit=60 arms="horovod native" out=""
-while getopts "k:t:a:o:" opt; do
+filter="." limit=60 arms="horovod native" out="" single=""
+while getopts "k:t:a:o:s" opt; do
   case $opt in
-    k) filter=$OPTARG ;; t) limit=$OPTARG ;; a) arms=$OPTARG ;; o) out=$OPTARG ;;
-    *) echo "usage: $0 [-k REGEX] [-t SECONDS] [-a ARMS] [-o DIR] HOROVOD_TESTS_DIR [NP...]" >&2; exit 2 ;;
+    k) filter=$OPTARG ;; t) limit=$OPTARG ;; a) arms=$OPTARG ;; o) out=$OPTARG ;; s) single=1 ;;
+    *) echo "usage: $0 [-k REGEX] [-t SECONDS] [-a ARMS] [-o DIR] [-s] HOROVOD_TESTS_DIR [NP...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -53,16 +55,71 @@ classify() {  # $1: log, $2: exit status → one word
   fi
 }
 
+command_of() {  # $1: arm → the command that runs pytest in it
+  case $1 in
+    horovod) echo "$python -m pytest" ;;
+    native) echo "$python -m dpcompare.native python -m pytest" ;;
+    *) echo "$0: unknown arm $1 (horovod, native)" >&2; exit 2 ;;
+  esac
+}
+
+screen() {  # $1: np, $2: arm: every selected test not recorded yet, in one job
+  local np=$1 arm=$2 todo=() name
+  for name in $names; do [ -f "$out/np$np.$arm.$name.outcome" ] || todo+=("$file::TorchTests::$name"); done
+  [ ${#todo[@]} = 0 ] && return
+  local job="$out/np$np.$arm.screen"
+  rm -f "$job".rank*.xml
+  timeout -k 10 $((10 * ${#todo[@]} + limit)) mpirun -np "$np" --oversubscribe --bind-to none \
+    sh -c "exec $(command_of "$arm") -q -p no:cacheprovider --junitxml=$job.rank\${OMPI_COMM_WORLD_RANK:-0}.xml \"\$@\"" \
+    sh "${todo[@]}" >"$job.log" 2>&1
+  local rc=$?
+  "$python" - "$job" "$np" "$rc" "${todo[@]}" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+job, np, rc, todo = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+got: dict[str, list[tuple[str, str]]] = {}
+for r in range(np):
+    xml = Path(f"{job}.rank{r}.xml")
+    if not xml.exists():
+        continue
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kind, text = "pass", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                kind, text = {"failure": "fail", "error": "fail", "skipped": "skip"}[child.tag], \
+                    (child.get("message") or "") + "\n" + (child.text or "")
+        got.setdefault(case.get("name"), []).append((kind, text))
+for node in todo:
+    name = node.rsplit("::", 1)[1]
+    runs = got.get(name, [])
+    text = "\n".join(t for _, t in runs)
+    if len(runs) < np:
+        outcome = "hang" if rc in (124, 137) else "abort"
+    elif "not supported by dpcompare's native Horovod layer" in text:
+        outcome = "refused"
+    elif any(k == "fail" for k, _ in runs):
+        outcome = "fail"
+    else:
+        outcome = "skip" if all(k == "skip" for k, _ in runs) else "pass"
+    base = Path(job).with_name(Path(job).name.replace(".screen", "." + name))
+    base.with_name(base.name + ".log").write_text(text)
+    base.with_name(base.name + ".outcome").write_text(outcome + "\n")
+    print(f"np={np} {Path(job).name.split('.')[1]} {name}: {outcome} (screened)", file=sys.stderr)
+PY
+}
+
 for np in $nps; do
+  if [ -n "$single" ]; then
+    for arm in $arms; do screen "$np" "$arm"; done
+    continue
+  fi
   for name in $names; do
     for arm in $arms; do
       rec="$out/np$np.$arm.$name"
       [ -f "$rec.outcome" ] && continue
-      case $arm in
-        horovod) run=("$python" -m pytest) ;;
-        native) run=("$python" -m dpcompare.native python -m pytest) ;;
-        *) echo "$0: unknown arm $arm (horovod, native)" >&2; exit 2 ;;
-      esac
+      read -r -a run <<<"$(command_of "$arm")"
       timeout -k 10 "$limit" mpirun -np "$np" --oversubscribe --bind-to none \
         "${run[@]}" -q -p no:cacheprovider "$file::TorchTests::$name" >"$rec.log" 2>&1
       rc=$?
@@ -90,7 +147,7 @@ def reason(log: Path) -> str:
         m = re.search(pat, text, re.M)
         if m:
             return m.group(1).strip()
-    return ""
+    return text.strip().splitlines()[0][:160] if text.strip() else ""
 
 
 for np in nps:

@@ -1,7 +1,8 @@
 """Horovod scripts, unchanged, on native PyTorch: a ``horovod.torch`` built on torch.distributed, and its tools.
 
 Holds the compatibility layer a script reaches through ``import horovod.torch as hvd`` with no Horovod installed
-(:mod:`.hvd`, the module that import resolves to; :mod:`.state` process facts, :mod:`.collectives`,
+(:mod:`.hvd`, the module that import resolves to; :mod:`.state` process facts, :mod:`.collectives`, the ranks'
+agreement on each collective as Horovod's negotiation does it, join and the stall inspector :mod:`.negotiation`,
 :mod:`.fusion` and :mod:`.optimizer` the DistributedOptimizer, :mod:`.functions`; what it refuses and what to use
 instead in :mod:`.calls`), the import hook that points ``horovod`` at it (:mod:`.hook`), the runner that starts a
 script under the layer, real Horovod or as a DDP port and records its optimizer steps and final weights

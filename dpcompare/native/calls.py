@@ -64,9 +64,11 @@ CALLS: dict[str, Call] = {
     "mpi_threads_supported": Call("no equivalent needed", note="the layer answers False"),
     "gloo_built": Call("dist.is_gloo_available()"),
     "gloo_enabled": Call("dist.is_gloo_available()"),
-    "nccl_built": Call("dist.is_nccl_available()"),
-    "cuda_built": Call("torch.version.cuda is not None"),
-    "rocm_built": Call("torch.version.hip is not None"),
+    "nccl_built": Call("torch.cuda.nccl.version() when dist.is_nccl_available()",
+                       note="the layer answers as Horovod does, an int: the NCCL version where it uses NCCL (a GPU "
+                            "visible), else 0"),
+    "cuda_built": Call("torch.version.cuda is not None", note="the layer answers True where a GPU is visible"),
+    "rocm_built": Call("torch.version.hip is not None", note="the layer answers True where a GPU is visible"),
     "ddl_built": Call("no equivalent (IBM DDL)", note="the layer answers False"),
     "ccl_built": Call("no equivalent needed (oneCCL: the torch-ccl plug-in's backend)", note="the layer answers False"),
     "start_timeline": Call("torch.profiler.profile(...)", supported=False),
@@ -95,7 +97,9 @@ CALLS: dict[str, Call] = {
     "poll": Call("work.is_completed() on the work async_op=True returned"),
     "synchronize": Call("work.wait() on the work async_op=True returned"),
     "join": Call("torch.distributed.algorithms.Join([model]) around the loop",
-                 note="the layer's join() is a barrier: every rank must run as many collectives before it"),
+                 note="as Horovod's: a rank that joined answers the others' hvd.allreduce calls with zeros (their "
+                      "allgather and broadcast raise) and join() returns the last rank to join; the "
+                      "DistributedOptimizer's gradients are not answered"),
     "barrier": Call("dist.barrier()"),
     # objects and state
     "broadcast_parameters": Call("nothing: DDP(model) broadcasts rank 0's parameters and buffers when it wraps"),
@@ -138,7 +142,8 @@ MODULES: dict[str, Call] = {
     "horovod.mxnet": Call("no native PyTorch road: port the model to PyTorch first", supported=False),
     "horovod.spark": Call("pyspark.ml.torch.distributor.TorchDistributor", supported=False),
     "horovod.ray": Call("ray.train.torch.TorchTrainer", supported=False),
-    "horovod.runner": Call("torchrun, mpirun or `dpcompare script --np N`", supported=False),
+    "horovod.runner": Call("torchrun, mpirun or `dpcompare script --np N`", supported=False,
+                           note="horovod.runner.util.threads.in_thread, which Horovod's test utilities import, runs"),
     "horovod.torch.elastic": Call(CALLS["elastic"].native, supported=False),
 }
 

@@ -2,7 +2,8 @@
 ``dpcompare.native.hvd``): Horovod 0.28.1's PyTorch API on torch.distributed.
 
 What the layer does not run (Adasum, process sets, elastic, alltoall, reducescatter, the timeline) raises
-:class:`Unsupported` at the call: one line naming the call and its native equivalent.
+:class:`Unsupported` at the call: one line naming the call and its native equivalent. The build queries answer in
+Horovod's types: ``nccl_built()`` an int (the NCCL version, 0 where the layer uses none), the others bools.
 """
 
 from __future__ import annotations

@@ -304,10 +304,14 @@ class Negotiator:
         return name if name is not None else f"{kind}.noname.{self.counter}"
 
     def submit(self, request: Request) -> Request:
-        """Queue ``request``; a name already in flight on this rank is Horovod's ValueError, at this call."""
+        """Queue ``request``; a name still in flight on this rank (queued, or its collective not finished) is
+        Horovod's ValueError, at this call."""
         if self.broken:
             raise NegotiationError(self.broken)
-        if request.name in self.in_flight:
+        earlier = self.in_flight.get(request.name)
+        if earlier is not None and earlier.done and (earlier.started is None or earlier.started.done()):
+            earlier = None      # finished, though its handle was never synchronized: the name is free again
+        if earlier is not None:
             raise ValueError(f"{DUPLICATE_NAME} (tensor '{request.name}')")
         self.in_flight[request.name] = request
         self.queue.append(request)
