@@ -69,20 +69,25 @@ screen() {  # $1: np, $2: arm: every selected test not recorded yet, in one job
   [ ${#todo[@]} = 0 ] && return
   local job="$out/np$np.$arm.screen"
   rm -f "$job".rank*.xml
-  timeout -k 10 $((10 * ${#todo[@]} + limit)) mpirun -np "$np" --oversubscribe --bind-to none \
-    sh -c "exec $(command_of "$arm") -q -p no:cacheprovider --junitxml=$job.rank\${OMPI_COMM_WORLD_RANK:-0}.xml \"\$@\"" \
-    sh "${todo[@]}" >"$job.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout -k 10 $((10 * ${#todo[@]} + limit)) mpirun -np "$np" --oversubscribe --bind-to none \
+    --tag-output sh -c "exec $(command_of "$arm") -v -p no:cacheprovider -o faulthandler_timeout=$limit \
+    --junitxml=$job.rank\${OMPI_COMM_WORLD_RANK:-0}.xml \"\$@\"" sh "${todo[@]}" >"$job.log" 2>&1
   local rc=$?
   "$python" - "$job" "$np" "$rc" "${todo[@]}" <<'PY'
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 job, np, rc, todo = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 got: dict[str, list[tuple[str, str]]] = {}
+WORDS = {"PASSED": "pass", "FAILED": "fail", "ERROR": "fail", "SKIPPED": "skip"}
 for r in range(np):
     xml = Path(f"{job}.rank{r}.xml")
-    if not xml.exists():
+    if not xml.exists():  # killed: what pytest -v printed as each test ended
+        log = Path(f"{job}.log").read_text(errors="replace")
+        for m in re.finditer(rf"^\[\d+,{r}\]<stdout>:.*::(test_\w+) (PASSED|FAILED|ERROR|SKIPPED)", log, re.M):
+            got.setdefault(m.group(1), []).append((WORDS[m.group(2)], ""))
         continue
     for case in ET.parse(xml).getroot().iter("testcase"):
         kind, text = "pass", ""

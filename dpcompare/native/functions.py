@@ -86,5 +86,5 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                     scalars[name] = value
                     setters[name] = set_state(pid, key)
     broadcast_parameters(tensors, root_rank)
-    for name, value in broadcast_object(scalars, root_rank).items():
+    for name, value in broadcast_object(scalars, root_rank, name="optimizer.state").items():
         setters[name](value)

@@ -222,4 +222,4 @@ class GradientFusion:
         if dist.get_rank() == 0:
             order = sorted(dense, key=lambda i: (self.times[i], i))
             plan = plan_groups(order, self._nbytes(), self._kinds(), self.threshold, self.times, self.cycle)
-        return broadcast_object(plan, 0)
+        return broadcast_object(plan, 0, name="dpcompare.fusion.plan")  # None off rank 0
