@@ -45,8 +45,9 @@ names=$(grep -oE '^    def (test_[A-Za-z0-9_]+)' "$file" | awk '{print $2}' | gr
 
 classify() {  # $1: log, $2: exit status → one word
   local log=$1 rc=$2
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo hang
-  elif grep -q "not supported by dpcompare's native Horovod layer" "$log"; then echo refused
+  # a refusal first: a rank refused while the other waits for it ends at the time limit too
+  if grep -q "not supported by dpcompare's native Horovod layer" "$log"; then echo refused
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo hang
   elif grep -qE "Fatal Python error|exited on signal|Segmentation fault|core dumped|Aborted" "$log"; then echo abort
   elif grep -qE "[0-9]+ (failed|error)" "$log"; then echo fail
   elif grep -qE "[0-9]+ passed" "$log"; then echo pass
@@ -70,7 +71,7 @@ screen() {  # $1: np, $2: arm: every selected test not recorded yet, in one job
   local job="$out/np$np.$arm.screen"
   rm -f "$job".rank*.xml
   PYTHONUNBUFFERED=1 timeout -k 10 $((10 * ${#todo[@]} + limit)) mpirun -np "$np" --oversubscribe --bind-to none \
-    --tag-output sh -c "exec $(command_of "$arm") -v -p no:cacheprovider -o faulthandler_timeout=$limit \
+    --tag-output sh -c "exec $(command_of "$arm") -v --color=no -p no:cacheprovider -o faulthandler_timeout=$limit \
     --junitxml=$job.rank\${OMPI_COMM_WORLD_RANK:-0}.xml \"\$@\"" sh "${todo[@]}" >"$job.log" 2>&1
   local rc=$?
   "$python" - "$job" "$np" "$rc" "${todo[@]}" <<'PY'
@@ -86,7 +87,7 @@ for r in range(np):
     xml = Path(f"{job}.rank{r}.xml")
     if not xml.exists():  # killed: what pytest -v printed as each test ended
         log = Path(f"{job}.log").read_text(errors="replace")
-        for m in re.finditer(rf"^\[\d+,{r}\]<stdout>:.*::(test_\w+) (PASSED|FAILED|ERROR|SKIPPED)", log, re.M):
+        for m in re.finditer(rf"^\[\d+,{r}\]<stdout>:.*::(test_\w+) (?:\[\d+,{r}\]<stdout>:)?(PASSED|FAILED|ERROR|SKIPPED)", log, re.M):
             got.setdefault(m.group(1), []).append((WORDS[m.group(2)], ""))
         continue
     for case in ET.parse(xml).getroot().iter("testcase"):
