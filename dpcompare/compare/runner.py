@@ -14,10 +14,11 @@ from typing import Any
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
 from dpcompare.compare import faults, records
+from dpcompare.compare.axes import AXES, FAULT
 from dpcompare.compare.cmdline import plan_flags, train_flags
 from dpcompare.compare.load import LoadWatch
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
-from dpcompare.compare.schedule import stop_reason
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured
+from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, atomic_write_json
 from dpcompare.lab import Lab, session
@@ -39,7 +40,7 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     ``script`` (``--script``), the script in the run's arm."""
     if script is not None:
         seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
-        return script.command(spec.strategy, spec.np, run_dir, seeded, lab)
+        return script.command(spec.strategy, spec.np, run_dir, configured(seeded, spec.arm), lab)
     words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
     how = elastic_launch(spec, run_dir, lab)
     return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
@@ -97,12 +98,11 @@ class _Run:
             (run_dir / stale).unlink(missing_ok=True)  # never read an earlier job's files as this one's
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nor resume from them (elastic arms)
         cfg, timeout = self.c.config, self.c.options.run_timeout
-        link = spec.arm.link
-        if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
-            self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
+        for name, value in spec.arm.axes:  # e.g. the link reshaped (once per link: its arms run side by side)
+            if AXES[name].before_run is not None:
+                AXES[name].before_run(self.lab, value)
         step_log = self.c.fault is not None  # the fault's runs and their twins without it: steps over time
-        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay,
-                            self.c.script)  # after the reshape (the link)
+        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay, self.c.script)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
         watch = LoadWatch() if self.watch_load else None  # what else the machine ran meanwhile
@@ -139,7 +139,7 @@ class _Run:
         start = checkpoint.step_checkpoint_path(run_dir, int(r["resumed_from_step"]))
         if not start.is_file():
             return {"equal": None, "why": f"not replayed: no checkpoint {start.name} to start from"}
-        clean = RunSpec(dataclasses.replace(spec.arm, elastic=False, fault=None), int(r["world_size_after"]),
+        clean = RunSpec(dataclasses.replace(spec.arm.without_axes(FAULT), elastic=False), int(r["world_size_after"]),
                         spec.repeat, spec.seed)
         out = run_dir / "replay"
         shutil.rmtree(out, ignore_errors=True)
