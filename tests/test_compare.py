@@ -405,3 +405,44 @@ def test_repeats_auto_lets_an_a_a_pair_end_equal(monkeypatch) -> None:
     print(f"A/A outcomes: {share}; stopping within ±5 % alone: {before}")
     assert share["equal"] >= 0.8 and share["faster"] + share["slower"] <= 0.08
     assert before["equal"] <= 0.7 and before["undecided"] >= 0.25
+
+
+def test_threads_is_an_axis_declared_once(tmp_path: Path) -> None:
+    """``--sweep threads=1,2`` (compare/axes.py's third axis): every arm runs at every count with ``--threads N``,
+    results.json keeps the count under ``axes`` (not ``knobs``), the verdicts pair the arms at the same count and
+    say it, the report draws step time against it, and --resume reads the plan back."""
+    from dpcompare.compare.cmdline import plan_flags
+    from dpcompare.compare.command import comparison_of
+
+    out = tmp_path / "t"
+    c = comparison_of(cli.build_parser().parse_args(
+        ["compare", "--np", "1", "--strategies", "ddp,horovod", "--sweep", "threads=1,2", "--repeats", "3",
+         "--progress", "none", "--out", str(out)]))
+    assert [a.label for a in c.all_arms] == ["ddp/threads=1", "ddp/threads=2", "horovod/threads=1", "horovod/threads=2"]
+    again = comparison_of(cli.build_parser().parse_args(["compare", *plan_flags(c), "--out", str(out)]))
+    assert again.all_arms == c.all_arms
+    seen: list[tuple[str, int]] = []
+    # horovod 20 % slower at 1 thread, 20 % faster at 2: a pairing across counts would mix the two
+    fake_launch.sps = lambda child, n, d: 1000.0 * (1.2 if child.strategy == "ddp" else 1.0) ** (  # type: ignore[attr-defined]
+        1 if child.threads == 1 else -1) * (1 + 0.001 * int(d.name.split("-r")[1]))
+    fake_launch.calls = []  # type: ignore[attr-defined]
+
+    def launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int, float]:
+        seen.append((run_dir.name.split("-np")[0], _parse_train(cmd[cmd.index("train") + 1:]).threads))
+        return fake_launch(cmd, run_dir, env, timeout)
+
+    try:
+        assert runner_m.run_compare(c, launch=launch) == 0
+    finally:
+        del fake_launch.sps  # type: ignore[attr-defined]
+    assert {s: n for s, n in seen} == {"ddp-threads-1": 1, "ddp-threads-2": 2, "horovod-threads-1": 1,
+                                        "horovod-threads-2": 2}
+    res = json.loads((out / "results.json").read_text())
+    assert [(a["knobs"], a["axes"]) for a in res["config"]["arms"]][:2] == [({}, {"threads": "1"}), ({}, {"threads": "2"})]
+    assert res["config"]["axes"]["threads"]["pairs"] == "within"
+    words = {(v["baseline"], v["other"]): (v["outcome"], v["text"]) for v in res["verdicts"]}
+    assert set(words) == {("ddp/threads=1", "horovod/threads=1"), ("ddp/threads=2", "horovod/threads=2")}
+    assert words[("ddp/threads=1", "horovod/threads=1")][0] == "slower"
+    assert words[("ddp/threads=2", "horovod/threads=2")][0] == "faster"
+    assert "than ddp at np=1 at 2 thread(s) per rank" in words[("ddp/threads=2", "horovod/threads=2")][1]
+    assert (out / "plots" / "axis-threads.png").stat().st_size > 10_000

@@ -24,7 +24,8 @@ from dpcompare import checkpoint, cli
 from dpcompare.compare import faults
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
-from dpcompare.compare.plan import Fault, RunSpec, child_config, parse_fault
+from dpcompare.compare.axes import Fault, parse_fault
+from dpcompare.compare.plan import RunSpec, child_config
 from dpcompare.data.datasets import train_loader
 from dpcompare.errors import ConfigError
 from dpcompare.lab.core import Host, Lab
@@ -83,8 +84,8 @@ def test_fault_spec_and_elastic_arms() -> None:
     assert [a.label for a in arms] == ["ddp-elastic", "horovod-elastic", "ddp-elastic/fault=host2@40",
                                        "horovod-elastic/fault=host2@40"]
     assert arms[0].strategy == "ddp" and arms[0].elastic and arms[3].fault == Fault(2, 40)
-    assert arms[3].to_json() == {"label": "horovod-elastic/fault=host2@40", "strategy": "horovod",
-                                 "knobs": {"fault": "host=2,at-step=40"}, "elastic": True}
+    assert arms[3].to_json() == {"label": "horovod-elastic/fault=host2@40", "strategy": "horovod", "knobs": {},
+                                 "axes": {"fault": "host=2,at-step=40"}, "base": "horovod-elastic", "elastic": True}
     flags = plan_flags(c)
     assert flags[flags.index("--strategies") + 1] == "ddp-elastic,horovod-elastic"
     assert flags[-3:] == ["--fault", "host=2,at-step=40", "--replay"]
@@ -259,10 +260,19 @@ def _run(arm: str, repeat: int, wall: float, metric: float, recovery: dict | Non
             **({"recovery": recovery, "fault": {"host": 2, "t_fault_s": 12.0, "t_back_s": None}} if recovery else {})}
 
 
-def test_the_report_weighs_each_arms_fault_and_draws_it(tmp_path: Path) -> None:
+def _fault_arm(label: str, old: bool) -> dict:
+    """An arm as results.json keeps it; ``old``: as before arms kept their axes apart (the fault under knobs)."""
+    fault = {"fault": "host=2,at-step=40"} if "fault" in label else {}
+    if old:
+        return {"label": label, "strategy": label.split("-")[0], "knobs": fault}
+    return {"label": label, "strategy": label.split("-")[0], "knobs": {}, "axes": fault, "base": label.split("/")[0]}
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["axes", "old-knobs"])
+def test_the_report_weighs_each_arms_fault_and_draws_it(tmp_path: Path, old: bool) -> None:
     arms = ["ddp-elastic", "horovod-elastic", "ddp-elastic/fault=host2@40", "horovod-elastic/fault=host2@40"]
-    results = {"config": {"arms": [{"label": a, "strategy": a.split("-")[0],
-                                    "knobs": {"fault": "host=2,at-step=40"} if "fault" in a else {}} for a in arms],
+    axes = {} if old else {"axes": {"fault": {"pairs": "twin", "values": ["host=2,at-step=40"]}}}
+    results = {"config": {"arms": [_fault_arm(a, old) for a in arms], **axes,
                           "equivalence": 0.05, "accuracy_equivalence": 0.005}, "runs": []}
     for k in range(3):
         rec = {"recovered": True, "pause_s": 20.0 + k, "steps_redone": 3, "resumed_from_step": 40}
