@@ -22,13 +22,13 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from dpcompare import checkpoint, cli
 from dpcompare.compare import faults
+from dpcompare.compare.axes import Fault, parse_fault
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
-from dpcompare.compare.axes import Fault, parse_fault
 from dpcompare.compare.plan import RunSpec, child_config
 from dpcompare.data.datasets import train_loader
 from dpcompare.errors import ConfigError
-from dpcompare.lab.core import Host, Lab
+from dpcompare.lab.hosts import Host, Lab
 from dpcompare.launch.elastic import ElasticLaunch, horovodrun_command, together, torchrun_command
 from dpcompare.report import faults as fault_report
 from dpcompare.report.groups import arm_pairs

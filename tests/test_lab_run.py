@@ -17,9 +17,9 @@ import pytest
 from dpcompare import cli
 from dpcompare.compare import command as compare_cmd
 from dpcompare.compare import runner as runner_m
+from dpcompare.compare.axes import LabLink
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
-from dpcompare.compare.axes import LabLink
 from dpcompare.compare.plan import build_arms, parse_sweep
 from dpcompare.errors import ConfigError
 from dpcompare.lab import netns
