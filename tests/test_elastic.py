@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from dpcompare import checkpoint, cli
-from dpcompare.compare import faults
+from dpcompare.compare import fault_runs
 from dpcompare.compare.axes import Fault, parse_fault
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
@@ -149,7 +149,7 @@ def test_pause_steps_redone_and_world_sizes_from_a_step_log(restart: str) -> Non
 def test_the_step_watch_reads_whole_lines_only(tmp_path: Path) -> None:
     path = tmp_path / "steps.jsonl"
     path.write_text(json.dumps({"step": 1, "world_size": 2, "t": 1.0}) + "\n" + '{"step": 2, "wor')
-    watch = faults.StepWatch(path)
+    watch = fault_runs.StepWatch(path)
     assert [r["step"] for r in watch.poll()] == [1] and watch.last_step() == 1
     with open(path, "a") as f:
         f.write('ld_size": 2, "t": 2.0}\n' + json.dumps({"event": "reset", "step": 1, "world_size": 1, "t": 3.0}) + "\n")
@@ -302,5 +302,5 @@ def test_a_mid_epoch_step_checkpoint_resumes_to_the_same_weights(tmp_path: Path)
     start = checkpoint.step_checkpoint_path(tmp_path / "a", 27)
     assert checkpoint.load_checkpoint(start)["sampler"]["position"] == 27 * 64 - 22 * 64  # 5 steps into epoch 2
     run(mpirun_cmd(2, *common, "--resume", str(start), "--out", str(tmp_path / "b")), env=mpi_env())
-    same = faults.same_weights(tmp_path / "a", tmp_path / "b")
+    same = fault_runs.same_weights(tmp_path / "a", tmp_path / "b")
     assert same["equal"] and same["steps"] == [44, 44], same

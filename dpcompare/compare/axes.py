@@ -112,7 +112,7 @@ class Fault:
     ``at_step`` (an elastic run that commits there: right after the commit) the lab takes ``host``'s link down and
     kills every process in it; with ``back_at_step`` the host comes back (link up, sshd started; torchrun's job
     gets an agent there) once the log reaches that step after the recovery. The run itself goes through
-    :func:`dpcompare.compare.faults.run_with_fault`."""
+    :func:`dpcompare.compare.fault_runs.run_with_fault`."""
 
     host: int
     at_step: int

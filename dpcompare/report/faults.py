@@ -6,7 +6,7 @@ against the twin without the fault (the fault's cost, paired over blocks) and th
 (paired over blocks, and over seeds with ``--seeds``: the accuracy verdict). Between arms, the verdict on wall
 time: the paired ratio of the faulted runs' wall times (faster / slower / equal within ±--equivalence). The
 figures come from the runs' records (``recovery``, ``world_sizes``, ``timeline``: written by
-:mod:`dpcompare.compare.faults`).
+:mod:`dpcompare.compare.fault_runs`).
 """
 
 from __future__ import annotations
