@@ -136,14 +136,14 @@ def _log(t_fault: float, restart: str) -> list[dict]:
 @pytest.mark.parametrize("restart", ["start", "reset"])
 def test_pause_steps_redone_and_world_sizes_from_a_step_log(restart: str) -> None:
     rows = _log(123.5, restart)
-    r = faults.recovery(rows, 123.5)
+    r = fault_runs.recovery(rows, 123.5)
     assert r["recovered"] and r["how"] == restart and r["resumed_from_step"] == 20
     assert r["steps_redone"] == 3 and r["steps_before_fault"] == 23 and r["world_size_after"] == 2
     assert r["pause_s"] == pytest.approx(11.0)  # fault at 123.5, the first step after the recovery at 134.5
-    assert faults.world_sizes(rows, 100.0) == [[0.0, 3], [32.5, 2]]
-    line = faults.timeline(rows, 100.0, points=10)
+    assert fault_runs.world_sizes(rows, 100.0) == [[0.0, 3], [32.5, 2]]
+    line = fault_runs.timeline(rows, 100.0, points=10)
     assert len(line) <= 11 and line[-1][1:] == [40, 2, 23 * 96 + 20 * 64]
-    assert not faults.recovery(rows[:25], 123.5)["recovered"] and faults.recovery(rows, None)["reason"]
+    assert not fault_runs.recovery(rows[:25], 123.5)["recovered"] and fault_runs.recovery(rows, None)["reason"]
 
 
 def test_the_step_watch_reads_whole_lines_only(tmp_path: Path) -> None:

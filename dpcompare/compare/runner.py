@@ -256,8 +256,7 @@ def _project(c: Comparison, console: Any) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
-    from dpcompare.report import attribution, render, stats
-    from dpcompare.report import faults
+    from dpcompare.report import attribution, faults, render, stats
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
