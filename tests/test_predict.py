@@ -83,7 +83,7 @@ def test_ddp_two_buckets_one_hidden():
     assert s.exposed == pytest.approx(8 * MS) and s.hidden == pytest.approx(2 * MS)
     assert s.step == pytest.approx(21 * MS)
     # fp16 halves both; without a small first bucket both gradients share one, all exposed
-    half = strategies.schedule("ddp")(p, Knobs(first_bucket_mb=1, fp16=True)).predict(net())
+    half = strategies.schedule("ddp")(p, Knobs(first_bucket_mb=1, grad_compression="fp16")).predict(net())
     assert half.exposed == pytest.approx(4 * MS) and half.hidden == pytest.approx(1 * MS)
     one = strategies.schedule("ddp")(p, Knobs()).predict(net())
     assert one.ops == 1 and one.exposed == pytest.approx(10 * MS) and one.hidden == pytest.approx(0.0, abs=1e-12)
@@ -182,11 +182,11 @@ def test_advice_names_a_bucket_that_helps():
     # ten 2 MiB gradients, one a millisecond, fp16 on the wire (1 MiB each, 0.2 ms at n=2): a 25 MB bucket
     # fills only when backward ends (2 ms exposed); a 12.5 MB one is all-reduced from 7 ms, inside backward
     p = profile([(f"g{i}", (i + 1) * MS, 2 * MB) for i in range(10)], backward=10 * MS)
-    c = sweep.curve(p, "ddp", Knobs(bucket_mb=25, fp16=True), net(mib_ms=0.2), [2], "ddp")
+    c = sweep.curve(p, "ddp", Knobs(bucket_mb=25, grad_compression="fp16"), net(mib_ms=0.2), [2], "ddp")
     line = sweep.advise(c, p, net(mib_ms=0.2), 0.8)
     assert line.startswith("ddp at 2 hosts: --bucket-mb 12.5 would cut exposed communication from 2.00 to 0.60 ms")
-    c = sweep.curve(p, "ddp", Knobs(bucket_mb=8, fp16=True), net(mib_ms=0.2), [2], "ddp")
-    assert "none of --bucket-mb, --fp16" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
+    c = sweep.curve(p, "ddp", Knobs(bucket_mb=8, grad_compression="bf16"), net(mib_ms=0.2), [2], "ddp")
+    assert "none of --bucket-mb, --compression" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
 
 
 # -- reading traces, the command ----------------------------------------------------------------------------

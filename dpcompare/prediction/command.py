@@ -65,7 +65,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
     for s in asked or []:
         strategies.schedule(s)
-    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb, "cycle_ms": a.cycle_ms, "fp16": a.fp16 or None}
+    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb, "cycle_ms": a.cycle_ms, "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
     curves, seen = [], set()
     for folder in strategies.profile_runs(a.run_dirs):
         p = strategies.profile(folder)
@@ -148,7 +148,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--bucket-mb", type=positive_float, default=None, help="DDP/ZeRO bucket cap, MB (default: the run's)")
     p.add_argument("--fusion-mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
     p.add_argument("--cycle-ms", type=positive_float, default=None, help="Horovod cycle time, ms")
-    p.add_argument("--fp16", action="store_true", help="gradients in fp16 on the wire")
+    p.add_argument("--compression", choices=("none", "fp16", "bf16"), default=None,
+                   help="gradients on the wire (default: what the run used): fp16 and bf16 both halve the bytes")
+    p.add_argument("--fp16", action="store_true", help="the same as --compression fp16")
     p.add_argument("--threshold", type=fraction, default=0.8, help="efficiency to report falling below (default 0.8)")
     p.add_argument("--out", default=None, help="folder for prediction.png and prediction.json (default: the first "
                    "RUN_DIR)")

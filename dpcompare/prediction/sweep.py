@@ -20,7 +20,7 @@ from dpcompare.prediction.strategies import schedule
 #: knob → the factors tried for advice, and how the flag is spelt
 TRIES: dict[str, tuple[tuple[float, ...], str]] = {
     "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--fusion-mb"),
-    "cycle_ms": ((0.2, 0.5, 2, 5), "--cycle-ms"), "fp16": ((1,), "--fp16")}
+    "cycle_ms": ((0.2, 0.5, 2, 5), "--cycle-ms"), "grad_compression": (("fp16",), "--compression")}
 MIN_GAIN = 0.01  # a knob must shorten the step by at least 1 % to be advised
 
 
@@ -63,7 +63,7 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
     cfg, d = p.config, Knobs()
     mine = {"bucket_mb": float(cfg.get("bucket_mb") or d.bucket_mb), "fusion_mb": float(cfg.get("bucket_mb")
             or d.fusion_mb), "cycle_ms": float(cfg.get("horovod_cycle_ms") or d.cycle_ms),
-            "fp16": cfg.get("grad_compression") == "fp16"}
+            "grad_compression": str(cfg.get("grad_compression") or "none")}
     mine.update({k: v for k, v in over.items() if v is not None})
     return Knobs(**mine)
 
@@ -102,11 +102,11 @@ def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
     for knob in cls.tunable:
         factors, flag = TRIES[knob]
         for f in factors:
-            value = (not c.knobs.fp16) if knob == "fp16" else getattr(c.knobs, knob) * f
-            if knob == "fp16" and not value:
-                continue
+            if knob == "grad_compression" and c.knobs.grad_compression != "none":
+                continue  # already 2 bytes a value on the wire
+            value = f if knob == "grad_compression" else getattr(c.knobs, knob) * f
             s = cls(p, dataclasses.replace(c.knobs, **{knob: value})).run(net.with_hosts(at.hosts))
-            spelt = flag if knob == "fp16" else f"{flag} {value:g}"
+            spelt = f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
             if best is None or s.step < best[0]:
                 best = (s.step, spelt, s)
     where = f"{c.label} at {at.hosts} hosts"
