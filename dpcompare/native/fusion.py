@@ -30,7 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcompare.knobs import HOROVOD_CYCLE_MS, HOROVOD_CYCLE_VAR, HOROVOD_FUSION_BYTES, HOROVOD_FUSION_VAR, horovod_fusion
+from dpcompare.knobs import (
+    HOROVOD_CYCLE_MS,
+    HOROVOD_CYCLE_VAR,
+    HOROVOD_FUSION_BYTES,
+    HOROVOD_FUSION_VAR,
+    horovod_fusion,
+)
 from dpcompare.native.collectives import (
     Pending,
     broadcast_object,
