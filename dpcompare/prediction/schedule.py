@@ -63,11 +63,17 @@ class Step:
         return max(self.comm - self.exposed, 0.0)
 
     @property
+    def no_overlap(self) -> float:
+        """The upper bound: the compute and then every collective in a row, none overlapping."""
+        return self.compute + self.comm
+
+    @property
     def throughput(self) -> float:
         return self.ranks * self.batch / self.step if self.step > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        ms = {k: round(getattr(self, k) * 1e3, 4) for k in ("step", "compute", "comm", "exposed", "hidden")}
+        ms = {k: round(getattr(self, k) * 1e3, 4) for k in ("step", "compute", "comm", "exposed", "hidden",
+                                                             "no_overlap")}
         return {"strategy": self.strategy, "hosts": self.hosts, "ranks": self.ranks,
                 **{f"{k}_ms": v for k, v in ms.items()}, "ops": self.ops, "wire_bytes": round(self.wire_bytes),
                 "samples_per_s": round(self.throughput, 3), **self.detail}
