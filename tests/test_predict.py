@@ -244,6 +244,11 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert (tmp_path / "cmp" / "prediction.png").stat().st_size > 10_000
     assert "fastest at" in p.stdout and "efficiency on 1gbit" in p.stdout and "would cut" in p.stdout
     assert out["who_wins"] and out["knob_advice"]
+    # every figure with its band (the hand-made steps are identical: a band of no width), the overlap's source
+    first = out["curves"][0]["steps"][0]
+    assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band ms" in p.stdout
+    assert out["curves"][0]["band"]["traced_steps"] == 6 and first["no_overlap_ms"] >= first["step_ms"]
+    assert out["overlap"][0].startswith("assumed, nothing measured") and "overlap of communication" in p.stdout
     ddp, hvd = out["curves"][0]["traced_run"], out["curves"][1]["traced_run"]
     assert ddp["world_size"] == 2 and ddp["compute_ms"] == 18.0
     # the model at np=2 on the trace's own all-reduce speed (12 MiB in 1 ms): one bucket ready at 10 ms, done at 11
@@ -359,6 +364,7 @@ def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):
     assert doc["inputs"]["hosts"][0] == 2 and doc["inputs"]["hosts"][-1] == 1024
     text = section(tmp_path)
     assert "Projected to a cluster" in text and "data:image/png;base64," in text and "10gbit link" in text
+    assert "95 % band" in text and "overlap: assumed" in text
     assert text.count("<tr><td>") == 2 and "1024 hosts" in text and "a model, not a measurement" in text.lower()
 
 
