@@ -68,7 +68,7 @@ def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -
     if more:
         raise ConfigError(f"--overlap-from {a.overlap_from}: give one traced run folder, not {1 + len(more)}")
     shaped = strategies.profile(folder)
-    ref = next((p for p in profiles if p.strategy == shaped.strategy), profiles[0])
+    ref = {p.strategy: p for p in reversed(profiles)}.get(shaped.strategy, profiles[0])  # its strategy's run, if any
     cls = strategies.schedule(shaped.strategy if shaped.strategy in strategies.schedules() else ref.strategy)
     return overlap.measure(shaped, ref, cls, sweep.knobs_of(ref, over))
 
