@@ -191,3 +191,17 @@ def test_the_native_layer_and_predict_fuse_with_one_planner():
     plan = knobs.horovod_fusion(range(6), [b * MB for b in sizes], threshold=2 * MB)
     assert [[int(g.name) for g in group] for group in fuse(grads, 2 * MB)] == plan == [[0], [1], [2, 3, 4], [5]]
     assert Knobs().fusion_mb * MB == knobs.HOROVOD_FUSION_BYTES and Knobs().cycle_ms == knobs.HOROVOD_CYCLE_MS
+
+
+def test_overlap_from_a_run_whose_collectives_missed_backward_says_so(tmp_path):
+    from test_predict import fake_run
+
+    from conftest import dpcompare
+
+    run, shaped = fake_run(tmp_path / "r"), fake_run(tmp_path / "shaped")  # its all-reduce starts after backward
+    dpcompare("predict", str(run), "--hosts", "2", "--link", "1gbit", "--quiet", "--overlap-from", str(shaped),
+              "--bootstrap", "20")
+    out = json.loads((run / "prediction.json").read_text())
+    said = out["curves"][0]["overlap"]
+    assert not said["measured"] and "no communication ran during backward's compute" in said["source"]
+    assert out["inputs"]["overlap_from"] == str(shaped) and out["inputs"]["bootstrap"] == 20
