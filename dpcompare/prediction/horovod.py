@@ -9,7 +9,7 @@ Assumptions:
   all-reduce priced 2⌈log2 n⌉·α (latency only).
 - ``optimizer.step()`` starts when backward's compute is done and then waits for the last all-reduce; the
   optimizer then runs. Horovod syncs no buffers.
-- No slowdown of compute by the background thread (on a shared CPU there is); weak scaling; fp16 or bf16
+- No slowdown of compute by the background thread (on a shared CPU there is: :mod:`.overlap`, when measured); weak scaling; fp16 or bf16
   compression halves the bytes and costs nothing else.
 """
 
