@@ -205,3 +205,15 @@ def test_overlap_from_a_run_whose_collectives_missed_backward_says_so(tmp_path):
     said = out["curves"][0]["overlap"]
     assert not said["measured"] and "no communication ran during backward's compute" in said["source"]
     assert out["inputs"]["overlap_from"] == str(shaped) and out["inputs"]["bootstrap"] == 20
+
+
+def test_the_bench_keeps_every_repeats_times_together():
+    from dpcompare.lab.bench import _merged
+
+    one = {"backend": "mpi", "collective": "allreduce", "bytes": 2**25}
+    raw = [{**one, "times_s": [0.29, 0.28, 0.29]}, {**one, "bytes": 2**20, "times_s": [0.01] * 3},
+           {**one, "times_s": [0.43, 0.42, 0.43]}]
+    doc = analyse(_merged(raw), 2, 10**9)
+    row = next(r for r in doc["rows"] if r["bytes"] == 2**25)
+    assert row["times_s"] == [0.29, 0.28, 0.29, 0.43, 0.42, 0.43] and row["modes"]["labels"] == [0, 0, 0, 1, 1, 1]
+    assert len(doc["rows"]) == 2
