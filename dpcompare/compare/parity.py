@@ -133,7 +133,7 @@ def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: 
         causes.append("sparse gradients: each library adds the rows of the processes' sparse gradients in its own "
                       "order (DDP over gloo: coalesced rows all-gathered and summed; Horovod: all-gathered, divided, "
                       "then summed by the update)")
-    if str(summary.get("device", "")).startswith("cuda"):
+    if str(summary.get("device", "")).startswith("cuda") and not base.deterministic:
         causes.append("non-deterministic CUDA kernels (atomic adds in some backward passes)")
     return causes
 
@@ -314,7 +314,7 @@ def run_parity(a: argparse.Namespace) -> int:
         a.lab.check_np(a.np)
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
-                            resume=None, strategy=strategies[0])
+                            resume=None, strategy=strategies[0], deterministic=a.device != "cpu")
     traits = model_traits(base)
     runs, notes = _runs(a, base, strategies, traits)
     mode, knob_tol, knob_note = judge(base)
