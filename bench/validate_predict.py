@@ -246,7 +246,7 @@ def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 5.6))
+    fig = Figure(figsize=(7.4, 5.8))
     ax = fig.subplots()
     colours = {"mlp": "tab:gray", "convnet": "tab:blue", "resnet18": "tab:red", "gpt": "tab:green",
                "plug-in": "tab:purple"}
@@ -338,7 +338,7 @@ def main() -> None:
         a.markdown.write_text(text)  # not atomic: a bench script's output
     if a.plot:
         s = stats([r for r in tables[chosen] if not r["choosing_set"]])
-        title = f"predicted vs measured in the lab, calibration '{chosen}' (chosen on {CHOOSING})"
+        title = f"predicted vs measured, calibration '{chosen}' (chosen on {CHOOSING})"
         if s["n"]:
             title += f"\nheld out: median |error| {s['median_abs_pct']:.1f} %, worst {s['worst_abs_pct']:.1f} %"
         plot(tables[chosen], a.plot, title)

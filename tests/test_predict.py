@@ -246,7 +246,7 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert out["who_wins"] and out["knob_advice"]
     # every figure with its band (the hand-made steps are identical: a band of no width), the overlap's source
     first = out["curves"][0]["steps"][0]
-    assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band ms" in p.stdout
+    assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band" in p.stdout
     assert out["curves"][0]["band"]["traced_steps"] == 6 and first["no_overlap_ms"] >= first["step_ms"]
     assert out["overlap"][0].startswith("assumed, nothing measured") and "overlap of communication" in p.stdout
     ddp, hvd = out["curves"][0]["traced_run"], out["curves"][1]["traced_run"]

@@ -30,8 +30,8 @@ from dpcompare.prediction.network import Link, Network
 from dpcompare.prediction.profile import Profile
 from dpcompare.prediction.schedule import Knobs, Schedule, Step
 
-ASSUMED = ("assumed, nothing measured: communication hides wherever the schedule lets it and slows no compute "
-           "(give --overlap-from a traced run on a slow link to measure it)")
+BASIS = "assumed, nothing measured: communication hides wherever the schedule lets it and slows no compute"
+ASSUMED = f"{BASIS} (give --overlap-from a traced run on a slow link to measure it)"
 
 
 @dataclass(frozen=True)
@@ -68,12 +68,12 @@ def measure(shaped: Profile, reference: Profile, schedule: type[Schedule], knobs
     link = _trace_link(shaped)
     where = f"{shaped.run} (np={shaped.world_size})"
     if s is None or link is None or not len(s):
-        return Overlap(source=f"{ASSUMED}; {where} traced no collective to learn from")
+        return Overlap(source=f"{BASIS}: --overlap-from {where} traced no collective to learn from")
     overlapped = float(statistics.median(s.overlapped))
     hideable = schedule(reference, knobs).run(Network(shaped.world_size, link)).hidden
     if overlapped <= 0 or hideable <= 0:
-        return Overlap(source=f"{ASSUMED}; in {where} no communication ran during backward's compute "
-                              f"({overlapped * 1e3:.1f} ms)")
+        return Overlap(source=f"{BASIS}: in --overlap-from {where} no communication ran during backward's "
+                              f"compute ({overlapped * 1e3:.1f} ms; the schedule hides {hideable * 1e3:.1f} ms there)")
     hide = min(max(overlapped / hideable, 0.0), 1.0)
     slow = max(shaped.backward - reference.backward, 0.0) / overlapped
     return Overlap(hide, slow, measured=True, source=(
