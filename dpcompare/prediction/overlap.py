@@ -17,7 +17,9 @@ communication was fast: ``slow`` from how much longer its backward compute took 
 flight inside it; ``hide`` from the seconds of communication inside backward's compute over what the schedule
 hides for the same run at the speed its own collectives ran. Both read only intervals: a phase's span and the
 spans of the trace's collective events (:func:`.profile._in_flight`), so a GPU trace whose collective events come
-from the NCCL stream fits the same mechanism.
+from the NCCL stream fits the same mechanism. Only backward's window is read: FSDP's all-gathers prefetched during
+forward count as not hidden (DDP's buffer broadcast at forward's start, which is exposed, would otherwise count
+as hidden).
 """
 
 from __future__ import annotations
