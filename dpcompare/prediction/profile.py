@@ -4,10 +4,11 @@ From ``trace.json`` (see :mod:`dpcompare.trace`), per rank and traced step: the 
 backward phase up to its last gradient-ready tick (after that DDP's backward only waits for buckets), each
 gradient's ready moment counted from the start of backward, and the optimizer phase less Horovod's wait inside
 ``step()``. Medians over every rank and traced step; each (rank, step) is also kept (:class:`Samples`) so that a
-bootstrap can resample them (:meth:`Profile.resampled`), with the seconds of communication in flight during its
-backward compute and how many of them overlapped it (what :mod:`.overlap` measures on a run whose link is slow). A gradient's bytes come from its tick (``bytes``, traces
-from this version on), else from the all-reduce that carried it (a bucket's or fused operation's bytes shared
-equally among its tensors), else from the parameters' total in summary.json shared equally.
+bootstrap can resample them (:meth:`Profile.resampled`), with the seconds a collective was in flight and how many
+of them fell inside backward's compute (what :mod:`.overlap` reads on a run whose link is slow). A gradient's
+bytes come from its tick (``bytes``, traces from this version on), else from the all-reduce that carried it (a
+bucket's or fused operation's bytes shared equally among its tensors), else from the parameters' total in
+summary.json shared equally.
 
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
