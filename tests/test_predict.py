@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -249,6 +250,18 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band" in p.stdout
     assert out["curves"][0]["band"]["traced_steps"] == 6 and first["no_overlap_ms"] >= first["step_ms"]
     assert out["overlap"][0].startswith("assumed, nothing measured") and "overlap of communication" in p.stdout
+    # who wins: the curve with the shortest step at every host count, read from the curves themselves
+    steps = {c["label"]: [s["step_ms"] for s in c["steps"]] for c in out["curves"]}
+    best = {min(steps, key=lambda k: steps[k][i]) for i in range(6)}
+    assert best == {"horovod (on ddp-np2)"} and out["who_wins"] == [
+        "fastest at 2–64 hosts: horovod (on ddp-np2)", "no crossover between 2 and 64 hosts"]
+    # the knob advice: one per curve, in its words; fp16 halves DDP's all-reduced bytes, so its exposed time
+    advice = [re.match(r"(.+) at 2 hosts: --fp16 would cut exposed communication from ([\d.]+) to ([\d.]+) ms "
+                       r"\(step -(\d+) %, efficiency (\d+) % → (\d+) %\)$", a) for a in out["knob_advice"]]
+    assert all(advice) and [m[1] for m in advice] == list(steps)  # type: ignore[index]
+    cut = {m[1]: (float(m[2]), float(m[3]), int(m[5]), int(m[6])) for m in advice}  # type: ignore[index]
+    assert cut["ddp (ddp-np2)"][1] == pytest.approx(cut["ddp (ddp-np2)"][0] / 2, rel=0.01)
+    assert all(after < before and eff_after > eff for before, after, eff, eff_after in cut.values())
     ddp, hvd = out["curves"][0]["traced_run"], out["curves"][1]["traced_run"]
     assert ddp["world_size"] == 2 and ddp["compute_ms"] == 18.0
     # the model at np=2 on the trace's own all-reduce speed (12 MiB in 1 ms): one bucket ready at 10 ms, done at 11

@@ -24,6 +24,7 @@ from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
+from dpcompare.native.calls import LAYER_ARM
 
 if TYPE_CHECKING:
     import torch
@@ -300,7 +301,7 @@ def run_parity(a: argparse.Namespace) -> int:
     console = Console(highlight=False)
     if a.strategies is None:
         a.strategies = ["horovod", "native"] if a.script is not None else ["ddp", "horovod"]
-    if a.script is not None or "native" in a.strategies:
+    if a.script is not None or LAYER_ARM in a.strategies:
         return _script_parity(a, console)
     # the one-process run is added below, where it is exact
     strategies = [s for s in a.strategies if backends.facts(s).distributed]

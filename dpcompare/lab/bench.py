@@ -25,7 +25,7 @@ from pathlib import Path
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.files import atomic_write_text
-from dpcompare.lab.core import Lab
+from dpcompare.lab.hosts import Lab
 from dpcompare.lab.netns import burst_bytes
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.openmpi import mpi_allreduce_mca
