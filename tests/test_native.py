@@ -210,6 +210,25 @@ def test_script_refuses_an_earlier_runs_records_and_a_missing_script(tmp_path: P
     assert p.returncode == 2 and "no such script" in p.stderr
 
 
+@needs_mpi
+def test_script_job_runs_through_the_job_runner_and_stops_at_its_time_limit(tmp_path: Path) -> None:
+    """``dpcompare script --np`` is a job like any other: its own session, and --run-timeout takes it all down."""
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    p = run([sys.executable, "-m", "dpcompare", "script", "--np", "2", "--as", "ddp", "--run-timeout", "4", "--",
+             "python", str(script)], check=False, env=mpi_env({"PYTHONPATH": str(ROOT)}))
+    assert p.returncode == 124, p.stderr
+    assert "took longer than --run-timeout 4 s and was stopped" in p.stderr
+    left = []  # every rank is gone (run_job waits for the whole session)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(script).encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:
+            continue  # ended while we looked
+    assert not left
+
+
 def test_runner_takes_dash_m_as_python_does_with_one_parser_for_both_commands(tmp_path: Path) -> None:
     import argparse
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from dpcompare.errors import ConfigError, LaunchError
+
+#: the exit code of a job stopped at ``--run-timeout`` (timeout(1)'s)
+TIMED_OUT = 124
 
 DESCRIPTION = """\
 Run a Horovod PyTorch script (`import horovod.torch as hvd`) unchanged:
@@ -56,7 +58,7 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
 
 
 def _launch(a: argparse.Namespace) -> int:
-    from dpcompare.launch.jobs import dpcompare_command
+    from dpcompare.launch.jobs import dpcompare_command, run_job
     from dpcompare.launch.mpirun import job_env
     from dpcompare.native.runner import check_out, parse_target
 
@@ -67,9 +69,13 @@ def _launch(a: argparse.Namespace) -> int:
                             iface=a.iface)
     sys.stderr.write(f"dpcompare script: {shlex.join(cmd)}\n")
     try:
-        rc = subprocess.run(cmd, env=job_env()).returncode
+        rc, _ = run_job(cmd, None, job_env(), a.run_timeout or None)  # its own session: Ctrl-C stops every rank
     except FileNotFoundError:
         raise LaunchError(f"{cmd[0]} not found on PATH") from None
+    if rc is None:
+        sys.stderr.write(f"dpcompare script: error: the job took longer than --run-timeout {a.run_timeout:g} s "
+                         "and was stopped (all its processes)\n")
+        return TIMED_OUT
     if a.out:
         _summarize(a)
     return rc if rc >= 0 else 128 - rc
@@ -108,7 +114,7 @@ def _cmd_script(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_int, positive_int
+    from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
     from dpcompare.native.runner import add_run_arguments
     from dpcompare.native.summary import DEFAULT_WARMUP
 
@@ -117,6 +123,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p)  # the runner's own flags and target, read as `python -m dpcompare.native` reads them
     p.add_argument("--np", type=positive_int, help="start this many ranks (default: this process is one rank)")
+    p.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
+                   help=f"with --np: stop the job (all its processes) after this long, exit code {TIMED_OUT} "
+                        "(default: 0, no limit)")
     p.add_argument("--warmup-steps", type=nonneg_int, default=DEFAULT_WARMUP,
                    help=f"with --np and --out: steps left out of OUT/summary.json's step times (default: "
                         f"{DEFAULT_WARMUP})")
