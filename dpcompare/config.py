@@ -221,11 +221,11 @@ class TrainConfig:
     overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
     tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --log names it)",
                             flag="--no-tensorboard", group=OUTPUT)
-    log: str = opt("tensorboard", _described("dpcompare.training.trackers", "TRACKERS",
+    log: str = opt("tensorboard", _described("dpcompare.argtypes", "TRACKERS",
                                              "where the reporting rank also logs epoch metrics, step-time phases, "
                                              "the config and the versions, comma-separated: ",
                                              "; none: only dpcompare's own files (default: tensorboard)"),
-                   type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.training.trackers", "TRACKERS")()),
+                   type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.argtypes", "TRACKERS")()),
                    group=OUTPUT, metavar="LIST")
     mlflow_uri: str | None = opt(None, "--log mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
                                        "sqlite:///FILE.db or a server's http(s):// address (default: "

@@ -178,7 +178,7 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     strategy.configure(cfg)
     strategy.configure_model(start.workload.traits)
     if cfg.trace:
-        strategy.prepare_trace(Path(cfg.out))
+        strategy.tracer.prepare(Path(cfg.out))
     with strategy if owned else contextlib.nullcontext(strategy):  # an owned strategy: connect ... disconnect
         return Run(cfg, strategy, start).train()
 
@@ -290,7 +290,7 @@ class Run:
             raise ConfigError(f"{self.start.resume_path} holds an optimizer of {saved} parameter group(s), this run's "
                               f"has {len(mine)}: resume with the checkpoint's --optimizer "
                               f"({ckpt['config'].get('optimizer')}), or start afresh with --init-from")
-        self.strategy.load_full_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
+        self.strategy.full_state.load_optimizer(self.model, self.optimizer, ckpt["optimizer"])
         state = ckpt.get("scheduler")
         ratio = self.lr / float(ckpt["config"].get("effective_lr") or self.lr)
         optim.restore_hyperparameters(self.optimizer, self.scheduler, mine, ratio, state)
@@ -531,7 +531,7 @@ class Run:
         cfg, strategy, steps = self.cfg, self.strategy, self.steps
         timing = timing_summary(strategy, steps.times, self.global_batch)
         timing["timing_only_steps"] = self.timing_only
-        memory = memory_summary(strategy, strategy.memory_bytes(self.model, self.optimizer), timing)
+        memory = memory_summary(strategy, strategy.full_state.memory_bytes(self.model, self.optimizer), timing)
         communication = steps.tracer.finish(self.out, {
             "strategy": strategy.name, "world_size": strategy.world_size, "model": self.workload.label,
             "batch_size": cfg.batch_size}) if steps.tracer else None
@@ -574,7 +574,7 @@ def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim
     epoch ``epoch + 1``), with the workload's source and the learning-rate schedule's state and planned length;
     every rank waits for it."""
     target, path = path or checkpoint.checkpoint_path(out, epoch), None
-    model_state, optimizer_state = strategy.full_state_dicts(model, optimizer)  # every rank: may gather
+    model_state, optimizer_state = strategy.full_state.dicts(model, optimizer)  # every rank: may gather
     if strategy.is_main:
         state = {
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,
