@@ -59,7 +59,10 @@ def _columns(groups: Sequence[Group], others: dict[tuple[str, int], float] | Non
              cpu: dict[tuple[str, int], dict[str, Any] | None] | None) -> list[tuple[str, str, Any]]:
     """(name, header, cell of a group) for every column the table can show."""
     several_np = len({g.np for g in groups}) > 1
-    ok = (lambda g: f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]")
+
+    def ok(g: Group) -> str:
+        return f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]"
+
     cols: list[tuple[str, str, Any]] = [
         ("arm", "arm", lambda g: g.arm), ("np", "np", lambda g: str(g.np)), ("ok", "ok", ok),
         ("samples/s", "samples/s\n± 95 % CI", lambda g: fmt.sps(g.samples_per_sec)),
@@ -95,7 +98,7 @@ def build_table(groups: Sequence[Group], title: str | None = None,
     ever wraps."""
     t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     cols = [c for c in _columns(groups, others, cpu) if c[0] not in drop]
-    for i, (name, head, _) in enumerate(cols):
+    for i, (_name, head, _) in enumerate(cols):
         t.add_column(head, justify="left" if i == 0 else "right", style="bold" if i == 0 else None, no_wrap=True)
     prev = None
     for g in groups:
