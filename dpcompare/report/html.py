@@ -48,6 +48,7 @@ th { background: #fafbfc; font-weight: 600; color: #3a4047; vertical-align: bott
 td:first-child, th:first-child { text-align: left; }
 td.l, th.l { text-align: left; white-space: normal; }
 .scroll { overflow-x: auto; max-width: 100%; }
+table.fits td { white-space: normal; }
 details > summary { cursor: pointer; color: var(--accent); }
 .ratios { color: var(--muted); font-size: 13px; overflow-wrap: anywhere; margin: 4px 0 0; }
 .tiny { border-left: 4px solid var(--bad); background: #fdf3f3; padding: 8px 12px; border-radius: 6px;
@@ -313,9 +314,10 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
 
 def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                 plots: Sequence[Plot], extra: Sequence[str] = (),
-                attributions: Sequence[dict[str, Any]] | None = None) -> str:
+                attributions: Sequence[dict[str, Any]] | None = None, lead: Sequence[str] = ()) -> str:
     """The page; ``extra``: self-contained HTML sections added after the plots (e.g. the traced step);
-    ``attributions``: as results.json stores them (default: stored, else computed from the runs)."""
+    ``attributions``: as results.json stores them (default: stored, else computed from the runs); ``lead``: what
+    the page leads with, before the throughput verdict (a fault's cost: its title line, then its points)."""
     if attributions is None:
         attributions = attribution.for_report(results)
     acc_verdicts = [v for v in verdicts if v.metric != "throughput"]
@@ -328,6 +330,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     title = " vs ".join(strategies) if strategies else "comparison"
 
     body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>']
+    if lead:
+        body.append(_lead_card(lead))
     if verdicts:
         body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
@@ -370,6 +374,14 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>dpcompare: {_e(title)}</title><style>{CSS}</style></head>"
             "<body><main>" + "\n".join(body) + "</main></body></html>\n")
+
+
+def _lead_card(lead: Sequence[str]) -> str:
+    """What the comparison is about, first: the fault's cost (its title, then one item per line)."""
+    items = "".join(f"<li>{_e(x.strip().removeprefix('• '))}</li>" for x in lead[1:])
+    return (f'<div class="card verdict"><strong>{_e(lead[0])}</strong><ul>{items}</ul>'
+            '<p class="muted" style="margin:8px 0 0;font-size:13px">Details, table and figure: '
+            '<a href="#fault">When a host dies</a>; the throughput without the fault follows.</p></div>')
 
 
 def _subtitle(results: dict[str, Any]) -> str:
@@ -537,6 +549,6 @@ def _warnings(results: dict[str, Any]) -> list[str]:
 
 def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                plots: Sequence[Plot], extra: Sequence[str] = (),
-               attributions: Sequence[dict[str, Any]] | None = None) -> Path:
-    return atomic_write_text(path, render_html(results, groups, verdicts, plots, extra, attributions))
+               attributions: Sequence[dict[str, Any]] | None = None, lead: Sequence[str] = ()) -> Path:
+    return atomic_write_text(path, render_html(results, groups, verdicts, plots, extra, attributions, lead))
 
