@@ -330,6 +330,15 @@ def thread_cpu_s() -> dict[int, tuple[str, float]]:
     return out
 
 
+#: what a helper thread that kept the process's name is called (Horovod's background thread, OpenMP's workers)
+UNNAMED = "unnamed"
+
+
+def unnamed(name: str, threads: dict[int, tuple[str, float]], main: int) -> str:
+    """A thread's name, or :data:`UNNAMED` when it is only the process's (the main thread's) name."""
+    return UNNAMED if main in threads and name == threads[main][0] else name
+
+
 class CpuClock:
     """The CPU time of the thread that runs the steps (``main``) and of every other thread of the process
     (``helpers``: the libraries' background and communication threads, intra-op workers) over the timed steps.
@@ -371,7 +380,8 @@ class CpuClock:
         import threading
 
         before, now, me = self._threads or {}, thread_cpu_s(), threading.get_native_id()
-        spent = {tid: (name, cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items() if tid != me}
+        spent = {tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items()
+                 if tid != me}
         total = sum(s for _, s in spent.values())
         if total <= 0:
             return []

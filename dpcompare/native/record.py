@@ -23,7 +23,7 @@ from typing import Any
 
 from dpcompare.files import atomic_write, atomic_write_json
 from dpcompare.native.summary import DEFAULT_WARMUP
-from dpcompare.trace import NAMED_THREADS, thread_cpu_s
+from dpcompare.trace import NAMED_THREADS, thread_cpu_s, unnamed
 
 #: the folder a runner's records go to, for ranks started by a launcher (set by ``dpcompare script --out``)
 OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
@@ -141,9 +141,9 @@ class Recorder:
         """The other threads' CPU seconds since :attr:`threads_at_step` (name, tid, seconds), the busiest first."""
         if self.threads_before is None:
             return []
-        me = threading.get_native_id()
-        spent = [{"name": name, "tid": tid, "s": cpu - self.threads_before.get(tid, (name, 0.0))[1]}
-                 for tid, (name, cpu) in thread_cpu_s().items() if tid != me]
+        me, now = threading.get_native_id(), thread_cpu_s()
+        spent = [{"name": unnamed(name, now, me), "tid": tid, "s": cpu - self.threads_before.get(tid, (name, 0.0))[1]}
+                 for tid, (name, cpu) in now.items() if tid != me]
         return sorted((x for x in spent if x["s"] > 0), key=lambda x: -x["s"])[:NAMED_THREADS]
 
     def write(self, exit_code: int) -> None:

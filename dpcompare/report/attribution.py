@@ -19,6 +19,7 @@ from typing import Any
 
 from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
+from dpcompare.trace import UNNAMED
 from dpcompare.report.groups import arm_of, arm_pairs, unit_blocks
 from dpcompare.report.intervals import Interval, mean_ci, unit_means
 from dpcompare.report.mechanisms import threads_of
@@ -223,7 +224,9 @@ def thread_cpu(results: dict[str, Any], arm: str, np_: int) -> dict[str, Any] | 
 
 def _busiest(cpu: dict[str, Any]) -> str:
     top = (cpu.get("threads") or [None])[0]
-    return f", the busiest '{top['name']}' {_ms(top['ms'])}" if top and top.get("ms", 0) >= 0.01 else ""
+    if not top or top.get("ms", 0) < 0.01:
+        return ""
+    return f", the busiest {'an unnamed thread' if top['name'] == UNNAMED else repr(top['name'])} {_ms(top['ms'])}"
 
 
 def _cores_sentence(results: dict[str, Any], baseline: str, other: str, np_: int) -> str | None:

@@ -51,7 +51,7 @@ def others_by_group(results: dict[str, Any]) -> dict[tuple[str, int], float]:
 #: the terminal table's width: it never breaks a cell; it leaves columns out to fit, and says which
 TABLE_COLUMNS = 100
 #: the columns left out first when the table is wider than the console (the report has every one of them)
-DROP_ORDER = ("memory", "peak RSS", "other threads' CPU", "others' CPU", "metric", "data ms", "step p95",
+DROP_ORDER = ("memory", "step p95", "peak RSS", "others' CPU", "data ms", "metric", "other threads' CPU",
               "scaling eff.")
 
 
@@ -146,8 +146,8 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
                       "(every column is in the report)[/]", soft_wrap=True)
     console.print("[dim]times are per step, median over steps (slowest rank for step ms, mean over ranks for "
                   "phases), averaged over repeats; warm-up steps excluded"
-                  + ("; others' CPU: the largest share of the cores other processes took during a run" if others
-                     else "")
+                  + ("; others' CPU: the largest share of the cores other processes took during a run"
+                     if others and "others' CPU" not in dropped else "")
                   + ("; CPU ms/step: the thread that runs the steps / the process's other threads (background and "
                      "communication threads)" if any(cpu.values()) and "other threads' CPU" not in dropped else "")
                   + "[/]", soft_wrap=True)
