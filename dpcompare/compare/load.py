@@ -72,6 +72,8 @@ class JobProcesses:
     def __init__(self, me: psutil.Process, marker: str) -> None:
         self.me, self.marker = me, marker
         self.seen: dict[tuple[int, float], float] = {}
+        self.sample()
+        self.before = dict(self.seen)  # what those already running had taken before the run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dpcompare-load", daemon=True)
         self._thread.start()
@@ -100,7 +102,7 @@ class JobProcesses:
         self._stop.set()
         self._thread.join()
         self.sample()
-        return sum(self.seen.values())
+        return sum(cpu - self.before.get(key, 0.0) for key, cpu in self.seen.items())
 
 
 class LoadWatch:

@@ -19,10 +19,10 @@ from typing import Any
 
 from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
-from dpcompare.trace import UNNAMED
 from dpcompare.report.groups import arm_of, arm_pairs, unit_blocks
 from dpcompare.report.intervals import Interval, mean_ci, unit_means
 from dpcompare.report.mechanisms import threads_of
+from dpcompare.trace import UNNAMED
 
 #: the phases of a step in the attribution: the timed ones and the rest of the step
 STEP_PARTS = (*PHASES, "other")

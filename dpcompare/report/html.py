@@ -329,9 +329,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     train = cfg.get("train") or {}
     title = " vs ".join(strategies) if strategies else "comparison"
 
-    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>']
-    if lead:
-        body.append(_lead_card(lead))
+    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>', *map(_lead_card, [lead] if lead else [])]
     if verdicts:
         body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
@@ -355,8 +353,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     body.extend(_accuracy_section(results, groups, acc_verdicts, acc_plots, strategies))
     body.extend(extra)
 
-    body.append("<h2>Why the phases differ</h2>" + mechanisms.cards(results, strategies) + EVIDENCE_NOTE
-                + _evidence(groups, strategies)
+    body.append("<h2>Why the phases differ</h2>" + mechanisms.cards(results, strategies) + EVIDENCE_NOTE + _evidence(groups, strategies)
                 + _mechanisms(results, strategies))
     body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
     body.append("<h2>Configuration</h2>"

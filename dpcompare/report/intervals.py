@@ -115,7 +115,7 @@ def paired_log_ratio_ci(baseline: Sequence[float], other: Sequence[float],
     if d.size < 2:
         return Interval(m, None, None, 1), "none"
     sd = float(d.std(ddof=1))
-    if sd == 0.0 or _flat(d):
+    if sd == 0.0 or float(np.ptp(d)) <= ROUNDING:  # log ratios: a spread that small is rounding's
         return Interval(m, m, m, int(d.size)), "exact"
     if d.size < BOOTSTRAP_MIN_BLOCKS:
         h = float(t_half_width(sd, d.size, confidence))

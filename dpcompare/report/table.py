@@ -120,8 +120,9 @@ def fitted_table(console: Console, groups: Sequence[Group], title: str | None = 
     present = {c[0] for c in _columns(groups, others, cpu)}
     dropped: list[str] = []
     table = build_table(groups, title, others, cpu)
+    unbounded = console.options.update_width(10_000)  # its natural width, not the console's
     for name in DROP_ORDER:
-        if console.measure(table).maximum <= limit:
+        if console.measure(table, options=unbounded).maximum <= limit:
             break
         if name in present:
             dropped.append(name)
