@@ -529,7 +529,7 @@ class Run:
     def finish(self) -> dict[str, Any]:
         """Timing, memory and trace across ranks; rank 0 writes the summary; every rank returns it."""
         cfg, strategy, steps = self.cfg, self.strategy, self.steps
-        timing = timing_summary(strategy, steps.times, self.global_batch)
+        timing = timing_summary(strategy, steps.times, self.global_batch, steps.cpu.figures())
         timing["timing_only_steps"] = self.timing_only
         memory = memory_summary(strategy, strategy.full_state.memory_bytes(self.model, self.optimizer), timing)
         communication = steps.tracer.finish(self.out, {
