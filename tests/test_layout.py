@@ -4,8 +4,10 @@
   like any other) and ``importlib.import_module``: a constant name is followed; a variable is followed to the
   table it comes from (:data:`FOLLOWED`, or the constant arguments of the function whose parameter it is), or it
   loads the user's code where :data:`USER_CODE` says so and why; any other is refused. ``if TYPE_CHECKING:``
-  imports do not count. ``from P import x`` is an edge to the module ``P.x`` when there is one, else to ``P``.
-- **No cycles** in that graph.
+  imports do not count for the rooms. ``from P import x`` is an edge to the module ``P.x`` when there is one,
+  else to ``P``.
+- **No cycles** in that graph with the ``if TYPE_CHECKING:`` imports added: a circle a reader must follow is one
+  even when only the type checker walks it.
 - **Rooms.** Each room's ``__init__`` docstring has a line ``May import: the top-level modules, launch and
   backends.``; a room imports only what its line names (its own modules, the top-level modules, the named rooms
   and the catalogs), its line names only rooms :data:`ROOMS` allows, and docs/layout.md's table says the same.
@@ -60,13 +62,13 @@ ROOMS: dict[str, frozenset[str]] = {
 }
 #: torch-free tables any module may read (what keeps ``dpcompare --help`` light)
 CATALOGS = frozenset({"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models", "dpcompare.models.catalog",
-                      "dpcompare.training.trackers", "dpcompare.launch.openmpi"})
+                      "dpcompare.launch.openmpi"})
 #: ``import_module(variable)`` in ``module:function`` → the table (module, name) whose strings it imports
 FOLLOWED: dict[str, tuple[str, str, str]] = {
     "dpcompare.cli:build_parser": ("dpcompare.cli", "COMMAND_MODULES", ""),
     "dpcompare.backends.registry:get": ("dpcompare.backends.catalog", "STRATEGIES", "dpcompare.backends."),
     "dpcompare.prediction.strategies:schedules": ("dpcompare.backends.catalog", "STRATEGIES", "dpcompare.prediction."),
-    "dpcompare.training.trackers:require": ("dpcompare.training.trackers", "TRACKERS", ""),
+    "dpcompare.training.trackers:require": ("dpcompare.argtypes", "TRACKERS", ""),
 }
 #: ``import_module(variable)`` that imports the user's code, not dpcompare's: ``module:function`` → why
 USER_CODE: dict[str, str] = {
@@ -155,8 +157,8 @@ def _table(rules: Rules, module: str, name: str) -> set[str]:
 class _Imports(ast.NodeVisitor):
     """The modules of the package that one module imports, and the dynamic imports it cannot follow."""
 
-    def __init__(self, rules: Rules, name: str, path: Path, known: set[str]) -> None:
-        self.rules, self.name, self.path, self.known = rules, name, path, known
+    def __init__(self, rules: Rules, name: str, path: Path, known: set[str], typing: bool = False) -> None:
+        self.rules, self.name, self.path, self.known, self.typing = rules, name, path, known, typing
         self.tree = ast.parse(path.read_text())
         self.found: set[str] = set()
         self.unfollowed: list[str] = []
@@ -173,7 +175,8 @@ class _Imports(ast.NodeVisitor):
             self.found.add(m)
 
     def visit_If(self, node: ast.If) -> None:
-        for child in (node.orelse if _is_type_checking(node) else [node.test, *node.body, *node.orelse]):
+        skip = _is_type_checking(node) and not self.typing
+        for child in (node.orelse if skip else [node.test, *node.body, *node.orelse]):
             self.visit(child)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -241,22 +244,23 @@ class _Imports(ast.NodeVisitor):
         return values or None
 
 
-def graph(rules: Rules) -> tuple[dict[str, set[str]], list[str]]:
-    """Module → the package's modules it imports; and every ``import_module`` that could not be followed."""
+def graph(rules: Rules, typing: bool = False) -> tuple[dict[str, set[str]], list[str]]:
+    """Module → the package's modules it imports (``typing``: the ``if TYPE_CHECKING:`` ones too); and every
+    ``import_module`` that could not be followed."""
     mods = rules.modules()
     known = set(mods)
     edges, unfollowed = {}, []
     for name, path in mods.items():
-        found = _Imports(rules, name, path, known).run()
+        found = _Imports(rules, name, path, known, typing).run()
         edges[name] = found.found
         unfollowed += found.unfollowed
     return edges, unfollowed
 
 
 def cycle(rules: Rules) -> list[str]:
-    """An import cycle (``a -> b -> a``), or nothing."""
+    """An import cycle (``a -> b -> a``), imports inside functions and ``if TYPE_CHECKING:`` included, or nothing."""
     try:
-        tuple(graphlib.TopologicalSorter(graph(rules)[0]).static_order())
+        tuple(graphlib.TopologicalSorter(graph(rules, typing=True)[0]).static_order())
     except graphlib.CycleError as e:
         return list(e.args[1])
     return []
@@ -551,6 +555,19 @@ def test_a_cycle_through_a_package_init_is_found(tmp_path: Path) -> None:
     assert set(cycle(rules)) == {"pkg.low", "pkg.low.a"}
     rules = _package(tmp_path / "ok", {"low/a.py": "import pkg.base\n"})
     assert cycle(rules) == []
+
+
+def test_a_cycle_through_a_lazy_or_a_type_checking_import_is_found(tmp_path: Path) -> None:
+    """The two circles issue 39 found (argtypes → training.trackers → config → argtypes; horovod ↔
+    horovod_elastic): a function's import one way, an ``if TYPE_CHECKING:`` import the other."""
+    rules = _package(tmp_path, {"low/a.py": "def f():\n    from pkg.low import b\n",
+                                "low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                            "    from pkg.low.a import X\n"})
+    assert set(cycle(rules)) == {"pkg.low.a", "pkg.low.b"}
+    assert graph(rules)[0]["pkg.low.b"] == set()  # the rooms' check leaves the type checker's import out
+    rules = _package(tmp_path / "base", {"base.py": "def f():\n    import pkg.low.a\n",
+                                         "low/a.py": "import pkg.base\n"})
+    assert set(cycle(rules)) == {"pkg.base", "pkg.low.a"}
 
 
 def test_a_room_importing_a_room_its_line_does_not_name_is_found(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from dpcompare.compare.axes import AXES, axes_of
 from dpcompare.compare.cmdline import add_arguments, stored_args
-from dpcompare.compare.plan import Arm, Comparison, RunOptions, seed_list
+from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
 from dpcompare.compare.stopping import StoppingRule
@@ -79,7 +79,27 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
                    lab=getattr(a, "lab", None), axes=axes_of(a.sweep or (), a), replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
+    refuse_unrunnable(c)
     return c
+
+
+def refuse_unrunnable(c: Comparison) -> None:
+    """A setting an arm's strategy cannot run with under compare's launcher (mpirun or srun: Horovod's gloo
+    operations need horovodrun's gloo controller), refused once, before the first run, in the line each of its
+    runs would fail with. The elastic arms are left to their launchers (torchrun, horovodrun), a script's arms
+    to the script."""
+    if c.script is not None:
+        return
+    from dpcompare.backends import registry
+
+    for arm in c.all_arms:
+        if arm.elastic:
+            continue
+        for n in c.nps:
+            try:
+                registry.check_config(arm.strategy, child_config(c.config, RunSpec(arm, n, 0), c.out), n)
+            except ConfigError as e:
+                raise ConfigError(f"arm {arm.label} at np={n}: {e}") from None
 
 
 def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:

@@ -213,11 +213,14 @@ def _pairs(text: str) -> list[tuple[str, str]]:
 
 
 def parse_variant(text: str) -> Arm:
-    """``NAME=STRATEGY[:knob=value,...]`` → an arm labelled NAME."""
+    """``NAME=STRATEGY[:knob=value,...]`` → an arm labelled NAME (STRATEGY may be a plug-in's ``FILE.py:CLASS``)."""
     label, sep, rest = text.partition("=")
     if not sep or not label.strip() or not rest.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=STRATEGY[:knob=value,...]")
-    strategy, _, knobs = rest.partition(":")
+    # a plug-in strategy has a ":" of its own (path/to/file.py:CLASS): the settings start at the first "=" part
+    parts = rest.split(":")
+    first = next((i for i, part in enumerate(parts) if "=" in part), len(parts))
+    strategy, knobs = ":".join(parts[:first]), ":".join(parts[first:])
     _check_strategy(strategy.strip())
     values = tuple((k.replace("-", "_"), parse_setting(k.replace("-", "_"), v)) for k, v in _pairs(knobs))
     return Arm.named(strategy.strip(), label.strip(), values)

@@ -70,6 +70,7 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                    timing_only_steps=t.get("timing_only_steps"),
                    **{k: summary.get(k) for k in ("target_accuracy", "time_to_accuracy_s", "steps_to_accuracy",
                                                   "epochs_to_accuracy")}, eval_curve=summary.get("eval_curve") or [])
+        rec["cpu_ms"] = t.get("cpu_ms")  # the main thread's and the other threads' CPU per step (what took the cores)
         if summary.get("seed") is not None:
             rec["seed"] = summary["seed"]
         if not t.get("measured_steps"):

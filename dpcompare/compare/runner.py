@@ -105,7 +105,7 @@ class _Run:
         cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay, self.c.script)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
-        watch = LoadWatch() if self.watch_load else None  # what else the machine ran meanwhile
+        watch = LoadWatch(str(run_dir)) if self.watch_load else None  # what else the machine ran meanwhile
         if self.pool:
             rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
         elif spec.arm.fault is not None and self.lab is not None:

@@ -148,8 +148,9 @@ def ddp_script(script: Path, given: Path | None, out: Path) -> Path:
 
     result = write_port(scan_script(script), dest)
     if result["written"] is None:
-        raise ConfigError(f"the ddp arm needs a DDP port of {script}, and {result['message'][:-1]}; write one "
-                          "and pass --ddp-script FILE")
+        why = "; ".join(result["reasons"]) or result["message"]  # the reasons, not migrate's own sentence
+        raise ConfigError(f"the ddp arm needs a DDP port of {script}, which dpcompare migrate did not write "
+                          f"({why}); write one and pass --ddp-script FILE")
     return dest
 
 

@@ -91,7 +91,7 @@ def _bench(a: argparse.Namespace) -> int:
         if bad or not x:
             raise ConfigError(f"{flag} {','.join(x)}: choose from {', '.join(allowed)}")
     doc = bench.measure(lab, bench.parse_sizes(a.sizes), backends, collectives, a.warmup, a.iters, a.timeout,
-                        a.gap_ms)
+                        a.gap_ms, a.repeats)
     for table in bench.tables(doc):
         Console().print(table)
     if a.out:
@@ -168,7 +168,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="gloo, mpi (Open MPI's default all-reduce), mpi-rd (recursive doubling forced)")
     b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help=", ".join(bench.COLLECTIVES))
     b.add_argument("--warmup", type=nonneg_int, default=1, help="untimed iterations per size (default 1)")
-    b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size; the median counts")
+    b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size and repeat (slow sizes "
+                   "run fewer, 3 at least)")
+    b.add_argument("--repeats", type=positive_int, default=2, help="times the whole sweep runs, each a new mpirun "
+                   "(default 2: 6 times per size at least, enough to see Open MPI's two speeds)")
     b.add_argument("--gap-ms", type=nonneg_float, default=None, metavar="MS",
                    help="idle time before each timed operation (default: twice the time the link's tbf bucket "
                         "takes to refill, so each starts like a step's first collective after compute; 0 on an "

@@ -82,12 +82,15 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N
     projected = projection.section(folder)  # ... and projected to a cluster by compare (OUT/projected)
     why = attribution.for_report(results, recompute=recompute)
+    cost = faults.lines(results)  # a comparison with a fault leads with what the fault cost
     page = html.write_html(folder / "report.html", results, groups, verdicts, made,
-                           [x for x in (fault, traced, projected) if x], why)
+                           [x for x in (fault, traced, projected) if x], why, lead=cost)
     if not quiet:
         console = console or table.console_for_report()
-        table.print_report(console, results, groups, verdicts, str(page), why)
-        for line in faults.lines(results):
+        if cost:
+            console.print()
+        for line in cost:
             console.print(line, soft_wrap=True, markup=False)
+        table.print_report(console, results, groups, verdicts, str(page), why)
     return Rendered(page, [p.path for p in made] + ([fault_plot.path] if fault_plot else []),
                     [v.full_text for v in verdicts] + [v["text"] for v in faults.wall_verdicts(results)], verdicts)

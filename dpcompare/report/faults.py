@@ -231,8 +231,8 @@ def section(results: dict[str, Any], plot: Plot | None) -> str:
     fault = s["rows"][0]["fault"] if s["rows"] else ""
     return (f'<h2 id="fault">When a host dies ({e(fault)})</h2><div class="card">'
             + (f"<ul>{verdicts}</ul>" if verdicts else "")
-            + "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}"
-            "</tbody></table>"
+            + '<div class="scroll"><table class="fits"><thead><tr>' + "".join(f"<th>{e(h)}</th>" for h in head)
+            + f"</tr></thead><tbody>{body}</tbody></table></div>"
             + (f"<p>Runs the fault ended:</p><ul>{ended}</ul>" if ended else "")
             + '<p class="muted" style="font-size:13px">Pause: from the fault to the first step completed after the '
               "job recovered (torchrun: every process restarted from the newest checkpoint; Horovod Elastic: the "
