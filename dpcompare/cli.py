@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub, _Parser)
+    p.set_defaults(commands=sub.choices)
     return p
 
 
@@ -57,8 +58,34 @@ COMMAND_MODULES = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    return run_command(args.command, args.func, args)
+    if getattr(args, "config", None) is None:
+        return run_command(args.command, args.func, _given(args, argv))
+    return run_command(args.command, lambda a: (b := configured(parser, argv, a)).func(b), args)
+
+
+def _given(a: argparse.Namespace, argv: list[str], raw: dict | None = None) -> argparse.Namespace:
+    """``a`` with what the command was given, for its own config.toml (``options.given_settings``)."""
+    a.argv, a.config_raw = argv[argv.index(a.command) + 1:], raw or {}
+    return a
+
+
+def configured(parser: argparse.ArgumentParser, argv: list[str], a: argparse.Namespace) -> argparse.Namespace:
+    """``--config FILE``: the arguments again, with the file's settings as the command's defaults (flags given win)."""
+    from dpcompare.options import read_config
+
+    sub = a.commands[a.command]
+    defaults, raw = read_config(sub, a.config)
+    sub.set_defaults(**defaults)
+    return _given(parser.parse_args(argv), argv, raw)
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The arguments ``dpcompare ARGV`` runs its command with (``--config`` applied)."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    return configured(parser, list(argv), args) if getattr(args, "config", None) else _given(args, list(argv))
 
 
 def entry() -> None:

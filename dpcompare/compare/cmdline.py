@@ -198,3 +198,13 @@ def stored_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Names
     p = _StoredParser(prog="dpcompare compare", add_help=False)
     add_arguments(p)
     return p.parse_args(list(argv)), p.parse_args([])
+
+
+def write_comparison_config(c: Comparison) -> None:
+    """OUT/config.toml: the comparison's plan and train settings (what --resume reads from results.json), which
+    rerun it with ``dpcompare compare --config OUT/config.toml --out NEW``."""
+    from dpcompare.options import CONFIG_FILE, config_settings, write_config
+
+    p = argparse.ArgumentParser(prog="dpcompare compare", add_help=False)
+    add_arguments(p)
+    write_config(c.out / CONFIG_FILE, p, config_settings(p, [*plan_flags(c), *train_flags(c.config)]))

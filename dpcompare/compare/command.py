@@ -22,6 +22,7 @@ from dpcompare.compare.runner import run_compare
 from dpcompare.compare.schedule import Schedule
 from dpcompare.errors import ConfigError
 from dpcompare.files import LINK, RESULTS
+from dpcompare.options import add_config_file_option
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -126,5 +127,6 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  sudo dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(p)
     add_arguments(p)
     p.set_defaults(func=_cmd_compare)

@@ -42,7 +42,7 @@ DEFAULT_RUN_TIMEOUT = 1800.0
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
     from dpcompare.compare.plan import parse_strategies
-    from dpcompare.options import add_config_options
+    from dpcompare.options import add_config_file_option, add_config_options
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
@@ -54,6 +54,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
                "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(p)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
     p.add_argument("--strategies", type=parse_strategies,
@@ -310,6 +311,7 @@ def run_parity(a: argparse.Namespace) -> int:
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
+    _write_config(a, out)
     if a.lab is not None:
         a.lab.check_np(a.np)
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
@@ -351,6 +353,15 @@ def run_parity(a: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def _write_config(a: argparse.Namespace, out: Path) -> None:
+    """OUT/config.toml: the settings this check was given (file and flags), which rerun it with --config."""
+    from dpcompare.options import CONFIG_FILE, given_settings, write_config
+
+    settings = given_settings(a)
+    if settings is not None:
+        write_config(out / CONFIG_FILE, a.commands[a.command], settings)
+
+
 def _script_parity(a: argparse.Namespace, console: Console) -> int:
     """``parity --script``: the script's final weights under each arm (:mod:`dpcompare.compare.script`)."""
     from dpcompare.options import config_from_args
@@ -358,6 +369,7 @@ def _script_parity(a: argparse.Namespace, console: Console) -> int:
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
+    _write_config(a, out)
     if a.lab is not None:
         a.lab.check_np(a.np)
     return run_script_parity(a, config_from_args(a, strategy="horovod"), console)

@@ -14,7 +14,7 @@ from typing import Any
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
 from dpcompare.compare import faults, records
-from dpcompare.compare.cmdline import plan_flags, train_flags
+from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
 from dpcompare.compare.schedule import stop_reason
@@ -206,6 +206,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     console = console or console_for_report()
     if not c.options.resume:
         records.prepare_out(c.out, c.options.overwrite)
+    write_comparison_config(c)
     t_start = time.perf_counter()
     say = (lambda line: console.print(line, soft_wrap=True)) if c.options.progress != "none" else None
     with session(c.lab, say) as lab:

@@ -12,6 +12,8 @@ from dpcompare.argtypes import format_rate_bits, fraction, positive_float, posit
 from dpcompare.errors import ConfigError
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
+#: the configuration a prediction writes beside prediction.json (``--config`` reads it back)
+CONFIG_FILE = "prediction.toml"
 
 
 def parse_hosts(text: str) -> list[int]:
@@ -60,6 +62,8 @@ def _network(a: argparse.Namespace) -> Any:
 def _cmd_predict(a: argparse.Namespace) -> int:
     from dpcompare.prediction import output, strategies, sweep
 
+    if not a.run_dirs:
+        raise ConfigError("name a traced run folder or a compare --out folder (RUN_DIR), or give run_dirs in --config")
     hosts = parse_hosts(a.hosts)
     net = _network(a)
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
@@ -93,12 +97,23 @@ def _cmd_predict(a: argparse.Namespace) -> int:
               "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
               "threshold": a.threshold, "strategies": asked, "floor_from_trace": a.floor_from_trace}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
+    _write_config(a, out)
     console = output.make_console()
     if not a.quiet:
         console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement (docs/predict.md)")
         output.show(console, curves, lines, a.threshold)
     console.print(f"wrote {png} and {js}")
     return 0
+
+
+def _write_config(a: argparse.Namespace, out: Path) -> None:
+    """OUT/prediction.toml (not config.toml: OUT is often the run's own folder): the settings this prediction was
+    given, which rerun it with ``dpcompare predict --config``."""
+    from dpcompare.options import given_settings, write_config
+
+    settings = given_settings(a)
+    if settings is not None:
+        write_config(out / CONFIG_FILE, a.commands[a.command], settings)
 
 
 def project(folder: Path, link_bps: int) -> Path | None:
@@ -126,7 +141,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
                     "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
                     "A model, not a measurement: see docs/predict.md for its assumptions.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
+    from dpcompare.options import add_config_file_option
+
+    add_config_file_option(p)
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
     p.add_argument("--hosts", default=DEFAULT_HOSTS, help=f"host counts (default {DEFAULT_HOSTS}; '...' continues "
                    "the ratio)")
     p.add_argument("--link", type=rate_bits, default="25gbit",
