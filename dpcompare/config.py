@@ -172,9 +172,9 @@ class TrainConfig:
     mpi_allreduce: str = opt("default", _names("dpcompare.launch.openmpi", "MPI_ALLREDUCE",
                                                "horovod over Open MPI only: the all-reduce algorithm Open MPI's "
                                                "tuned collectives use (coll_tuned_allreduce_algorithm with dynamic "
-                                               "rules); default: Open MPI's choice by message size, which reached "
-                                               "only about half to three quarters of a shaped lab link "
-                                               "(docs/lab.md); one of "),
+                                               "rules); default: Open MPI's choice by message size, which on "
+                                               "a shaped lab link reached 89-105 %% of it at most sizes and "
+                                               "63-66 %% at some (docs/lab.md); one of "),
                              choices=_names("dpcompare.launch.openmpi", "MPI_ALLREDUCE"), group=KNOBS, resume=True,
                              metavar="ALGORITHM")
     adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "

@@ -46,8 +46,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
-        description="Run the same K steps under each strategy at --np processes (and under `single` with the "
-                    "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
+        description="Run the same K steps under each strategy at --np processes, and under `single`: one process "
+                    "that replays the --np processes (each one's batch, random state and BatchNorm statistics, "
+                    "one after the other; under --sync-bn the global batch in one pass), then print the largest "
                     "absolute difference per tensor of the final weights and between the loss curves. "
                     "Exit code 0 only when everything agrees within the tolerances.",
         epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
@@ -63,9 +64,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--tolerance", type=nonneg_float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
     p.add_argument("--single-tolerance", type=nonneg_float, default=1e-5,
-                   help="largest allowed |difference| against one process with the global batch, whose batch "
-                        "mean is summed in another order (default: 1e-5)")
-    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
+                   help="largest allowed |difference| against the one-process reference, whose sums over the "
+                        "processes' gradients are taken in another order (default: 1e-5)")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process reference")
     from dpcompare.lab.spec import lab_spec_arg
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
