@@ -67,14 +67,14 @@ s_predict() {
   for s in ddp horovod; do
     mpi2 train --strategy "$s" --model mlp --width 1024 --epochs 1 --trace 5 --progress none --out "$T/pred-$s" >/dev/null
   done
-  "$DPC" predict "$T/pred-ddp" --strategies ddp,horovod --hosts 2,4,8,16,32,64,128,256,512,1024 --link 25gbit
-  "$DPC" predict "$T/pred-horovod" --strategies horovod --hosts 2,4,8 --link 25gbit | grep -i -A3 "self-check" || true
+  "$DPC" predict "$T/pred-ddp" --strategies ddp,horovod --host-counts 2,4,8,16,32,64,128,256,512,1024 --link 25gbit
+  "$DPC" predict "$T/pred-horovod" --strategies horovod --host-counts 2,4,8 --link 25gbit | grep -i -A3 "self-check" || true
 }
 
 s_lab() {
   section lab "raw TCP at 1 Gbit/s; how long the lab bench's default sweeps take"
   (cd "$ROOT/bench" && "$PY" lab_tcp.py --link 1gbit)
-  "$DPC" lab up --hosts 2 --link 1gbit --name remeasure >/dev/null
+  "$DPC" lab up --host-count 2 --link 1gbit --name remeasure >/dev/null
   timed "$DPC" lab bench --name remeasure >/dev/null
   "$DPC" lab set-link 200mbit --name remeasure
   timed "$DPC" lab bench --name remeasure --sizes 4K:16M >/dev/null

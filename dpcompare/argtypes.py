@@ -96,7 +96,7 @@ def strategy_arg(text: str) -> str:
 
 
 def tracker_list(text: str) -> str:
-    """``--log``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
+    """``--trackers``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
     here, while the command line is read, so that a missing one stops the run before anything starts."""
     import importlib.util
 

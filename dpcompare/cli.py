@@ -164,6 +164,22 @@ also come from a TOML file: `--config FILE.toml` on `train`, `compare`, `parity`
 without their dashes, e.g. `batch-size = 64`; flags given on the command line win), and every run writes the
 `config.toml` that reruns it beside its results (`predict`: `prediction.toml`), e.g.
 `dpcompare compare --config runs/ab/config.toml --out runs/ab-again`.
+
+## One name, one meaning
+
+A flag name means one thing in every command. `--out` is a folder (`slurm`, `lab bench` and `timeline` write one
+file: `--out-file`); `--overwrite` replaces what a folder or file held; `--continue DIR` continues an interrupted
+comparison and `train --resume` a checkpoint; `--hosts` lists hosts with their slots (`launch`, `script`), while
+counts are `lab up --host-count` and `predict --host-counts`; `--timeout` bounds one collective (`train`) and
+`--run-timeout` a whole run or job (`compare`, `parity`: 1800 s by default in both; `lab bench`); `--trackers`
+names the experiment trackers and `slurm --sbatch-output` the job's log; `--warmup-steps` is what is left out of
+timing; `--bucket-mb`, `--horovod-cycle-ms` and `--grad-compression` are the same knobs in `train` and `predict`.
+
+Two names stay apart on purpose. A link rate is written the same everywhere (`1gbit`, `200mbit`, `25gbit`) but
+names three links: the lab's own (`--lab hosts=2,link=1gbit`, `lab up --link`), the cluster `predict` models
+(`predict --link`), and the cluster `compare` projects its traced runs onto (`compare --project-link`). `--seed` is
+42 for `train`, `compare` and `parity`, which seed every process alike; `script` leaves a Horovod script's own
+seeding alone unless given one.
 """
 
 
@@ -212,7 +228,7 @@ def _renamed(p: argparse.ArgumentParser) -> list[str]:
     """The table of old spellings that still work for one release."""
     from dpcompare.options import Deprecated
 
-    rows = [f"| {sp.prog} | `{a.option_strings[0]}` | `{a.new}` |" for sp in _commands(p) for a in sp._actions
+    rows = [f"| {sp.prog} | `{a.option_strings[0]}` | `{a.spelt}` |" for sp in _commands(p) for a in sp._actions
             if isinstance(a, Deprecated)]
     if not rows:
         return []

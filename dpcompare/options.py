@@ -72,6 +72,8 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
                 text += f" (default: {_default_text(default)})"
         kw["help"] = argparse.SUPPRESS if md["hidden"] else text
         g.add_argument(flag, **kw)
+        for old in md.get("renamed_from", ()):
+            deprecate(p, old, flag)
 
 
 def config_from_args(a: argparse.Namespace, **override: Any) -> TrainConfig:
@@ -126,24 +128,37 @@ def add_config_file_option(p: argparse.ArgumentParser | argparse._ArgumentGroup)
 class Deprecated:
     """Marks a hidden old spelling of a flag: it warns once on stderr, naming the new one, then acts as it."""
 
-    new = ""
+    new = ""  # the new flag
+    spelt = ""  # how the warning spells it: the flag, with its value for a switch that became a choice
+    own = False  # still an option of its own (its own destination), only hidden and warning
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
         import sys
 
-        sys.stderr.write(f"dpcompare: {option_string} is deprecated and goes in the next release; use {self.new}\n")
+        sys.stderr.write(f"dpcompare: {option_string} is deprecated and goes in the next release; use {self.spelt}\n")
         super().__call__(parser, namespace, values, option_string)  # type: ignore[misc]
 
 
-def deprecate(p: argparse.ArgumentParser, old: str, new: str) -> None:
-    """Keep ``old`` working as a hidden alias of ``p``'s flag ``new`` for one release, with a one-line warning."""
+def deprecate(p: argparse.ArgumentParser, old: str, new: str, const: Any = None) -> None:
+    """Keep ``old`` working for one release, hidden, with a one-line warning naming ``new``: as an alias of ``p``'s
+    flag ``new``; with ``const``, as a switch that sets ``new``'s destination to it (``--fp16`` for
+    ``--grad-compression fp16``); an ``old`` that is still an option of its own stays one (hidden, warning)."""
     import copy
 
     target = p._option_string_actions[new]
-    alias = copy.copy(target)
-    alias.__class__ = type("Deprecated" + type(target).__name__, (Deprecated, type(target)), {"new": new})
-    alias.option_strings, alias.help, alias.required = [old], argparse.SUPPRESS, False
-    p._add_action(alias)
+    own = old in p._option_string_actions
+    if own:
+        alias = p._option_string_actions[old]
+    elif const is not None:
+        alias = argparse._StoreConstAction([old], target.dest, const)
+        p._add_action(alias)
+    else:
+        alias = copy.copy(target)
+        alias.option_strings, alias.required = [old], False
+        p._add_action(alias)
+    alias.__class__ = type("Deprecated" + type(alias).__name__, (Deprecated, type(alias)),
+                           {"new": new, "spelt": new if const is None else f"{new} {const}", "own": own})
+    alias.help = argparse.SUPPRESS
 
 
 def _action(p: argparse.ArgumentParser, key: str) -> argparse.Action | None:
@@ -183,9 +198,15 @@ def _setting(act: argparse.Action, key: str, value: Any) -> tuple[str, Any] | No
 
 def _key(act: argparse.Action) -> str:
     """The configuration key of an option: its first flag without the dashes, or a positional's name."""
-    if isinstance(act, Deprecated):
+    if isinstance(act, Deprecated) and not act.own:
         return act.new[2:]
     return act.option_strings[0][2:] if act.option_strings else act.dest
+
+
+def _renamed_value(act: argparse.Action, value: Any) -> Any:
+    """A deprecated switch's value under its new name: ``--fp16`` is ``grad-compression = "fp16"``."""
+    const = getattr(act, "const", None)
+    return const if isinstance(act, Deprecated) and act.nargs == 0 and not isinstance(const, bool) else value
 
 
 def read_config(p: argparse.ArgumentParser, path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -213,14 +234,14 @@ def read_config(p: argparse.ArgumentParser, path: str | Path) -> tuple[dict[str,
             raise ConfigError(f"--config {path}: {key} is no option of {p.prog} (see {p.prog} --help)")
         if isinstance(act, Deprecated):
             sys.stderr.write(f"dpcompare: {path}: {key} is deprecated and goes in the next release; use "
-                             f"{act.new[2:]}\n")
+                             f"{act.spelt}\n")
         try:
             setting = _setting(act, key, value)
         except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
             raise ConfigError(f"--config {path}: {key} = {value!r}: {e}") from None
         if setting is not None:
             defaults[setting[0]] = setting[1]
-            raw[key if act.nargs == 0 and not isinstance(act, Deprecated) else _key(act)] = value
+            raw[key if act.nargs == 0 and not isinstance(act, Deprecated) else _key(act)] = _renamed_value(act, value)
     return defaults, raw
 
 
@@ -274,7 +295,7 @@ def config_settings(p: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str
         key = _key(act)
         if act.nargs == 0 and not isinstance(act, Deprecated):
             key = token[2:]  # a switch is written as given: no-single = true
-        values = [v if v is True else _toml_value(v) for v in values]
+        values = [_renamed_value(act, v) if v is True else _toml_value(v) for v in values]
         if isinstance(act, argparse._AppendAction) or not act.option_strings or act.nargs in ("+", "*"):
             settings[key] = [*settings.get(key, []), *values]
         else:

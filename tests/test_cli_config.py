@@ -74,9 +74,44 @@ def test_train_parity_predict_configs_read_back(tmp_path: Path) -> None:
     for argv, check in (
             (["parity", "--np", "3", "--no-single", "--strategies", "ddp,zero", "--lr", "0.1"],
              lambda b: (b.np, b.single, b.strategies, b.lr) == (3, False, ["ddp", "zero"], 0.1)),
-            (["predict", "r1", "r2", "--link", "1gbit", "--fp16", "--hosts", "2,4"],
-             lambda b: (b.run_dirs, b.link, b.fp16, b.hosts) == (["r1", "r2"], 10**9, True, "2,4"))):
+            (["predict", "r1", "r2", "--link", "1gbit", "--grad-compression", "fp16", "--host-counts", "2,4"],
+             lambda b: (b.run_dirs, b.link, b.grad_compression, b.hosts) == (["r1", "r2"], 10**9, "fp16", "2,4"))):
         given = cli.parse(argv)
         write_config(tmp_path / f"{argv[0]}.toml", given.commands[argv[0]], given_settings(given))
         b = cli.parse([argv[0], "--config", str(tmp_path / f"{argv[0]}.toml")])
         assert check(b), (argv, vars(b))
+
+
+def test_old_spellings_warn_once_and_mean_the_new_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from dpcompare.options import Deprecated
+
+    old_new = [(["train", "--log", "csv"], ["train", "--trackers", "csv"]),
+               (["compare", "--resume", "runs/x"], ["compare", "--continue", "runs/x"]),
+               (["predict", "r", "--fp16", "--cycle-ms", "2", "--hosts", "2,4"],
+                ["predict", "r", "--grad-compression", "fp16", "--horovod-cycle-ms", "2", "--host-counts", "2,4"]),
+               (["lab", "bench", "--warmup", "3", "--timeout", "9", "--out", "b.json"],
+                ["lab", "bench", "--warmup-steps", "3", "--run-timeout", "9", "--out-file", "b.json"]),
+               (["lab", "up", "--hosts", "3"], ["lab", "up", "--host-count", "3"])]
+    for old, new in old_new:
+        a, b = cli.parse(old), cli.parse(new)
+        skip = ("argv", "commands", "func")
+        assert {k: v for k, v in vars(a).items() if k not in skip} == {k: v for k, v in vars(b).items() if k not in skip}
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == sum(x.startswith("--") and x not in new for x in old) and all("use --" in e for e in err)
+    cli.parse(["predict", "r", "--fp16"])
+    assert "use --grad-compression fp16" in capsys.readouterr().err
+    for sp in cli._commands(cli.build_parser()):  # every old spelling is hidden, and its new one is shown
+        for act in sp._actions:
+            if isinstance(act, Deprecated):
+                assert act.help == "==SUPPRESS==" and sp._option_string_actions[act.new].help != "==SUPPRESS=="
+
+
+def test_a_flag_name_has_one_meaning() -> None:
+    seen: dict[str, set[str]] = {}
+    for sp in cli._commands(cli.build_parser()):
+        for act in sp._actions:
+            if act.help != "==SUPPRESS==" and act.option_strings:
+                seen.setdefault(act.option_strings[0], set()).add(str(act.metavar))
+    assert seen["--out"] <= {"None", "DIR"}  # a folder everywhere: a file is --out-file
+    assert seen["--hosts"] == {"H1:N,H2:N"} and "--log" not in seen and "--force" not in seen
+    assert seen["--resume"] == {"PATH|auto"} and seen["--timeout"] == {"None"}

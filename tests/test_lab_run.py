@@ -210,7 +210,7 @@ def test_the_link_axis_round_trips_through_results_and_resume(tmp_path: Path) ->
     assert [r["knobs"] for r in stored["runs"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}]
 
     seen.clear()
-    merged = compare_cmd.resumed_args(_args("--resume", str(out), "--progress", "none"))
+    merged = compare_cmd.resumed_args(_args("--continue", str(out), "--progress", "none"))
     c = comparison_of(merged)
     assert [a.link for a in c.all_arms] == [Link(None), Link(None), Link(10**9), Link(10**9)]
     assert runner_m.run_compare(c, launch=launch) == 0

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare import backends, knobs
+from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_json
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 #: differ from the processes' in the last bits, can then move a weight by up to the learning rate
 ADAPTIVE = ("adam", "adamw")
 
-#: seconds a parity run may take before it is stopped (``--run-timeout``): a run that hangs (a lost peer) ends
-DEFAULT_RUN_TIMEOUT = 1800.0
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:

@@ -172,7 +172,7 @@ class _Run:
             except KeyboardInterrupt:
                 self.save()  # valid, complete: false; this run is not in it
                 self.console.print(f"interrupted during {spec.name}: {len(self.results['runs'])} runs recorded in "
-                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --resume {self.c.out}",
+                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --continue {self.c.out}",
                                    soft_wrap=True)
                 raise
             self.results["runs"].append(rec)
@@ -285,7 +285,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
         diverged = sum(r["status"] == "diverged" for r in failed)
         what = f" ({diverged} diverged)" if diverged else ""
         console.print(f"[red]{len(failed)} of {len(results['runs'])} runs failed{what}[/] (their stderr is in "
-                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --resume {c.out}` reruns "
+                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --continue {c.out}` reruns "
                       "the failed ones)", soft_wrap=True)
     return 1 if failed else 0
 

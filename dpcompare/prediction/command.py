@@ -31,9 +31,9 @@ def parse_hosts(text: str) -> list[int]:
             while round(out[-1] * ratio) < end:
                 out.append(round(out[-1] * ratio))
     except ValueError:
-        raise ConfigError(f"--hosts {text!r}: give host counts like 2,4,8,16 or 2,4,8,...,1024") from None
+        raise ConfigError(f"--host-counts {text!r}: give host counts like 2,4,8,16 or 2,4,8,...,1024") from None
     if not out or min(out) < 1:
-        raise ConfigError(f"--hosts {text!r}: host counts are whole numbers of 1 or more")
+        raise ConfigError(f"--host-counts {text!r}: host counts are whole numbers of 1 or more")
     return sorted(set(out))
 
 
@@ -69,7 +69,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
     for s in asked or []:
         strategies.schedule(s)
-    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb, "cycle_ms": a.cycle_ms, "fp16": a.fp16 or None}
+    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb or a.bucket_mb, "cycle_ms": a.cycle_ms,
+            "fp16": a.grad_compression == "fp16" or None}
     curves, seen = [], set()
     for folder in strategies.profile_runs(a.run_dirs):
         p = strategies.profile(folder)
@@ -141,12 +142,12 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
                     "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
                     "A model, not a measurement: see docs/predict.md for its assumptions.")
-    from dpcompare.options import add_config_file_option
+    from dpcompare.options import add_config_file_option, deprecate
 
     add_config_file_option(p)
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
-    p.add_argument("--hosts", default=DEFAULT_HOSTS, help=f"host counts (default {DEFAULT_HOSTS}; '...' continues "
-                   "the ratio)")
+    p.add_argument("--host-counts", dest="hosts", default=DEFAULT_HOSTS,
+                   help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
     p.add_argument("--link", type=rate_bits, default="25gbit",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
     p.add_argument("--latency", default="5us", help="inter-host latency per message step (alpha), e.g. 5us")
@@ -163,10 +164,16 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "machine's CPUs, unlimited link): for a slower link on the same machine, e.g. the lab")
     p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
                    "each run's own; ddp,horovod for single)")
-    p.add_argument("--bucket-mb", type=positive_float, default=None, help="DDP/ZeRO bucket cap, MB (default: the run's)")
+    p.add_argument("--bucket-mb", type=positive_float, default=None, help="gradient bucket size in MB, as train's: "
+                   "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
     p.add_argument("--fusion-mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
-    p.add_argument("--cycle-ms", type=positive_float, default=None, help="Horovod cycle time, ms")
-    p.add_argument("--fp16", action="store_true", help="gradients in fp16 on the wire")
+    p.add_argument("--horovod-cycle-ms", dest="cycle_ms", type=positive_float, default=None,
+                   help="Horovod cycle time, ms (default: the run's)")
+    p.add_argument("--grad-compression", choices=["none", "fp16"], default="none",
+                   help="gradients on the wire: fp16 halves the bytes (default: none)")
+    for old, new, const in (("--hosts", "--host-counts", None), ("--fusion-mb", "--bucket-mb", None),
+                            ("--cycle-ms", "--horovod-cycle-ms", None), ("--fp16", "--grad-compression", "fp16")):
+        deprecate(p, old, new, const)
     p.add_argument("--threshold", type=fraction, default=0.8, help="efficiency to report falling below (default 0.8)")
     p.add_argument("--out", default=None, help="folder for prediction.png and prediction.json (default: the first "
                    "RUN_DIR)")

@@ -19,8 +19,8 @@ from dpcompare.prediction.strategies import schedule
 
 #: knob → the factors tried for advice, and how the flag is spelt
 TRIES: dict[str, tuple[tuple[float, ...], str]] = {
-    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--fusion-mb"),
-    "cycle_ms": ((0.2, 0.5, 2, 5), "--cycle-ms"), "fp16": ((1,), "--fp16")}
+    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--bucket-mb"),
+    "cycle_ms": ((0.2, 0.5, 2, 5), "--horovod-cycle-ms"), "fp16": ((1,), "--grad-compression fp16")}
 MIN_GAIN = 0.01  # a knob must shorten the step by at least 1 % to be advised
 
 

@@ -1,4 +1,4 @@
-"""Experiment trackers (``--log``): TensorBoard, Weights & Biases, MLflow and CSV, fed by the reporting rank.
+"""Experiment trackers (``--trackers``): TensorBoard, Weights & Biases, MLflow and CSV, fed by the reporting rank.
 
 The loop talks to one :class:`Trackers` object and never to a tool::
 
@@ -33,7 +33,7 @@ from dpcompare.files import atomic_write_text
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
 
-#: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
+#: ``--trackers`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
 TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
     "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
     "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
@@ -55,7 +55,7 @@ def install_hint(name: str) -> str:
 
 
 def selected(cfg: TrainConfig) -> list[str]:
-    """The trackers ``cfg`` asks for (``--no-tensorboard`` removes tensorboard from ``--log``)."""
+    """The trackers ``cfg`` asks for (``--no-tensorboard`` removes tensorboard from ``--trackers``)."""
     names = [n.strip() for n in cfg.log.split(",") if n.strip() and n.strip() != "none"]
     return [n for n in dict.fromkeys(names) if cfg.tensorboard or n != "tensorboard"]
 
@@ -63,14 +63,14 @@ def selected(cfg: TrainConfig) -> list[str]:
 def require(name: str) -> Any:
     """Import the module tracker ``name`` needs; ConfigError naming the extra when it is absent or broken."""
     if name not in TRACKERS:
-        raise ConfigError(f"unknown tracker {name!r} in --log; choose from {', '.join(TRACKERS)}")
+        raise ConfigError(f"unknown tracker {name!r} in --trackers; choose from {', '.join(TRACKERS)}")
     module = TRACKERS[name][0]
     if module is None:
         return None
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"--log {name}: {module} does not import ({e}); {install_hint(name)}") from None
+        raise ConfigError(f"--trackers {name}: {module} does not import ({e}); {install_hint(name)}") from None
 
 
 def check(cfg: TrainConfig) -> None:
