@@ -65,7 +65,7 @@ MOVES = {
                 "--fault": "what to compare", "--replay": "what to compare", "--max-repeats": HOW_LONG,
                 "--time-budget": HOW_LONG, "--equivalence": "verdicts", "--accuracy-equivalence": "verdicts",
                 "--run-timeout": HOW_LONG,
-                "--workers": WHERE, "--project-link": OUTPUT, "--resume": OUTPUT},
+                "--workers": WHERE, "--project-link": OUTPUT, "--continue": OUTPUT},
     "parity": {"--single-tolerance": "what to compare", "--no-single": "what to compare", "--lab": WHERE,
                "--run-timeout": HOW_LONG},
     "predict": {"--ranks-per-host": "the network model", "--intra-link": "the network model",

@@ -75,7 +75,7 @@ def test_train_parity_predict_configs_read_back(tmp_path: Path) -> None:
             (["parity", "--np", "3", "--no-single", "--strategies", "ddp,zero", "--lr", "0.1"],
              lambda b: (b.np, b.single, b.strategies, b.lr) == (3, False, ["ddp", "zero"], 0.1)),
             (["predict", "r1", "r2", "--link", "1gbit", "--grad-compression", "fp16", "--host-counts", "2,4"],
-             lambda b: (b.run_dirs, b.link, b.grad_compression, b.hosts) == (["r1", "r2"], 10**9, "fp16", "2,4"))):
+             lambda b: (b.run_dirs, b.link, b.compression, b.hosts) == (["r1", "r2"], 10**9, "fp16", "2,4"))):
         given = cli.parse(argv)
         write_config(tmp_path / f"{argv[0]}.toml", given.commands[argv[0]], given_settings(given))
         b = cli.parse([argv[0], "--config", str(tmp_path / f"{argv[0]}.toml")])
@@ -87,8 +87,8 @@ def test_old_spellings_warn_once_and_mean_the_new_flag(capsys: pytest.CaptureFix
 
     old_new = [(["train", "--log", "csv"], ["train", "--trackers", "csv"]),
                (["compare", "--resume", "runs/x"], ["compare", "--continue", "runs/x"]),
-               (["predict", "r", "--fp16", "--cycle-ms", "2", "--hosts", "2,4"],
-                ["predict", "r", "--grad-compression", "fp16", "--horovod-cycle-ms", "2", "--host-counts", "2,4"]),
+               (["predict", "r", "--cycle-ms", "2", "--hosts", "2,4"],
+                ["predict", "r", "--horovod-cycle-ms", "2", "--host-counts", "2,4"]),
                (["lab", "bench", "--warmup", "3", "--timeout", "9", "--out", "b.json"],
                 ["lab", "bench", "--warmup-steps", "3", "--run-timeout", "9", "--out-file", "b.json"]),
                (["lab", "up", "--hosts", "3"], ["lab", "up", "--host-count", "3"])]

@@ -179,7 +179,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="idle time before each timed operation (default: twice the time the link's tbf bucket "
                         "takes to refill, so each starts like a step's first collective after compute; 0 on an "
                         "unshaped link)")
-    b.add_argument("--run-timeout", dest="timeout", type=positive_int, default=600,
+    b.add_argument("--run-timeout", dest="timeout", type=positive_int, default=600, metavar="SECONDS",
                    help="seconds each mpirun job may take (default 600)")
     b.add_argument("--out-file", dest="out", metavar="FILE", help="write the results and α-β fits as JSON")
     for old, new in (("--warmup", "--warmup-steps"), ("--timeout", "--run-timeout"), ("--out", "--out-file")):

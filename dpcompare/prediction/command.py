@@ -177,7 +177,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
     p.add_argument("--host-counts", dest="hosts", default=DEFAULT_HOSTS,
                    help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
-    p.add_argument("--link", type=rate_bits, default="25gbit",
+    p.add_argument("--link", type=rate_bits, default="25gbit", metavar="RATE",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
     p.add_argument("--latency", default="5us", help="inter-host latency per message step (alpha), e.g. 5us")
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
@@ -193,10 +193,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "machine's CPUs, unlimited link): for a slower link on the same machine, e.g. the lab")
     p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
                    "each run's own; ddp,horovod for single)")
-    p.add_argument("--bucket-mb", type=positive_float, default=None, help="gradient bucket size in MB, as train's: "
+    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
                    "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
     p.add_argument("--fusion-mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
-    p.add_argument("--horovod-cycle-ms", dest="cycle_ms", type=positive_float, default=None,
+    p.add_argument("--horovod-cycle-ms", dest="cycle_ms", type=positive_float, default=None, metavar="MS",
                    help="Horovod cycle time, ms (default: the run's)")
     p.add_argument("--grad-compression", dest="compression", choices=("none", "fp16", "bf16"), default=None,
                    help="gradients on the wire (default: what the run used): fp16 and bf16 both halve the bytes")
