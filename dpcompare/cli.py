@@ -161,7 +161,8 @@ CLI_DOC_HEAD = """\
 
 Every command, every flag and its default, as `--help` prints them, grouped the same way. A run's options can
 also come from a TOML file: `--config FILE.toml` on `train`, `compare`, `parity` and `predict` (keys are the flags
-without their dashes, e.g. `batch-size = 64`; flags given on the command line win), and every run writes the
+without their dashes, e.g. `batch-size = 64`; flags given on the command line win, and a repeatable flag such
+as `--sweep` adds to the file's), and every run writes the
 `config.toml` that reruns it beside its results (`predict`: `prediction.toml`), e.g.
 `dpcompare compare --config runs/ab/config.toml --out runs/ab-again`.
 
