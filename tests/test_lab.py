@@ -139,7 +139,7 @@ def test_lab_is_two_hosts_shaped_both_ways(lab: Lab) -> None:
 
 @pytest.mark.netns
 def test_refusals_are_one_line_exit_2(lab: Lab) -> None:
-    p = dpcompare("lab", "up", "--hosts", "2", "--link", "1gbit", "--name", lab.name, check=False)
+    p = dpcompare("lab", "up", "--host-count", "2", "--link", "1gbit", "--name", lab.name, check=False)
     assert p.returncode == 2 and "already exists" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = dpcompare("lab", "up", "--link", "3furlongs", "--name", "neverup", check=False)
     assert p.returncode == 2 and "3furlongs" in p.stderr and not _ours("neverup")[0]
@@ -219,7 +219,7 @@ def test_bench_gloo_all_reduce_reaches_the_link(lab: Lab, tmp_path: Path) -> Non
     out = tmp_path / "bench.json"
     before = lab.host_rows()[0]["tx_bytes"]
     dpcompare("lab", "bench", "--name", lab.name, "--sizes", "1M,4M", "--backends", "gloo,mpi",
-              "--collectives", "allreduce", "--iters", "3", "--repeats", "1", "--out", str(out), timeout=240)
+              "--collectives", "allreduce", "--iters", "3", "--repeats", "1", "--out-file", str(out), timeout=240)
     doc = json.loads(out.read_text())
     assert doc["schema"] == labbench.SCHEMA and doc["ranks"] == 2 and doc["lab"]["link_bps"] == 2 * 10**8
     assert doc["gap_ms"] == labbench.idle_gap_ms(2 * 10**8)

@@ -62,7 +62,7 @@ class Axis:
     before_run: Callable[[Any, Any], None] | None = None  #: (lab or None, value): before a run at the value
 
     def flags(self, values: Sequence[Any]) -> list[str]:
-        """The values as compare's command line gives them (written back for --resume)."""
+        """The values as compare's command line gives them (written back for --continue)."""
         if self.pairs == TWIN:
             return [f"--{self.name}", str(values[0])]
         return ["--sweep", f"{self.name}=" + ",".join(map(str, values))]

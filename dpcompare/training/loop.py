@@ -32,7 +32,7 @@ from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
 from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
-from dpcompare.options import changed_settings
+from dpcompare.options import CONFIG_FILE, changed_settings, write_train_config
 from dpcompare.progress import ProgressLine
 from dpcompare.training import optim
 from dpcompare.training.evaluation import EvalCurve, evaluate
@@ -327,6 +327,7 @@ class Run:
         """Rank 0: OUT, ``metrics.jsonl`` (a fresh run's empty, a resumed one's past) and the trackers."""
         if self.strategy.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            write_train_config(self.out / CONFIG_FILE, self.cfg)
             _write_jsonl(self.out / "metrics.jsonl", self.history)
             self.trackers = open_trackers(self.cfg, self.run_info, self.out, True, self.history)
         if not self.elastic:  # (a worker joining an elastic run meets the others only in its strategy's sync)
