@@ -25,6 +25,11 @@ import torch
 import torch.distributed as dist
 
 from dpcompare.native.calls import unsupported
+from dpcompare.native.process_sets import (
+    ProcessSet,
+    check_process_set,
+    global_process_set,
+)
 from dpcompare.native.state import size
 
 # Horovod's reduction codes (horovod.common.basics), so that scripts comparing or printing them see the same.
@@ -35,43 +40,6 @@ _TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.Redu
 
 class HorovodInternalError(RuntimeError):
     """A collective failed (a peer died, the network broke): Horovod's exception, raised where Horovod raises it."""
-
-
-class ProcessSet:
-    """Horovod's process sets: only the global one exists here (others: ``dist.new_group``)."""
-
-    def __init__(self, ranks_or_comm: Any = None) -> None:
-        if ranks_or_comm is not None:
-            raise unsupported("hvd.ProcessSet")
-        self.process_set_id = 0
-
-    def included(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return dist.get_rank()
-
-    def __repr__(self) -> str:
-        return "ProcessSet(process_set_id=0, global)"
-
-
-global_process_set = ProcessSet()
-
-
-def add_process_set(process_set: Any) -> ProcessSet:
-    raise unsupported("hvd.add_process_set")
-
-
-def remove_process_set(process_set: Any) -> bool:
-    raise unsupported("hvd.remove_process_set")
-
-
-def check_process_set(process_set: Any, call: str) -> None:
-    if process_set is not global_process_set:
-        raise unsupported(f"{call}(process_set=...)", "ProcessSet")
 
 
 def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce") -> int:
@@ -150,7 +118,7 @@ def synchronize(handle: int) -> Any:
 
 # -- all-reduce ---------------------------------------------------------------------------------------------
 def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescale: float,
-                    postscale: float) -> Pending:
+                    postscale: float, ps: ProcessSet = global_process_set) -> Pending:
     """Sum (min, max, product) ``tensor`` into ``output`` across ranks with Horovod's scaling; not waited for."""
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
@@ -158,8 +126,8 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
         output.copy_(tensor)
     if prescale != 1.0:
         scale_(output, prescale)
-    work = dist.all_reduce(output, op=_TORCH_OPS[op], async_op=True)
-    post = postscale / size() if op == Average else postscale
+    work = dist.all_reduce(output, op=_TORCH_OPS[op], group=ps.group, async_op=True)
+    post = postscale / (ps.size() or 1) if op == Average else postscale
 
     def finish() -> torch.Tensor:
         if post != 1.0:
@@ -171,17 +139,17 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.allreduce_async")
+    ps = check_process_set(process_set, "hvd.allreduce_async")
     op = resolve_op(op, average, "hvd.allreduce_async")
-    return register(start_allreduce(tensor, torch.empty_like(tensor), op, prescale_factor, postscale_factor))
+    return register(start_allreduce(tensor, torch.empty_like(tensor), op, prescale_factor, postscale_factor, ps))
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.allreduce_async_")
+    ps = check_process_set(process_set, "hvd.allreduce_async_")
     op = resolve_op(op, average, "hvd.allreduce_async_")
-    return register(start_allreduce(tensor, tensor, op, prescale_factor, postscale_factor))
+    return register(start_allreduce(tensor, tensor, op, prescale_factor, postscale_factor, ps))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -194,15 +162,16 @@ class _Allreduce(torch.autograd.Function):
     """All-reduce with a gradient: the gradient is all-reduced with the same op and factors (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: int, prescale: float, postscale: float) -> torch.Tensor:
-        ctx.args = (op, prescale, postscale)
-        return start_allreduce(tensor, torch.empty_like(tensor), op, prescale, postscale).result()
+    def forward(ctx: Any, tensor: torch.Tensor, op: int, prescale: float, postscale: float,
+                ps: ProcessSet = global_process_set) -> torch.Tensor:
+        ctx.args = (op, prescale, postscale, ps)
+        return start_allreduce(tensor, torch.empty_like(tensor), op, prescale, postscale, ps).result()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        op, prescale, postscale = ctx.args
-        out = start_allreduce(grad.contiguous(), torch.empty_like(grad), op, prescale, postscale).result()
-        return out, None, None, None
+        op, prescale, postscale, ps = ctx.args
+        out = start_allreduce(grad.contiguous(), torch.empty_like(grad), op, prescale, postscale, ps).result()
+        return out, None, None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression: Any = None,
@@ -211,29 +180,29 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """The reduced copy of ``tensor`` (Average by default); ``tensor`` is left as it was."""
     from dpcompare.native.compression import Compression
 
-    check_process_set(process_set, "hvd.allreduce")
+    ps = check_process_set(process_set, "hvd.allreduce")
     op = resolve_op(op, average)
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor)
+    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, ps)
     return compression.decompress(reduced, ctx)
 
 
 # -- fused (grouped) all-reduce ----------------------------------------------------------------------------
 def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
                           outputs: Sequence[torch.Tensor] | None = None,
-                          buffer: torch.Tensor | None = None) -> Pending:
+                          buffer: torch.Tensor | None = None, ps: ProcessSet = global_process_set) -> Pending:
     """One all-reduce of ``tensors`` (one dtype, one device) copied into one buffer (``buffer`` when given: kept
     between steps, as Horovod keeps its fusion buffer); the results go to ``outputs`` (default: back into
     ``tensors``). A single contiguous tensor is reduced in place. ``Pending.keep[0]`` is the buffer."""
     outputs = list(tensors) if outputs is None else list(outputs)
     if len(tensors) == 1 and outputs[0] is tensors[0] and tensors[0].is_contiguous():
-        return start_allreduce(tensors[0], tensors[0], op, prescale, postscale)
+        return start_allreduce(tensors[0], tensors[0], op, prescale, postscale, ps)
     flat = [t.reshape(-1) for t in tensors]
     total = sum(t.numel() for t in flat)
     fits = buffer is not None and buffer.numel() == total and buffer.dtype == flat[0].dtype
     buf = torch.cat(flat, out=buffer) if fits else torch.cat(flat)
-    inner = start_allreduce(buf, buf, op, prescale, postscale)
+    inner = start_allreduce(buf, buf, op, prescale, postscale, ps)
 
     def finish() -> list[torch.Tensor]:
         flat = inner.finish()
@@ -244,13 +213,13 @@ def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: fl
 
 
 def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
-             outputs: Sequence[torch.Tensor]) -> Pending:
+             outputs: Sequence[torch.Tensor], ps: ProcessSet = global_process_set) -> Pending:
     """Fused all-reduces of ``tensors``, one per dtype and device, waited for together."""
     by_kind: dict[tuple[Any, Any], list[int]] = {}
     for i, t in enumerate(tensors):
         by_kind.setdefault((t.dtype, t.device), []).append(i)
-    parts = [start_fused_allreduce([tensors[i] for i in idx], op, prescale, postscale, [outputs[i] for i in idx])
-             for idx in by_kind.values()]
+    parts = [start_fused_allreduce([tensors[i] for i in idx], op, prescale, postscale, [outputs[i] for i in idx],
+                                   ps=ps) for idx in by_kind.values()]
 
     def finish() -> list[torch.Tensor]:
         for p in parts:
@@ -262,18 +231,18 @@ def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscal
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.grouped_allreduce_async")
+    ps = check_process_set(process_set, "hvd.grouped_allreduce_async")
     op = resolve_op(op, average, "hvd.grouped_allreduce_async")
     outs = [torch.empty_like(t) for t in tensors]
-    return register(_grouped(tensors, op, prescale_factor, postscale_factor, outs))
+    return register(_grouped(tensors, op, prescale_factor, postscale_factor, outs, ps))
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: int | None = None, prescale_factor: float = 1.0,
                              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.grouped_allreduce_async_")
+    ps = check_process_set(process_set, "hvd.grouped_allreduce_async_")
     op = resolve_op(op, average, "hvd.grouped_allreduce_async_")
-    return register(_grouped(tensors, op, prescale_factor, postscale_factor, tensors))
+    return register(_grouped(tensors, op, prescale_factor, postscale_factor, tensors, ps))
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -300,20 +269,20 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 # -- all-gather ---------------------------------------------------------------------------------------------
-def start_allgather(tensor: torch.Tensor) -> Pending:
+def start_allgather(tensor: torch.Tensor, ps: ProcessSet = global_process_set) -> Pending:
     """Concatenate every rank's ``tensor`` along the first dimension, which may differ between ranks."""
     t = tensor.contiguous()
-    n = size()
+    n = ps.size() or 1
     first = torch.tensor([t.shape[0] if t.dim() else 1], dtype=torch.int64)
     firsts = [torch.zeros_like(first) for _ in range(n)]
-    dist.all_gather(firsts, first)
+    dist.all_gather(firsts, first, group=ps.group)
     _recent.append((first, *firsts))
     counts = [int(f) for f in firsts]
     longest = max(counts)
     t = t.reshape(1) if t.dim() == 0 else t
     padded = t if t.shape[0] == longest else torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
     parts = [torch.empty_like(padded) for _ in range(n)]
-    work = dist.all_gather(parts, padded, async_op=True)
+    work = dist.all_gather(parts, padded, group=ps.group, async_op=True)
 
     def finish() -> torch.Tensor:
         return torch.cat([p[:k] for p, k in zip(parts, counts, strict=True)])
@@ -322,79 +291,80 @@ def start_allgather(tensor: torch.Tensor) -> Pending:
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.allgather_async")
-    return register(start_allgather(tensor))
+    ps = check_process_set(process_set, "hvd.allgather_async")
+    return register(start_allgather(tensor, ps))
 
 
 class _Allgather(torch.autograd.Function):
     """All-gather with a gradient: the averaged gradient's rows that belong to this rank (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
-        ctx.rows = tensor.shape[0]
-        return start_allgather(tensor).result()
+    def forward(ctx: Any, tensor: torch.Tensor, ps: ProcessSet = global_process_set) -> torch.Tensor:
+        ctx.rows, ctx.ps = tensor.shape[0], ps
+        return start_allgather(tensor, ps).result()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = start_allreduce(grad.contiguous(), torch.empty_like(grad), Average, 1.0, 1.0).result()
-        rows = start_allgather(torch.tensor([ctx.rows], dtype=torch.int64)).result()
-        offset = int(rows[: dist.get_rank()].sum())
-        return (reduced.narrow(0, offset, ctx.rows),)
+        reduced = start_allreduce(grad.contiguous(), torch.empty_like(grad), Average, 1.0, 1.0, ctx.ps).result()
+        rows = start_allgather(torch.tensor([ctx.rows], dtype=torch.int64), ctx.ps).result()
+        offset = int(rows[: ctx.ps.rank()].sum())
+        return reduced.narrow(0, offset, ctx.rows), None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    check_process_set(process_set, "hvd.allgather")
-    return _Allgather.apply(tensor)
+    ps = check_process_set(process_set, "hvd.allgather")
+    return _Allgather.apply(tensor, ps)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.grouped_allgather_async")
-    parts = [start_allgather(t) for t in tensors]
+    ps = check_process_set(process_set, "hvd.grouped_allgather_async")
+    parts = [start_allgather(t, ps) for t in tensors]
     return register(Pending([w for p in parts for w in p.works], lambda: [p.finish() for p in parts]))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     check_process_set(process_set, "hvd.grouped_allgather")
-    return [allgather(t) for t in tensors]
+    return [allgather(t, process_set=process_set) for t in tensors]
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
                            process_set: ProcessSet = global_process_set) -> Callable[[], torch.Tensor]:
     """A sparse gradient "all-reduced" as Horovod does it: indices and values all-gathered, values divided by the
     world size for Average; returns a callable that waits and gives the aggregated sparse tensor."""
-    check_process_set(process_set, "hvd.sparse_allreduce_async")
+    ps = check_process_set(process_set, "hvd.sparse_allreduce_async")
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = start_allgather(t.indices().t().contiguous())
-    values = start_allgather(t.values())
+    indices = start_allgather(t.indices().t().contiguous(), ps)
+    values = start_allgather(t.values(), ps)
 
     def handle() -> torch.Tensor:
         v, i = values.result(), indices.result()
-        v = v / size() if op == Average else v
+        v = v / (ps.size() or 1) if op == Average else v
         return torch.sparse_coo_tensor(i.t(), v, t.size())
     return handle
 
 
 # -- broadcast ----------------------------------------------------------------------------------------------
-def start_broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int) -> Pending:
+def start_broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
+                    ps: ProcessSet = global_process_set) -> Pending:
     if output is not tensor:
         output.copy_(tensor)
-    work = dist.broadcast(output, src=root_rank, async_op=True)
+    work = dist.broadcast(output, src=root_rank, group=ps.group, async_op=True)
     return Pending([work], lambda: output, (tensor, output))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.broadcast_async")
-    return register(start_broadcast(tensor, torch.empty_like(tensor), root_rank))
+    ps = check_process_set(process_set, "hvd.broadcast_async")
+    return register(start_broadcast(tensor, torch.empty_like(tensor), root_rank, ps))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.broadcast_async_")
-    return register(start_broadcast(tensor, tensor, root_rank))
+    ps = check_process_set(process_set, "hvd.broadcast_async_")
+    return register(start_broadcast(tensor, tensor, root_rank, ps))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -406,28 +376,28 @@ class _Broadcast(torch.autograd.Function):
     """Broadcast with a gradient: the averaged gradient on the root, zero elsewhere (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int) -> torch.Tensor:
-        ctx.root = root_rank
-        return start_broadcast(tensor, torch.empty_like(tensor), root_rank).result()
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, ps: ProcessSet = global_process_set) -> torch.Tensor:
+        ctx.root, ctx.ps = root_rank, ps
+        return start_broadcast(tensor, torch.empty_like(tensor), root_rank, ps).result()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = start_allreduce(grad.contiguous(), torch.empty_like(grad), Average, 1.0, 1.0).result()
+        reduced = start_allreduce(grad.contiguous(), torch.empty_like(grad), Average, 1.0, 1.0, ctx.ps).result()
         if dist.get_rank() != ctx.root:
             reduced *= 0
-        return reduced, None
+        return reduced, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    check_process_set(process_set, "hvd.broadcast")
-    return _Broadcast.apply(tensor, root_rank)
+    ps = check_process_set(process_set, "hvd.broadcast")
+    return _Broadcast.apply(tensor, root_rank, ps)
 
 
 # -- the rest -----------------------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    check_process_set(process_set, "hvd.barrier")
-    dist.barrier()
+    ps = check_process_set(process_set, "hvd.barrier")
+    dist.barrier(group=ps.group)
 
 
 def join(device: int = -1) -> int:
@@ -441,23 +411,6 @@ def join(device: int = -1) -> int:
     dist.all_gather(every, mine)
     _recent.append((mine, *every))
     return int(torch.cat(every).argmax())
-
-
-def _refused(name: str) -> Callable[..., Any]:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise unsupported(f"hvd.{name}")
-    refuse.__name__ = name
-    refuse.__doc__ = f"Not in the native layer: raises :class:`~dpcompare.native.calls.Unsupported` naming the " \
-                     f"native equivalent of ``hvd.{name}``."
-    return refuse
-
-
-alltoall = _refused("alltoall")
-alltoall_async = _refused("alltoall_async")
-reducescatter = _refused("reducescatter")
-reducescatter_async = _refused("reducescatter_async")
-grouped_reducescatter = _refused("grouped_reducescatter")
-grouped_reducescatter_async = _refused("grouped_reducescatter_async")
 
 
 # -- Python objects -----------------------------------------------------------------------------------------
@@ -478,13 +431,13 @@ def _loads(t: torch.Tensor) -> Any:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """``obj`` pickled on ``root_rank`` and unpickled everywhere (sizes, then bytes, on CPU tensors)."""
-    check_process_set(process_set, "hvd.broadcast_object")
+    ps = check_process_set(process_set, "hvd.broadcast_object")
     payload = _dumps(obj) if dist.get_rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    dist.broadcast(length, src=root_rank)
+    dist.broadcast(length, src=root_rank, group=ps.group)
     if dist.get_rank() != root_rank:
         payload = torch.empty(int(length), dtype=torch.uint8)
-    dist.broadcast(payload, src=root_rank)
+    dist.broadcast(payload, src=root_rank, group=ps.group)
     _recent.append((length, payload))
     return obj if dist.get_rank() == root_rank else _loads(payload)
 
