@@ -14,8 +14,9 @@ result is ``(tensor, received_splits)``; ``alltoall_async``'s handle always give
 The ranks first exchange what they send (dtype, trailing shape, splits) so that a mismatch raises Horovod's
 errors on every rank instead of corrupting the result.
 
-int16 tensors, which gloo cannot reduce, are reduced as int32 (the sum wraps as Horovod's int16 sum does) and
-moved as float16 (the same bytes).
+The dtypes are Horovod's: reduce-scatter takes int32, int64, float16, float32 and float64, all-to-all also uint8,
+int8 and int16 (which gloo cannot move: it travels as float16, the same bytes); any other, or a tensor that is not
+contiguous, is Horovod's ``ValueError``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ from dpcompare.native.collectives import (
 )
 from dpcompare.native.process_sets import ProcessSet, check_process_set, global_process_set
 
-#: dtypes gloo cannot reduce or move, and what they travel as
-_WIRE = {torch.int16: torch.int32}
+_REDUCESCATTER_DTYPES = (torch.int32, torch.int64, torch.float16, torch.float32, torch.float64)
+_ALLTOALL_DTYPES = (torch.uint8, torch.int8, torch.int16, *_REDUCESCATTER_DTYPES)
+
+
+def _check_tensor(t: torch.Tensor, dtypes: Sequence[torch.dtype]) -> None:
+    """Horovod's checks before a collective starts: a dtype its binding takes, contiguous memory."""
+    if t.dtype not in dtypes:
+        raise ValueError(f"Tensor type {t.type()} is not supported.")
+    if not t.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
 
 
 def _rows(n: int, size: int) -> list[int]:
@@ -55,6 +64,8 @@ def _check_op(op: int) -> None:
 def _start_reducescatter(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
                          ps: ProcessSet) -> Pending:
     """Reduce-scatter ``tensors``: one fused buffer (one torch call) per dtype; not waited for."""
+    for t in tensors:
+        _check_tensor(t, _REDUCESCATTER_DTYPES)
     _check_op(op)
     if any(t.dim() == 0 for t in tensors):
         raise ValueError("Reducescatter does not support scalar inputs")
@@ -77,7 +88,7 @@ def _start_fused(tensors: Sequence[torch.Tensor], op: int, prescale: float, post
                  ps: ProcessSet) -> Pending:
     size, me = ps.size() or 1, ps.rank() or 0
     post = postscale / size if op == Average else postscale
-    wires = [t.to(_WIRE.get(t.dtype, t.dtype)).contiguous() for t in tensors]
+    wires = list(tensors)
     splits = [_rows(t.shape[0], size) for t in tensors]
     # rank r's part of the buffer: its rows of every tensor, in order (Horovod's fusion buffer layout)
     chunks = [torch.cat([w.narrow(0, sum(s[:r]), s[r]).reshape(-1) for w, s in zip(wires, splits, strict=True)])
@@ -93,7 +104,7 @@ def _start_fused(tensors: Sequence[torch.Tensor], op: int, prescale: float, post
             scale_(out, post)
         shapes = [(s[me], *t.shape[1:]) for t, s in zip(tensors, splits, strict=True)]
         parts = out.split([int(torch.Size(sh).numel()) for sh in shapes])
-        return [p.reshape(sh).to(t.dtype, copy=True) for p, sh, t in zip(parts, shapes, tensors, strict=True)]
+        return [p.reshape(sh).clone() for p, sh in zip(parts, shapes, strict=True)]
     return Pending([work], finish, (out, *chunks))
 
 
@@ -206,6 +217,7 @@ def _exchange_meta(tensor: torch.Tensor, send: list[int], ps: ProcessSet) -> lis
 
 
 def _start_alltoall(tensor: torch.Tensor, splits: Any, ps: ProcessSet) -> tuple[Pending, list[int]]:
+    _check_tensor(tensor, _ALLTOALL_DTYPES)
     size = ps.size() or 1
     send = _send_splits(tensor, splits, size)
     received = _exchange_meta(tensor, send, ps)
