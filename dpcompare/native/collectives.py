@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcompare.native.calls import unsupported
 from dpcompare.native.process_sets import (
     ProcessSet,
     check_process_set,
@@ -43,7 +42,7 @@ class HorovodInternalError(RuntimeError):
 
 
 def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce") -> int:
-    """Horovod's handling of the deprecated ``average=`` and the default (Average); Adasum is refused here."""
+    """Horovod's handling of the deprecated ``average=`` and the default (Average)."""
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if average is not None:
@@ -51,9 +50,7 @@ def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce"
                       DeprecationWarning, stacklevel=3)
         op = Average if average else Sum
     op = Average if op is None else op
-    if op == Adasum:
-        raise unsupported(f"{call}(op=hvd.Adasum)", "Adasum")
-    if op not in _TORCH_OPS:
+    if op not in _TORCH_OPS and op != Adasum:
         raise ValueError(f"unknown reduction op {op!r}")
     return op
 
@@ -118,7 +115,8 @@ def synchronize(handle: int) -> Any:
 
 # -- all-reduce ---------------------------------------------------------------------------------------------
 def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescale: float,
-                    postscale: float, ps: ProcessSet = global_process_set) -> Pending:
+                    postscale: float, ps: ProcessSet = global_process_set,
+                    counts: Sequence[int] | None = None) -> Pending:
     """Sum (min, max, product) ``tensor`` into ``output`` across ranks with Horovod's scaling; not waited for."""
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
@@ -126,6 +124,8 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
         output.copy_(tensor)
     if prescale != 1.0:
         scale_(output, prescale)
+    if op == Adasum:  # Horovod's CPU Adasum, per tensor of a fused buffer (``counts``)
+        return _adasum(output, counts or [output.numel()], postscale, ps, (tensor, output))
     work = dist.all_reduce(output, op=_TORCH_OPS[op], group=ps.group, async_op=True)
     post = postscale / (ps.size() or 1) if op == Average else postscale
 
@@ -134,6 +134,18 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
             scale_(output, post)
         return output
     return Pending([work], finish, (tensor, output))
+
+
+def _adasum(buf: torch.Tensor, counts: Sequence[int], postscale: float, ps: ProcessSet,
+            keep: tuple[Any, ...]) -> Pending:
+    """``buf`` replaced by every rank's Adasum (:mod:`.adasum`), then post-scaled; done when it returns."""
+    from dpcompare.native.adasum import adasum, check
+
+    check(size(), ps is global_process_set)
+    buf.view(-1).copy_(adasum(buf.view(-1), counts))
+    if postscale != 1.0:
+        scale_(buf, postscale)
+    return Pending([], lambda: buf, keep)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -202,7 +214,7 @@ def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: fl
     total = sum(t.numel() for t in flat)
     fits = buffer is not None and buffer.numel() == total and buffer.dtype == flat[0].dtype
     buf = torch.cat(flat, out=buffer) if fits else torch.cat(flat)
-    inner = start_allreduce(buf, buf, op, prescale, postscale, ps)
+    inner = start_allreduce(buf, buf, op, prescale, postscale, ps, [t.numel() for t in tensors])
 
     def finish() -> list[torch.Tensor]:
         flat = inner.finish()

@@ -170,7 +170,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """A new optimizer of ``optimizer``'s class, on its parameter groups, that averages gradients across ranks."""
     if op == Adasum:
-        raise unsupported("hvd.DistributedOptimizer(op=hvd.Adasum)", "Adasum")
+        raise unsupported("hvd.DistributedOptimizer(op=hvd.Adasum)", "DistributedOptimizer(op=Adasum)")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups:
