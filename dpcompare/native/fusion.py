@@ -161,7 +161,8 @@ class GradientFusion:
         post = self.postscale if postscale is None else postscale
         key = tuple(members)
         buf = self._buffers.get(key) if len(members) > 1 else None
-        span = timeline.begin("allreduce", [f"allreduce.{self.names[i]}" for i in members], wires)
+        span = timeline.begin("allreduce", [f"allreduce.{self.names[i]}" for i in members], wires) \
+            if timeline.active() else None
         pending = start_fused_allreduce(wires, self.op, pre, post, buffer=buf, ps=self.process_set)
         timeline.started(span)
         if len(members) > 1 and buf is None:

@@ -50,7 +50,6 @@ from dpcompare.native.state import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
 )
 from dpcompare.native.syncbn import SyncBatchNorm
@@ -94,6 +93,14 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _state.init(comm)
     _process_sets.setup(process_sets)
     _timeline.from_env()
+
+
+def shutdown() -> None:
+    """Leave the job: the timeline file closed, the process sets unregistered, the process group ended."""
+    if _timeline.active():
+        _timeline.stop_timeline()
+    _process_sets.reset()
+    _state.shutdown()
 
 
 class _Elastic:

@@ -138,6 +138,17 @@ def setup(process_sets: Any) -> None:
                              f"duplicate: {ps}")
 
 
+def reset() -> None:
+    """``hvd.shutdown()``'s part: every set unregistered (their groups went with the job's)."""
+    global _next_id
+    for ps in _table.values():
+        ps._invalidate()
+    _table.clear()
+    _free_ids.clear()
+    _next_id = 1
+    global_process_set.ranks = []
+
+
 def _dynamic(verb: str) -> None:
     state.world()  # Horovod's error before init
     if os.environ.get(DYNAMIC_VAR, "0") != "1":
