@@ -69,6 +69,7 @@ def _start_reducescatter(tensors: Sequence[torch.Tensor], op: int, prescale: flo
     _check_op(op)
     if any(t.dim() == 0 for t in tensors):
         raise ValueError("Reducescatter does not support scalar inputs")
+    agree("reducescatter", tensors, ps, first_dim=True)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
@@ -178,7 +179,7 @@ def _send_splits(tensor: torch.Tensor, splits: Any, size: int) -> list[int]:
     """The rows this rank sends to each rank, checked as Horovod checks them."""
     if tensor.dim() == 0:
         raise ValueError("alltoall does not support scalar inputs")
-    if splits is None:
+    if splits is None or (isinstance(splits, torch.Tensor) and splits.numel() == 0):  # Horovod: no splits
         if tensor.shape[0] % size:
             raise ValueError("splits not provided, but first dimension of tensor is not an even multiple of the "
                              "number of workers.")
@@ -196,22 +197,41 @@ def _send_splits(tensor: torch.Tensor, splits: Any, size: int) -> list[int]:
     return out
 
 
-def _exchange_meta(tensor: torch.Tensor, send: list[int], ps: ProcessSet) -> list[int]:
-    """Every rank's dtype and trailing shape, compared; the rows each rank sends here (received splits)."""
-    size = len(send)
-    trailing = list(tensor.shape[1:])[:8]
-    mine = torch.tensor([_DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else 99, tensor.dim(),
-                         *trailing, *[-1] * (8 - len(trailing)), *send], dtype=torch.int64)
+def _describe(t: torch.Tensor, first_dim: bool) -> list[int]:
+    """dtype, rank and shape (8 dimensions; dimension 0 as -2 where it may differ) as integers."""
+    dims = ([t.shape[0]] if first_dim else [-2]) + list(t.shape[1:]) if t.dim() else []
+    return [_DTYPES.index(t.dtype) if t.dtype in _DTYPES else 99, t.dim(), *dims[:8], *[-1] * (8 - len(dims[:8]))]
+
+
+def agree(op: str, tensors: Sequence[torch.Tensor], ps: ProcessSet, first_dim: bool,
+          extra: Sequence[int] = ()) -> list[torch.Tensor]:
+    """Every rank's dtypes and shapes compared (Horovod's negotiation: the same error on every rank), with each
+    rank's ``extra`` integers gathered alongside; returns every rank's description."""
+    mine = torch.tensor([v for t in tensors for v in _describe(t, first_dim)] + list(extra), dtype=torch.int64)
+    size = ps.size() or 1
+    lengths = [torch.empty(1, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(lengths, torch.tensor([mine.numel()]), group=ps.group)
+    ranks = ps.ranks or list(range(size))
+    if len({int(n) for n in lengths}) > 1:
+        raise HorovodInternalError(f"Mismatched {op} tensor counts across ranks {ranks}")
     every = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=ps.group)
-    ranks = ps.ranks or list(range(size))
-    if len({int(e[0]) for e in every}) > 1:
-        kinds = {ranks[i]: str(_DTYPES[int(e[0])]) if int(e[0]) < len(_DTYPES) else "?" for i, e in
-                 enumerate(every)}
-        raise HorovodInternalError(f"Mismatched alltoall tensor types: {kinds}")
-    if len({tuple(e[1:10].tolist()) for e in every}) > 1:
-        raise HorovodInternalError("Mismatched alltoall tensor shapes: every dimension but the first must agree "
-                                   f"(ranks {ranks})")
+    described = 10 * len(tensors)
+    for i in range(len(tensors)):
+        kinds = {int(e[10 * i]) for e in every}
+        if len(kinds) > 1:
+            names = {ranks[r]: str(_DTYPES[int(e[10 * i])]) if int(e[10 * i]) < len(_DTYPES) else "?"
+                     for r, e in enumerate(every)}
+            raise HorovodInternalError(f"Mismatched {op} tensor types: {names}")
+    if len({tuple(e[:described].tolist()) for e in every}) > 1:
+        which = "every dimension but the first" if not first_dim else "the shapes"
+        raise HorovodInternalError(f"Mismatched {op} tensor shapes: {which} must agree (ranks {ranks})")
+    return every
+
+
+def _exchange_meta(tensor: torch.Tensor, send: list[int], ps: ProcessSet) -> list[int]:
+    """Every rank's dtype and trailing shape, compared; the rows each rank sends here (received splits)."""
+    every = agree("alltoall", [tensor], ps, first_dim=False, extra=send)
     me = ps.rank() or 0
     return [int(e[10 + me]) for e in every]
 
