@@ -125,6 +125,10 @@ class TrainConfig:
                                "hvd.SyncBatchNorm; GPUs only)", resume=True)
     device: str = opt("auto", "auto: one GPU per process when CUDA is available, else CPU",
                       choices=["auto", "cpu", "cuda"], resume=True)
+    deterministic: bool = opt(False, "on a GPU: PyTorch's deterministic algorithms (torch.use_deterministic_algorithms, "
+                                     "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the same "
+                                     "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
+                              resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int)
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
                          type=t.nonneg_int)
@@ -217,11 +221,11 @@ class TrainConfig:
     overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
     tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --log names it)",
                             flag="--no-tensorboard", group=OUTPUT)
-    log: str = opt("tensorboard", _described("dpcompare.training.trackers", "TRACKERS",
+    log: str = opt("tensorboard", _described("dpcompare.argtypes", "TRACKERS",
                                              "where the reporting rank also logs epoch metrics, step-time phases, "
                                              "the config and the versions, comma-separated: ",
                                              "; none: only dpcompare's own files (default: tensorboard)"),
-                   type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.training.trackers", "TRACKERS")()),
+                   type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.argtypes", "TRACKERS")()),
                    group=OUTPUT, metavar="LIST")
     mlflow_uri: str | None = opt(None, "--log mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
                                        "sqlite:///FILE.db or a server's http(s):// address (default: "

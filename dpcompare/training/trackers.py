@@ -10,8 +10,9 @@ The loop talks to one :class:`Trackers` object and never to a tool::
 On any other rank ``open_trackers`` returns an empty :class:`Trackers` whose calls do nothing. A comparison
 groups its runs with :mod:`dpcompare.compare.trackers`. W&B is offline unless ``WANDB_MODE`` says otherwise.
 
-Importing this module imports no torch and no tool (the command line reads :data:`TRACKERS`): a new tracker is
-a row in :data:`TRACKERS` and a :class:`Tracker` subclass in :data:`OPENERS`, both here.
+Importing this module imports no torch and no tool. A new tracker is its row in ``--log``'s table
+(:data:`dpcompare.argtypes.TRACKERS`, which the command line and ``dpcompare doctor`` read without importing
+this room) and a :class:`Tracker` subclass in :data:`OPENERS` here.
 """
 
 from __future__ import annotations
@@ -27,31 +28,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_text
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
 
-#: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
-TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
-    "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
-    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
-    "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
-    "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
-}
-
 #: environment variables a compare's child jobs receive (besides WANDB_RUN_GROUP and MLFLOW_TRACKING_URI)
 MLFLOW_PARENT_ENV = "DPCOMPARE_MLFLOW_PARENT_RUN_ID"
 MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_ID"
 WANDB_PROJECT = "dpcompare"  # unless WANDB_PROJECT is set
 MLFLOW_EXPERIMENT = "dpcompare"  # unless MLFLOW_EXPERIMENT_NAME / MLFLOW_EXPERIMENT_ID is set
-
-
-def install_hint(name: str) -> str:
-    """What brings tracker ``name``'s module: ``pip install 'dpcompare[EXTRA]'`` or ``pip install MODULE``."""
-    module, extra, _ = TRACKERS[name]
-    return f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
 
 
 def selected(cfg: TrainConfig) -> list[str]:
