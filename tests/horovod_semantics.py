@@ -265,6 +265,17 @@ def refusals():
     return out
 
 
+@check
+def adasum():
+    r = hvd.rank()
+    gen = torch.Generator().manual_seed(60 + r)
+    a, b = torch.randn(37, generator=gen), torch.randn(5, 3, generator=gen)
+    return {"orthogonal": flat(hvd.allreduce(torch.tensor([1.0, 0.0] if r == 0 else [0.0, 1.0]), op=hvd.Adasum)),
+            "parallel": flat(hvd.allreduce(torch.tensor([2.0, 4.0]), op=hvd.Adasum)),
+            "random": flat(hvd.allreduce(a, op=hvd.Adasum, prescale_factor=0.5, postscale_factor=3.0)),
+            "grouped": [flat(t) for t in hvd.grouped_allreduce([a, b.half()], op=hvd.Adasum)]}
+
+
 if hvd.rank() == 0:
     with open(sys.argv[1], "w") as f:
         json.dump(results, f, indent=1, sort_keys=True)

@@ -149,6 +149,8 @@ def test_layer_reproduces_horovods_semantics(native_semantics: dict) -> None:
     assert g["allgather"] == [[0.0], [1.0], [0.0], [2.0], [4.0]] and g["object"] == {"from": 1, "list": [1, "x"]}
     assert g["objects"] == [[0, "rank0"], [1, "rank1"]] and g["broadcast"] == [1.5] and g["async"] == [0.5]
     assert s["gradients_through_collectives"] == {"allreduce": [6.0, 10.0], "allgather": [2.0, 4.0]}
+    # Adasum: orthogonal gradients add up, equal ones stay as they are
+    assert s["adasum"]["orthogonal"] == [1.0, 1.0] and s["adasum"]["parallel"] == [2.0, 4.0]
     assert not any(isinstance(v, str) and v.startswith(("Unsupported", "TypeError", "RuntimeError"))
                    for v in s.values())
     # 6 steps: the first two reduced at step() in one buffer, then every group starts during backward, as soon as
@@ -183,7 +185,7 @@ try:
     hvd.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), op=hvd.Adasum)
 except Exception as e:
     print("adasum refused:", type(e).__name__)
-hvd.alltoall(torch.ones(2))
+hvd.init(comm=[0])
 print("not reached")
 """
 
@@ -198,8 +200,8 @@ def test_unsupported_call_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "import refused: import horovod.tensorflow: dpcompare's native Horovod layer covers horovod.torch" in p.stdout
     assert "adasum refused: Unsupported" in p.stdout and "not reached" not in p.stdout
     assert p.stderr.strip().splitlines() == [
-        "dpcompare script: error: hvd.alltoall is not supported by dpcompare's native Horovod layer; natively: "
-        "dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes)"]
+        "dpcompare script: error: hvd.init(comm=...) is not supported by dpcompare's native Horovod layer; natively: "
+        "dist.new_group(ranks), passed as group= to each collective"]
 
 
 def test_script_refuses_an_earlier_runs_records_and_a_missing_script(tmp_path: Path) -> None:
@@ -306,8 +308,8 @@ def test_migrate_marks_refused_calls_and_writes_no_port_for_them(tmp_path: Path)
                                 "named_parameters=m.named_parameters())\n")
     out = json.loads(in_process(["migrate", str(script), "--json"]).stdout)
     refused = {c["call"] for c in out["calls"] if not c["supported"]}
-    assert refused == {"import horovod.tensorflow", "Adasum", "alltoall"}
-    assert out["port"]["written"] is None and any("alltoall" in r for r in out["port"]["reasons"])
+    assert refused == {"import horovod.tensorflow", "DistributedOptimizer(op=Adasum)"}
+    assert out["port"]["written"] is None and any("Adasum" in r for r in out["port"]["reasons"])
     assert not (tmp_path / "refused_ddp.py").exists()
 
 

@@ -49,11 +49,16 @@ class UnsupportedImport(Unsupported, ImportError):
 
 _RANKS = "torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE"
 _AR = "dist.all_reduce(t) (sums in place), then t /= dist.get_world_size() for Average"
+_TIMELINE = ("the layer writes Horovod's timeline format on rank 0 (HOROVOD_TIMELINE=FILE, or start_timeline with "
+             "HOROVOD_TIMELINE set before init, as Horovod); no negotiation to show: NEGOTIATE spans are instants")
+_ROWS = "split the first dimension as Horovod does: the first rows % size ranks get one row more"
+_SETS = "every rank calls it, in the same order, as in Horovod"
 
 #: ``hvd.NAME`` → what it is natively. Names of the optimizer (``optimizer.synchronize``) start with ``optimizer.``.
 CALLS: dict[str, Call] = {
     # process facts
-    "init": Call('dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo"), started by torchrun'),
+    "init": Call('dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo"), started by torchrun',
+                 note="init(process_sets=[...] or \"dynamic\") runs; init(comm=...) (an MPI communicator) is refused"),
     "shutdown": Call("dist.destroy_process_group()"),
     "is_initialized": Call("dist.is_initialized()"),
     "rank": Call("dist.get_rank()"),
@@ -75,8 +80,9 @@ CALLS: dict[str, Call] = {
     "rocm_built": Call("torch.version.hip is not None", note="the layer answers True where a GPU is visible"),
     "ddl_built": Call("no equivalent (IBM DDL)", note="the layer answers False"),
     "ccl_built": Call("no equivalent needed (oneCCL: the torch-ccl plug-in's backend)", note="the layer answers False"),
-    "start_timeline": Call("torch.profiler.profile(...)", supported=False),
-    "stop_timeline": Call("torch.profiler.profile(...)", supported=False),
+    "start_timeline": Call("torch.profiler.profile(...) (a Chrome trace of every op, the collectives included)",
+                           note=_TIMELINE),
+    "stop_timeline": Call("prof.export_chrome_trace(path) at the end of the profiled region", note=_TIMELINE),
     # collectives
     "allreduce": Call(_AR), "allreduce_": Call(_AR), "allreduce_async": Call(_AR + "; async_op=True"),
     "allreduce_async_": Call(_AR + "; async_op=True"),
@@ -92,12 +98,13 @@ CALLS: dict[str, Call] = {
     "broadcast": Call("dist.broadcast(t.clone(), src=root_rank)"), "broadcast_": Call("dist.broadcast(t, src=root_rank)"),
     "broadcast_async": Call("dist.broadcast(t.clone(), src=root_rank, async_op=True)"),
     "broadcast_async_": Call("dist.broadcast(t, src=root_rank, async_op=True)"),
-    "alltoall": Call("dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes)", supported=False),
-    "alltoall_async": Call("dist.all_to_all_single(..., async_op=True)", supported=False),
-    "reducescatter": Call("dist.reduce_scatter_tensor(output, input) (NCCL)", supported=False),
-    "reducescatter_async": Call("dist.reduce_scatter_tensor(..., async_op=True)", supported=False),
-    "grouped_reducescatter": Call("dist.reduce_scatter_tensor on each tensor", supported=False),
-    "grouped_reducescatter_async": Call("dist.reduce_scatter_tensor on each tensor", supported=False),
+    "alltoall": Call("dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes)",
+                     note="the received splits: all-gather the splits first (the layer does)"),
+    "alltoall_async": Call("dist.all_to_all_single(..., async_op=True)"),
+    "reducescatter": Call("dist.reduce_scatter(output, list(t.split(rows))), then / size for Average", note=_ROWS),
+    "reducescatter_async": Call("dist.reduce_scatter(..., async_op=True)", note=_ROWS),
+    "grouped_reducescatter": Call("dist.reduce_scatter on each tensor (or on one flat copy of each rank's rows)"),
+    "grouped_reducescatter_async": Call("dist.reduce_scatter(..., async_op=True) on each tensor"),
     "poll": Call("work.is_completed() on the work async_op=True returned"),
     "synchronize": Call("work.wait() on the work async_op=True returned"),
     "join": Call("torch.distributed.algorithms.Join([model]) around the loop",
@@ -123,12 +130,18 @@ CALLS: dict[str, Call] = {
     "Average": Call("dist.ReduceOp.SUM, then divide by dist.get_world_size()"),
     "Sum": Call("dist.ReduceOp.SUM"), "Min": Call("dist.ReduceOp.MIN"), "Max": Call("dist.ReduceOp.MAX"),
     "Product": Call("dist.ReduceOp.PRODUCT"),
-    "Adasum": Call("no native equivalent: use Average (DDP's default)", supported=False),
+    "Adasum": Call("no native equivalent: DDP averages",
+                   note="hvd.allreduce and hvd.grouped_allreduce run it as Horovod's CPU path computes it, at a "
+                        "power-of-two number of ranks"),
+    "DistributedOptimizer(op=Adasum)": Call(
+        "no native equivalent: use Average (DDP's default)", supported=False,
+        note="Horovod's Adasum optimizer takes a local step per parameter and sums the parameters' deltas with "
+             "Adasum; the layer does not reproduce that optimizer"),
     "SyncBatchNorm": Call("torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) (GPU)"),
     "HorovodInternalError": Call("torch.distributed.DistBackendError"),
-    "ProcessSet": Call("dist.new_group(ranks)", supported=False),
-    "add_process_set": Call("dist.new_group(ranks)", supported=False),
-    "remove_process_set": Call("dist.destroy_process_group(group)", supported=False),
+    "ProcessSet": Call("dist.new_group(ranks), passed as group= to each collective", note=_SETS),
+    "add_process_set": Call("dist.new_group(ranks)", note="needs HOROVOD_DYNAMIC_PROCESS_SETS=1, as Horovod; " + _SETS),
+    "remove_process_set": Call("dist.destroy_process_group(group)", note=_SETS),
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints", supported=False),
     # the optimizer's methods

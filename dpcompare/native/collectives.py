@@ -25,8 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcompare.native.calls import unsupported
 from dpcompare.native.negotiation import HorovodInternalError, Request, dtype_of, first_dim, negotiator
+from dpcompare.native.process_sets import (
+    ProcessSet,
+    check_process_set,
+    global_process_set,
+)
 from dpcompare.native.state import size
 
 # Horovod's reduction codes (horovod.common.basics), so that scripts comparing or printing them see the same.
@@ -35,45 +39,8 @@ _TORCH_OPS = {Average: dist.ReduceOp.SUM, Sum: dist.ReduceOp.SUM, Min: dist.Redu
               Product: dist.ReduceOp.PRODUCT}
 
 
-class ProcessSet:
-    """Horovod's process sets: only the global one exists here (others: ``dist.new_group``)."""
-
-    def __init__(self, ranks_or_comm: Any = None) -> None:
-        if ranks_or_comm is not None:
-            raise unsupported("hvd.ProcessSet")
-        self.process_set_id = 0
-
-    def included(self) -> bool:
-        return True
-
-    def size(self) -> int:
-        return size()
-
-    def rank(self) -> int:
-        return dist.get_rank()
-
-    def __repr__(self) -> str:
-        return "ProcessSet(process_set_id=0, global)"
-
-
-global_process_set = ProcessSet()
-
-
-def add_process_set(process_set: Any) -> ProcessSet:
-    raise unsupported("hvd.add_process_set")
-
-
-def remove_process_set(process_set: Any) -> bool:
-    raise unsupported("hvd.remove_process_set")
-
-
-def check_process_set(process_set: Any, call: str) -> None:
-    if process_set is not global_process_set:
-        raise unsupported(f"{call}(process_set=...)", "ProcessSet")
-
-
 def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce") -> int:
-    """Horovod's handling of the deprecated ``average=`` and the default (Average); Adasum is refused here."""
+    """Horovod's handling of the deprecated ``average=`` and the default (Average)."""
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if average is not None:
@@ -81,9 +48,7 @@ def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce"
                       DeprecationWarning, stacklevel=3)
         op = Average if average else Sum
     op = Average if op is None else op
-    if op == Adasum:
-        raise unsupported(f"{call}(op=hvd.Adasum)", "Adasum")
-    if op not in _TORCH_OPS:
+    if op not in _TORCH_OPS and op != Adasum:
         raise ValueError(f"unknown reduction op {op!r}")
     return op
 
@@ -197,7 +162,8 @@ def run(requests: list[Request], finish: Callable[[list[Any]], Any] = lambda out
 
 # -- all-reduce ---------------------------------------------------------------------------------------------
 def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescale: float,
-                    postscale: float) -> Pending:
+                    postscale: float, ps: ProcessSet = global_process_set,
+                    counts: Sequence[int] | None = None) -> Pending:
     """Sum (min, max, product) ``tensor`` into ``output`` across ranks with Horovod's scaling; not waited for."""
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
@@ -206,8 +172,10 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
     wire = output.to(_WIDER[output.dtype]) if output.dtype in _WIDER and not output.is_cuda else output
     if prescale != 1.0:
         scale_(wire, prescale)
-    work = dist.all_reduce(wire, op=_TORCH_OPS[op], async_op=True)
-    post = postscale / size() if op == Average else postscale
+    if op == Adasum:  # Horovod's CPU Adasum, per tensor of a fused buffer (``counts``)
+        return _adasum(output, counts or [output.numel()], postscale, ps, (tensor, output))
+    work = dist.all_reduce(wire, op=_TORCH_OPS[op], group=ps.group, async_op=True)
+    post = postscale / (ps.size() or 1) if op == Average else postscale
 
     def finish() -> torch.Tensor:
         if post != 1.0:
@@ -218,6 +186,18 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
     return Pending([work], finish, (tensor, output, wire))
 
 
+def _adasum(buf: torch.Tensor, counts: Sequence[int], postscale: float, ps: ProcessSet,
+            keep: tuple[Any, ...]) -> Pending:
+    """``buf`` replaced by every rank's Adasum (:mod:`.adasum`), then post-scaled; done when it returns."""
+    from dpcompare.native.adasum import adasum, check
+
+    check(size(), ps is global_process_set)
+    buf.view(-1).copy_(adasum(buf.view(-1), counts))
+    if postscale != 1.0:
+        scale_(buf, postscale)
+    return Pending([], lambda: buf, keep)
+
+
 def _answer_joined(row: list[int]) -> None:
     """A rank that joined answers an all-reduce it did not submit with zeros of the same size and dtype."""
     zeros = torch.zeros(row[5], dtype=dtype_of(row))
@@ -225,30 +205,31 @@ def _answer_joined(row: list[int]) -> None:
 
 
 def allreduce_request(tensor: torch.Tensor, output: torch.Tensor, op: int, prescale: float, postscale: float,
-                      name: str | None) -> Request:
+                      name: str | None, ps: ProcessSet = global_process_set) -> Request:
     """One all-reduce queued for agreement (``output`` may be ``tensor``: in place)."""
     if not tensor.is_contiguous():
         raise ValueError("Tensor is required to be contiguous.")
     negotiator().answer_joined = _answer_joined
-    return submit("allreduce", tensor, name, lambda rows: start_allreduce(tensor, output, op, prescale, postscale),
-                  op=op, prescale=prescale, postscale=postscale)
+    return submit("allreduce", tensor, name,
+                  lambda rows: start_allreduce(tensor, output, op, prescale, postscale, ps),
+                  op=op, prescale=prescale, postscale=postscale, process_set=ps.process_set_id)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.allreduce_async")
+    ps = check_process_set(process_set, "hvd.allreduce_async")
     op = resolve_op(op, average, "hvd.allreduce_async")
-    req = allreduce_request(tensor, torch.empty_like(tensor), op, prescale_factor, postscale_factor, name)
+    req = allreduce_request(tensor, torch.empty_like(tensor), op, prescale_factor, postscale_factor, name, ps)
     return register(Deferred([req]))
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.allreduce_async_")
+    ps = check_process_set(process_set, "hvd.allreduce_async_")
     op = resolve_op(op, average, "hvd.allreduce_async_")
-    return register(Deferred([allreduce_request(tensor, tensor, op, prescale_factor, postscale_factor, name)]))
+    return register(Deferred([allreduce_request(tensor, tensor, op, prescale_factor, postscale_factor, name, ps)]))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -261,17 +242,17 @@ class _Allreduce(torch.autograd.Function):
     """All-reduce with a gradient: the gradient is all-reduced with the same op and factors (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: int, prescale: float, postscale: float,
-                name: str | None) -> torch.Tensor:
-        ctx.args = (op, prescale, postscale)
-        return run([allreduce_request(tensor, torch.empty_like(tensor), op, prescale, postscale, name)])
+    def forward(ctx: Any, tensor: torch.Tensor, op: int, prescale: float, postscale: float, name: str | None,
+                ps: ProcessSet = global_process_set) -> torch.Tensor:
+        ctx.args = (op, prescale, postscale, ps)
+        return run([allreduce_request(tensor, torch.empty_like(tensor), op, prescale, postscale, name, ps)])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        op, prescale, postscale = ctx.args
+        op, prescale, postscale, ps = ctx.args
         grad = grad.contiguous()
-        out = run([allreduce_request(grad, torch.empty_like(grad), op, prescale, postscale, None)])
-        return out, None, None, None, None
+        out = run([allreduce_request(grad, torch.empty_like(grad), op, prescale, postscale, None, ps)])
+        return out, None, None, None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression: Any = None,
@@ -280,30 +261,30 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """The reduced copy of ``tensor`` (Average by default); ``tensor`` is left as it was."""
     from dpcompare.native.compression import Compression
 
-    check_process_set(process_set, "hvd.allreduce")
+    ps = check_process_set(process_set, "hvd.allreduce")
     op = resolve_op(op, average)
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, name)
+    reduced = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, name, ps)
     return compression.decompress(reduced, ctx)
 
 
 # -- fused (grouped) all-reduce ----------------------------------------------------------------------------
 def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
                           outputs: Sequence[torch.Tensor] | None = None,
-                          buffer: torch.Tensor | None = None) -> Pending:
+                          buffer: torch.Tensor | None = None, ps: ProcessSet = global_process_set) -> Pending:
     """One all-reduce of ``tensors`` (one dtype, one device) copied into one buffer (``buffer`` when given: kept
     between steps, as Horovod keeps its fusion buffer); the results go to ``outputs`` (default: back into
     ``tensors``). A single contiguous tensor is reduced in place. ``Pending.keep[0]`` is the buffer.
     Issued at once, without the ranks' agreement: :mod:`.fusion`'s gradients, in the same order on every rank."""
     outputs = list(tensors) if outputs is None else list(outputs)
     if len(tensors) == 1 and outputs[0] is tensors[0] and tensors[0].is_contiguous():
-        return start_allreduce(tensors[0], tensors[0], op, prescale, postscale)
+        return start_allreduce(tensors[0], tensors[0], op, prescale, postscale, ps)
     flat = [t.reshape(-1) for t in tensors]
     total = sum(t.numel() for t in flat)
     fits = buffer is not None and buffer.numel() == total and buffer.dtype == flat[0].dtype
     buf = torch.cat(flat, out=buffer) if fits else torch.cat(flat)
-    inner = start_allreduce(buf, buf, op, prescale, postscale)
+    inner = start_allreduce(buf, buf, op, prescale, postscale, ps, [t.numel() for t in tensors])
 
     def finish() -> list[torch.Tensor]:
         flat = inner.finish()
@@ -314,10 +295,10 @@ def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: fl
 
 
 def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
-             outputs: Sequence[torch.Tensor], name: str | None) -> Deferred:
+             outputs: Sequence[torch.Tensor], name: str | None, ps: ProcessSet = global_process_set) -> Deferred:
     """Horovod's grouped all-reduce: one request per tensor (``NAME.i``), agreed on and waited for together."""
     base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
-    reqs = [allreduce_request(t, o, op, prescale, postscale, f"{base}.{i}")
+    reqs = [allreduce_request(t, o, op, prescale, postscale, f"{base}.{i}", ps)
             for i, (t, o) in enumerate(zip(tensors, outputs, strict=True))]
     return Deferred(reqs, list)
 
@@ -325,18 +306,18 @@ def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscal
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.grouped_allreduce_async")
+    ps = check_process_set(process_set, "hvd.grouped_allreduce_async")
     op = resolve_op(op, average, "hvd.grouped_allreduce_async")
     outs = [torch.empty_like(t) for t in tensors]
-    return register(_grouped(tensors, op, prescale_factor, postscale_factor, outs, name))
+    return register(_grouped(tensors, op, prescale_factor, postscale_factor, outs, name, ps))
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op: int | None = None, prescale_factor: float = 1.0,
                              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.grouped_allreduce_async_")
+    ps = check_process_set(process_set, "hvd.grouped_allreduce_async_")
     op = resolve_op(op, average, "hvd.grouped_allreduce_async_")
-    return register(_grouped(tensors, op, prescale_factor, postscale_factor, tensors, name))
+    return register(_grouped(tensors, op, prescale_factor, postscale_factor, tensors, name, ps))
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -364,73 +345,74 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 
 
 # -- all-gather ---------------------------------------------------------------------------------------------
-def gather_rows(tensor: torch.Tensor, counts: Sequence[int]) -> Pending:
+def gather_rows(tensor: torch.Tensor, counts: Sequence[int], ps: ProcessSet = global_process_set) -> Pending:
     """Concatenate every rank's ``tensor`` along the first dimension, rank ``r`` giving ``counts[r]`` rows."""
     t = tensor.contiguous()
     t = t.reshape(1) if t.dim() == 0 else t
     longest = max(counts)
     padded = t if t.shape[0] == longest else torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
     parts = [torch.empty_like(padded) for _ in counts]
-    work = dist.all_gather([as_wire(p) for p in parts], as_wire(padded), async_op=True)
+    work = dist.all_gather([as_wire(p) for p in parts], as_wire(padded), group=ps.group, async_op=True)
 
     def finish() -> torch.Tensor:
         return torch.cat([p[:k] for p, k in zip(parts, counts, strict=True)])
     return Pending([work], finish, (tensor, padded, *parts))
 
 
-def start_allgather(tensor: torch.Tensor) -> Pending:
+def start_allgather(tensor: torch.Tensor, ps: ProcessSet = global_process_set) -> Pending:
     """An all-gather issued at once, without the ranks' agreement (the first dimensions exchanged first)."""
     first = torch.tensor([tensor.shape[0] if tensor.dim() else 1], dtype=torch.int64)
-    firsts = [torch.zeros_like(first) for _ in range(size())]
-    dist.all_gather(firsts, first)
+    firsts = [torch.zeros_like(first) for _ in range(ps.size() or 1)]
+    dist.all_gather(firsts, first, group=ps.group)
     _recent.append((first, *firsts))
-    return gather_rows(tensor, [int(f) for f in firsts])
+    return gather_rows(tensor, [int(f) for f in firsts], ps)
 
 
-def allgather_request(tensor: torch.Tensor, name: str | None,
-                      counts: list[int] | None = None) -> Request:
-    """One all-gather queued for agreement; ``counts`` (when given) receives every rank's row count."""
+def allgather_request(tensor: torch.Tensor, name: str | None, counts: list[int] | None = None,
+                      ps: ProcessSet = global_process_set) -> Request:
+    """One all-gather queued for agreement; ``counts`` (when given) receives the set's ranks' row counts."""
     def start(rows: list[Any]) -> Pending:
-        got = [first_dim(r) for r in rows]
+        got = [first_dim(r) for r in rows if r is not None]   # the set's members, in rank order
         if counts is not None:
             counts[:] = got
-        return gather_rows(tensor, got)
-    return submit("allgather", tensor, name, start)
+        return gather_rows(tensor, got, ps)
+    return submit("allgather", tensor, name, start, process_set=ps.process_set_id)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.allgather_async")
-    return register(Deferred([allgather_request(tensor, name)]))
+    ps = check_process_set(process_set, "hvd.allgather_async")
+    return register(Deferred([allgather_request(tensor, name, None, ps)]))
 
 
 class _Allgather(torch.autograd.Function):
     """All-gather with a gradient: the averaged gradient's rows that belong to this rank (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
-        ctx.counts = []
-        return run([allgather_request(tensor, name, ctx.counts)])
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None,
+                ps: ProcessSet = global_process_set) -> torch.Tensor:
+        ctx.counts, ctx.ps = [], ps
+        return run([allgather_request(tensor, name, ctx.counts, ps)])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         grad = grad.contiguous()
-        reduced = run([allreduce_request(grad, torch.empty_like(grad), Average, 1.0, 1.0, None)])
-        me = dist.get_rank()
-        return reduced.narrow(0, sum(ctx.counts[:me]), ctx.counts[me]), None
+        reduced = run([allreduce_request(grad, torch.empty_like(grad), Average, 1.0, 1.0, None, ctx.ps)])
+        me = ctx.ps.rank()
+        return reduced.narrow(0, sum(ctx.counts[:me]), ctx.counts[me]), None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    check_process_set(process_set, "hvd.allgather")
-    return _Allgather.apply(tensor, name)
+    ps = check_process_set(process_set, "hvd.allgather")
+    return _Allgather.apply(tensor, name, ps)
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.grouped_allgather_async")
+    ps = check_process_set(process_set, "hvd.grouped_allgather_async")
     base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
-    return register(Deferred([allgather_request(t, f"{base}.{i}") for i, t in enumerate(tensors)], list))
+    return register(Deferred([allgather_request(t, f"{base}.{i}", None, ps) for i, t in enumerate(tensors)], list))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -439,52 +421,54 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
     if not any(t.requires_grad for t in tensors):
         return synchronize(grouped_allgather_async(tensors, name, process_set))
     base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
-    return [allgather(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    return [allgather(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: int,
                            process_set: ProcessSet = global_process_set) -> Callable[[], torch.Tensor]:
     """A sparse gradient "all-reduced" as Horovod does it: indices and values all-gathered, values divided by the
     world size for Average; returns a callable that waits and gives the aggregated sparse tensor."""
-    check_process_set(process_set, "hvd.sparse_allreduce_async")
+    ps = check_process_set(process_set, "hvd.sparse_allreduce_async")
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
-    indices = start_allgather(t.indices().t().contiguous())
-    values = start_allgather(t.values())
+    indices = start_allgather(t.indices().t().contiguous(), ps)
+    values = start_allgather(t.values(), ps)
 
     def handle() -> torch.Tensor:
         v, i = values.result(), indices.result()
-        v = v / size() if op == Average else v
+        v = v / (ps.size() or 1) if op == Average else v
         return torch.sparse_coo_tensor(i.t(), v, t.size())
     return handle
 
 
 # -- broadcast ----------------------------------------------------------------------------------------------
-def start_broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int) -> Pending:
+def start_broadcast(tensor: torch.Tensor, output: torch.Tensor, root_rank: int,
+                    ps: ProcessSet = global_process_set) -> Pending:
     if output is not tensor:
         output.copy_(tensor)
-    work = dist.broadcast(as_wire(output), src=root_rank, async_op=True)
+    work = dist.broadcast(as_wire(output), src=root_rank, group=ps.group, async_op=True)
     return Pending([work], lambda: output, (tensor, output))
 
 
-def broadcast_request(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: str | None) -> Request:
+def broadcast_request(tensor: torch.Tensor, output: torch.Tensor, root_rank: int, name: str | None,
+                      ps: ProcessSet = global_process_set) -> Request:
     """One broadcast queued for agreement; a root rank outside the job raises here (Horovod's ranks would wait)."""
     if not 0 <= int(root_rank) < size():
         raise HorovodInternalError(f"hvd.broadcast of tensor '{name or 'broadcast'}': root rank {root_rank} is "
                                    f"not a rank of this job (ranks 0 to {size() - 1})")
-    return submit("broadcast", tensor, name, lambda rows: start_broadcast(tensor, output, root_rank),
-                  root=int(root_rank))
+    return submit("broadcast", tensor, name, lambda rows: start_broadcast(tensor, output, root_rank, ps),
+                  root=int(root_rank), process_set=ps.process_set_id)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.broadcast_async")
-    return register(Deferred([broadcast_request(tensor, torch.empty_like(tensor), root_rank, name)]))
+    ps = check_process_set(process_set, "hvd.broadcast_async")
+    return register(Deferred([broadcast_request(tensor, torch.empty_like(tensor), root_rank, name, ps)]))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> int:
-    check_process_set(process_set, "hvd.broadcast_async_")
-    return register(Deferred([broadcast_request(tensor, tensor, root_rank, name)]))
+    ps = check_process_set(process_set, "hvd.broadcast_async_")
+    return register(Deferred([broadcast_request(tensor, tensor, root_rank, name, ps)]))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -496,30 +480,32 @@ class _Broadcast(torch.autograd.Function):
     """Broadcast with a gradient: the averaged gradient on the root, zero elsewhere (as Horovod's)."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None) -> torch.Tensor:
-        ctx.root = root_rank
-        return run([broadcast_request(tensor, torch.empty_like(tensor), root_rank, name)])
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                ps: ProcessSet = global_process_set) -> torch.Tensor:
+        ctx.root, ctx.ps = root_rank, ps
+        return run([broadcast_request(tensor, torch.empty_like(tensor), root_rank, name, ps)])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         grad = grad.contiguous()
-        reduced = run([allreduce_request(grad, torch.empty_like(grad), Average, 1.0, 1.0, None)])
+        reduced = run([allreduce_request(grad, torch.empty_like(grad), Average, 1.0, 1.0, None, ctx.ps)])
         if dist.get_rank() != ctx.root:
             reduced *= 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    check_process_set(process_set, "hvd.broadcast")
-    return _Broadcast.apply(tensor, root_rank, name)
+    ps = check_process_set(process_set, "hvd.broadcast")
+    return _Broadcast.apply(tensor, root_rank, name, ps)
 
 
 # -- the rest -----------------------------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Every rank (that has not joined) reaches it: the ranks' agreement on it is the barrier."""
-    check_process_set(process_set, "hvd.barrier")
-    run([submit("barrier", None, "barrier", lambda rows: None)])
+    ps = check_process_set(process_set, "hvd.barrier")
+    name = "barrier" if ps is global_process_set else f"barrier.set{ps.process_set_id}"
+    run([submit("barrier", None, name, lambda rows: None, process_set=ps.process_set_id)])
 
 
 def join(device: int = -1) -> int:
@@ -528,22 +514,6 @@ def join(device: int = -1) -> int:
     negotiator().answer_joined = _answer_joined
     return negotiator().join()
 
-
-def _refused(name: str) -> Callable[..., Any]:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise unsupported(f"hvd.{name}")
-    refuse.__name__ = name
-    refuse.__doc__ = f"Not in the native layer: raises :class:`~dpcompare.native.calls.Unsupported` naming the " \
-                     f"native equivalent of ``hvd.{name}``."
-    return refuse
-
-
-alltoall = _refused("alltoall")
-alltoall_async = _refused("alltoall_async")
-reducescatter = _refused("reducescatter")
-reducescatter_async = _refused("reducescatter_async")
-grouped_reducescatter = _refused("grouped_reducescatter")
-grouped_reducescatter_async = _refused("grouped_reducescatter_async")
 
 
 # -- Python objects -----------------------------------------------------------------------------------------
@@ -565,14 +535,14 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """``obj`` pickled on ``root_rank`` and unpickled everywhere (its size, then its bytes, named as Horovod
     names them: ``NAME.sz`` and ``NAME.t``, NAME the object's type by default)."""
-    check_process_set(process_set, "hvd.broadcast_object")
+    ps = check_process_set(process_set, "hvd.broadcast_object")
     name = name or type(obj).__name__
     payload = _dumps(obj) if dist.get_rank() == root_rank else torch.empty(0, dtype=torch.uint8)
     length = torch.tensor([payload.numel()], dtype=torch.int64)
-    run([broadcast_request(length, length, root_rank, f"{name}.sz")])
+    run([broadcast_request(length, length, root_rank, f"{name}.sz", ps)])
     if dist.get_rank() != root_rank:
         payload = torch.empty(int(length), dtype=torch.uint8)
-    run([broadcast_request(payload, payload, root_rank, f"{name}.t")])
+    run([broadcast_request(payload, payload, root_rank, f"{name}.t", ps)])
     _recent.append((length, payload))
     return obj if dist.get_rank() == root_rank else _loads(payload)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dpcompare.native.collectives import broadcast_async_, broadcast_object, synchronize
+from dpcompare.native.traced import broadcast_async_, broadcast_object, synchronize
 
 
 def broadcast_parameters(params: Any, root_rank: int) -> None:

@@ -37,12 +37,14 @@ from dpcompare.knobs import (
     HOROVOD_FUSION_VAR,
     horovod_fusion,
 )
+from dpcompare.native import timeline
 from dpcompare.native.collectives import (
     Pending,
     broadcast_object,
     sparse_allreduce_async,
     start_fused_allreduce,
 )
+from dpcompare.native.process_sets import ProcessSet, first_rank, global_process_set
 
 THRESHOLD_VAR, DEFAULT_THRESHOLD = HOROVOD_FUSION_VAR, HOROVOD_FUSION_BYTES
 CYCLE_VAR, DEFAULT_CYCLE_MS = HOROVOD_CYCLE_VAR, HOROVOD_CYCLE_MS
@@ -77,6 +79,7 @@ class _Flight:
     pending: Pending
     wires: list[torch.Tensor]
     contexts: list[Any]
+    span: Any = None            # its timeline span, when a timeline is written
 
 
 class GradientFusion:
@@ -84,8 +87,8 @@ class GradientFusion:
 
     def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], *, op: int, prescale: float,
                  postscale: float, compression: Any, sparse_as_dense: bool,
-                 groups: list[list[int]] | None = None) -> None:
-        self.params, self.names = list(params), list(names)
+                 groups: list[list[int]] | None = None, process_set: ProcessSet = global_process_set) -> None:
+        self.params, self.names, self.process_set = list(params), list(names), process_set
         self.op, self.prescale, self.postscale = op, prescale, postscale
         self.compression, self.sparse_as_dense = compression, sparse_as_dense
         self.threshold, self.cycle = fusion_threshold(), cycle_seconds()
@@ -147,13 +150,17 @@ class GradientFusion:
         post = self.postscale if postscale is None else postscale
         key = tuple(members)
         buf = self._buffers.get(key) if len(members) > 1 else None
-        pending = start_fused_allreduce(wires, self.op, pre, post, buffer=buf)
+        span = timeline.begin("allreduce", [f"allreduce.{self.names[i]}" for i in members], wires) \
+            if timeline.active() else None
+        pending = start_fused_allreduce(wires, self.op, pre, post, buffer=buf, ps=self.process_set)
+        timeline.started(span)
         if len(members) > 1 and buf is None:
             self._buffers[key] = pending.keep[0]
-        self.flights.append(_Flight(members, pending, wires, [c for _, c in packed]))
+        self.flights.append(_Flight(members, pending, wires, [c for _, c in packed], span))
 
     def _finish(self, flight: _Flight) -> None:
         flight.pending.result()
+        timeline.end(flight.span)
         for i, wire, ctx in zip(flight.members, flight.wires, flight.contexts, strict=True):
             grad = self.params[i].grad
             assert grad is not None
@@ -184,7 +191,8 @@ class GradientFusion:
             for group in self.plan[self.next_group:]:
                 self._launch(group)
         self.started["synchronize"] += len(self.flights) - launched_before
-        gathers = [(i, sparse_allreduce_async(self.params[i].grad, self.names[i], self.op)) for i in sparse]
+        gathers = [(i, sparse_allreduce_async(self.params[i].grad, self.names[i], self.op, self.process_set))
+                   for i in sparse]
         for flight in self.flights:
             self._finish(flight)
         for i, wait in gathers:
@@ -206,9 +214,11 @@ class GradientFusion:
         return [(d, p.device) for p, d in zip(self.params, self._wire_dtypes(), strict=True)]
 
     def _learn(self, dense: list[int]) -> list[list[int]]:
-        """Rank 0 groups this step's gradients as Horovod's cycle would; every rank takes its plan."""
+        """The set's first rank (rank 0) groups this step's gradients as Horovod's cycle would; every rank takes its
+        plan."""
         plan = None
-        if dist.get_rank() == 0:
+        root = first_rank(self.process_set)
+        if dist.get_rank() == root:
             order = sorted(dense, key=lambda i: (self.times[i], i))
             plan = plan_groups(order, self._nbytes(), self._kinds(), self.threshold, self.times, self.cycle)
-        return broadcast_object(plan, 0, name="dpcompare.fusion.plan")  # None off rank 0
+        return broadcast_object(plan, root, name="dpcompare.fusion.plan", process_set=self.process_set)

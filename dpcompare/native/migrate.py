@@ -110,7 +110,16 @@ def resolve(scan: Scan, node: ast.AST) -> str | None:
     return None
 
 
+def _adasum_optimizer(scan: Scan, node: ast.AST) -> bool:
+    """``node`` (``hvd.Adasum``) is the ``op=`` of a DistributedOptimizer call (refused, unlike Adasum elsewhere)."""
+    keyword = scan.parents.get(node)
+    call = scan.parents.get(keyword) if isinstance(keyword, ast.keyword) and keyword.arg == "op" else None
+    return isinstance(call, ast.Call) and resolve(scan, call.func) == "DistributedOptimizer"
+
+
 def _record(scan: Scan, node: ast.AST, name: str) -> None:
+    if name == "Adasum" and _adasum_optimizer(scan, node):
+        name = "DistributedOptimizer(op=Adasum)"
     call = RUN if name == "run" else CALLS.get(name, Call("torch.distributed", supported=False,
                                                           note="not a horovod.torch name the layer knows"))
     target = scan.parents.get(node)

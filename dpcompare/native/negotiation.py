@@ -18,9 +18,8 @@ Rounds are collectives, so every rank counts the same rounds and starts the same
 whatever order its own calls came in. Unnamed requests are named ``KIND.noname.N`` with one counter per rank, as
 Horovod names them by handle: ranks that issue unnamed calls in the same order match.
 
-Process sets: a row carries its set's id; :data:`PROCESS_SETS` maps an id to its global ranks (the global set, 0,
-is every rank). Whoever adds sets registers them there; a request is ready when every member that has not joined
-submitted it.
+Process sets: a row carries its set's id (:mod:`.process_sets`, registered in the same order on every rank, so the
+ids agree); a request is ready when every member of its set that has not joined submitted it.
 
 The gradients of ``DistributedOptimizer`` do not come here (:mod:`.fusion` issues them directly, in the same order
 on every rank), so a rank that joined does not answer them.
@@ -55,8 +54,6 @@ NAME, KIND, DTYPE, DEVICE, NDIM, NUMEL, SHAPE, REST, ROOT, OP, PRE, POST, PSET, 
 WIDTH = DIMS + MAX_DIMS
 #: the header row of each rank's table: how many requests follow, the round it joined in (-1: has not)
 COUNT, JOINED = 0, 1
-#: process set id → its global ranks; None: every rank (the global set)
-PROCESS_SETS: dict[int, Sequence[int] | None] = {0: None}
 #: kinds a rank that joined answers (with zeros); the others fail while a rank has joined, as in Horovod
 JOIN_ANSWERS = {"allreduce": "", "barrier": "",
                 "allgather": "Allgather is not supported with Join at this time. Specify sparse_to_dense=True if "
@@ -181,8 +178,12 @@ def disagreement(name: str, rows: dict[int, list[int]]) -> str | None:
 
 
 def members(process_set: int, n: int) -> list[int]:
-    ranks = PROCESS_SETS.get(process_set)
-    return list(range(n)) if ranks is None else list(ranks)
+    """The global ranks of the process set with this id (the global set, 0: every rank)."""
+    if process_set == 0:
+        return list(range(n))
+    from dpcompare.native.process_sets import ranks_of
+
+    return ranks_of(process_set)
 
 
 @dataclass

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from dpcompare.native.calls import unsupported
-from dpcompare.native.collectives import Adasum, Average, ProcessSet, check_process_set, global_process_set
+from dpcompare.native.collectives import Adasum, Average
 from dpcompare.native.compression import Compression
 from dpcompare.native.fusion import GradientFusion
+from dpcompare.native.process_sets import ProcessSet, global_process_set
 from dpcompare.native.state import size
 
 TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -82,7 +83,7 @@ class _HorovodOptimizer:
     """The behaviour the wrapped optimizer's class is extended with (first in the new class's MRO)."""
 
     def _setup(self, named: dict[torch.Tensor, str], compression: Any, backward_passes_per_step: int, op: int,
-               gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool) -> None:
+               gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
         self._parameter_names = named
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -96,8 +97,8 @@ class _HorovodOptimizer:
         pre, post = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if op == Average else (1.0, 1.0)
         self._fusion = GradientFusion(params, [named.get(p, "") for p in params], op=op, prescale=pre,
                                       postscale=post, compression=compression, sparse_as_dense=sparse_as_dense,
-                                      groups=_explicit_groups(groups, params))
-        self._active = size() > 1
+                                      groups=_explicit_groups(groups, params), process_set=process_set)
+        self._active = size() > 1 and bool(process_set.included())  # Horovod: no hooks outside the process set
         if self._active:
             for i, p in enumerate(params):
                 p.register_post_accumulate_grad_hook(self._make_hook(i, p))
@@ -169,8 +170,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
                          process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
     """A new optimizer of ``optimizer``'s class, on its parameter groups, that averages gradients across ranks."""
     if op == Adasum:
-        raise unsupported("hvd.DistributedOptimizer(op=hvd.Adasum)", "Adasum")
-    check_process_set(process_set, "hvd.DistributedOptimizer")
+        raise unsupported("hvd.DistributedOptimizer(op=hvd.Adasum)", "DistributedOptimizer(op=Adasum)")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups:
@@ -185,5 +185,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     new = cls.__new__(cls)
     base.__init__(new, optimizer.param_groups)  # type: ignore[misc]
     new._setup(named, compression, backward_passes_per_step, op, gradient_predivide_factor, groups,
-               sparse_as_dense)
+               sparse_as_dense, process_set)
     return new

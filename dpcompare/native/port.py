@@ -93,7 +93,7 @@ DROPPED = {"broadcast_parameters": "DDP broadcasts rank 0's parameters and buffe
            "broadcast_optimizer_state": "every rank builds the same optimizer (Horovod's zero-gradient step is "
                                         "not reproduced: see dpcompare migrate's warnings)",
            "optimizer.synchronize": "DDP has averaged the gradients when backward() returns"}
-PORTABLE = {*CALL_TEXT, *NAME_TEXT, *HELPERS, *DROPPED, "Compression", "DistributedOptimizer", "Adasum",
+PORTABLE = {*CALL_TEXT, *NAME_TEXT, *HELPERS, *DROPPED, "Compression", "DistributedOptimizer",
             "optimizer.skip_synchronize", "global_process_set"}
 
 
@@ -192,22 +192,11 @@ def _find_optimizer(scan: Scan, reasons: list[str]) -> _Optimizer | None:
                       None if comp is None else ast.get_source_segment(scan.source, comp))
 
 
-def _in_keyword_of(scan: Scan, node: ast.AST, call: ast.AST, arg: str) -> bool:
-    while node is not None and node is not call:
-        parent = scan.parents.get(node)
-        if isinstance(node, ast.keyword) and node.arg == arg and parent is call:
-            return True
-        node = parent  # type: ignore[assignment]
-    return False
-
-
 def reasons_not_simple(scan: Scan, opt: _Optimizer | None) -> list[str]:
     """Why no port is written (empty: a port is written)."""
     reasons = []
-    call = opt.stmt.value if opt else None
     for u in scan.uses:
-        if u.key.startswith("import ") or (u.key == "Adasum" and call is not None
-                                            and _in_keyword_of(scan, u.node, call, "op")):
+        if u.key.startswith("import ") or u.key == "DistributedOptimizer(op=Adasum)":
             if not u.supported:
                 reasons.append(f"line {u.line}: {u.text.splitlines()[0]} is not supported")
             continue

@@ -59,13 +59,12 @@ def _layout(rank: int, size: int, local_rank: int, local_size: int) -> tuple[int
     return peers.index(rank), len(peers), len({int(t[1]) for t in every}) == 1
 
 
-def init(comm: object = None, process_sets: object = None) -> None:
-    """Join the job: rendezvous through the launcher, one process group (idempotent, as Horovod's is)."""
+def init(comm: object = None) -> None:
+    """Join the job: rendezvous through the launcher, one process group (idempotent, as Horovod's is); ``hvd.init``
+    adds the process sets and the timeline."""
     global _world
     if comm is not None:
         raise unsupported("hvd.init(comm=...)", "ProcessSet")
-    if process_sets not in (None, "dynamic") and process_sets != []:
-        raise unsupported("hvd.init(process_sets=...)", "ProcessSet")
     if _world is not None and dist.is_initialized():
         return
     owns = not dist.is_initialized()
@@ -179,15 +178,7 @@ def ccl_built(verbose: bool = False) -> bool:
     return False
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    raise unsupported("hvd.start_timeline")
-
-
-def stop_timeline() -> None:
-    raise unsupported("hvd.stop_timeline")
-
-
 __all__ = ["Unsupported", "World", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
            "gloo_built", "gloo_enabled", "init", "is_homogeneous", "is_initialized", "local_rank", "local_size",
            "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown",
-           "size", "start_timeline", "stop_timeline", "world"]
+           "size", "world"]
