@@ -109,13 +109,12 @@ class Deferred:
         return all(r.done for r in self.requests)
 
     def result(self) -> Any:
-        neg = negotiator()
         try:
-            started = [neg.wait(r) for r in self.requests]
+            started = [negotiator(r.process_set).wait(r) for r in self.requests]
             return self.finish([p.result() if p is not None else None for p in started])
         finally:
             for r in self.requests:
-                neg.release(r)
+                negotiator(r.process_set).release(r)
 
 
 #: the tensors of the last collectives, kept a little longer: gloo's worker thread lets go of a finished work
@@ -138,7 +137,7 @@ def poll(handle: int) -> bool:
         raise ValueError(f"unknown handle {handle!r} (already synchronized?)")
     p = _handles[handle]
     if isinstance(p, Deferred) and not p.started():
-        negotiator().poll()
+        negotiator(p.requests[0].process_set).poll()
     return p.done()
 
 
@@ -151,7 +150,7 @@ def synchronize(handle: int) -> Any:
 def submit(kind: str, tensor: torch.Tensor | None, name: str | None, start: Callable[[list[Any]], Any],
            **facts: Any) -> Request:
     """Queue one call for the ranks' agreement; ``start(rows)`` issues its collective once they agree."""
-    neg = negotiator()
+    neg = negotiator(facts.get("process_set", 0))
     return neg.submit(Request(neg.auto_name(kind, name), kind, tensor, start, **facts))
 
 

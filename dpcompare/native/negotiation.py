@@ -18,8 +18,9 @@ Rounds are collectives, so every rank counts the same rounds and starts the same
 whatever order its own calls came in. Unnamed requests are named ``KIND.noname.N`` with one counter per rank, as
 Horovod names them by handle: ranks that issue unnamed calls in the same order match.
 
-Process sets: a row carries its set's id (:mod:`.process_sets`, registered in the same order on every rank, so the
-ids agree); a request is ready when every member of its set that has not joined submitted it.
+Process sets: each set negotiates apart, among its own ranks, on a gloo group of its own (:mod:`.process_sets`
+makes it when the set is registered); ranks outside a set take no part in its rounds. ``join()`` is the global
+set's.
 
 The gradients of ``DistributedOptimizer`` do not come here (:mod:`.fusion` issues them directly, in the same order
 on every rank), so a rank that joined does not answer them.
@@ -177,15 +178,6 @@ def disagreement(name: str, rows: dict[int, list[int]]) -> str | None:
     return None
 
 
-def members(process_set: int, n: int) -> list[int]:
-    """The global ranks of the process set with this id (the global set, 0: every rank)."""
-    if process_set == 0:
-        return list(range(n))
-    from dpcompare.native.process_sets import ranks_of
-
-    return ranks_of(process_set)
-
-
 @dataclass
 class _Stall:
     """Horovod's stall inspector: names the tensors waited for and the ranks that have not submitted them."""
@@ -197,6 +189,9 @@ class _Stall:
     warned: float = 0.0
     published: bool = False
     stopped: bool = False
+    #: the global ranks of the set whose rounds this inspects, and the set's id (the store's keys)
+    ranks: list[int] = field(default_factory=list)
+    set_id: int = 0
 
     @classmethod
     def from_env(cls) -> _Stall:
@@ -221,7 +216,7 @@ class _Stall:
         if self.published and not self.stopped:
             self.published = False
             with contextlib.suppress(Exception):  # a store gone with the job: nothing left to tidy
-                _store().delete_key(_stall_key(state.rank()))
+                _store().delete_key(self._key(state.rank()))
 
     def next_check(self) -> float:
         """Seconds until :meth:`tick` has something to do (the longest a wait may block before calling it)."""
@@ -249,21 +244,24 @@ class _Stall:
         sys.stderr.write(f"[{state.rank()}]: WARNING: {message}\n")
         sys.stderr.flush()
 
+    def _key(self, rank: int) -> str:
+        return _stall_key(self.set_id, rank)
+
     def _message(self, waiting: list[str], stop: bool) -> str:
         """Publish what this rank waits for; read what the others wait for (the job's store); Horovod's words."""
-        n, me = state.size(), state.rank()
+        ranks, me = self.ranks or list(range(state.size())), state.rank()
         queued: dict[int, list[str]] = {me: waiting}
         try:
             store = _store()
-            store.set(_stall_key(me), json.dumps(waiting))
+            store.set(self._key(me), json.dumps(waiting))
             self.published = True
-            for r in range(n):
-                if r != me and store.check([_stall_key(r)]):
-                    queued[r] = json.loads(store.get(_stall_key(r)))
+            for r in ranks:
+                if r != me and store.check([self._key(r)]):
+                    queued[r] = json.loads(store.get(self._key(r)))
         except Exception:  # noqa: BLE001  (no store: this rank's view only)
             pass
         names = sorted({x for q in queued.values() for x in q})
-        missing = {r: [x for x in names if x not in queued.get(r, [])] for r in range(n)}
+        missing = {r: [x for x in names if x not in queued.get(r, [])] for r in ranks}
         lines = [f"{r}{'' if r in queued else '!'}: [{', '.join(xs[:5])}{' ...' if len(xs) > 5 else ''}]"
                  for r, xs in missing.items() if xs]
         text = ("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and "
@@ -281,14 +279,17 @@ def _store() -> Any:
     return dist.distributed_c10d._get_default_store()
 
 
-def _stall_key(rank: int) -> str:
-    return f"dpcompare.native.stall/{rank}"
+def _stall_key(set_id: int, rank: int) -> str:
+    return f"dpcompare.native.stall/{set_id}/{rank}"
 
 
 @dataclass
 class Negotiator:
-    """This rank's queue of requests and its side of the rounds."""
+    """This rank's queue of requests of one process set, and its side of that set's rounds."""
 
+    group: Any = None                   # the gloo group the rounds run on
+    ranks: list[int] = field(default_factory=list)   # the set's global ranks
+    set_id: int = 0
     queue: list[Request] = field(default_factory=list)
     in_flight: dict[str, Request] = field(default_factory=dict)
     rounds: int = 0
@@ -368,13 +369,13 @@ class Negotiator:
 
     def _gather(self, table: torch.Tensor) -> torch.Tensor:
         """Every rank's table (n × rows × WIDTH), waited for with the stall inspector awake."""
-        group = state.world().control
-        out = torch.empty((state.size() * table.shape[0], WIDTH), dtype=torch.int64)
-        work = dist.all_gather_into_tensor(out, table, group=group, async_op=True)
+        n = len(self.ranks)
+        out = torch.empty((n * table.shape[0], WIDTH), dtype=torch.int64)
+        work = dist.all_gather_into_tensor(out, table, group=self.group, async_op=True)
         while True:
             try:
                 work.wait(timeout=timedelta(seconds=self.stall.next_check()))
-                return out.view(state.size(), *table.shape)
+                return out.view(n, *table.shape)
             except RuntimeError as e:
                 if "timed out" not in str(e):
                     raise
@@ -393,7 +394,7 @@ class Negotiator:
         if longest > SLOTS:
             every = self._gather(self._table(longest))
         self.rounds += 1
-        n = state.size()
+        n = len(self.ranks)
         joined = {r: int(every[r, 0, JOINED]) for r in range(n) if int(every[r, 0, JOINED]) >= 0}
         rows = [[every[r, 1 + i].tolist() for i in range(min(int(every[r, 0, COUNT]), every.shape[1] - 1))]
                 for r in range(n)]
@@ -412,9 +413,9 @@ class Negotiator:
             for row in table:
                 seen.setdefault(row[NAME], {})[r] = row
         mine = {name_hash(q.name): q for q in self.queue}
-        me, moved = state.rank(), False
+        me, moved = self.ranks.index(state.rank()), False
         for h, by_rank in seen.items():
-            group = members(next(iter(by_rank.values()))[PSET], len(rows))
+            group = range(len(rows))
             if any(r not in by_rank for r in group if r not in joined) or all(r in joined for r in group):
                 continue
             moved = True
@@ -444,14 +445,23 @@ class Negotiator:
         return self.last_joined
 
 
-_negotiator: Negotiator | None = None
+_negotiators: dict[int, Negotiator] = {}
 
 
-def negotiator() -> Negotiator:
-    """This process's negotiator (a new one after each ``init()``, as Horovod's state is)."""
-    global _negotiator
+def negotiator(process_set: int = 0) -> Negotiator:
+    """This process's negotiator for a process set (new ones after each ``init()``, as Horovod's state is, and
+    for a set id given again to a new set)."""
     world = state.world()
-    if _negotiator is None or getattr(_negotiator, "_world", None) is not world:
-        _negotiator = Negotiator()
-        _negotiator._world = world  # type: ignore[attr-defined]
-    return _negotiator
+    if process_set == 0:
+        group, ranks = world.control, list(range(world.size))
+    else:
+        from dpcompare.native.process_sets import control_of
+
+        group, ranks = control_of(process_set)
+    neg = _negotiators.get(process_set)
+    if neg is None or neg.group is not group or getattr(neg, "_world", None) is not world:
+        neg = Negotiator(group=group, ranks=ranks, set_id=process_set)
+        neg.stall.ranks, neg.stall.set_id = ranks, process_set
+        neg._world = world  # type: ignore[attr-defined]
+        _negotiators[process_set] = neg
+    return neg

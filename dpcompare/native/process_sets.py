@@ -47,6 +47,7 @@ class ProcessSet:
             raise ValueError("ProcessSet should be initialized with a list of process ranks or an mpi4py Comm object")
         self.ranks = ranks
         self.group: Any = None
+        self.control: Any = None
 
     def _invalidate(self) -> None:
         self.process_set_id = None
@@ -108,10 +109,12 @@ def _register(ps: ProcessSet) -> int | None:
     if bad or not ps.ranks:
         raise ValueError(f"{ps}: ranks must be between 0 and {state.size() - 1} (got {ps.ranks})")
     group = dist.new_group(ps.ranks)
+    control = dist.new_group(ps.ranks, backend="gloo")   # the set's own rounds of agreement (:mod:`.negotiation`)
     new_id = _free_ids.popleft() if _free_ids else _next_id
     _next_id = max(_next_id, new_id + 1)
     ps.process_set_id = new_id
     ps.group = group if state.rank() in ps.ranks else None
+    ps.control = control if state.rank() in ps.ranks else None
     _table[new_id] = ps
     return new_id
 
@@ -195,10 +198,10 @@ def group_of(process_set: ProcessSet) -> Any:
     return process_set.group
 
 
-def ranks_of(process_set_id: int) -> list[int]:
-    """The global ranks of the registered set with this id (what :mod:`.negotiation` waits for)."""
-    ps = _table.get(process_set_id)
-    return list(ps.ranks or []) if ps is not None else []
+def control_of(process_set_id: int) -> tuple[Any, list[int]]:
+    """The gloo group the registered set with this id agrees on its collectives in, and its global ranks."""
+    ps = _table[process_set_id]
+    return ps.control, list(ps.ranks or [])
 
 
 def first_rank(process_set: ProcessSet) -> int:
