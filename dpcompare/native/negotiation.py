@@ -430,11 +430,21 @@ class Negotiator:
                 if problem is not None:
                     request.error = NegotiationError(problem)
                 else:
-                    request.started = request.start([by_rank.get(r) for r in range(len(rows))])
+                    request.started = self._start(request, [by_rank.get(r) for r in range(len(rows))])
             elif me in joined and me in group and problem is None and kind == "allreduce" \
                     and self.answer_joined is not None:
                 self.answer_joined(next(iter(by_rank.values())))
         return moved
+
+    @staticmethod
+    def _start(request: Request, rows: list[list[int] | None]) -> Any:
+        """Start an agreed request; a check of its own that fails (the same on every rank: what it checks was
+        gathered from all) fails the request, not the round."""
+        try:
+            return request.start(rows)
+        except (RuntimeError, ValueError) as e:
+            request.error = e
+            return None
 
     def join(self) -> int:
         """Horovod's join: answer the others' all-reduces with zeros until every rank has joined; the last

@@ -29,12 +29,14 @@ import torch.distributed as dist
 
 from dpcompare.native.collectives import (
     Average,
+    Deferred,
     HorovodInternalError,
     Pending,
     Sum,
     grouped_allgather,
     register,
     scale_,
+    submit,
 )
 from dpcompare.native.process_sets import ProcessSet, check_process_set, global_process_set
 
@@ -61,14 +63,29 @@ def _check_op(op: int) -> None:
         raise HorovodInternalError("Reducescatter currently only supports AVERAGE and SUM.")
 
 
-def _start_reducescatter(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
-                         ps: ProcessSet) -> Pending:
-    """Reduce-scatter ``tensors``: one fused buffer (one torch call) per dtype; not waited for."""
+def _check_reducescatter(tensors: Sequence[torch.Tensor], op: int) -> None:
     for t in tensors:
         _check_tensor(t, _REDUCESCATTER_DTYPES)
     _check_op(op)
     if any(t.dim() == 0 for t in tensors):
         raise ValueError("Reducescatter does not support scalar inputs")
+
+
+def _negotiated(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float, ps: ProcessSet,
+                name: str | None) -> Deferred:
+    """The reduce-scatter of ``tensors`` queued for the ranks' agreement by name (:mod:`.negotiation`), checked
+    here first; started in a round, where every rank of the set reaches it together."""
+    _check_reducescatter(tensors, op)
+    request = submit("reducescatter", tensors[0], name,
+                     lambda rows: _start_reducescatter(tensors, op, prescale, postscale, ps),
+                     op=op, prescale=prescale, postscale=postscale, process_set=ps.process_set_id)
+    return Deferred([request])
+
+
+def _start_reducescatter(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
+                         ps: ProcessSet) -> Pending:
+    """Reduce-scatter ``tensors``: one fused buffer (one torch call) per dtype; not waited for."""
+    _check_reducescatter(tensors, op)
     agree("reducescatter", tensors, ps, first_dim=True)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -113,15 +130,15 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     ps = check_process_set(process_set, "hvd.reducescatter_async")
-    p = _start_reducescatter([tensor], op, prescale_factor, postscale_factor, ps)
-    return register(Pending(p.works, lambda: p.finish()[0], p.keep))
+    deferred = _negotiated([tensor], op, prescale_factor, postscale_factor, ps, name)
+    return register(Deferred(deferred.requests, lambda outs: outs[0][0]))
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None, op: int = Average,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     ps = check_process_set(process_set, "hvd.grouped_reducescatter_async")
-    return register(_start_reducescatter(list(tensors), op, prescale_factor, postscale_factor, ps))
+    return register(_negotiated(list(tensors), op, prescale_factor, postscale_factor, ps, name))
 
 
 def _grad_scale(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
@@ -137,15 +154,15 @@ def _grad_scale(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
 
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, op: int, ps: ProcessSet, prescale: float, postscale: float,
+    def forward(ctx: Any, op: int, ps: ProcessSet, prescale: float, postscale: float, name: str | None,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.op, ctx.ps, ctx.prescale, ctx.postscale = op, ps, prescale, postscale
-        return tuple(_start_reducescatter(tensors, op, prescale, postscale, ps).result())
+        return tuple(_negotiated(tensors, op, prescale, postscale, ps, name).result())
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         gathered = grouped_allgather([_grad_scale(ctx, g).contiguous() for g in grads], process_set=ctx.ps)
-        return (None, None, None, None, *gathered)
+        return (None, None, None, None, None, *gathered)
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None, compression: Any = None,
@@ -157,7 +174,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     ps = check_process_set(process_set, "hvd.grouped_reducescatter")
     compression = compression or Compression.none
     packed = [compression.compress(t) for t in tensors]
-    out = _Reducescatter.apply(op, ps, prescale_factor, postscale_factor, *[c for c, _ in packed])
+    out = _Reducescatter.apply(op, ps, prescale_factor, postscale_factor, name, *[c for c, _ in packed])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, packed, strict=True)]
 
 
