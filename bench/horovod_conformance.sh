@@ -47,7 +47,7 @@ classify() {  # $1: log, $2: exit status → one word
   local log=$1 rc=$2
   # a refusal first: a rank refused while the other waits for it ends at the time limit too
   if grep -q "not supported by dpcompare's native Horovod layer" "$log"; then echo refused
-  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo hang
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ] || [ "$rc" = 143 ]; then echo hang
   elif grep -qE "Fatal Python error|exited on signal|Segmentation fault|core dumped|Aborted" "$log"; then echo abort
   elif grep -qE "[0-9]+ (failed|error)" "$log"; then echo fail
   elif grep -qE "[0-9]+ passed" "$log"; then echo pass
@@ -102,7 +102,7 @@ for node in todo:
     runs = got.get(name, [])
     text = "\n".join(t for _, t in runs)
     if len(runs) < np:
-        outcome = "hang" if rc in (124, 137) else "abort"
+        outcome = "hang" if rc in (124, 137, 143) else "abort"   # killed at the limit (or by hand)
     elif "not supported by dpcompare's native Horovod layer" in text:
         outcome = "refused"
     elif any(k == "fail" for k, _ in runs):
