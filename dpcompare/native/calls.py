@@ -122,7 +122,9 @@ CALLS: dict[str, Call] = {
     "add_process_set": Call("dist.new_group(ranks)", supported=False),
     "remove_process_set": Call("dist.destroy_process_group(group)", supported=False),
     "global_process_set": Call("dist.group.WORLD (the default)"),
-    "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints", supported=False),
+    "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
+                    note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
+                         "restarted workers, which resume from it (docs/elastic.md)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),
     "optimizer.skip_synchronize": Call("nothing: call optimizer.step() directly"),
@@ -139,7 +141,7 @@ MODULES: dict[str, Call] = {
     "horovod.spark": Call("pyspark.ml.torch.distributor.TorchDistributor", supported=False),
     "horovod.ray": Call("ray.train.torch.TorchTrainer", supported=False),
     "horovod.runner": Call("torchrun, mpirun or `dpcompare script --np N`", supported=False),
-    "horovod.torch.elastic": Call(CALLS["elastic"].native, supported=False),
+    "horovod.torch.elastic": Call(CALLS["elastic"].native),
 }
 
 #: ``horovod.run(...)`` (the top-level launcher function)

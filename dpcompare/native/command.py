@@ -52,6 +52,10 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
         words.append("--overwrite")
     if a.threads is not None:
         words += ["--threads", str(a.threads)]
+    if a.step_log:
+        words.append("--step-log")
+    if a.timeout is not None:
+        words += ["--timeout", str(a.timeout)]
     return [*words, "--", *a.target]
 
 
@@ -100,7 +104,7 @@ def _cmd_script(a: argparse.Namespace) -> int:
     from dpcompare.launch.jobs import leave
     from dpcompare.native.runner import parse_target, run_script
 
-    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
+    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads, a.step_log, a.timeout)
     leave(code, script=True)  # the script's threads and atexit handlers, not the interpreter's teardown
     return code
 
@@ -129,6 +133,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         f"{DEFAULT_WARMUP})")
     p.add_argument("--metric", metavar="NAME", help="with --np and --out: the value the script all-reduces with "
                                                     "hvd.allreduce(..., name=NAME), as the run's metric")
+    from dpcompare.native.runner import add_elastic_arguments
+
+    add_elastic_arguments(p)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--hosts", metavar="H1:N,H2:N", help="with --np: hosts and their slots")
     where.add_argument("--hostfile", metavar="FILE", help="with --np: an MPI hostfile")

@@ -20,6 +20,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch.env import detect_launch_env, reporting_rank
@@ -149,16 +150,21 @@ def set_threads(threads: int) -> None:
 
 
 def run_script(arm: str, target: Target, out: Path | None = None, seed: int | None = None,
-               overwrite: bool = False, threads: int | None = None) -> int:
+               overwrite: bool = False, threads: int | None = None, step_log: bool = False,
+               timeout: float | None = None) -> int:
     """Run ``target`` in ``arm`` in this process; the script's exit code (Unsupported: exit 2, one line).
-    ``threads`` None leaves torch's CPU threads as they are (the script may set them itself)."""
+    ``threads`` None leaves torch's CPU threads as they are (the script may set them itself). ``step_log``: write
+    OUT/steps.jsonl from the first step (an elastic script writes it anyway). ``timeout``: seconds a collective
+    waits for a lost peer, Horovod's gloo timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, which the layer reads too)."""
     if arm not in ARMS:
         raise ConfigError(f"--as {arm}: choose one of {', '.join(ARMS)}")
     out = out or (Path(os.environ[OUT_VAR]) if os.environ.get(OUT_VAR) else None)
     if out is not None:
         check_out(out, overwrite)
+    if timeout is not None:
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, round(timeout)))
     env = detect_launch_env()
-    recorder = Recorder(out, arm, env.rank, env.world_size) if out is not None else None
+    recorder = Recorder(out, arm, env.rank, env.world_size, step_log) if out is not None else None
     prepare(arm, recorder)
     if seed is not None:
         seed_everything(seed)
@@ -186,6 +192,16 @@ def _leave_group(arm: str) -> None:
             state.shutdown()
 
 
+def add_elastic_arguments(p: Any) -> None:
+    """``--step-log`` and ``--timeout``: what ``compare --fault`` runs a script with (both parsers)."""
+    p.add_argument("--step-log", action="store_true",
+                   help="with --out: write OUT/steps.jsonl, a line per optimizer step (an elastic script's run "
+                        "writes it anyway)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="seconds a collective waits for a lost peer before failing (sets "
+                        "HOROVOD_GLOO_TIMEOUT_SECONDS, read by Horovod's gloo and by the layer)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m dpcompare.native [--as ARM] [--out DIR] [--seed N] [python] train.py ARGS``."""
     import argparse
@@ -202,10 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, metavar="N",
                    help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
                         "(default: torch's own)")
+    add_elastic_arguments(p)
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="[python] SCRIPT ARGS", help="the script and its arguments")
     a = p.parse_args(argv)
     try:
-        return run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
+        return run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads, a.step_log,
+                          a.timeout)
     except DpcompareError as e:
         if e.local or reporting_rank():
             sys.stderr.write(f"python -m dpcompare.native: error: {e}\n")
