@@ -7,7 +7,8 @@ process sets, alltoall, reducescatter, the timeline) raises :class:`Unsupported`
 
 from __future__ import annotations
 
-from dpcompare.native.calls import HOROVOD_VERSION, Unsupported, unsupported
+from dpcompare.native import elastic
+from dpcompare.native.calls import HOROVOD_VERSION, Unsupported
 from dpcompare.native.collectives import (
     Adasum,
     Average,
@@ -50,7 +51,6 @@ from dpcompare.native.collectives import (
     sparse_allreduce_async,
     synchronize,
 )
-from dpcompare.native import elastic
 from dpcompare.native.compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from dpcompare.native.elastic import HostsUpdatedInterrupt
 from dpcompare.native.functions import broadcast_optimizer_state, broadcast_parameters

@@ -10,8 +10,8 @@ torchrun's elastic agent:
     torchrun --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint localhost:29400 \\
         --no-python dpcompare script -- python elastic_mnist.py        # the layer, no Horovod needed
 
-No dropout and no data-loader workers: a run that lost a worker and resumed from a commit computes the same
-numbers as one that did not (at the same number of workers).
+No dropout, and only whole batches: a run that lost a worker and resumed from a commit computes the same numbers as
+one that did not (at the same number of workers).
 """
 
 import argparse
@@ -65,7 +65,9 @@ def main(args):
     train_dataset, test_dataset = digits()
     # Horovod: ElasticSampler splits what is left of the epoch among the workers there are now.
     train_sampler = hvd.elastic.ElasticSampler(train_dataset, shuffle=True, seed=args.seed)
-    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler)
+    # drop_last: the sampler pads the rest of the epoch with its first samples, which differ after a resume
+    train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler,
+                                               drop_last=True)
 
     model = Net()
     optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
@@ -74,7 +76,7 @@ def main(args):
     @hvd.elastic.run
     def train(state):
         # after a reset this starts again from the last commit: state.epoch, state.batch and the sampler's place
-        for state.epoch in range(state.epoch, args.epochs + 1):
+        for state.epoch in range(state.epoch, args.epochs + 1):  # noqa: B020  (Horovod's idiom)
             state.model.train()
             for batch_idx, (data, target) in enumerate(train_loader):
                 state.optimizer.zero_grad()
