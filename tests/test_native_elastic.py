@@ -15,11 +15,19 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
+from dpcompare import cli
+from dpcompare.compare.command import comparison_of
+from dpcompare.compare.plan import RunSpec
+from dpcompare.compare.runner import child_command
+from dpcompare.errors import ConfigError
+from dpcompare.lab.core import Host, Lab
 from dpcompare.launch.elastic import TORCHRUN_ENV, executable, together, torchrun_command, with_env
 from dpcompare.native.elastic import DIR_VAR
-from tests.conftest import DPCOMPARE, ROOT, mpi_env
+
+from conftest import DPCOMPARE, ROOT, mpi_env
 
 EXAMPLE = ROOT / "examples" / "horovod" / "elastic_mnist.py"
 CRASH = ROOT / "tests" / "elastic_crash.py"
@@ -91,3 +99,36 @@ def test_elastic_script_resumes_from_its_last_commit_on_torchrun(tmp_path: Path)
     assert [r["step"] for r in rows if "event" not in r][-1] == commit + left // BATCH
     assert json.loads((tmp_path / "host" / "rank0.json").read_text())["world_size"] == 1
 
+
+
+# -- compare's elastic script arms -----------------------------------------------------------------------------
+def _compare(*argv: str):  # noqa: ANN202
+    return comparison_of(cli.build_parser().parse_args(["compare", "--script", str(EXAMPLE), *argv]))
+
+
+def test_compare_runs_a_script_in_its_elastic_arms_with_the_elastic_launchers(tmp_path: Path) -> None:
+    c = _compare("--lab", "hosts=3", "--np", "3", "--fault", "host=2,at-step=20", "--timeout", "7",
+                 "--strategies", "horovod-elastic,native-elastic", "--out", str(tmp_path / "o"))
+    arms = c.all_arms
+    assert [a.label for a in arms] == ["horovod-elastic", "native-elastic", "horovod-elastic/fault=host2@20",
+                                       "native-elastic/fault=host2@20"]
+    assert [(a.strategy, a.elastic) for a in arms[:2]] == [("horovod", True), ("native", True)]
+    lab = Lab("x", "sw", "10.9.9.0/24", 1, 10**9, [Host(i, f"ns{i}", f"10.9.9.{i + 1}", f"p{i}") for i in range(3)],
+              ssh=True)
+    run = tmp_path / "run"
+    hvd, native = (" ".join(child_command(c.config, RunSpec(a, 3, 0), run, lab, step_log=True, script=c.script))
+                   for a in arms[2:])
+    assert "horovodrun -np 3 --min-np 2 --max-np 3 --host-discovery-script" in hvd and "--as horovod" in hvd
+    assert native.count("torchrun --nnodes=2:3") == 3 and "--as native" in native  # an agent per host
+    for line in (hvd, native):
+        assert f"--step-log --timeout 7 --commit-dir {run}/commits -- python {EXAMPLE}" in line
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (("--strategies", "ddp-elastic,native-elastic"), "elastic arms horovod-elastic, native-elastic; not ddp-elastic"),
+    (("--strategies", "native-elastic", "--fault", "host=1,at-step=4", "--replay"), "leave --replay out"),
+])
+def test_what_an_elastic_script_comparison_cannot_run_is_refused(argv: tuple[str, ...], says: str,
+                                                                  tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=says):
+        _compare("--lab", "hosts=3", "--np", "3", *argv, "--out", str(tmp_path / "o"))

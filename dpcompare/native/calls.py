@@ -19,6 +19,17 @@ _NATIVE_COMMUNICATION = {
                 "(fixed after step 2 from rank 0's timings) becomes ready",
     "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
 }
+#: the launcher of each script arm's elastic mode (``compare --script ... --strategies horovod-elastic,native-elastic``):
+#: the script under real Horovod Elastic (horovodrun with a host discovery script), or under the layer on
+#: torchrun's elastic agents
+SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun"}
+
+
+def script_elastic_base(name: str) -> str | None:
+    """The script arm whose elastic mode ``name`` (``native-elastic``) names, or None."""
+    base = name.removesuffix("-elastic")
+    return base if name.endswith("-elastic") and base in SCRIPT_ELASTIC else None
+
 #: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are)
 SCRIPT_ARM_FACTS: dict[str, dict[str, object]] = {
     "native": {"summary": "dpcompare's horovod.torch on torch.distributed (gloo on CPU, nccl on CUDA), the "

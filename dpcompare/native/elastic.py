@@ -38,9 +38,10 @@ from dpcompare.files import atomic_write
 from dpcompare.native import state as _state
 from dpcompare.native.collectives import HorovodInternalError, broadcast_object
 from dpcompare.native.functions import broadcast_optimizer_state, broadcast_parameters
+from dpcompare.native.record import ELASTIC_DIR_VAR
 
 #: the folder commits are kept in (shared by every host of the job); default: one per torchrun run id
-DIR_VAR = "DPCOMPARE_ELASTIC_DIR"
+DIR_VAR = ELASTIC_DIR_VAR
 COMMIT_FILE = "commit.pt"
 #: a worker's exit code after a failed collective under torchrun: its agent restarts the group
 RESTART_EXIT = 75

@@ -35,6 +35,8 @@ from dpcompare.files import atomic_write, atomic_write_json
 #: the folder a runner's records go to, for ranks started by a launcher (set by ``dpcompare script --out``)
 OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
 PARAMS = "params.pt"
+#: the folder the layer's ``hvd.elastic`` keeps its commits in under torchrun (``dpcompare script --commit-dir``)
+ELASTIC_DIR_VAR = "DPCOMPARE_ELASTIC_DIR"
 #: the step log (the name dpcompare's training writes, which compare's faults read)
 STEP_LOG = "steps.jsonl"
 
