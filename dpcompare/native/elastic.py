@@ -367,4 +367,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
+def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., Any]:
+    """``horovod.common.elastic.run_fn``: :func:`run` (``reset`` is torchrun's restart here, not a call)."""
+    return run(func)
+
+
+__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run", "run_fn"]
