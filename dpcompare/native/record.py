@@ -24,6 +24,7 @@ import functools
 import importlib
 import inspect
 import json
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.files import atomic_write, atomic_write_json
+from dpcompare.native.summary import DEFAULT_WARMUP
+from dpcompare.trace import NAMED_THREADS, thread_cpu_s, unnamed
 
 #: the folder a runner's records go to, for ranks started by a launcher (set by ``dpcompare script --out``)
 OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
@@ -60,11 +63,19 @@ class Recorder:
         self.metrics: dict[str, list[float]] = {}
         self.optimizers: list[Any] = []
         self._pre: float | None = None
+        self.cpu_main: list[float] = []    # the stepping thread's CPU seconds at each step's end
+        self.cpu_all: list[float] = []     # the process's (every thread's)
+        self.threads_at_step = DEFAULT_WARMUP  # the helper threads are read from the end of this step to the last
+        self.threads_before: dict[int, tuple[str, float]] | None = None
 
     # -- steps ----------------------------------------------------------------------------------------------
     def _stepped(self, start: float, end: float) -> None:
         self.step_ends.append(end - self.t0)
         self.step_calls.append(end - start)
+        self.cpu_main.append(time.thread_time())  # what took the cores, read at each step's end
+        self.cpu_all.append(time.process_time())
+        if len(self.step_ends) == self.threads_at_step:
+            self.threads_before = thread_cpu_s()
         self.total += 1
         if self.step_log:
             self.log(step=self.total, world_size=self._now()[1], samples=1)
@@ -203,11 +214,21 @@ class Recorder:
                         names[key] = known[p]
         return tensors, names
 
+    def _threads(self) -> list[dict[str, Any]]:
+        """The other threads' CPU seconds since :attr:`threads_at_step` (name, tid, seconds), the busiest first."""
+        if self.threads_before is None:
+            return []
+        me, now = threading.get_native_id(), thread_cpu_s()
+        spent = [{"name": unnamed(name, now, me), "tid": tid, "s": cpu - self.threads_before.get(tid, (name, 0.0))[1]}
+                 for tid, (name, cpu) in now.items() if tid != me]
+        return sorted((x for x in spent if x["s"] > 0), key=lambda x: -x["s"])[:NAMED_THREADS]
+
     def write(self, exit_code: int) -> None:
         self.rank, self.world_size = self._now()  # an elastic run's rank at the end
         record = {"arm": self.arm, "rank": self.rank, "world_size": self.world_size, "exit_code": exit_code,
                   "wall_s": time.perf_counter() - self.t0, "steps": len(self.step_ends),
-                  "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics}
+                  "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics,
+                  "cpu_main_s": self.cpu_main, "cpu_all_s": self.cpu_all, "helper_threads": self._threads()}
         if self.rank == 0 and self.optimizers:
             import torch
 

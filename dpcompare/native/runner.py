@@ -12,6 +12,7 @@ would run it. With an output folder the run is recorded (:mod:`.record`). ``pyth
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import runpy
@@ -20,7 +21,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch.env import detect_launch_env, reporting_rank
@@ -195,9 +195,23 @@ def _leave_group(arm: str) -> None:
             state.shutdown()
 
 
-def add_elastic_arguments(p: Any) -> None:
-    """``--step-log``, ``--timeout``, ``--commit-dir``: what ``compare``'s elastic script arms and ``--fault`` run a
-    script with (both parsers)."""
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The script runner's one command line (``python -m dpcompare.native`` and ``dpcompare script`` both read
+    it): what ``import horovod`` means, the records, seed and threads, and the target, ``-m MODULE`` as Python
+    takes it (everything after the module is the module's)."""
+    from dpcompare.argtypes import nonneg_int
+
+    p.add_argument("--as", dest="arm", choices=ARMS, default="native",
+                   help="native: dpcompare's layer; horovod: the real library; ddp: a torchrun script "
+                        "(default: native)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"record optimizer steps and final weights here (or ${OUT_VAR}; never beside the script)")
+    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
+                                            "(the same in every arm; for scripts that do not seed)")
+    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    p.add_argument("--threads", type=nonneg_int, metavar="N",
+                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
+                        "(default: torch's own; a script's own torch.set_num_threads wins)")
     p.add_argument("--step-log", action="store_true",
                    help="with --out: write OUT/steps.jsonl, a line per optimizer step (an elastic script's run "
                         "writes it anyway)")
@@ -208,29 +222,32 @@ def add_elastic_arguments(p: Any) -> None:
                    help=f"where the native layer's hvd.elastic keeps its commits under torchrun, shared by every "
                         f"host (sets {ELASTIC_DIR_VAR}; default: one folder per torchrun run id in the temporary "
                         "folder)")
+    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ARGS",
+                   help="run a module as a script, as `python -m` does (e.g. -m pytest tests/test_x.py)")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="[--] [python] SCRIPT ARGS",
+                   help="the script and its arguments")
+
+
+def target_words(a: argparse.Namespace) -> list[str]:
+    """The target :func:`add_run_arguments` read: ``[python] SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    if a.module is not None:
+        if a.target:
+            raise ConfigError(f"-m {' '.join(a.module)}: give a module or a script, not both")
+        return ["-m", *a.module]
+    return a.target[1:] if a.target[:1] == ["--"] else list(a.target)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dpcompare.native [--as ARM] [--out DIR] [--seed N] [python] train.py ARGS``."""
-    import argparse
-
+    """``python -m dpcompare.native [--as ARM] [--out DIR] [--seed N] [python] train.py ARGS`` (or ``-m MOD``)."""
     p = argparse.ArgumentParser(
         prog="python -m dpcompare.native",
         description="Run a Horovod PyTorch script unchanged on native torch.distributed (the default, --as "
                     "native), on real Horovod (--as horovod), or a torchrun script under mpirun/srun (--as ddp). "
                     "Launch it as you launch the script: mpirun -np 2 python -m dpcompare.native train.py ARGS")
-    p.add_argument("--as", dest="arm", choices=ARMS, default="native", help="what `import horovod` means (default: native)")
-    p.add_argument("--out", type=Path, help=f"record optimizer steps and final weights into this folder (or ${OUT_VAR})")
-    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts")
-    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
-                        "(default: torch's own)")
-    add_elastic_arguments(p)
-    p.add_argument("target", nargs=argparse.REMAINDER, metavar="[python] SCRIPT ARGS", help="the script and its arguments")
+    add_run_arguments(p)
     a = p.parse_args(argv)
     try:
-        return run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads, a.step_log,
+        return run_script(a.arm, parse_target(target_words(a)), a.out, a.seed, a.overwrite, a.threads, a.step_log,
                           a.timeout, a.commit_dir)
     except DpcompareError as e:
         if e.local or reporting_rank():
