@@ -23,7 +23,7 @@ from dpcompare.compare.command import comparison_of
 from dpcompare.compare.plan import RunSpec
 from dpcompare.compare.runner import child_command
 from dpcompare.errors import ConfigError
-from dpcompare.lab.core import Host, Lab
+from dpcompare.lab.hosts import Host, Lab
 from dpcompare.launch.elastic import TORCHRUN_ENV, executable, together, torchrun_command, with_env
 from dpcompare.native.elastic import DIR_VAR
 
