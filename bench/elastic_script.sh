@@ -14,6 +14,7 @@
 # Without it only our examples/horovod/elastic_mnist.py runs.
 #
 # Knobs: AT (20), REPEATS (1), TIMEOUT (10: seconds a collective waits for a lost peer), OUT.
+# measure NAME SCRIPT [compare options] -- [script arguments]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
@@ -26,21 +27,21 @@ if [ -n "$HVD_EXAMPLE" ] && [ ! -f "$HVD_EXAMPLE" ]; then
   exit 2
 fi
 
-measure() {  # measure NAME SCRIPT [script arguments...]: one comparison into $OUT/NAME, its fault section printed
+measure() {  # measure NAME SCRIPT [compare options] -- [script arguments]: one comparison into $OUT/NAME
   local name=$1 script=$2; shift 2
   bash "$ROOT/bench/quiet.sh"
   local cmd=("$VENV/bin/dpcompare" compare --script "$script" --strategies horovod-elastic,native-elastic
              --lab hosts=3 --np 3 --fault "host=2,at-step=$AT" --repeats "$REPEATS" --timeout "$TIMEOUT"
-             --min-steps 0 --progress lines --overwrite --out "$OUT/$name" -- "$@")
+             --min-steps 0 --progress lines --overwrite --out "$OUT/$name" "$@")
   printf '\n\033[1m== %s\033[0m\n%s\n' "$name" "${cmd[*]}"
   local t0=$SECONDS
   "${cmd[@]}" | sed -n '/^Fault /,$p'
   echo "   ($((SECONDS - t0)) s; report: $OUT/$name/report.html)"
 }
 
-measure mnist "$ROOT/examples/horovod/elastic_mnist.py" --epochs 1 --batches-per-commit 5
+measure mnist "$ROOT/examples/horovod/elastic_mnist.py" --metric val_accuracy -- --epochs 1 --batches-per-commit 5
 if [ -n "$HVD_EXAMPLE" ]; then
   # CPU-sized: resnet18 on 2 images of 224x224 per rank, 35 steps, a commit every 5
-  measure synthetic "$HVD_EXAMPLE" --no-cuda --model resnet18 --batch-size 2 --num-warmup-batches 5 \
+  measure synthetic "$HVD_EXAMPLE" -- --no-cuda --model resnet18 --batch-size 2 --num-warmup-batches 5 \
     --num-batches-per-iter 5 --num-iters 6 --num-batches-per-commit 5
 fi

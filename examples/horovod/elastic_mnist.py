@@ -7,7 +7,8 @@ workers after a reset. The same script runs under real Horovod Elastic and under
 torchrun's elastic agent:
 
     horovodrun -np 3 --min-np 2 --host-discovery-script ./discover.sh python elastic_mnist.py
-    torchrun --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint localhost:29400 \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d \\
+        --rdzv-endpoint localhost:29400 --max-restarts 3 \\
         --no-python dpcompare script -- python elastic_mnist.py        # the layer, no Horovod needed
 
 No dropout, and only whole batches: a run that lost a worker and resumed from a commit computes the same numbers as
