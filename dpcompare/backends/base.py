@@ -23,13 +23,13 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 from torch import nn
 
 from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
-from dpcompare.backends.parts import FullState, Precision, Tracer, patch, tensor_bytes
+from dpcompare.backends.parts import ElasticState, FullState, Precision, Restarts, Tracer, patch, tensor_bytes
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 
 if TYPE_CHECKING:
@@ -42,23 +42,6 @@ __all__ = ["ElasticState", "ReduceOp", "Strategy", "StrategyUnavailable", "fill_
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 T = TypeVar("T")
-
-
-class ElasticState(Protocol):
-    """What an elastic run keeps besides the model and the optimizer: the training loop's progress, as plain
-    values (step, epoch, position in the epoch, history), and what it redoes when the world changes."""
-
-    def progress(self) -> dict[str, Any]:
-        """The loop's position now, as plain values (committed, broadcast, restored)."""
-        ...
-
-    def resume_from(self, progress: dict[str, Any]) -> None:
-        """Continue from ``progress`` (a committed one after a rollback, or rank 0's after a sync)."""
-        ...
-
-    def on_reset(self) -> None:
-        """The world changed (ranks lost or added): lay out the data and the learning rate for the new size."""
-        ...
 
 
 class Strategy(ABC):
@@ -84,6 +67,8 @@ class Strategy(ABC):
     #: state its own way; a strategy that records its communication under ``--trace`` has its own tracer
     full_state_class: ClassVar[type[FullState]] = FullState
     tracer_class: ClassVar[type[Tracer]] = Tracer
+    #: what an elastic run (--commit-every N) does: here, restarts from checkpoints; Horovod Elastic's own
+    elastic_class: ClassVar[type[Restarts]] = Restarts
 
     def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
                  timeout_s: float = 300.0) -> None:
@@ -99,10 +84,11 @@ class Strategy(ABC):
         self._synchronized = False  # this step's averaged gradients are in place (synchronize ran)
         #: what the workload's pre-check saw of the model (:meth:`configure_model`); None: not checked
         self.traits: ModelTraits | None = None
-        #: the parts it holds: device and gradient scaler; full state for checkpoints; --trace's hooks
+        #: the parts it holds: device and gradient scaler; full state for checkpoints; --trace's hooks; elastic runs
         self.precision = Precision(self.env, device)
         self.full_state = self.full_state_class(self)
         self.tracer = self.tracer_class(self)
+        self.elastic = self.elastic_class(self)
 
     # -- availability ---------------------------------------------------------------------------
     @classmethod
@@ -346,24 +332,6 @@ class Strategy(ABC):
         Optimizer state is broadcast only when it exists (after a resume): broadcasting a fresh
         optimizer's state would take an optimizer step on some libraries (see shared NOTES).
         """
-
-    # -- elastic runs (--commit-every N) -------------------------------------------------------------------
-    def run_elastic(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: ElasticState) -> T:
-        """Start every rank from rank 0's state and run ``body`` (the epochs) so that a lost host costs only the
-        steps since the last :meth:`commit`.
-
-        Here, as under torchrun, nothing survives inside the process: the launcher restarts every process with
-        the survivors and each resumes from the newest checkpoint (``--resume auto``), which :meth:`commit`
-        wrote. Horovod Elastic overrides it: the survivors roll back to the last commit in memory.
-        """
-        self.broadcast_initial_state(model, optimizer)
-        return body()
-
-    def commit(self, save: Callable[[], object]) -> None:
-        """Keep the training state so that a lost host costs only the steps after this one: here a checkpoint
-        (``save`` writes it: a restarted process resumes from it); Horovod Elastic commits it in memory."""
-        save()
 
     # -- evaluation (the full state for checkpoints and memory: the part ``full_state``) ---------------
     @contextmanager
