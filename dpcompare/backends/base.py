@@ -23,7 +23,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
 import torch
 from torch import nn
@@ -41,7 +41,6 @@ __all__ = ["ElasticState", "ReduceOp", "Strategy", "StrategyUnavailable", "fill_
            "require_gpu_for_sync_bn", "sparse_bytes", "tensor_bytes", "timed_collective"]
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
-T = TypeVar("T")
 
 
 class Strategy(ABC):
@@ -200,6 +199,7 @@ class Strategy(ABC):
         return self.precision.device
 
     # -- the model and its optimizer ---------------------------------------------------------------
+    @final
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         """The model and optimizer this strategy trains: BatchNorm synchronised if ``--sync-bn``, the model on
         the device and wrapped (:meth:`wrap_model`), the optimizer wrapped (:meth:`wrap_optimizer`).
@@ -258,6 +258,7 @@ class Strategy(ABC):
         """
         return None
 
+    @final
     def ensure_synchronized(self, optimizer: torch.optim.Optimizer) -> None:
         """:meth:`synchronize`, unless it already ran in this step; then every trainable parameter left without a
         gradient gets a zero one (:func:`fill_missing_grads`), so that every strategy updates alike."""
@@ -287,6 +288,7 @@ class Strategy(ABC):
                 _local(g).mul_(coef)
         return norm
 
+    @final
     def global_grad_norm(self, grads: list[torch.Tensor]) -> float:
         """The 2-norm of every gradient in ``grads`` together, summed in float64: a sharded DTensor's squares
         are added up on each rank and all-reduced once (its shards cover the whole tensor over the ranks).
@@ -310,6 +312,7 @@ class Strategy(ABC):
             whole += self.all_reduce(sharded, "sum")
         return float(whole.sqrt())
 
+    @final
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
         """One optimizer step on the averaged gradients: :meth:`synchronize` unless it already ran (after
         :meth:`clip_grad_norm`), then :meth:`update`."""
@@ -340,6 +343,7 @@ class Strategy(ABC):
         yield self.unwrap_model(model)
 
     # -- collectives (every strategy implements them; `single` holds the one-process versions) ----------
+    @final
     def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
         """Reduce over ranks; returns a new CPU float64 tensor (the input is not modified): the copy is made
         here, once, and :meth:`_do_all_reduce` reduces it."""
@@ -350,6 +354,7 @@ class Strategy(ABC):
     def _do_all_reduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
         """Reduce ``t`` (a float64 CPU tensor of this rank's own, free to change) over ranks; the result."""
 
+    @final
     def all_gather_floats(self, values: list[float]) -> list[list[float]]:
         """Every rank's list of floats (same length on each rank), indexed by rank."""
         table = torch.zeros(self.world_size, len(values), dtype=torch.float64)
@@ -364,6 +369,7 @@ class Strategy(ABC):
     def barrier(self) -> None:
         """Wait for every rank."""
 
+    @final
     def gather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's bytes, indexed by rank (built on :meth:`all_reduce`, so every strategy has it)."""
         sizes = [int(n) for (n,) in self.all_gather_floats([float(len(data))])]
