@@ -15,6 +15,12 @@ A step, as :class:`~dpcompare.training.step.StepRunner` runs it::
             strategy.backward(loss(model(x), y) / accumulate, scaler)
     strategy.clip_grad_norm(model, optimizer, max_norm, scaler)  # only when clipping: synchronize, unscale, clip
     strategy.optimizer_step(optimizer, scaler)                   # synchronize (unless done), then update
+
+A new strategy writes the six abstract methods (``connect``, ``disconnect``, ``broadcast_initial_state``,
+``_do_all_reduce``, ``broadcast_buffers``, ``barrier``) and overrides what differs; the ``@final`` methods do
+the shared work once (``all_reduce`` copies into float64 and calls ``_do_all_reduce``). What is not a step's
+work is a part it holds (:mod:`~dpcompare.backends.parts`): ``precision`` (device, gradient scaler),
+``full_state`` (checkpoints, memory), ``tracer`` (``--trace``) and ``elastic`` (``--commit-every``).
 """
 
 from __future__ import annotations
