@@ -125,6 +125,10 @@ class TrainConfig:
                                "hvd.SyncBatchNorm; GPUs only)", resume=True)
     device: str = opt("auto", "auto: one GPU per process when CUDA is available, else CPU",
                       choices=["auto", "cpu", "cuda"], resume=True)
+    deterministic: bool = opt(False, "on a GPU: PyTorch's deterministic algorithms (torch.use_deterministic_algorithms, "
+                                     "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the same "
+                                     "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
+                              resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int)
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
                          type=t.nonneg_int)

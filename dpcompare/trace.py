@@ -300,3 +300,90 @@ def trace_figures(data: dict[str, Any]) -> dict[str, Any]:
     """:func:`communication_figures` of a loaded trace.json, with the world size and link rate it recorded."""
     other = data.get("otherData") or {}
     return communication_figures(data["traceEvents"], other.get("world_size"), other.get("link_bps"))
+
+
+# -- what took the cores: the CPU time of this process's threads over the timed steps -----------------------------
+
+#: helper threads a run's summary names, the busiest first
+NAMED_THREADS = 6
+
+
+def thread_cpu_s() -> dict[int, tuple[str, float]]:
+    """Every thread of this process: its id → (its name, CPU seconds so far, user + system), read from
+    ``/proc/self/task`` (Linux; elsewhere nothing). gloo names its threads (``gloo_tcp_loop``,
+    ``pt_gloo_runloop``); Horovod's background thread and OpenMP's workers keep the process's name."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+        tick = float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, AttributeError):
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": the state is field 3
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except (OSError, IndexError):
+            continue  # the thread ended between the listing and the reading
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)  # utime, stime (fields 14, 15)
+    return out
+
+
+#: what a helper thread that kept the process's name is called (Horovod's background thread, OpenMP's workers)
+UNNAMED = "unnamed"
+
+
+def unnamed(name: str, threads: dict[int, tuple[str, float]], main: int) -> str:
+    """A thread's name, or :data:`UNNAMED` when it is only the process's (the main thread's) name."""
+    return UNNAMED if main in threads and name == threads[main][0] else name
+
+
+class CpuClock:
+    """The CPU time of the thread that runs the steps (``main``) and of every other thread of the process
+    (``helpers``: the libraries' background and communication threads, intra-op workers) over the timed steps.
+
+    Each timed step reads two clocks at its start and end (``time.thread_time``, ``time.process_time``: a few
+    microseconds), so the split is exact per step and evaluation between steps is left out; the threads are
+    read from ``/proc`` once at the first timed step and once at :meth:`figures`, to say which helper threads
+    took the time (their shares of the helpers' CPU over that window)."""
+
+    def __init__(self) -> None:
+        self.main_s = self.all_s = 0.0
+        self.steps = 0
+        self._start: tuple[float, float] | None = None
+        self._threads: dict[int, tuple[str, float]] | None = None
+
+    def begin(self) -> None:
+        if self._threads is None:
+            self._threads = thread_cpu_s()
+        self._start = (time.thread_time(), time.process_time())
+
+    def end(self) -> None:
+        if self._start is None:
+            return
+        self.main_s += time.thread_time() - self._start[0]
+        self.all_s += time.process_time() - self._start[1]
+        self.steps += 1
+        self._start = None
+
+    def figures(self) -> dict[str, Any] | None:
+        """ms per timed step of the main thread and of the others, and the busiest other threads (name, ms per
+        step); None when no step was timed."""
+        if not self.steps:
+            return None
+        main = 1e3 * self.main_s / self.steps
+        helpers = max(1e3 * (self.all_s - self.main_s) / self.steps, 0.0)
+        return {"main": main, "helpers": helpers, "threads": self._busiest(helpers)}
+
+    def _busiest(self, helpers_ms: float) -> list[dict[str, Any]]:
+        import threading
+
+        before, now, me = self._threads or {}, thread_cpu_s(), threading.get_native_id()
+        spent = {tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items()
+                 if tid != me}
+        total = sum(s for _, s in spent.values())
+        if total <= 0:
+            return []
+        top = sorted(spent.items(), key=lambda kv: -kv[1][1])[:NAMED_THREADS]
+        return [{"name": name, "tid": tid, "ms": helpers_ms * s / total} for tid, (name, s) in top if s > 0]

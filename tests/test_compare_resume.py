@@ -17,7 +17,7 @@ from dpcompare import cli
 from dpcompare.compare import cmdline
 from dpcompare.compare import command as compare
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, parse_setting
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.options import _FIELDS, config_from_args
@@ -139,11 +139,11 @@ def test_all_train_settings_at_once_and_old_no_tensorboard_read_back() -> None:
 
 @pytest.mark.parametrize("c", [
     Comparison(TrainConfig(), (Arm("ddp", "ddp"), Arm("horovod", "horovod")), (2,)),
-    Comparison(TrainConfig(), (Arm("ddp", "ddp"), Arm("ddp", "ddp")), (1, 2), Schedule(repeats=None, target_ci=0.02,
+    Comparison(TrainConfig(), (Arm("ddp", "ddp"), Arm("ddp", "ddp")), (1, 2), StoppingRule(repeats=None, target_ci=0.02,
                max_repeats=40, time_budget=600, equivalence=0.03), options=RunOptions(workers="persistent")),
     Comparison(TrainConfig(), (Arm("base", "ddp"), Arm("fp16", "horovod", (("grad_compression", "fp16"),
                                                                           ("batch_size", 16)))), (2,),
-               Schedule(repeats=2, seeds=(4,), accuracy_equivalence=0.01),
+               StoppingRule(repeats=2, seeds=(4,), accuracy_equivalence=0.01),
                sweeps=(("optimizer", ("sgd", "adam")),)),
 ], ids=["strategies", "a-a-auto-persistent", "variants-sweep-seed"])
 def test_plan_flags_read_back_as_the_same_plan(c: Comparison, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from dpcompare.argtypes import format_rate_bits, parse_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
-from dpcompare.lab import Lab, LabSpec, core, netns, parse_lab_spec
+from dpcompare.lab import Lab, LabSpec, hosts, netns, parse_lab_spec
 from dpcompare.lab import bench as labbench
 from dpcompare.lab.spec import link_bps
 from dpcompare.launch.jobs import log_tail
@@ -114,7 +114,7 @@ def test_a_kernel_without_tbf_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- a real lab --------------------------------------------------------------------------------------
 def _ours(name: str) -> tuple[list[str], list[str]]:
     """Namespaces and root-namespace interfaces lab ``name`` could have left behind."""
-    spaces = sorted(ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{name}-"))
+    spaces = sorted(ns for ns in netns.namespaces() if ns.startswith(f"{hosts.PREFIX}{name}-"))
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     return spaces, [line for line in links.splitlines() if "dplab" in line]
 
@@ -132,8 +132,8 @@ def test_lab_is_two_hosts_shaped_both_ways(lab: Lab) -> None:
     assert sorted(q["dev"] for q in sw if q["kind"] == "tbf") == ["dplab-h0", "dplab-h1"]  # switch → host too
     assert lab.hostfile.read_text().split() == [lab.hosts[0].address, "slots=1", lab.hosts[1].address, "slots=1"]
     assert lab.subnet.startswith("10.250.") and lab.hosts[0].address.endswith(".1")
-    assert _ours(lab.name) == ([f"{core.PREFIX}{lab.name}-h0", f"{core.PREFIX}{lab.name}-h1",
-                                f"{core.PREFIX}{lab.name}-sw"], [])  # nothing in the root namespace
+    assert _ours(lab.name) == ([f"{hosts.PREFIX}{lab.name}-h0", f"{hosts.PREFIX}{lab.name}-h1",
+                                f"{hosts.PREFIX}{lab.name}-sw"], [])  # nothing in the root namespace
 
 
 @pytest.mark.netns
@@ -171,13 +171,13 @@ def test_a_link_given_as_1Gbit_reaches_tc_as_1000000000_bits(monkeypatch: pytest
     shaped: list[int | None] = []
     real = netns.shape
     monkeypatch.setattr(netns, "shape", lambda ns, dev, bps: (shaped.append(bps), real(ns, dev, bps)))
-    with core.session(spec) as lab:
+    with hosts.session(spec) as lab:
         assert lab is not None
-        rates = [q["options"]["rate"] * 8 for ns, dev in ((lab.hosts[0].namespace, core.IFACE), (lab.switch, None))
+        rates = [q["options"]["rate"] * 8 for ns, dev in ((lab.hosts[0].namespace, hosts.IFACE), (lab.switch, None))
                  for q in netns.json_of(["tc", "-j", "-n", ns, "qdisc", "show", *(["dev", dev] if dev else [])])
                  if q["kind"] == "tbf"]
     assert shaped == [10**9] * 4 and rates == [10**9] * 3, (shaped, rates)  # host 0's side; both switch ports
-    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{spec.name}-")]
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{hosts.PREFIX}{spec.name}-")]
 
 
 @pytest.mark.netns
@@ -192,7 +192,7 @@ def test_interrupted_up_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(netns, "shape", ctrl_c)  # Ctrl-C once the namespaces exist, while shaping
     with pytest.raises(KeyboardInterrupt):
         Lab.up(LabSpec(hosts=2, link_bps=10**9, name=name))
-    assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
+    assert _ours(name) == ([], []) and not (hosts.state_root() / name).exists()
 
 
 @pytest.mark.netns
@@ -202,12 +202,12 @@ def test_session_takes_the_lab_down_after_a_failure_or_ctrl_c() -> None:
     for error in (RuntimeError, KeyboardInterrupt):
         name = f"s{secrets.token_hex(3)}"
         said: list[str] = []
-        with pytest.raises(error), core.session(LabSpec(name=name), said.append) as lab:
+        with pytest.raises(error), hosts.session(LabSpec(name=name), said.append) as lab:
             assert lab is not None and len(_ours(name)[0]) == 3
             raise error
-        assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
+        assert _ours(name) == ([], []) and not (hosts.state_root() / name).exists()
         assert said and said[0].startswith(f"lab {name!r} up: 2 hosts")
-    with core.session(None) as nothing:
+    with hosts.session(None) as nothing:
         assert nothing is None
 
 
@@ -218,7 +218,7 @@ def test_bench_gloo_all_reduce_reaches_the_link(lab: Lab, tmp_path: Path) -> Non
     out = tmp_path / "bench.json"
     before = lab.host_rows()[0]["tx_bytes"]
     dpcompare("lab", "bench", "--name", lab.name, "--sizes", "1M,4M", "--backends", "gloo,mpi",
-              "--collectives", "allreduce", "--iters", "3", "--out", str(out), timeout=240)
+              "--collectives", "allreduce", "--iters", "3", "--repeats", "1", "--out", str(out), timeout=240)
     doc = json.loads(out.read_text())
     assert doc["schema"] == labbench.SCHEMA and doc["ranks"] == 2 and doc["lab"]["link_bps"] == 2 * 10**8
     assert doc["gap_ms"] == labbench.idle_gap_ms(2 * 10**8)
@@ -256,4 +256,4 @@ def test_down_leaves_nothing_even_after_a_crash() -> None:
     p = dpcompare("lab", "down", "--name", name)
     assert "removed namespace" in p.stdout
     assert _ours(name) == ([], []) and not lab.directory.exists()
-    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{name}")]
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{hosts.PREFIX}{name}")]

@@ -19,7 +19,10 @@
 - Every file is written through ``files.atomic_write*`` (the call sits inside its arguments), or the line says
   ``# not atomic: why``.
 - Every ``torch.load`` passes ``weights_only=True``.
-- No ``strategy ==`` or ``.name ==`` test outside ``backends/``.
+- Outside ``backends/`` no comparison (``==``, ``!=``, ``in``, ``is``; on the AST) of what holds a strategy's or an
+  arm's name (a name, attribute or subscript key called ``strategy``, ``arm``, ``name`` or their plurals) with a
+  strategy's name (:func:`strategy_names`, read from the catalog) or a literal tuple, list or set holding one;
+  the few that ask no strategy say why in :data:`NOT_STRATEGY_TESTS`.
 - docs/layout.md says how many methods a new strategy writes and may override: the counts of ``Strategy``'s
   abstract and overridable methods; no strategy overrides a final one; no ``getattr(self, ...)`` probes.
 
@@ -77,7 +80,15 @@ USER_CODE: dict[str, str] = {
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__
 MAX_FUNCTION_LINES = 60
 NOT_ATOMIC = "# not atomic:"
-STRATEGY_TEST = re.compile(r"strategy ==|\.name ==")
+#: what holds a strategy's or an arm's name: a variable, attribute or subscript key called so (``arm``,
+#: ``spec.strategy``, ``r["strategy"]``, ``base_name``, ``arms``)
+STRATEGY_HOLDER = re.compile(r"(^|_)(strateg(y|ies)|arms?|names?)$")
+#: such comparisons that ask no strategy: (file in the package, the comparison) → why
+NOT_STRATEGY_TESTS: dict[tuple[str, str], str] = {
+    ("native/hook.py", "name == 'horovod'"): "the module being imported is the horovod package, not a strategy",
+    ("native/runner.py", "arm == 'native'"): "the script runner's --as: what `import horovod` means in the script",
+    ("native/runner.py", "arm == 'horovod'"): "the script runner's --as: what `import horovod` means in the script",
+}
 
 
 @dataclass(frozen=True)
@@ -397,10 +408,61 @@ def unsafe_loads(rules: Rules) -> list[str]:
     return out
 
 
-def strategy_tests(rules: Rules) -> list[str]:
-    return [f"{path.relative_to(rules.pkg.parent)}:{i} {line.strip()}"
-            for path in sorted(rules.pkg.rglob("*.py")) if "backends" not in path.relative_to(rules.pkg).parts
-            for i, line in enumerate(path.read_text().splitlines(), 1) if STRATEGY_TEST.search(line)]
+def strategy_names(pkg: Path) -> frozenset[str]:
+    """The strategies' and arms' names, read from the source: the keys of the catalog's table of ``Entry``
+    lines (``backends/catalog.py``), their elastic modes (``ddp-elastic``), and a script comparison's arms
+    (``native/calls.py``'s ``SCRIPT_ARMS``)."""
+    names: set[str] = set()
+    for rel in ("backends/catalog.py", "native/calls.py"):
+        path = pkg / rel
+        for node in ast.walk(ast.parse(path.read_text())) if path.exists() else ():
+            if isinstance(node, ast.Dict) and node.values and all(
+                    isinstance(v, ast.Call) and getattr(v.func, "id", "") == "Entry" for v in node.values):
+                names |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SCRIPT_ARMS" for t in node.targets):
+                names |= {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)}
+    return frozenset(names | {f"{n}-elastic" for n in names})
+
+
+def _holds_strategy(node: ast.expr) -> bool:
+    """A name, attribute or subscript called like what holds a strategy's name (:data:`STRATEGY_HOLDER`)."""
+    if isinstance(node, ast.Name):
+        return bool(STRATEGY_HOLDER.search(node.id))
+    if isinstance(node, ast.Attribute):
+        return bool(STRATEGY_HOLDER.search(node.attr))
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return (isinstance(key, ast.Constant) and isinstance(key.value, str) and bool(STRATEGY_HOLDER.search(key.value))
+                ) or _holds_strategy(node.value)
+    return False
+
+
+def _names_a_strategy(node: ast.expr, names: frozenset[str]) -> bool:
+    """A string literal naming a strategy, or a literal tuple, list or set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(_names_a_strategy(e, names) for e in node.elts)
+
+
+def strategy_tests(rules: Rules, names: frozenset[str] | None = None,
+                   allowed: dict[tuple[str, str], str] | None = None) -> list[str]:
+    """Comparisons outside ``backends/`` of what holds a strategy's name with a strategy's name: ``strategy ==
+    "ddp"``, ``arm.name != "horovod"``, ``"ddp" in arms``, ``r["strategy"] in ("ddp", "zero")`` (on the AST)."""
+    names = strategy_names(rules.pkg) if names is None else names
+    allowed = NOT_STRATEGY_TESTS if allowed is None else allowed
+    out = []
+    for path in sorted(rules.pkg.rglob("*.py")):
+        if "backends" in path.relative_to(rules.pkg).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            rel = path.relative_to(rules.pkg).as_posix()
+            if (rel, ast.unparse(node)) not in allowed and any(
+                    _holds_strategy(a) and _names_a_strategy(b, names) for a in sides for b in sides if a is not b):
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    return out
 
 
 # -- dpcompare ---------------------------------------------------------------------------------------------------
@@ -589,4 +651,12 @@ def test_an_unsafe_load_and_a_strategy_test_are_found(tmp_path: Path) -> None:
     rules = _package(tmp_path, {"low/a.py": "import torch\ntorch.load('p', weights_only=True)\ntorch.load('p')\n"
                                             "if strategy == 'ddp':\n    pass\n"})
     assert unsafe_loads(rules) == ["pkg/low/a.py:3 torch.load('p')"]
-    assert strategy_tests(rules) == ["pkg/low/a.py:4 if strategy == 'ddp':"]
+    names = frozenset({"ddp", "horovod", "ddp-elastic"})
+    assert strategy_tests(rules, names, {}) == ["pkg/low/a.py:4 strategy == 'ddp'"]
+    tests = ["arm == 'ddp'", "'ddp' in arms", "spec.strategy != 'horovod'", "r['strategy'] in ('ddp', 'zero')",
+             "a.name == 'ddp-elastic'", "base_strategy is 'ddp'", "names[0] == 'horovod'", "'horovod' == arm"]
+    fine = ["strategy == other", "mode == 'ddp'", "name in TABLE", "arm == 'fsdp2'", "'x' in arms", "n == 2"]
+    rules = _package(tmp_path / "more", {"high/b.py": "".join(f"x{i} = {t}\n" for i, t in enumerate(tests + fine)),
+                                         "backends/c.py": "ok = strategy == 'ddp'\n"})
+    assert strategy_tests(rules, names, {}) == [f"pkg/high/b.py:{i + 1} {t}" for i, t in enumerate(tests)]
+    assert strategy_names(REPO / "dpcompare") >= {"ddp", "horovod", "zero", "fsdp", "single", "native", "ddp-elastic"}

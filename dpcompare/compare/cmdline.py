@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpcompare.argtypes import nonneg_float, parse_rate_bits, positive_float, positive_int
+from dpcompare.compare.axes import AXES, TWIN
 from dpcompare.compare.plan import (
     Arm,
     Comparison,
     parse_arm_strategies,
-    parse_fault,
     parse_np,
     parse_repeats,
     parse_seeds,
@@ -24,7 +24,7 @@ from dpcompare.compare.plan import (
     parse_variant,
     value_text,
 )
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
@@ -52,9 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
                    help="arms with their own train settings instead of --strategies, e.g. base=ddp "
                         "fp16=horovod:grad_compression=fp16 (knobs are TrainConfig field names)")
+    swept = "; ".join(f"{a.name}={a.metavar}: {a.help}" for a in AXES.values() if a.pairs != TWIN)
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
-                        "repeat the flag to cross several")
+                        f"repeat the flag to cross several. Or of an axis: {swept}".replace("%", "%%"))
     _add_stopping_rule(g)
     g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
                    help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
@@ -69,14 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
                         "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
                         "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
-    g.add_argument("--fault", type=parse_fault, metavar="host=I,at-step=S[,back-at-step=B]",
-                   help="with --lab: every arm runs twice per block, once as it is and once meeting this fault: when "
-                        "the run reaches step S (an elastic arm that commits at S: right after that commit), host "
-                        "I dies (its link goes down, then every process in it is killed), and with back-at-step "
-                        "it comes back at step B; records the pause, the steps redone, the world size over time, "
-                        "the wall time and the final metric against the run "
-                        "without the fault, and draws throughput over time. Compare elastic arms: "
-                        "--strategies ddp-elastic,horovod-elastic (docs/elastic.md)")
+    for a in AXES.values():
+        if a.pairs == TWIN:
+            g.add_argument(f"--{a.name}", type=a.parse, metavar=a.metavar, help=a.help.replace("%", "%%"))
     g.add_argument("--replay", action="store_true",
                    help="with --fault: after every elastic run that recovered, start a clean run (no fault, not "
                         "elastic) from the checkpoint it rolled back to, at the world size it carried on with, and "
@@ -153,7 +149,7 @@ def _variant(a: Arm) -> str:
 def plan_flags(c: Comparison) -> list[str]:
     """The comparison's own flags (not the train settings) that rebuild its plan: to print how to reproduce it,
     and for --resume."""
-    s, default = c.schedule, Schedule()
+    s, default = c.schedule, StoppingRule()
     flags = ["--np", ",".join(map(str, c.nps))]
     if any(a.knobs or a.label != a.name for a in c.arms):
         flags += ["--variants", *map(_variant, c.arms)]
@@ -174,8 +170,8 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--accuracy-equivalence", f"{100 * s.accuracy_equivalence:g}"]
     if c.lab is not None:
         flags += ["--lab", c.lab.text()]
-    if c.fault is not None:
-        flags += ["--fault", str(c.fault)]
+    for name, values in c.axes:
+        flags += AXES[name].flags(values)
     if c.replay:
         flags += ["--replay"]
     if c.options.workers != "fresh":

@@ -3,7 +3,7 @@
 Every (arm, np, repeat) is its own job (``mpirun -np N python -m dpcompare train ...``, or srun inside a
 Slurm allocation) with the same configuration and seed, written to ``OUT/runs/<arm>-np<N>-r<k>/``, in blocks
 (:mod:`.plan`); ``--repeats auto`` adds blocks until the verdicts' intervals are narrow enough
-(:mod:`.schedule`). ``OUT/results.json`` collects the runs (:mod:`.records`; schema: docs/results-schema.md)
+(:mod:`.stopping`). ``OUT/results.json`` collects the runs (:mod:`.records`; schema: docs/results-schema.md)
 and is rewritten after each run (:mod:`.runner`); the report is rendered from it at the end. This module is
 the command-line surface: the sub-command, and reading an interrupted comparison's flags back for --resume.
 """
@@ -15,13 +15,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpcompare.compare.axes import AXES, axes_of
 from dpcompare.compare.cmdline import add_arguments, stored_args
-from dpcompare.compare.plan import Arm, Comparison, RunOptions, seed_list
+from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import ConfigError
-from dpcompare.files import LINK, RESULTS
+from dpcompare.files import RESULTS
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -69,16 +70,36 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
     script = _script_of(a, base)
     cfg = config_from_args(a, strategy="horovod" if script else base[0].strategy, out=a.out)
     repeats = a.repeats if a.repeats != 0 else (1 if a.seeds else 3)  # 0: not given
-    schedule = Schedule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
+    schedule = StoppingRule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
                         time_budget=a.time_budget, equivalence=a.equivalence / 100.0,
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     options = RunOptions(overwrite=a.overwrite, progress=a.progress, run_timeout=a.run_timeout or None,
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
                          project_link=a.project_link)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
-                   lab=getattr(a, "lab", None), fault=a.fault, replay=a.replay, script=script)
+                   lab=getattr(a, "lab", None), axes=axes_of(a.sweep or (), a), replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
+    refuse_unrunnable(c)
     return c
+
+
+def refuse_unrunnable(c: Comparison) -> None:
+    """A setting an arm's strategy cannot run with under compare's launcher (mpirun or srun: Horovod's gloo
+    operations need horovodrun's gloo controller), refused once, before the first run, in the line each of its
+    runs would fail with. The elastic arms are left to their launchers (torchrun, horovodrun), a script's arms
+    to the script."""
+    if c.script is not None:
+        return
+    from dpcompare.backends import registry
+
+    for arm in c.all_arms:
+        if arm.elastic:
+            continue
+        for n in c.nps:
+            try:
+                registry.check_config(arm.strategy, child_config(c.config, RunSpec(arm, n, 0), c.out), n)
+            except ConfigError as e:
+                raise ConfigError(f"arm {arm.label} at np={n}: {e}") from None
 
 
 def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
@@ -88,9 +109,9 @@ def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
     plan = script_plan(a, [x.strategy for x in arms], Path(a.out))
     if plan is None:
         return None
-    if a.variants or any(name != LINK for name, _ in a.sweep or ()):
+    if a.variants or any(name not in AXES for name, _ in a.sweep or ()):
         raise ConfigError("--script compares the arms horovod, native and ddp of one script: --variants and "
-                          "--sweep of train settings do not apply (--sweep link=... does)")
+                          "--sweep of train settings do not apply (--sweep of an axis, link=... or threads=..., does)")
     if a.workers == "persistent":
         raise ConfigError("--script runs every run as its own job: leave --workers persistent out")
     return plan

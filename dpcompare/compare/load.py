@@ -12,6 +12,11 @@ What the machine spent beyond that went to other processes::
 
     others' share = (machine busy CPU s − this process tree's CPU s) / (cores × wall s)
 
+A rank need not descend from the comparing process at all: the elastic arms' ranks on a lab's hosts are started
+through ssh, by that host's sshd. Every process whose command line names the run's folder (each rank's ``--out``)
+is the job's too, however it was started: a thread samples their CPU time twice a second while the run runs (a
+process that ends between two samples loses at most its last half second).
+
 Busy is user + nice + system time; interrupt and soft-interrupt time is left out (the ranks' own loopback
 traffic lands there, charged to no process). The report's threshold: :data:`dpcompare.report.regime.SHARED_SHARE`.
 """
@@ -22,6 +27,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -55,23 +61,71 @@ def _tree_seconds(root: psutil.Process) -> float:
     return total
 
 
-class LoadWatch:
-    """Samples the machine and this process tree when made and at :meth:`result` (the run in between)."""
+#: seconds between two samples of the job's processes outside this process tree
+SAMPLE_S = 0.5
 
-    def __init__(self) -> None:
+
+class JobProcesses:
+    """The job's processes outside this process tree (their command line names ``marker``, the run's folder),
+    sampled by a thread: the CPU seconds each has taken, by (pid, start time), as last seen."""
+
+    def __init__(self, me: psutil.Process, marker: str) -> None:
+        self.me, self.marker = me, marker
+        self.seen: dict[tuple[int, float], float] = {}
+        self.sample()
+        self.before = dict(self.seen)  # what those already running had taken before the run
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dpcompare-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self.sample()
+
+    def sample(self) -> None:
+        try:
+            tree = {self.me.pid, *(c.pid for c in self.me.children(recursive=True))}
+        except psutil.Error:
+            tree = {self.me.pid}
+        for p in psutil.process_iter(["cmdline", "create_time"]):
+            try:
+                if p.pid in tree or self.marker not in " ".join(p.info["cmdline"] or ()):
+                    continue
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            key = (p.pid, p.info["create_time"])
+            self.seen[key] = max(self.seen.get(key, 0.0), t.user + t.system)
+
+    def stop(self) -> float:
+        """The last sample, then the CPU seconds all of them took."""
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return sum(cpu - self.before.get(key, 0.0) for key, cpu in self.seen.items())
+
+
+class LoadWatch:
+    """Samples the machine and this process tree when made and at :meth:`result` (the run in between);
+    ``marker``: the run's folder, which names the job's processes started outside the tree (ssh)."""
+
+    def __init__(self, marker: str | None = None) -> None:
         _adopt_orphans(True)  # while the run runs
         self.me = psutil.Process()
         self.cores = psutil.cpu_count() or os.cpu_count() or 1
         self.loadavg_start = [round(x, 2) for x in os.getloadavg()]
         self.t0, self.busy0, self.tree0 = time.perf_counter(), _busy_seconds(), _tree_seconds(self.me)
+        self.remote = JobProcesses(self.me, marker) if marker else None
 
     def result(self) -> dict[str, Any]:
         """results.json's ``load`` of a run (docs/results-schema.md)."""
         wall = time.perf_counter() - self.t0
-        busy, tree = _busy_seconds() - self.busy0, _tree_seconds(self.me) - self.tree0
+        away = self.remote.stop() if self.remote else 0.0
+        busy, tree = _busy_seconds() - self.busy0, _tree_seconds(self.me) - self.tree0 + away
         _adopt_orphans(False)
         others = max(busy - tree, 0.0)
         return {"others_cpu_share": round(others / (self.cores * wall), 4) if wall > 0 else None,
                 "others_cpu_s": round(others, 2), "job_cpu_s": round(tree, 2), "busy_cpu_s": round(busy, 2),
+                "job_cpu_outside_s": round(away, 2),
                 "cores": self.cores, "wall_s": round(wall, 2), "loadavg_start": self.loadavg_start,
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()]}

@@ -25,6 +25,7 @@ from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
+from dpcompare.native.calls import LAYER_ARM
 
 if TYPE_CHECKING:
     import torch
@@ -134,7 +135,7 @@ def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: 
         causes.append("sparse gradients: each library adds the rows of the processes' sparse gradients in its own "
                       "order (DDP over gloo: coalesced rows all-gathered and summed; Horovod: all-gathered, divided, "
                       "then summed by the update)")
-    if str(summary.get("device", "")).startswith("cuda"):
+    if str(summary.get("device", "")).startswith("cuda") and not base.deterministic:
         causes.append("non-deterministic CUDA kernels (atomic adds in some backward passes)")
     return causes
 
@@ -319,7 +320,7 @@ def run_parity(a: argparse.Namespace) -> int:
     console = Console(highlight=False)
     if a.strategies is None:
         a.strategies = ["horovod", "native"] if a.script is not None else ["ddp", "horovod"]
-    if a.script is not None or "native" in a.strategies:
+    if a.script is not None or LAYER_ARM in a.strategies:
         return _script_parity(a, console)
     # the one-process run is added below, where it is exact
     strategies = [s for s in a.strategies if backends.facts(s).distributed]
@@ -333,7 +334,7 @@ def run_parity(a: argparse.Namespace) -> int:
         a.lab.check_np(a.np)
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
-                            resume=None, strategy=strategies[0])
+                            resume=None, strategy=strategies[0], deterministic=a.device != "cpu")
     traits = model_traits(base)
     runs, notes = _runs(a, base, strategies, traits)
     mode, knob_tol, knob_note = judge(base)

@@ -14,6 +14,7 @@ keyed by position (``optimizer.group.index``) with their names when the script g
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.files import atomic_write, atomic_write_json
+from dpcompare.native.summary import DEFAULT_WARMUP
+from dpcompare.trace import NAMED_THREADS, thread_cpu_s, unnamed
 
 #: the folder a runner's records go to, for ranks started by a launcher (set by ``dpcompare script --out``)
 OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
@@ -42,11 +45,19 @@ class Recorder:
         self.metrics: dict[str, list[float]] = {}
         self.optimizers: list[Any] = []
         self._pre: float | None = None
+        self.cpu_main: list[float] = []    # the stepping thread's CPU seconds at each step's end
+        self.cpu_all: list[float] = []     # the process's (every thread's)
+        self.threads_at_step = DEFAULT_WARMUP  # the helper threads are read from the end of this step to the last
+        self.threads_before: dict[int, tuple[str, float]] | None = None
 
     # -- steps ----------------------------------------------------------------------------------------------
     def _stepped(self, start: float, end: float) -> None:
         self.step_ends.append(end - self.t0)
         self.step_calls.append(end - start)
+        self.cpu_main.append(time.thread_time())  # what took the cores, read at each step's end
+        self.cpu_all.append(time.process_time())
+        if len(self.step_ends) == self.threads_at_step:
+            self.threads_before = thread_cpu_s()
 
     def watch(self, optimizer: Any) -> Any:
         """Time ``optimizer.step()`` of this instance and keep it for the final weights; returns it."""
@@ -126,10 +137,20 @@ class Recorder:
                         names[key] = known[p]
         return tensors, names
 
+    def _threads(self) -> list[dict[str, Any]]:
+        """The other threads' CPU seconds since :attr:`threads_at_step` (name, tid, seconds), the busiest first."""
+        if self.threads_before is None:
+            return []
+        me, now = threading.get_native_id(), thread_cpu_s()
+        spent = [{"name": unnamed(name, now, me), "tid": tid, "s": cpu - self.threads_before.get(tid, (name, 0.0))[1]}
+                 for tid, (name, cpu) in now.items() if tid != me]
+        return sorted((x for x in spent if x["s"] > 0), key=lambda x: -x["s"])[:NAMED_THREADS]
+
     def write(self, exit_code: int) -> None:
         record = {"arm": self.arm, "rank": self.rank, "world_size": self.world_size, "exit_code": exit_code,
                   "wall_s": time.perf_counter() - self.t0, "steps": len(self.step_ends),
-                  "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics}
+                  "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics,
+                  "cpu_main_s": self.cpu_main, "cpu_all_s": self.cpu_all, "helper_threads": self._threads()}
         if self.rank == 0 and self.optimizers:
             import torch
 

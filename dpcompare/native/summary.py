@@ -49,6 +49,30 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
+def script_cpu_ms(records: list[dict[str, Any]], warmup: int = DEFAULT_WARMUP) -> dict[str, Any] | None:
+    """``timing.cpu_ms`` as a training run's: CPU ms per step after the warm-up of the thread that steps
+    (``main``) and of the process's other threads (``helpers``), over ranks and per rank; rank 0's busiest other
+    threads by name, each with its share of the helpers' time."""
+    rows = []
+    for r in records:
+        main, every = r.get("cpu_main_s") or [], r.get("cpu_all_s") or []
+        first = max(warmup - 1, 0)
+        n = min(len(main), len(every)) - 1 - first
+        if n < 1:
+            continue
+        m = 1e3 * (main[first + n] - main[first]) / n
+        rows.append({"rank": r.get("rank", len(rows)), "main": m,
+                     "helpers": max(1e3 * (every[first + n] - every[first]) / n - m, 0.0)})
+    if not rows:
+        return None
+    threads = records[0].get("helper_threads") or []
+    total = sum(t["s"] for t in threads)
+    helpers0 = rows[0]["helpers"]
+    return {"main": statistics.fmean(r["main"] for r in rows), "helpers": statistics.fmean(r["helpers"] for r in rows),
+            "per_rank": rows, "threads": [{"name": t["name"], "tid": t["tid"], "ms": helpers0 * t["s"] / total}
+                                          for t in threads] if total > 0 else []}
+
+
 def script_summary(out: Path, warmup: int = DEFAULT_WARMUP, metric: str | None = None) -> dict[str, Any] | None:
     """The summary of the script run recorded in ``out`` (None: no rank left a record)."""
     records = read_ranks(out)
@@ -60,6 +84,7 @@ def script_summary(out: Path, warmup: int = DEFAULT_WARMUP, metric: str | None =
     timing = {"measured_steps": len(times), "measured_seconds": sum(times) if times else None,
               "step_ms_median": statistics.median(times) * 1e3 if times else None,
               "step_ms_p95": _p95(times) * 1e3 if times else None, "samples_per_sec": None, "phases_ms": None}
+    timing["cpu_ms"] = script_cpu_ms(records, warmup)
     summary: dict[str, Any] = {"script": True, "arm": first.get("arm"), "world_size": first.get("world_size"),
                                "steps": first.get("steps"), "exit_code": max(r.get("exit_code", 1) for r in records),
                                "timing": timing, "warmup_steps": warmup, "metrics_seen": sorted(metrics)}

@@ -69,25 +69,28 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     The verdicts are the ones compare stored in results.json; ``recompute`` (``dpcompare report --recompute``)
     draws them again from the runs, as happens anyway when none were stored (an unfinished comparison).
     """
-    from dpcompare.report import attribution, faults, html, links, plots, projection, stats, table, traces
+    from dpcompare.report import attribution, axes, faults, html, plots, projection, stats, table, traces
 
     folder = Path(folder)
     results = load_results(folder)
     groups = stats.aggregate(results)
     verdicts = stats.report_verdicts(results, groups, recompute=recompute)
     made = plots.make_all(results, groups, folder / "plots", verdicts)
-    made += [p for p in [links.link_plot(results, groups, folder / "plots" / "links.png")] if p]  # --sweep link=
+    made += axes.axis_plots(results, groups, folder / "plots")  # --sweep link=..., threads=...
     fault_plot = faults.plot(results, folder / "plots" / "fault.png")  # --fault
     fault = faults.section(results, fault_plot)
     traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N
     projected = projection.section(folder)  # ... and projected to a cluster by compare (OUT/projected)
     why = attribution.for_report(results, recompute=recompute)
+    cost = faults.lines(results)  # a comparison with a fault leads with what the fault cost
     page = html.write_html(folder / "report.html", results, groups, verdicts, made,
-                           [x for x in (fault, traced, projected) if x], why)
+                           [x for x in (fault, traced, projected) if x], why, lead=cost)
     if not quiet:
         console = console or table.console_for_report()
-        table.print_report(console, results, groups, verdicts, str(page), why)
-        for line in faults.lines(results):
+        if cost:
+            console.print()
+        for line in cost:
             console.print(line, soft_wrap=True, markup=False)
+        table.print_report(console, results, groups, verdicts, str(page), why)
     return Rendered(page, [p.path for p in made] + ([fault_plot.path] if fault_plot else []),
                     [v.full_text for v in verdicts] + [v["text"] for v in faults.wall_verdicts(results)], verdicts)

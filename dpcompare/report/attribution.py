@@ -21,6 +21,8 @@ from dpcompare.backends.catalog import COMMUNICATION, IF_BUFFERS
 from dpcompare.files import PHASES
 from dpcompare.report.groups import arm_of, arm_pairs, unit_blocks
 from dpcompare.report.intervals import Interval, mean_ci, unit_means
+from dpcompare.report.mechanisms import threads_of
+from dpcompare.trace import UNNAMED
 
 #: the phases of a step in the attribution: the timed ones and the rest of the step
 STEP_PARTS = (*PHASES, "other")
@@ -45,6 +47,7 @@ class Attribution:
     main: list[str]          # phases that account for the gap, largest first
     text: str
     lines: list[str] = field(default_factory=list)  # the terminal's two short lines
+    cpu: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm → :func:`thread_cpu` (what took the cores)
 
     def to_json(self) -> dict[str, Any]:
         def iv(i: Interval) -> dict[str, Any]:
@@ -52,7 +55,8 @@ class Attribution:
 
         return {"np": self.np, "baseline": self.baseline, "other": self.other, "step": iv(self.step_diff),
                 "phases": {s.phase: {**iv(s.diff), "share": s.share} for s in self.shifts},
-                "main": self.main, "text": self.text, "lines": self.lines}
+                "main": self.main, "text": self.text, "lines": self.lines,
+                **({"cpu_ms": self.cpu} if self.cpu else {})}
 
 
 def _parts(run: dict[str, Any]) -> dict[str, float] | None:
@@ -93,8 +97,9 @@ def attribute(results: dict[str, Any], baseline: str, other: str, np_: int) -> A
     shifts = [PhaseShift(p, iv := diff(p), iv.mean / step.mean if step.mean else None) for p in STEP_PARTS]
     main = _main_phases(shifts, step)
     return Attribution(np_, baseline, other, step, shifts, main,
-                       _explain(results, baseline, other, step, shifts, main),
-                       _lines(results, baseline, other, step, shifts, main))
+                       _explain(results, baseline, other, step, shifts, main, np_),
+                       _lines(results, baseline, other, step, shifts, main, np_),
+                       {a: c for a in (baseline, other) if (c := thread_cpu(results, a, np_))})
 
 
 def _main_phases(shifts: list[PhaseShift], step: Interval) -> list[str]:
@@ -173,7 +178,7 @@ def _comm(results: dict[str, Any], arms: tuple[str, str], phase: str) -> dict[st
 
 
 def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
-             main: list[str]) -> str:
+             main: list[str], np_: int = 0) -> str:
     """The whole sentence (report and results.json): the net gap, each phase that moved in ms, what each
     strategy communicates there."""
     net = f"{other}'s step is {_ms(step.mean)} {'shorter' if step.mean < 0 else 'longer'} than {baseline}'s"
@@ -198,13 +203,52 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
                                                      for arm, w in what.items()))
     if comm:
         return text + " Communication there — " + " — ".join(comm) + "."
+    cores = _cores_sentence(results, baseline, other, np_)
+    if cores:
+        return text + " Neither strategy communicates in " + " or ".join(map(_short, main)) + ". " + cores
     return text + (" Neither strategy communicates in " + " or ".join(map(_short, main)) + ": look at threads and CPU "
                    "contention (a background thread competing for cores, vCPU wake-ups) and per-step framework "
                    "overhead, not at the network.")
 
 
+def thread_cpu(results: dict[str, Any], arm: str, np_: int) -> dict[str, Any] | None:
+    """The arm's CPU ms per step at ``np_`` (results.json ``runs[].cpu_ms``), mean over its ok runs: the main
+    thread's (``main``), the other threads' (``helpers``), and the busiest other threads of its first run."""
+    runs = [r["cpu_ms"] for r in results.get("runs", []) if arm_of(r) == arm and int(r["np"]) == np_
+            and r.get("status") == "ok" and isinstance(r.get("cpu_ms"), dict)]
+    if not runs:
+        return None
+    return {"main": sum(c["main"] for c in runs) / len(runs), "helpers": sum(c["helpers"] for c in runs) / len(runs),
+            "threads": runs[0].get("threads") or [], "runs": len(runs)}
+
+
+def _busiest(cpu: dict[str, Any]) -> str:
+    top = (cpu.get("threads") or [None])[0]
+    if not top or top.get("ms", 0) < 0.01:
+        return ""
+    return f", the busiest {'an unnamed thread' if top['name'] == UNNAMED else repr(top['name'])} {_ms(top['ms'])}"
+
+
+def _cores_sentence(results: dict[str, Any], baseline: str, other: str, np_: int) -> str | None:
+    """What took the cores, measured: each arm's other threads' CPU ms per step (the libraries' background and
+    communication threads), beside the main thread's; None when the runs did not record it."""
+    cpu = {a: thread_cpu(results, a, np_) for a in (other, baseline)}
+    if not all(cpu.values()):
+        return None
+    o, b = cpu[other], cpu[baseline]
+    assert o is not None and b is not None
+    more, less = (other, baseline) if o["helpers"] >= b["helpers"] else (baseline, other)
+    m, lo = cpu[more], cpu[less]
+    assert m is not None and lo is not None
+    return (f"What took the cores: besides its main thread, {more} ran {_ms(m['helpers'])} of CPU per step on other "
+            f"threads ({threads_of(_strategy(results, more))}{_busiest(m)}), {less} {_ms(lo['helpers'])} "
+            f"({threads_of(_strategy(results, less))}); the main threads took {_ms(o['main'])} ({other}) and "
+            f"{_ms(b['main'])} ({baseline}) of CPU per step. Threads that compete with compute for the cores slow "
+            "the phases that communicate nothing.")
+
+
 def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
-           main: list[str]) -> list[str]:
+           main: list[str], np_: int = 0) -> list[str]:
     """At most two short lines for the terminal: the phases that moved, in ms; the communication in the first."""
     net = f"{other}'s step {_ms(step.mean)} {'shorter' if step.mean < 0 else 'longer'} than {baseline}'s"
     if not main:
@@ -217,6 +261,11 @@ def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, s
     phase = main[0]
     what = _comm(results, (baseline, other), phase)
     if not any(what.values()):
+        cpu = {a: thread_cpu(results, a, np_) for a in (other, baseline)}
+        if all(cpu.values()):
+            return [first, f"in {_short(phase)} neither communicates; other threads' CPU per step: " + ", ".join(
+                f"{a} {_ms(c['helpers'])}" for a, c in cpu.items() if c) + " (main: " + " vs ".join(
+                _ms(c["main"]) for c in cpu.values() if c) + f"; {threads_of(_strategy(results, other))})"]
         return [first, f"in {_short(phase)} neither communicates: threads, CPU contention, framework overhead"]
     return [first, f"in {_short(phase)} — " + "; ".join(f"{arm}: {_brief(w) if w else 'nothing'}"
                                                        for arm, w in what.items())]

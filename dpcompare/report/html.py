@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.files import PHASES, atomic_write_text
-from dpcompare.report import attribution, fmt, regime
+from dpcompare.report import attribution, fmt, mechanisms, regime
 from dpcompare.report.groups import (
     MEMORY_KINDS,
     MEMORY_LABELS,
@@ -48,6 +48,7 @@ th { background: #fafbfc; font-weight: 600; color: #3a4047; vertical-align: bott
 td:first-child, th:first-child { text-align: left; }
 td.l, th.l { text-align: left; white-space: normal; }
 .scroll { overflow-x: auto; max-width: 100%; }
+table.fits td { white-space: normal; }
 details > summary { cursor: pointer; color: var(--accent); }
 .ratios { color: var(--muted); font-size: 13px; overflow-wrap: anywhere; margin: 4px 0 0; }
 .tiny { border-left: 4px solid var(--bad); background: #fdf3f3; padding: 8px 12px; border-radius: 6px;
@@ -73,34 +74,14 @@ dl.kv dd { margin: 0; font-family: ui-monospace, Menlo, Consolas, monospace; ove
 .cols > * { min-width: 0; }
 """
 
-TEACHING = """
-<p>Both strategies average the gradients of all processes after every backward pass, and with the same
-seed, data order and averaging they compute the same model. They differ in <em>where</em> the
-synchronisation hooks sit and therefore <em>when</em> the communication happens in a step:</p>
-<div class="cols">
-<div class="card"><h3>PyTorch DDP: hooks on the model</h3>
-<p><code>DistributedDataParallel</code> wraps the <em>model</em>. It registers an autograd hook on every
-parameter; as soon as the gradients of a bucket (25&nbsp;MB by default) are ready during
-<code>loss.backward()</code>, that bucket is all-reduced asynchronously while autograd keeps computing the
-gradients of earlier layers. <code>backward()</code> returns only when every bucket is reduced, so the
-communication that did not overlap with computation is counted in the <strong>backward</strong> phase,
-and <code>optimizer.step()</code> is a purely local update.</p></div>
-<div class="card"><h3>Horovod: hooks in the optimizer</h3>
-<p><code>hvd.DistributedOptimizer</code> wraps the <em>optimizer</em>. Its per-parameter hooks enqueue an
-asynchronous all-reduce when a gradient is ready; Horovod's background thread negotiates which tensors are
-ready on every rank and fuses them into large buffers (tensor fusion, 128&nbsp;MB by default, on a
-cycle set by HOROVOD_CYCLE_TIME). <code>backward()</code> returns without waiting; <code>optimizer.step()</code> first calls
-<code>synchronize()</code>, which blocks until every all-reduce is done, so the waiting is counted in the
-<strong>optimizer</strong> phase.</p></div>
-</div>
-<p>The gradient all-reduce is not all: with a model that has buffers (BatchNorm's running statistics), DDP
-(<code>broadcast_buffers=True</code>, its default) broadcasts rank 0's buffers to every rank at the start of
-<em>every forward</em>, a collective in the <strong>forward</strong> phase; Horovod synchronises no buffers.
-The attribution under the verdict names what each strategy communicates in the phases that carry the gap.</p>
+#: after the strategies' cards (:mod:`dpcompare.report.mechanisms`): how to read the evidence
+EVIDENCE_NOTE = """
 <p>The step-time breakdown is the evidence: compare the <strong>backward</strong> bar with the
 <strong>optimizer</strong> bar of each strategy, and their growth from np=1 to more processes. The sum
 (the time per step) is what decides throughput; which phase the communication hides in is how each
-library schedules it.</p>
+library schedules it. When a phase where no strategy communicates differs, the cores decide: the table's
+<em>CPU ms/step</em> gives the main thread's CPU time per step beside the other threads' (the libraries'
+background and communication threads), and the attribution under the verdict names them.</p>
 """
 
 
@@ -112,15 +93,19 @@ def data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
-def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
-    """Throughput, step and phase times, accuracy, peak RSS: one row per (arm, np); memory has its own table."""
+def _table(groups: Sequence[Group], strategies: Sequence[str], results: dict[str, Any] | None = None) -> str:
+    """Throughput, step and phase times, accuracy, peak RSS, the threads' CPU: one row per (arm, np); memory has
+    its own table."""
     col = colors(strategies)
     several_np = len({g.np for g in groups}) > 1
+    cpu = {(g.arm, g.np): attribution.thread_cpu(results or {}, g.arm, g.np) for g in groups}
     head = ["arm", "np", "runs ok", "samples/s<br>mean ± 95 % CI", "step ms<br>median / p95",
             *(f"{p}<br>ms" for p in PHASES), fmt.metric_label(groups[0].metric if groups else {}),
             "final train loss", "peak RSS<br>MB"]
     if several_np:
         head.append("scaling<br>efficiency")
+    if any(cpu.values()):
+        head.append("CPU ms/step<br>main / other threads")
     rows = []
     for g in groups:
         ok_cls = "ok" if g.ok == g.runs else "failed"
@@ -131,6 +116,9 @@ def _table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
                  "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}", fmt.mb(g.peak_rss_mb)]
         if several_np:
             cells.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
+        if any(cpu.values()):
+            c = cpu[(g.arm, g.np)]
+            cells.append("–" if c is None else f"{fmt.ms(c['main'])} / {fmt.ms(c['helpers'])}")
         rows.append(cells)
     return _html_table(head, rows)
 
@@ -326,9 +314,10 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
 
 def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                 plots: Sequence[Plot], extra: Sequence[str] = (),
-                attributions: Sequence[dict[str, Any]] | None = None) -> str:
+                attributions: Sequence[dict[str, Any]] | None = None, lead: Sequence[str] = ()) -> str:
     """The page; ``extra``: self-contained HTML sections added after the plots (e.g. the traced step);
-    ``attributions``: as results.json stores them (default: stored, else computed from the runs)."""
+    ``attributions``: as results.json stores them (default: stored, else computed from the runs); ``lead``: what
+    the page leads with, before the throughput verdict (a fault's cost: its title line, then its points)."""
     if attributions is None:
         attributions = attribution.for_report(results)
     acc_verdicts = [v for v in verdicts if v.metric != "throughput"]
@@ -340,7 +329,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     train = cfg.get("train") or {}
     title = " vs ".join(strategies) if strategies else "comparison"
 
-    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>']
+    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>', *map(_lead_card, [lead] if lead else [])]
     if verdicts:
         body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
@@ -351,18 +340,20 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
 
     body.append("<h2>Results</h2>")
     if groups:
-        body.append('<div class="card">' + _table(groups, strategies)
+        body.append('<div class="card">' + _table(groups, strategies, results)
                     + '<p class="muted" style="font-size:13px;margin:10px 0 0">Step and phase times are medians '
                       "over the timed steps (warm-up excluded): step times of the slowest rank, phases averaged "
                       "over ranks, then averaged over repeats. Peak RSS is the largest resident memory of any "
-                      "rank.</p>" + _memory_table(groups, strategies) + "</div>")
+                      "rank. CPU ms/step: CPU time per timed step of the thread that runs the steps and of all the process's "
+                      "other threads (background and communication threads), mean over ranks and runs.</p>"
+                    + _memory_table(groups, strategies) + "</div>")
     for p in plots:
         body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
                     f"<figcaption><strong>{_e(p.title)}.</strong> {_e(p.caption)}</figcaption></figure></div>")
     body.extend(_accuracy_section(results, groups, acc_verdicts, acc_plots, strategies))
     body.extend(extra)
 
-    body.append("<h2>Why the phases differ</h2>" + TEACHING + _evidence(groups, strategies)
+    body.append("<h2>Why the phases differ</h2>" + mechanisms.cards(results, strategies) + EVIDENCE_NOTE + _evidence(groups, strategies)
                 + _mechanisms(results, strategies))
     body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
     body.append("<h2>Configuration</h2>"
@@ -380,6 +371,14 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>dpcompare: {_e(title)}</title><style>{CSS}</style></head>"
             "<body><main>" + "\n".join(body) + "</main></body></html>\n")
+
+
+def _lead_card(lead: Sequence[str]) -> str:
+    """What the comparison is about, first: the fault's cost (its title, then one item per line)."""
+    items = "".join(f"<li>{_e(x.strip().removeprefix('• '))}</li>" for x in lead[1:])
+    return (f'<div class="card verdict"><strong>{_e(lead[0])}</strong><ul>{items}</ul>'
+            '<p class="muted" style="margin:8px 0 0;font-size:13px">Details, table and figure: '
+            '<a href="#fault">When a host dies</a>; the throughput without the fault follows.</p></div>')
 
 
 def _subtitle(results: dict[str, Any]) -> str:
@@ -547,6 +546,6 @@ def _warnings(results: dict[str, Any]) -> list[str]:
 
 def write_html(path: Path, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
                plots: Sequence[Plot], extra: Sequence[str] = (),
-               attributions: Sequence[dict[str, Any]] | None = None) -> Path:
-    return atomic_write_text(path, render_html(results, groups, verdicts, plots, extra, attributions))
+               attributions: Sequence[dict[str, Any]] | None = None, lead: Sequence[str] = ()) -> Path:
+    return atomic_write_text(path, render_html(results, groups, verdicts, plots, extra, attributions, lead))
 

@@ -80,10 +80,25 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = CO
     n = min(len(a), len(b))
     if len(a) < 2 or len(b) < 2:
         return Interval(d, None, None, n)
-    if statistics.variance(a) == 0.0 and statistics.variance(b) == 0.0:  # no spread: the difference is exact
+    if _flat(a) and _flat(b):  # no spread (or only rounding's): the difference is exact
         return Interval(d, d, d, n)
+    if _flat(a) or _flat(b):  # one side without spread: Welch's interval is the other side's own t-interval
+        spread = b if _flat(a) else a  # (scipy would compute it too, warning of precision loss on the flat side)
+        h = float(t_half_width(statistics.stdev(spread), len(spread), confidence))
+        return Interval(d, d - h, d + h, n)
     ci = sps.ttest_ind(b, a, equal_var=False).confidence_interval(confidence)
     return Interval(d, float(ci.low), float(ci.high), n)
+
+
+#: a sample whose spread is below this share of its size differs only by floating-point rounding
+ROUNDING = 1e-12
+
+
+def _flat(values: Sequence[float]) -> bool:
+    """Whether ``values`` are equal but for rounding: scipy's moments would lose all precision on them (its
+    "Precision loss occurred in moment calculation" warning), and the exact answer is no spread at all."""
+    x = np.asarray(values, dtype=float)
+    return x.size > 0 and float(np.ptp(x)) <= ROUNDING * max(float(np.abs(x).max()), np.finfo(float).tiny)
 
 
 def paired_log_ratio_ci(baseline: Sequence[float], other: Sequence[float],
@@ -100,7 +115,7 @@ def paired_log_ratio_ci(baseline: Sequence[float], other: Sequence[float],
     if d.size < 2:
         return Interval(m, None, None, 1), "none"
     sd = float(d.std(ddof=1))
-    if sd == 0.0:
+    if sd == 0.0 or float(np.ptp(d)) <= ROUNDING:  # log ratios: a spread that small is rounding's
         return Interval(m, m, m, int(d.size)), "exact"
     if d.size < BOOTSTRAP_MIN_BLOCKS:
         h = float(t_half_width(sd, d.size, confidence))
@@ -129,7 +144,7 @@ def paired_diff_ci(baseline: Sequence[float], other: Sequence[float],
     m = float(d.mean())
     if d.size < 2:
         return Interval(m, None, None, 1)
-    if float(d.std(ddof=1)) == 0.0:
+    if float(d.std(ddof=1)) == 0.0 or _flat(d):
         return Interval(m, m, m, int(d.size))
     ci = sps.ttest_1samp(d, 0.0).confidence_interval(confidence)
     return Interval(m, float(ci.low), float(ci.high), int(d.size))

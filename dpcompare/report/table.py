@@ -48,45 +48,86 @@ def others_by_group(results: dict[str, Any]) -> dict[tuple[str, int], float]:
     return out
 
 
-def build_table(groups: Sequence[Group], title: str | None = None,
-                others: dict[tuple[str, int], float] | None = None) -> Table:
-    """One row per (arm, np); ``others``: :func:`others_by_group`, a column when any run recorded it."""
+#: the terminal table's width: it never breaks a cell; it leaves columns out to fit, and says which
+TABLE_COLUMNS = 100
+#: the columns left out first when the table is wider than the console (the report has every one of them)
+DROP_ORDER = ("memory", "step p95", "peak RSS", "others' CPU", "data ms", "metric", "other threads' CPU",
+              "scaling eff.")
+
+
+def _columns(groups: Sequence[Group], others: dict[tuple[str, int], float] | None,
+             cpu: dict[tuple[str, int], dict[str, Any] | None] | None) -> list[tuple[str, str, Any]]:
+    """(name, header, cell of a group) for every column the table can show."""
     several_np = len({g.np for g in groups}) > 1
-    t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("arm", style="bold")
-    t.add_column("np", justify="right")
-    t.add_column("ok", justify="right")
-    t.add_column("samples/s\n± 95 % CI", justify="right")
-    t.add_column("step ms\nmed / p95", justify="right")
-    for p in PHASES:
-        t.add_column(f"{PHASE_LABELS[p]}\nms", justify="right")
-    t.add_column(fmt.metric_label(groups[0].metric if groups else {}, short=True), justify="right")
-    t.add_column("peak RSS\nMB", justify="right")
-    memory = any(g.memory_mb for g in groups)
-    if memory:  # tensor accounting per rank: what sharding saves
-        for k in MEMORY_KINDS:
-            t.add_column(f"{MEMORY_LABELS[k]}\nMB/rank", justify="right")
+
+    def ok(g: Group) -> str:
+        return f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]"
+
+    cols: list[tuple[str, str, Any]] = [
+        ("arm", "arm", lambda g: g.arm), ("np", "np", lambda g: str(g.np)), ("ok", "ok", ok),
+        ("samples/s", "samples/s\n± 95 % CI", lambda g: fmt.sps(g.samples_per_sec)),
+        ("step ms", "step ms\nmedian", lambda g: fmt.ms(g.step_ms_median)),
+        ("step p95", "step ms\np95", lambda g: fmt.ms(g.step_ms_p95)),
+        *((f"{p} ms", f"{PHASE_LABELS[p]}\nms", (lambda g, p=p: fmt.ms(g.phases_ms.get(p)))) for p in PHASES),
+        ("metric", fmt.metric_label(groups[0].metric if groups else {}, short=True), fmt.accuracy),
+        ("peak RSS", "peak RSS\nMB", lambda g: fmt.mb(g.peak_rss_mb))]
+    if any(g.memory_mb for g in groups):  # tensor accounting per rank: what sharding saves
+        cols += [("memory", f"{MEMORY_LABELS[k]}\nMB/rank", (lambda g, k=k: fmt.size_mb(g.memory_mb.get(k))))
+                 for k in MEMORY_KINDS]
     if several_np:
-        t.add_column("scaling\neff.", justify="right")
+        cols.append(("scaling eff.", "scaling\neff.",
+                     lambda g: fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else ""))
+    if cpu and any(cpu.values()):
+        cols.append(("other threads' CPU", "CPU ms/step\nmain / other",
+                     lambda g: "–" if not (c := cpu.get((g.arm, g.np))) else f"{fmt.ms(c['main'])} / {fmt.ms(c['helpers'])}"))
     if others:
-        t.add_column("others'\nCPU", justify="right")
-    prev = None
-    for g in groups:
-        ok = f"{g.ok}/{g.runs}" if g.ok == g.runs else f"[red]{g.ok}/{g.runs}[/]"
-        row = [g.arm if g.arm != prev else "", str(g.np), ok, fmt.sps(g.samples_per_sec),
-               f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
-               *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), fmt.accuracy(g), fmt.mb(g.peak_rss_mb)]
-        if memory:
-            row += [fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS]
-        if several_np:
-            row.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
-        if others:
+        def other(g: Group) -> str:
             share = others.get((g.arm, g.np))
             cell = "–" if share is None else fmt.pct(share, 0)
-            row.append(f"[yellow]{cell}[/]" if share is not None and share >= regime.SHARED_SHARE else cell)
+            return f"[yellow]{cell}[/]" if share is not None and share >= regime.SHARED_SHARE else cell
+        cols.append(("others' CPU", "others'\nCPU", other))
+    return cols
+
+
+def build_table(groups: Sequence[Group], title: str | None = None,
+                others: dict[tuple[str, int], float] | None = None,
+                cpu: dict[tuple[str, int], dict[str, Any] | None] | None = None,
+                drop: Sequence[str] = ()) -> Table:
+    """One row per (arm, np); ``others``: :func:`others_by_group`, a column when any run recorded it; ``cpu``:
+    (arm, np) → :func:`~dpcompare.report.attribution.thread_cpu`; ``drop``: columns left out (by name). No cell
+    ever wraps."""
+    t = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = [c for c in _columns(groups, others, cpu) if c[0] not in drop]
+    for i, (_name, head, _) in enumerate(cols):
+        t.add_column(head, justify="left" if i == 0 else "right", style="bold" if i == 0 else None, no_wrap=True)
+    prev = None
+    for g in groups:
+        row = [cell(g) for _, _, cell in cols]
+        if cols and cols[0][0] == "arm" and g.arm == prev:
+            row[0] = ""
         t.add_row(*row, end_section=bool(next_strategy_differs(groups, g)))
         prev = g.arm
     return t
+
+
+def fitted_table(console: Console, groups: Sequence[Group], title: str | None = None,
+                 others: dict[tuple[str, int], float] | None = None,
+                 cpu: dict[tuple[str, int], dict[str, Any] | None] | None = None,
+                 width: int = TABLE_COLUMNS) -> tuple[Table, list[str]]:
+    """The table at most ``width`` (and the console's) columns wide, leaving out columns in :data:`DROP_ORDER`
+    until it fits; the names of those left out."""
+    limit = min(width, console.width)
+    present = {c[0] for c in _columns(groups, others, cpu)}
+    dropped: list[str] = []
+    table = build_table(groups, title, others, cpu)
+    unbounded = console.options.update_width(10_000)  # its natural width, not the console's
+    for name in DROP_ORDER:
+        if console.measure(table, options=unbounded).maximum <= limit:
+            break
+        if name in present:
+            dropped.append(name)
+            table = build_table(groups, title, others, cpu, dropped)
+    return table, dropped
 
 
 def print_report(console: Console, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
@@ -97,12 +138,20 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
                          cfg.get("batch_size") and f"batch {cfg['batch_size']}/process") if x)
     console.print()
     others = others_by_group(results)
-    console.print(build_table(groups, title=f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]",
-                              others=others))
+    cpu = {(g.arm, g.np): attribution.thread_cpu(results, g.arm, g.np) for g in groups}
+    table, dropped = fitted_table(console, groups, f"[bold]Comparison[/] {desc}" if desc else "[bold]Comparison[/]",
+                                  others, cpu)
+    console.print(table)
+    if dropped:
+        console.print(f"[dim]left out to fit {min(TABLE_COLUMNS, console.width)} columns: {', '.join(dropped)} "
+                      "(every column is in the report)[/]", soft_wrap=True)
     console.print("[dim]times are per step, median over steps (slowest rank for step ms, mean over ranks for "
                   "phases), averaged over repeats; warm-up steps excluded"
-                  + ("; others' CPU: the largest share of the cores other processes took during a run" if others
-                     else "") + "[/]", soft_wrap=True)
+                  + ("; others' CPU: the largest share of the cores other processes took during a run"
+                     if others and "others' CPU" not in dropped else "")
+                  + ("; CPU ms/step: the thread that runs the steps / the process's other threads (background and "
+                     "communication threads)" if any(cpu.values()) and "other threads' CPU" not in dropped else "")
+                  + "[/]", soft_wrap=True)
     share = measured_share(results)
     if share is not None:
         console.print(f"[dim]timed steps: {100 * share:.0f} % of the runs' wall time (the rest is start-up, "

@@ -57,6 +57,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def use_deterministic_kernels() -> None:
+    """GPU kernels that give the same bits every run (atomic-add backward passes replaced); CPU kernels are."""
+    if not torch.cuda.is_available():
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS's first handle
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def default_out(cfg: TrainConfig, world_size: int) -> TrainConfig:
     """``cfg`` with its output folder, ``runs/<strategy>-np<N>`` unless ``--out`` names one (a plug-in's
     ``path/to/file.py:Class`` as one folder name, ``path-to-file.py-Class``)."""
@@ -115,6 +125,8 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
             remove_stale_temporaries(folder)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
     seed_everything(cfg.seed)
+    if cfg.deterministic:
+        use_deterministic_kernels()
     workload = workload or resolve_workload(cfg).workload  # loop.train(cfg) from Python: the workload cfg names
     check_target(cfg, workload)
     optim.check(cfg, workload)
@@ -517,7 +529,7 @@ class Run:
     def finish(self) -> dict[str, Any]:
         """Timing, memory and trace across ranks; rank 0 writes the summary; every rank returns it."""
         cfg, strategy, steps = self.cfg, self.strategy, self.steps
-        timing = timing_summary(strategy, steps.times, self.global_batch)
+        timing = timing_summary(strategy, steps.times, self.global_batch, steps.cpu.figures())
         timing["timing_only_steps"] = self.timing_only
         memory = memory_summary(strategy, strategy.full_state.memory_bytes(self.model, self.optimizer), timing)
         communication = steps.tracer.finish(self.out, {

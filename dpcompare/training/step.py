@@ -20,6 +20,7 @@ from torch import nn
 from dpcompare import knobs
 from dpcompare.backends.base import Strategy
 from dpcompare.config import TrainConfig
+from dpcompare.trace import CpuClock
 from dpcompare.training.tracing import TraceSession
 
 
@@ -91,6 +92,7 @@ class StepRunner:
         device = strategy.device
         self.timer = PhaseTimer(torch.cuda.synchronize if device.type == "cuda" else (lambda: None))
         self.times: list[StepTiming] = []
+        self.cpu = CpuClock()  # the main thread's and the other threads' CPU time over the timed steps
         self.done = 0  # optimizer steps taken by this runner
 
     def step(self, it: Iterator[Any], step_no: int = 0) -> StepResult:
@@ -98,6 +100,8 @@ class StepRunner:
         if self.tracer:
             self.tracer.before_step(self.done)
         timer = self.timer
+        if self.done >= self.warmup:
+            self.cpu.begin()
         timer.begin()
         self.strategy.zero_grad(self.optimizer)
         mean = torch.zeros((), dtype=torch.float64)
@@ -119,6 +123,7 @@ class StepRunner:
         self.done += 1
         if self.done > self.warmup:
             self.times.append(timer.result())
+            self.cpu.end()
         return StepResult(mean, total, n)
 
     def update(self) -> None:

@@ -38,13 +38,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
-def timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step: int) -> dict[str, Any]:
-    """Every rank's timed steps → global throughput (the slowest rank decides) and step statistics."""
+def timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step: int,
+                   cpu: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every rank's timed steps → global throughput (the slowest rank decides) and step statistics; ``cpu``:
+    this rank's :meth:`dpcompare.trace.CpuClock.figures` (``cpu_ms``: each rank's main and other threads)."""
     totals = [s.total for s in steps] or [0.0]
     mine = {"step_ms_median": statistics.median(totals) * 1e3, "step_ms_p95": float(np.percentile(totals, 95)) * 1e3,
             **{f"{p}_ms": statistics.median([getattr(s, p) for s in steps] or [0.0]) * 1e3 for p in PHASES},
             "measured_seconds": sum(s.total for s in steps), "measured_steps": float(len(steps)),
-            "peak_rss_mb": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb(), "cpu_main_ms": (cpu or {}).get("main", -1.0),
+            "cpu_helpers_ms": (cpu or {}).get("helpers", -1.0)}
     table = strategy.all_gather_floats(list(mine.values()))
     per_rank = [{"rank": r, **dict(zip(mine, row, strict=True))} for r, row in enumerate(table)]
     for r in per_rank:
@@ -61,7 +64,20 @@ def timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step
         "phases_ms": {p: statistics.fmean(r[f"{p}_ms"] for r in per_rank) for p in PHASES},
         "peak_rss_mb": max(r["peak_rss_mb"] for r in per_rank),
         "per_rank": per_rank,
+        "cpu_ms": cpu_ms(per_rank, cpu),
     }
+
+
+def cpu_ms(per_rank: list[dict[str, Any]], mine: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``timing.cpu_ms``: CPU ms per timed step of the thread that runs the steps (``main``) and of the process's
+    other threads (``helpers``), the mean over ranks and each rank's; ``threads``: this rank's (rank 0's, in the
+    summary) busiest other threads by name. The ``cpu_*`` keys leave ``per_rank`` for it."""
+    rows = [{"rank": r["rank"], "main": r.pop("cpu_main_ms"), "helpers": r.pop("cpu_helpers_ms")} for r in per_rank]
+    rows = [r for r in rows if r["main"] >= 0]
+    if not rows or mine is None:
+        return None
+    return {"main": statistics.fmean(r["main"] for r in rows), "helpers": statistics.fmean(r["helpers"] for r in rows),
+            "per_rank": rows, "threads": mine.get("threads", [])}
 
 
 def memory_summary(strategy: Strategy, mine: dict[str, int], timing: dict[str, Any]) -> dict[str, Any]:
