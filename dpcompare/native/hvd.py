@@ -1,21 +1,22 @@
 """The module a script gets for ``import horovod.torch as hvd`` under the native layer (also importable as
 ``dpcompare.native.hvd``): Horovod 0.28.1's PyTorch API on torch.distributed.
 
-What the layer does not run (elastic mode; see :mod:`.calls`) raises :class:`Unsupported` at the call: one line
-naming the call and its native equivalent. Process sets are :mod:`.process_sets`, reduce-scatter and all-to-all
-:mod:`.scatter`, the timeline :mod:`.timeline`; the collectives a script gets are :mod:`.traced`'s.
-The build queries answer in Horovod's types: ``nccl_built()`` an int (the NCCL version, 0 where the layer uses
-none), the others bools.
+``hvd.elastic`` is :mod:`.elastic` (Horovod Elastic on torchrun's agent). What the layer does not run (see
+:mod:`.calls`) raises :class:`Unsupported` at the call: one line naming the call and its native equivalent.
+Process sets are :mod:`.process_sets`, reduce-scatter and all-to-all :mod:`.scatter`, the timeline
+:mod:`.timeline`; the collectives a script gets are :mod:`.traced`'s. The build queries answer in Horovod's types:
+``nccl_built()`` an int (the NCCL version, 0 where the layer uses none), the others bools.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dpcompare.native import elastic
 from dpcompare.native import process_sets as _process_sets
 from dpcompare.native import state as _state
 from dpcompare.native import timeline as _timeline
-from dpcompare.native.calls import HOROVOD_VERSION, Unsupported, unsupported
+from dpcompare.native.calls import HOROVOD_VERSION, Unsupported
 from dpcompare.native.collectives import (
     Adasum,
     Average,
@@ -31,6 +32,7 @@ from dpcompare.native.collectives import (
     sparse_allreduce_async,
 )
 from dpcompare.native.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from dpcompare.native.elastic import HostsUpdatedInterrupt
 from dpcompare.native.functions import broadcast_optimizer_state, broadcast_parameters
 from dpcompare.native.optimizer import DistributedOptimizer
 from dpcompare.native.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -103,22 +105,6 @@ def shutdown() -> None:
         _timeline.stop_timeline()
     _process_sets.reset()
     _state.shutdown()
-
-
-class _Elastic:
-    """``hvd.elastic``: every use (``@hvd.elastic.run``, ``hvd.elastic.TorchState``...) raises at that line."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise unsupported(f"hvd.elastic.{name}", "elastic")
-
-
-elastic = _Elastic()
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic interrupt (never raised here: elastic mode is refused)."""
 
 
 __all__ = [
