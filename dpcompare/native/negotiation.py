@@ -377,8 +377,8 @@ class Negotiator:
                 work.wait(timeout=timedelta(seconds=self.stall.next_check()))
                 return out.view(n, *table.shape)
             except RuntimeError as e:
-                if "timed out" not in str(e):
-                    raise
+                if "timed out" not in str(e):   # a peer gone (its connection closed): Horovod's error
+                    raise HorovodInternalError(str(e)) from e
             try:
                 self.stall.tick(self.waiting())
             except NegotiationError as e:
