@@ -174,11 +174,16 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
     if op == Adasum:  # Horovod's CPU Adasum, per tensor of a fused buffer (``counts``)
         return _adasum(output, counts or [output.numel()], postscale, ps, (tensor, output))
     work = dist.all_reduce(wire, op=_TORCH_OPS[op], group=ps.group, async_op=True)
-    post = postscale / (ps.size() or 1) if op == Average else postscale
+    n = ps.size() or 1
+    # integers averaged by an exact division toward zero (1/3 in double would make 6/3 come out 1)
+    exact = op == Average and not (wire.is_floating_point() or wire.is_complex()) and n > 1
+    post = postscale if op != Average or exact else postscale / n
 
     def finish() -> torch.Tensor:
         if post != 1.0:
             scale_(wire, post)
+        if exact:
+            wire.copy_(torch.div(wire, n, rounding_mode="trunc"))
         if wire is not output:
             output.copy_(wire)
         return output
