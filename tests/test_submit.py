@@ -82,17 +82,32 @@ def test_a_local_job_is_requeued_once_and_resumes_from_its_checkpoint(tmp_path: 
     assert log.count("Requeued job") == 1 and "Job completed successfully" in log
 
 
+def _job_state(job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+
+
+def _preempt_on_slurm(job: Any) -> None:
+    """submitit's preemption (``scancel --signal`` TERM, then USR2); once task 0 has requeued the job, Slurm holds
+    it for 121 s (its BeginTime) before it may start again: release it now."""
+    job._interrupt()
+    deadline = time.monotonic() + LIMIT_S
+    while not ("JobState=PENDING" in (state := _job_state(job.job_id)) and "Restarts=1" in state):
+        assert time.monotonic() < deadline and "JobState=COMPLETED" not in state, state
+        time.sleep(0.2)  # polling the job's state (there is no event to wait on)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, capture_output=True)
+
+
 def test_a_slurm_job_is_requeued_once_and_resumes_from_its_checkpoint(slurm_cluster: None,  # noqa: F811
                                                                        tmp_path: Path) -> None:
     out = tmp_path / "run"
     job = submit([*TRAIN, "--out", str(out)], Resources(tasks_per_node=2, time="00:10:00"), tmp_path / "jobs")
     assert isinstance(job, submitit.SlurmJob)
     try:
-        s = _preempt_after_first_checkpoint(job, out, lambda j: j._interrupt())  # scancel --signal TERM, USR2
+        s = _preempt_after_first_checkpoint(job, out, _preempt_on_slurm)
     finally:
         subprocess.run(["scancel", job.job_id], capture_output=True)
     assert re.search(r"step-\d+\.pt$", s["resumed_from"]), s["resumed_from"]
     assert (s["world_size"], s["launcher"]) == (2, "slurm")
-    state = subprocess.run(["scontrol", "show", "job", job.job_id], capture_output=True, text=True).stdout
+    state = _job_state(job.job_id)
     assert "Restarts=1" in state, state
     assert submission.COMMANDS == ("train", "compare")
