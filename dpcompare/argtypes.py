@@ -1,5 +1,7 @@
 """argparse ``type=`` converters and ``choices``: each turns a bad value into a one-line error that says what is
-expected. Names that come from a catalog (models, datasets, trackers) are read from it when a value is checked.
+expected. Names that come from a catalog (models, datasets) are read from it when a value is checked; ``--trackers``'
+trackers are listed here (:data:`TRACKERS`), for the command line and ``dpcompare doctor`` to read without the
+training room.
 Link rates (:func:`parse_rate_bits`, :func:`format_rate_bits`) are the one reading of ``1gbit``, ``300gbyte``."""
 
 from __future__ import annotations
@@ -95,12 +97,26 @@ def strategy_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+#: ``--trackers``' trackers (opened by :mod:`dpcompare.training.trackers`): name → (the module it needs, the pip
+#: extra that brings it or None, what it writes)
+TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
+    "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
+    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
+    "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
+    "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
+}
+
+
+def install_hint(name: str) -> str:
+    """What brings tracker ``name``'s module: ``pip install 'dpcompare[EXTRA]'`` or ``pip install MODULE``."""
+    module, extra, _ = TRACKERS[name]
+    return f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
+
+
 def tracker_list(text: str) -> str:
-    """``--log``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
+    """``--trackers``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
     here, while the command line is read, so that a missing one stops the run before anything starts."""
     import importlib.util
-
-    from dpcompare.training.trackers import TRACKERS, install_hint
 
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"))
     for n in names:

@@ -9,7 +9,7 @@ from importlib import metadata
 from typing import Any
 
 from dpcompare import backends
-from dpcompare.training.trackers import TRACKERS, install_hint
+from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.versions import mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it)

@@ -20,11 +20,11 @@ RUN_FILES = ("metrics.jsonl", "summary.json")
 #: a comparison's results, and the version of their schema (docs/results-schema.md)
 RESULTS = "results.json"
 SCHEMA = 2
-#: results.json's key for the lab link an arm ran on (``config.arms[].knobs``, ``runs[].knobs``, ``config.lab``), and
-#: the word that sweeps it on compare's command line (``--sweep link=1gbit,200mbit``) and names it in arm labels
+#: the axis of the lab link an arm ran on (compare/axes.py; results.json: ``config.arms[].axes``, ``runs[].axes``,
+#: ``config.lab``; under ``knobs`` in older files), swept with ``--sweep link=1gbit,200mbit``
 LINK = "link"
-#: results.json's key for the fault an arm met (``--fault host=2,at-step=40``: ``config.arms[].knobs``,
-#: ``runs[].knobs``), and the word that names it in arm labels (``ddp-elastic/fault=host2@40``)
+#: the axis of the fault an arm met (``--fault host=2,at-step=40``; results.json: ``config.arms[].axes``,
+#: ``runs[].axes``; under ``knobs`` in older files), named in arm labels as ``ddp-elastic/fault=host2@40``
 FAULT = "fault"
 #: prefix of the temporary files an atomic write leaves behind when it is killed
 TMP_PREFIX = "."

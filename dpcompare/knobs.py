@@ -8,7 +8,8 @@ plugin declares which of them it honours (``Strategy.knobs``) and translates the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+import math
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from dpcompare.config import KNOBS, TrainConfig
@@ -146,3 +147,33 @@ def check_amp(name: str, device_type: str) -> None:
         other = "bf16" if name == "fp16" else "fp16"
         raise ConfigError(f"--amp {name}: torch {torch.__version__} cannot autocast to {name} on {device_type}; "
                           f"try --amp {other} or drop --amp")
+
+
+# -- Horovod's tensor fusion, written once for the native layer (native/fusion.py) and predict (prediction/horovod.py)
+HOROVOD_FUSION_VAR, HOROVOD_FUSION_BYTES = "HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024
+HOROVOD_CYCLE_VAR, HOROVOD_CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
+
+
+def horovod_fusion(order: Sequence[int], nbytes: Sequence[float], kinds: Sequence[Any] | None = None,
+                   threshold: float = HOROVOD_FUSION_BYTES, times: Sequence[float] | None = None,
+                   cycle: float = math.inf) -> list[list[int]]:
+    """Horovod's fusion of the tensors ``order`` names (indices into ``nbytes``, ``kinds``, ``times``): consecutive
+    runs that share a kind (dtype and device; None: all alike), fit ``threshold`` bytes (a larger tensor goes alone,
+    a fused buffer never exceeds it; 0: every tensor alone) and, with ``times``, became ready within ``cycle``
+    seconds of the run's first member."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size, start = 0.0, 0.0
+    for i in order:
+        t = times[i] if times is not None else 0.0
+        late = times is not None and (t - start > cycle)
+        if current and ((kinds is not None and kinds[i] != kinds[current[0]]) or size + nbytes[i] > threshold or late):
+            groups.append(current)
+            current, size = [], 0.0
+        if not current:
+            start = t
+        current.append(i)
+        size += nbytes[i]
+    if current:
+        groups.append(current)
+    return groups

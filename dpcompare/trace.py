@@ -11,7 +11,7 @@ events, which the trainer writes to ``summary.json`` and the report tabulates: b
 After the warm-up, N steps are recorded on every rank: the phases the trainer's :class:`PhaseTimer`
 already times (data, forward, backward, optimizer), a tick when each parameter's gradient is ready
 (``register_post_accumulate_grad_hook``, the same under every strategy) and whatever communication
-the strategy can show (:meth:`Strategy.start_trace`): DDP's bucket all-reduces from a comm hook,
+the strategy can show (its tracer, :class:`dpcompare.backends.parts.Tracer`): DDP's bucket all-reduces from a comm hook,
 Horovod's negotiation and fused all-reduces from its own timeline plus the wait inside ``step()``.
 Each rank stamps its events in microseconds since the Unix epoch (``perf_counter`` anchored once to
 ``time.time``), so ranks on one host share one clock (across hosts, as well as their clocks agree).

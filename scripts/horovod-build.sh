@@ -95,6 +95,12 @@ patch_source() {  # patch_source SRC OPS: the C++ standard torch needs; for a CP
     sed -i "s/else 'RelWithDebInfo'$/else 'Release'/" "$src/setup.py"
     grep -q "else 'Release'$" "$src/setup.py" || die "Horovod $HOROVOD_VERSION's setup.py is not the one scripts/horovod-build.sh patches"
   fi
+  # Newer GCCs (13+) no longer pull <string> and <stdexcept> in through other headers (seen on a GPU image):
+  # include them where Horovod 0.28.1 uses them.
+  grep -q '^#include <string>' "$src/horovod/common/group_table.h" \
+    || sed -i '0,/^#include/s//#include <string>\n#include/' "$src/horovod/common/group_table.h"
+  grep -q '^#include <stdexcept>' "$src/horovod/common/common.h" \
+    || sed -i '0,/^#include/s//#include <stdexcept>\n#include/' "$src/horovod/common/common.h"
   [ "$2" = cpu ] || return 0
   # Horovod's CMake enables CUDA whenever it finds nvcc, and its torch extension adds the CUDA operations and
   # kernels (and links cudart) whenever torch is a CUDA build and torch finds a toolkit: neither for the CPU.
@@ -117,7 +123,8 @@ build_horovod() {  # build_horovod OPS CUDA_HOME NCCL_DIR: the wheel into HVD_WH
   src="$work/horovod-$HOROVOD_VERSION"
   patch_source "$src" "$ops"
   jobs=$(nproc)
-  local build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+  # CMAKE_POLICY_VERSION_MINIMUM: CMake 4 (pip's, a GPU image's) refuses the bundled projects' old minimums.
+  local build_env=(CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
                    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
                    "MAKEFLAGS=-j$jobs" "CMAKE_BUILD_PARALLEL_LEVEL=$jobs")
   # ccache (Horovod's CMake uses it when installed): a cache that outlives the temporary source folder.
@@ -135,6 +142,11 @@ build_horovod() {  # build_horovod OPS CUDA_HOME NCCL_DIR: the wheel into HVD_WH
     ln -s "$nccl_dir/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so"
     build_env+=("CUDA_HOME=$cuda_home" HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
                 "HOROVOD_NCCL_HOME=$work/nccl")
+    # Kernels only for the GPUs this machine has (every architecture otherwise: minutes more), unless set.
+    local ccs
+    ccs=$("$VPY" -c 'import torch; print(",".join(sorted({"%d%d" % torch.cuda.get_device_capability(i)
+          for i in range(torch.cuda.device_count())})))' 2>/dev/null)
+    [ -n "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] || [ -z "$ccs" ] || build_env+=("HOROVOD_BUILD_CUDA_CC_LIST=$ccs")
   else
     build_env+=(HOROVOD_WITHOUT_NVTX=1)  # NVTX ranges annotate GPU profiles only
   fi

@@ -167,7 +167,7 @@ def lab_of(prefix: str, link: str) -> Iterator[Any]:
     """A 2-host emulated lab at ``link`` for one test module (as a fixture's body), removed afterwards; a
     machine that cannot make one (not Linux, no iproute2, not root) skips locally and fails under CI."""
     from dpcompare.errors import LaunchError
-    from dpcompare.lab import Lab, core, parse_lab_spec
+    from dpcompare.lab import Lab, hosts, parse_lab_spec
 
     if not sys.platform.startswith("linux") or shutil.which("ip") is None or os.geteuid() != 0:
         missing("a lab needs Linux, iproute2 and root")
@@ -177,4 +177,4 @@ def lab_of(prefix: str, link: str) -> Iterator[Any]:
     except LaunchError as e:
         missing(f"cannot make a lab here: {e}")
     yield the_lab
-    core.sweep(name)
+    hosts.sweep(name)

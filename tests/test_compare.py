@@ -14,7 +14,7 @@ from dpcompare import cli
 from dpcompare.compare import plan as plan_m
 from dpcompare.compare import records as records_m
 from dpcompare.compare import runner as runner_m
-from dpcompare.compare import schedule as schedule_m
+from dpcompare.compare import stopping as schedule_m
 from dpcompare.compare.plan import Comparison, RunOptions
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
@@ -272,7 +272,7 @@ def test_repeats_auto_stops_at_the_target_and_records_verdicts_and_arms(tmp_path
     fake_launch.sps = _sps_by_arm({"ddp": 1000.0, "adam": 1250.0}, jitter=0.2)  # type: ignore[attr-defined]
     try:
         arms = plan_m.build_arms(["ddp"], (), [("optimizer", ["sgd", "adam"])])
-        sched = schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=10)
+        sched = schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=10)
         rc = run_compare(TrainConfig(epochs=1), arms, [2], sched, tmp_path, progress="none",
                                  launch=fake_launch)
     finally:
@@ -293,10 +293,10 @@ def test_repeats_auto_stops_at_max_repeats_or_the_time_budget(tmp_path: Path) ->
     noisy = iter([1000, 1300, 800, 1000, 1000, 1250, 700, 1000] * 3)  # blocks alternate ddp,horovod / horovod,ddp
     fake_launch.sps = lambda child, np, d: float(next(noisy))  # type: ignore[attr-defined]
     try:
-        sched = schedule_m.Schedule(repeats=None, target_ci=0.01, max_repeats=4)
+        sched = schedule_m.StoppingRule(repeats=None, target_ci=0.01, max_repeats=4)
         run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "a", progress="none",
                             launch=fake_launch)
-        sched = schedule_m.Schedule(repeats=None, target_ci=0.01, max_repeats=10, time_budget=1e-9)
+        sched = schedule_m.StoppingRule(repeats=None, target_ci=0.01, max_repeats=10, time_budget=1e-9)
         run_compare(TrainConfig(), ["ddp", "horovod"], [2], sched, tmp_path / "b", progress="none",
                             launch=fake_launch)
     finally:
@@ -339,7 +339,7 @@ def _fake_verdicts(monkeypatch, log_ratios: list[float]) -> None:
 
 
 def test_repeats_auto_stops_for_precision_from_ten_blocks_and_earlier_only_when_settled(monkeypatch) -> None:
-    schedule = schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=60)
+    schedule = schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60)
     blocks = [0.20, 0.26, 0.23, 0.21, 0.25, 0.22]  # horovod ≈ 26 % faster in every block: settled at 99.9 %
     _fake_verdicts(monkeypatch, blocks)
     assert "settled beyond doubt" in schedule_m.stop_reason({}, schedule, blocks=6, elapsed=10.0)
@@ -359,7 +359,7 @@ def test_repeats_auto_stops_for_precision_from_ten_blocks_and_earlier_only_when_
     assert "--max-repeats 60" in schedule_m.stop_reason({}, schedule, blocks=60, elapsed=100.0)
 
 
-def _simulate_a_a(monkeypatch, sd: float, schedule: schedule_m.Schedule, sims: int, seed: int) -> dict[str, float]:
+def _simulate_a_a(monkeypatch, sd: float, schedule: schedule_m.StoppingRule, sims: int, seed: int) -> dict[str, float]:
     """Share of each final outcome over simulated A/A comparisons (log ratios ~ N(0, sd) per block), each
     stopped by stop_reason and judged by the verdict's own intervals and decide(); "naive" is the share
     of faster/slower had each stopped at its first nominal decision (optional stopping)."""
@@ -389,7 +389,7 @@ def test_repeats_auto_keeps_an_a_a_pair_from_looking_different(monkeypatch) -> N
     """Looking after every block must not make two identical arms 'faster' or 'slower' more than about 5 %
     of the time (noise as on a shared 2-core machine at its worst, sd 0.15 per block); stopping at the
     first nominal decision instead (optional stopping) is shown to be far off."""
-    share = _simulate_a_a(monkeypatch, 0.15, schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=30), 200, 11)
+    share = _simulate_a_a(monkeypatch, 0.15, schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=30), 200, 11)
     false = share["faster"] + share["slower"]
     print(f"false faster/slower: {false:.3f} with stop_reason, {share['naive']:.3f} stopping naively")
     assert false <= 0.09 and share["naive"] >= 0.15
@@ -401,11 +401,52 @@ def test_repeats_auto_lets_an_a_a_pair_end_equal(monkeypatch) -> None:
     the 95 % interval is within ±5 % left them "undecided" 36 % of the time (59 % equal)."""
 
     old = dict(monkeypatch=monkeypatch, sd=0.07, sims=200, seed=5,
-               schedule=schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=60))
+               schedule=schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60))
     with monkeypatch.context() as m:
         m.setattr(schedule_m, "RESOLUTION", 100.0)  # any width within --target-ci will do: the rule before
         before = _simulate_a_a(**old)
-    share = _simulate_a_a(monkeypatch, 0.07, schedule_m.Schedule(repeats=None, target_ci=0.05, max_repeats=60), 200, 5)
+    share = _simulate_a_a(monkeypatch, 0.07, schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60), 200, 5)
     print(f"A/A outcomes: {share}; stopping within ±5 % alone: {before}")
     assert share["equal"] >= 0.8 and share["faster"] + share["slower"] <= 0.08
     assert before["equal"] <= 0.7 and before["undecided"] >= 0.25
+
+
+def test_threads_is_an_axis_declared_once(tmp_path: Path) -> None:
+    """``--sweep threads=1,2`` (compare/axes.py's third axis): every arm runs at every count with ``--threads N``,
+    results.json keeps the count under ``axes`` (not ``knobs``), the verdicts pair the arms at the same count and
+    say it, the report draws step time against it, and --resume reads the plan back."""
+    from dpcompare.compare.cmdline import plan_flags
+    from dpcompare.compare.command import comparison_of
+
+    out = tmp_path / "t"
+    c = comparison_of(cli.build_parser().parse_args(
+        ["compare", "--np", "1", "--strategies", "ddp,horovod", "--sweep", "threads=1,2", "--repeats", "3",
+         "--progress", "none", "--out", str(out)]))
+    assert [a.label for a in c.all_arms] == ["ddp/threads=1", "ddp/threads=2", "horovod/threads=1", "horovod/threads=2"]
+    again = comparison_of(cli.build_parser().parse_args(["compare", *plan_flags(c), "--out", str(out)]))
+    assert again.all_arms == c.all_arms
+    seen: list[tuple[str, int]] = []
+    # horovod 20 % slower at 1 thread, 20 % faster at 2: a pairing across counts would mix the two
+    fake_launch.sps = lambda child, n, d: 1000.0 * (1.2 if child.strategy == "ddp" else 1.0) ** (  # type: ignore[attr-defined]
+        1 if child.threads == 1 else -1) * (1 + 0.001 * int(d.name.split("-r")[1]))
+    fake_launch.calls = []  # type: ignore[attr-defined]
+
+    def launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int, float]:
+        seen.append((run_dir.name.split("-np")[0], _parse_train(cmd[cmd.index("train") + 1:]).threads))
+        return fake_launch(cmd, run_dir, env, timeout)
+
+    try:
+        assert runner_m.run_compare(c, launch=launch) == 0
+    finally:
+        del fake_launch.sps  # type: ignore[attr-defined]
+    assert {s: n for s, n in seen} == {"ddp-threads-1": 1, "ddp-threads-2": 2, "horovod-threads-1": 1,
+                                        "horovod-threads-2": 2}
+    res = json.loads((out / "results.json").read_text())
+    assert [(a["knobs"], a["axes"]) for a in res["config"]["arms"]][:2] == [({}, {"threads": "1"}), ({}, {"threads": "2"})]
+    assert res["config"]["axes"]["threads"]["pairs"] == "within"
+    words = {(v["baseline"], v["other"]): (v["outcome"], v["text"]) for v in res["verdicts"]}
+    assert set(words) == {("ddp/threads=1", "horovod/threads=1"), ("ddp/threads=2", "horovod/threads=2")}
+    assert words[("ddp/threads=1", "horovod/threads=1")][0] == "slower"
+    assert words[("ddp/threads=2", "horovod/threads=2")][0] == "faster"
+    assert "than ddp at np=1 at 2 thread(s) per rank" in words[("ddp/threads=2", "horovod/threads=2")][1]
+    assert (out / "plots" / "axis-threads.png").stat().st_size > 10_000

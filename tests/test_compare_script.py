@@ -76,8 +76,9 @@ def test_compare_script_flags_are_read_back_for_resume(tmp_path: Path) -> None:
     (["--script", str(EXAMPLES / "objects.py"), "--strategies", "horovod,zero"], "not zero"),
     (["--script", str(EXAMPLES / "objects.py"), "--variants", "a=horovod", "b=native"], "--variants"),
     (["--script", str(EXAMPLES / "fp16_accumulate.py"), "--strategies", "horovod,ddp"],
-     "No DDP port written: backward_passes_per_step"),
+     "which dpcompare migrate did not write (backward_passes_per_step"),
 ])
 def test_compare_script_refusals_are_one_line(args: list[str], says: str, tmp_path: Path) -> None:
     p = in_process(["compare", *args, "--out", str(tmp_path / "o")], check=False)
     assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "No DDP port written" not in p.stderr  # one sentence, not two joined

@@ -21,13 +21,14 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from dpcompare import checkpoint, cli
-from dpcompare.compare import faults
+from dpcompare.compare import fault_runs
+from dpcompare.compare.axes import Fault, parse_fault
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
-from dpcompare.compare.plan import Fault, RunSpec, child_config, parse_fault
+from dpcompare.compare.plan import RunSpec, child_config
 from dpcompare.data.datasets import train_loader
 from dpcompare.errors import ConfigError
-from dpcompare.lab.core import Host, Lab
+from dpcompare.lab.hosts import Host, Lab
 from dpcompare.launch.elastic import ElasticLaunch, horovodrun_command, together, torchrun_command
 from dpcompare.report import faults as fault_report
 from dpcompare.report.groups import arm_pairs
@@ -72,6 +73,7 @@ def test_agents_are_one_job_whose_exit_code_is_the_first_agents(tmp_path: Path) 
 # -- the fault axis ----------------------------------------------------------------------------------------
 def test_fault_spec_and_elastic_arms() -> None:
     assert parse_fault("host=2,at-step=40") == Fault(2, 40)
+    assert Fault(2, 40, 80).to_json() == {"host": 2, "at_step": 40, "back_at_step": 80}  # the run's record
     assert str(parse_fault("host=1,at-step=5,back-at-step=9")) == "host=1,at-step=5,back-at-step=9"
     for bad in ("host=2", "at-step=4", "host=2,at-step=0", "host=2,at-step=9,back-at-step=9", "host=x,at-step=1",
                 "node=2,at-step=4"):
@@ -83,8 +85,8 @@ def test_fault_spec_and_elastic_arms() -> None:
     assert [a.label for a in arms] == ["ddp-elastic", "horovod-elastic", "ddp-elastic/fault=host2@40",
                                        "horovod-elastic/fault=host2@40"]
     assert arms[0].strategy == "ddp" and arms[0].elastic and arms[3].fault == Fault(2, 40)
-    assert arms[3].to_json() == {"label": "horovod-elastic/fault=host2@40", "strategy": "horovod",
-                                 "knobs": {"fault": "host=2,at-step=40"}, "elastic": True}
+    assert arms[3].to_json() == {"label": "horovod-elastic/fault=host2@40", "strategy": "horovod", "knobs": {},
+                                 "axes": {"fault": "host=2,at-step=40"}, "base": "horovod-elastic", "elastic": True}
     flags = plan_flags(c)
     assert flags[flags.index("--strategies") + 1] == "ddp-elastic,horovod-elastic"
     assert flags[-3:] == ["--fault", "host=2,at-step=40", "--replay"]
@@ -135,20 +137,20 @@ def _log(t_fault: float, restart: str) -> list[dict]:
 @pytest.mark.parametrize("restart", ["start", "reset"])
 def test_pause_steps_redone_and_world_sizes_from_a_step_log(restart: str) -> None:
     rows = _log(123.5, restart)
-    r = faults.recovery(rows, 123.5)
+    r = fault_runs.recovery(rows, 123.5)
     assert r["recovered"] and r["how"] == restart and r["resumed_from_step"] == 20
     assert r["steps_redone"] == 3 and r["steps_before_fault"] == 23 and r["world_size_after"] == 2
     assert r["pause_s"] == pytest.approx(11.0)  # fault at 123.5, the first step after the recovery at 134.5
-    assert faults.world_sizes(rows, 100.0) == [[0.0, 3], [32.5, 2]]
-    line = faults.timeline(rows, 100.0, points=10)
+    assert fault_runs.world_sizes(rows, 100.0) == [[0.0, 3], [32.5, 2]]
+    line = fault_runs.timeline(rows, 100.0, points=10)
     assert len(line) <= 11 and line[-1][1:] == [40, 2, 23 * 96 + 20 * 64]
-    assert not faults.recovery(rows[:25], 123.5)["recovered"] and faults.recovery(rows, None)["reason"]
+    assert not fault_runs.recovery(rows[:25], 123.5)["recovered"] and fault_runs.recovery(rows, None)["reason"]
 
 
 def test_the_step_watch_reads_whole_lines_only(tmp_path: Path) -> None:
     path = tmp_path / "steps.jsonl"
     path.write_text(json.dumps({"step": 1, "world_size": 2, "t": 1.0}) + "\n" + '{"step": 2, "wor')
-    watch = faults.StepWatch(path)
+    watch = fault_runs.StepWatch(path)
     assert [r["step"] for r in watch.poll()] == [1] and watch.last_step() == 1
     with open(path, "a") as f:
         f.write('ld_size": 2, "t": 2.0}\n' + json.dumps({"event": "reset", "step": 1, "world_size": 1, "t": 3.0}) + "\n")
@@ -259,10 +261,19 @@ def _run(arm: str, repeat: int, wall: float, metric: float, recovery: dict | Non
             **({"recovery": recovery, "fault": {"host": 2, "t_fault_s": 12.0, "t_back_s": None}} if recovery else {})}
 
 
-def test_the_report_weighs_each_arms_fault_and_draws_it(tmp_path: Path) -> None:
+def _fault_arm(label: str, old: bool) -> dict:
+    """An arm as results.json keeps it; ``old``: as before arms kept their axes apart (the fault under knobs)."""
+    fault = {"fault": "host=2,at-step=40"} if "fault" in label else {}
+    if old:
+        return {"label": label, "strategy": label.split("-")[0], "knobs": fault}
+    return {"label": label, "strategy": label.split("-")[0], "knobs": {}, "axes": fault, "base": label.split("/")[0]}
+
+
+@pytest.mark.parametrize("old", [False, True], ids=["axes", "old-knobs"])
+def test_the_report_weighs_each_arms_fault_and_draws_it(tmp_path: Path, old: bool) -> None:
     arms = ["ddp-elastic", "horovod-elastic", "ddp-elastic/fault=host2@40", "horovod-elastic/fault=host2@40"]
-    results = {"config": {"arms": [{"label": a, "strategy": a.split("-")[0],
-                                    "knobs": {"fault": "host=2,at-step=40"} if "fault" in a else {}} for a in arms],
+    axes = {} if old else {"axes": {"fault": {"pairs": "twin", "values": ["host=2,at-step=40"]}}}
+    results = {"config": {"arms": [_fault_arm(a, old) for a in arms], **axes,
                           "equivalence": 0.05, "accuracy_equivalence": 0.005}, "runs": []}
     for k in range(3):
         rec = {"recovered": True, "pause_s": 20.0 + k, "steps_redone": 3, "resumed_from_step": 40}
@@ -292,5 +303,5 @@ def test_a_mid_epoch_step_checkpoint_resumes_to_the_same_weights(tmp_path: Path)
     start = checkpoint.step_checkpoint_path(tmp_path / "a", 27)
     assert checkpoint.load_checkpoint(start)["sampler"]["position"] == 27 * 64 - 22 * 64  # 5 steps into epoch 2
     run(mpirun_cmd(2, *common, "--resume", str(start), "--out", str(tmp_path / "b")), env=mpi_env())
-    same = faults.same_weights(tmp_path / "a", tmp_path / "b")
+    same = fault_runs.same_weights(tmp_path / "a", tmp_path / "b")
     assert same["equal"] and same["steps"] == [44, 44], same

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dpcompare.lab import Lab, LabSpec, core, netns, remote
+from dpcompare.lab import Lab, LabSpec, hosts, netns, remote
 
 from conftest import dpcompare, missing, needs_horovod, needs_mpi
 
@@ -58,7 +58,7 @@ def test_the_lab_gives_ssh_inside_its_hosts_only() -> None:
         lab.revive_host(1)
         assert subprocess.run(lab.in_host([*ssh, "true"]), timeout=60).returncode == 0
     finally:
-        removed = core.sweep(name)
+        removed = hosts.sweep(name)
     assert not _ns_left(name) and not (lab.directory).exists()
     assert not [p for p in remote.NETNS_ETC.glob(f"dplab-{name}-*")], removed
 

@@ -58,6 +58,21 @@ def test_trains_under_dpcompare_train_at_np2(tmp_path):
     assert s["final_train_loss"] < 2.3  # it learns (ln 10 = 2.30 is chance on digits)
 
 
+def test_a_variant_carries_the_plug_in_and_reads_back() -> None:
+    """``--variants NAME=FILE.py:CLASS[:knob=v,...]``: the plug-in's own ":" is no settings separator."""
+    from dpcompare import cli
+    from dpcompare.compare import cmdline, plan
+
+    a = cli.build_parser().parse_args(["compare", "--variants", f"hand={SPEC}", f"small={SPEC}:batch_size=16",
+                                       "mod=tests.test_fifth_strategy:HandAllReduce:accumulate=2,lr=0.1"])
+    arms = plan.build_arms(a.strategies, a.variants)
+    assert [(x.label, x.strategy, dict(x.knobs)) for x in arms] == [
+        ("hand", SPEC, {}), ("small", SPEC, {"batch_size": 16}),
+        ("mod", "tests.test_fifth_strategy:HandAllReduce", {"accumulate": 2, "lr": 0.1})]
+    again = [plan.parse_variant(cmdline._variant(x)) for x in arms]  # --resume reads its own flags back
+    assert again == arms
+
+
 @pytest.mark.mpi
 def test_runs_as_an_arm_of_dpcompare_compare(tmp_path):
     from conftest import dpcompare

@@ -18,7 +18,7 @@ import pytest
 
 from dpcompare.argtypes import format_rate_bits, parse_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
-from dpcompare.lab import Lab, LabSpec, core, netns, parse_lab_spec
+from dpcompare.lab import Lab, LabSpec, hosts, netns, parse_lab_spec
 from dpcompare.lab import bench as labbench
 from dpcompare.lab.spec import link_bps
 from dpcompare.launch.jobs import log_tail
@@ -75,7 +75,8 @@ def test_sizes_and_bus_factors() -> None:
     assert labbench.parse_sizes("16M,1M") == [2**20, 16 * 2**20]
     with pytest.raises(ConfigError):
         labbench.parse_sizes("64M:4K")
-    assert labbench.bus_factor("allreduce", 4) == 1.5 and labbench.bus_factor("allgather", 4) == 0.75
+    assert labbench.bus_factor("all_reduce", 4) == 1.5 and labbench.bus_factor("all_gather", 4) == 0.75
+    assert labbench.collective("allreduce") == "all_reduce" and labbench.collective("allgather") == "all_gather"
     # idle before each timed operation: twice tbf's refill of its 256 KiB bucket; nothing on an unshaped link
     assert labbench.idle_gap_ms(10**9) == 4.2 and labbench.idle_gap_ms(2 * 10**8) == 21.0
     assert labbench.idle_gap_ms(None) == 0.0
@@ -90,8 +91,8 @@ def test_analysis_recovers_alpha_and_beta() -> None:
     doc = labbench.analyse(raw, 2, link)
     big = max(doc["rows"], key=lambda r: r["bytes"])
     assert big["busbw_pct_of_link"] == pytest.approx(100, abs=0.1)
-    (fit,) = doc["fits"]
-    assert fit["alpha_s"] == pytest.approx(alpha, rel=1e-3) and fit["busbw_pct_of_link"] == pytest.approx(100)
+    (fit,) = doc["fits"]  # an older worker's "allreduce", in dpcompare's own spelling
+    assert fit["collective"] == "all_reduce" and fit["alpha_s"] == pytest.approx(alpha, rel=1e-3) and fit["busbw_pct_of_link"] == pytest.approx(100)
 
 
 def test_without_root_or_iproute2_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,7 +115,7 @@ def test_a_kernel_without_tbf_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- a real lab --------------------------------------------------------------------------------------
 def _ours(name: str) -> tuple[list[str], list[str]]:
     """Namespaces and root-namespace interfaces lab ``name`` could have left behind."""
-    spaces = sorted(ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{name}-"))
+    spaces = sorted(ns for ns in netns.namespaces() if ns.startswith(f"{hosts.PREFIX}{name}-"))
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     return spaces, [line for line in links.splitlines() if "dplab" in line]
 
@@ -132,13 +133,13 @@ def test_lab_is_two_hosts_shaped_both_ways(lab: Lab) -> None:
     assert sorted(q["dev"] for q in sw if q["kind"] == "tbf") == ["dplab-h0", "dplab-h1"]  # switch → host too
     assert lab.hostfile.read_text().split() == [lab.hosts[0].address, "slots=1", lab.hosts[1].address, "slots=1"]
     assert lab.subnet.startswith("10.250.") and lab.hosts[0].address.endswith(".1")
-    assert _ours(lab.name) == ([f"{core.PREFIX}{lab.name}-h0", f"{core.PREFIX}{lab.name}-h1",
-                                f"{core.PREFIX}{lab.name}-sw"], [])  # nothing in the root namespace
+    assert _ours(lab.name) == ([f"{hosts.PREFIX}{lab.name}-h0", f"{hosts.PREFIX}{lab.name}-h1",
+                                f"{hosts.PREFIX}{lab.name}-sw"], [])  # nothing in the root namespace
 
 
 @pytest.mark.netns
 def test_refusals_are_one_line_exit_2(lab: Lab) -> None:
-    p = dpcompare("lab", "up", "--hosts", "2", "--link", "1gbit", "--name", lab.name, check=False)
+    p = dpcompare("lab", "up", "--host-count", "2", "--link", "1gbit", "--name", lab.name, check=False)
     assert p.returncode == 2 and "already exists" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = dpcompare("lab", "up", "--link", "3furlongs", "--name", "neverup", check=False)
     assert p.returncode == 2 and "3furlongs" in p.stderr and not _ours("neverup")[0]
@@ -171,13 +172,13 @@ def test_a_link_given_as_1Gbit_reaches_tc_as_1000000000_bits(monkeypatch: pytest
     shaped: list[int | None] = []
     real = netns.shape
     monkeypatch.setattr(netns, "shape", lambda ns, dev, bps: (shaped.append(bps), real(ns, dev, bps)))
-    with core.session(spec) as lab:
+    with hosts.session(spec) as lab:
         assert lab is not None
-        rates = [q["options"]["rate"] * 8 for ns, dev in ((lab.hosts[0].namespace, core.IFACE), (lab.switch, None))
+        rates = [q["options"]["rate"] * 8 for ns, dev in ((lab.hosts[0].namespace, hosts.IFACE), (lab.switch, None))
                  for q in netns.json_of(["tc", "-j", "-n", ns, "qdisc", "show", *(["dev", dev] if dev else [])])
                  if q["kind"] == "tbf"]
     assert shaped == [10**9] * 4 and rates == [10**9] * 3, (shaped, rates)  # host 0's side; both switch ports
-    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{spec.name}-")]
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{hosts.PREFIX}{spec.name}-")]
 
 
 @pytest.mark.netns
@@ -192,7 +193,7 @@ def test_interrupted_up_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(netns, "shape", ctrl_c)  # Ctrl-C once the namespaces exist, while shaping
     with pytest.raises(KeyboardInterrupt):
         Lab.up(LabSpec(hosts=2, link_bps=10**9, name=name))
-    assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
+    assert _ours(name) == ([], []) and not (hosts.state_root() / name).exists()
 
 
 @pytest.mark.netns
@@ -202,12 +203,12 @@ def test_session_takes_the_lab_down_after_a_failure_or_ctrl_c() -> None:
     for error in (RuntimeError, KeyboardInterrupt):
         name = f"s{secrets.token_hex(3)}"
         said: list[str] = []
-        with pytest.raises(error), core.session(LabSpec(name=name), said.append) as lab:
+        with pytest.raises(error), hosts.session(LabSpec(name=name), said.append) as lab:
             assert lab is not None and len(_ours(name)[0]) == 3
             raise error
-        assert _ours(name) == ([], []) and not (core.state_root() / name).exists()
+        assert _ours(name) == ([], []) and not (hosts.state_root() / name).exists()
         assert said and said[0].startswith(f"lab {name!r} up: 2 hosts")
-    with core.session(None) as nothing:
+    with hosts.session(None) as nothing:
         assert nothing is None
 
 
@@ -218,13 +219,13 @@ def test_bench_gloo_all_reduce_reaches_the_link(lab: Lab, tmp_path: Path) -> Non
     out = tmp_path / "bench.json"
     before = lab.host_rows()[0]["tx_bytes"]
     dpcompare("lab", "bench", "--name", lab.name, "--sizes", "1M,4M", "--backends", "gloo,mpi",
-              "--collectives", "allreduce", "--iters", "3", "--out", str(out), timeout=240)
+              "--collectives", "allreduce", "--iters", "3", "--repeats", "1", "--out-file", str(out), timeout=240)
     doc = json.loads(out.read_text())
     assert doc["schema"] == labbench.SCHEMA and doc["ranks"] == 2 and doc["lab"]["link_bps"] == 2 * 10**8
     assert doc["gap_ms"] == labbench.idle_gap_ms(2 * 10**8)
     gloo = max((r for r in doc["rows"] if r["backend"] == "gloo"), key=lambda r: r["bytes"])
     assert gloo["bytes"] == 4 * 2**20 and 75 <= gloo["busbw_pct_of_link"] <= 125, gloo
-    assert {(f["backend"], f["collective"]) for f in doc["fits"]} == {("gloo", "allreduce"), ("mpi", "allreduce")}
+    assert {(f["backend"], f["collective"]) for f in doc["fits"]} == {("gloo", "all_reduce"), ("mpi", "all_reduce")}
     # the traffic crossed host 0's link: at least the all-reduces' bytes (4 × (1+4) MiB, 2 warm-up/timed rounds)
     assert lab.host_rows()[0]["tx_bytes"] - before > 4 * 5 * 2**20
 
@@ -256,4 +257,4 @@ def test_down_leaves_nothing_even_after_a_crash() -> None:
     p = dpcompare("lab", "down", "--name", name)
     assert "removed namespace" in p.stdout
     assert _ours(name) == ([], []) and not lab.directory.exists()
-    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{core.PREFIX}{name}")]
+    assert not [ns for ns in netns.namespaces() if ns.startswith(f"{hosts.PREFIX}{name}")]

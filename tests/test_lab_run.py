@@ -17,9 +17,10 @@ import pytest
 from dpcompare import cli
 from dpcompare.compare import command as compare_cmd
 from dpcompare.compare import runner as runner_m
+from dpcompare.compare.axes import LabLink
 from dpcompare.compare.cmdline import plan_flags
 from dpcompare.compare.command import comparison_of
-from dpcompare.compare.plan import Link, build_arms, parse_sweep
+from dpcompare.compare.plan import build_arms, parse_sweep
 from dpcompare.errors import ConfigError
 from dpcompare.lab import netns
 
@@ -36,19 +37,21 @@ def _args(*argv: str):
 # -- no root needed -----------------------------------------------------------------------------------
 def test_link_sweep_is_link_major_and_recorded() -> None:
     name, values = parse_sweep("link=unlimited,1Gbit,200mbit")
-    assert (name, values) == ("link", [Link(None), Link(10**9), Link(2 * 10**8)])
-    arms = build_arms(["ddp", "horovod"], (), [(name, values)])
+    assert (name, values) == ("link", [LabLink(None), LabLink(10**9), LabLink(2 * 10**8)])
+    arms = build_arms(["ddp", "horovod"], (), axes=[(name, values)])
     assert [a.label for a in arms][:2] == ["ddp/link=unlimited", "horovod/link=unlimited"]
-    assert arms[2].link == Link(10**9) and arms[2].knobs == () and arms[2].to_json()["knobs"] == {"link": "1gbit"}
+    assert arms[2].axis("link") == LabLink(10**9) and arms[2].knobs == ()
+    assert arms[2].to_json() == {"label": "ddp/link=1gbit", "strategy": "ddp", "knobs": {}, "axes": {"link": "1gbit"},
+                                 "base": "ddp"}
     c = comparison_of(_args("--lab", "hosts=2,link=1gbit", "--sweep", "link=unlimited,200mbit"))
     assert c.lab is not None and c.lab.hosts == 2 and c.lab.link_bps == 10**9
-    assert plan_flags(c)[-2:] == ["--lab", "hosts=2,link=1gbit,slots=1"]
+    assert plan_flags(c)[-4:] == ["--lab", "hosts=2,link=1gbit,slots=1", "--sweep", "link=unlimited,200mbit"]
     # a swept link and a swept train setting: the link is no train setting of the run
     c = comparison_of(_args("--lab", "hosts=2", "--sweep", "link=200mbit", "--sweep", "batch_size=16"))
     arm = c.all_arms[0]
-    assert (arm.label, arm.knobs, arm.link) == ("ddp/link=200mbit,batch_size=16", (("batch_size", 16),),
-                                                Link(2 * 10**8))
-    assert arm.to_json()["knobs"] == {"batch_size": 16, "link": "200mbit"}
+    assert (arm.label, arm.knobs, arm.axes) == ("ddp/batch_size=16,link=200mbit", (("batch_size", 16),),
+                                                (("link", LabLink(2 * 10**8)),))
+    assert arm.to_json()["knobs"] == {"batch_size": 16} and arm.to_json()["axes"] == {"link": "200mbit"}
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -107,16 +110,17 @@ def test_without_root_the_lab_is_refused_in_one_line(tmp_path: Path, monkeypatch
     assert not (out / "runs").exists() or not any((out / "runs").iterdir())
 
 
-def test_link_verdict_words() -> None:
-    from dpcompare.report.groups import arm_pairs, without_link
+def test_link_verdict_words_in_old_results() -> None:
+    """results.json from before arms recorded their axes apart (the link under ``knobs``) still pairs per link."""
+    from dpcompare.report.groups import arm_base, arm_pairs
 
     results = {"config": {"np": [2], "arms": [
         {"label": f"{s}/link={k}", "strategy": s, "knobs": {"link": k}}
         for k in ("unlimited", "1gbit") for s in ("ddp", "horovod")]}, "runs": []}
     assert list(arm_pairs(results)) == [(2, "ddp/link=unlimited", "horovod/link=unlimited"),
                                         (2, "ddp/link=1gbit", "horovod/link=1gbit")]
-    assert without_link("ddp/batch_size=8,link=1gbit") == "ddp/batch_size=8"
-    assert without_link("ddp/link=1gbit,batch_size=8") == "ddp/batch_size=8"
+    assert arm_base(results, "ddp/batch_size=8,link=1gbit") == "ddp/batch_size=8"
+    assert arm_base(results, "ddp/link=1gbit,batch_size=8") == "ddp/batch_size=8"
 
 
 # -- the real thing -----------------------------------------------------------------------------------
@@ -178,7 +182,7 @@ def test_the_lost_host_is_named_in_one_line_and_kept_with_the_run(tmp_path: Path
 @pytest.mark.netns
 def test_the_link_axis_round_trips_through_results_and_resume(tmp_path: Path) -> None:
     """``--sweep link=unlimited,1Gbit`` across a real lab, the runs faked: each run finds its link shaped in tc
-    (1Gbit as 1000000000 bit/s), results.json keeps the link as the arm's ``knobs.link``, and an interrupted
+    (1Gbit as 1000000000 bit/s), results.json keeps the link as the arm's ``axes.link``, and an interrupted
     comparison resumes from results.json with the same arms."""
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         missing("a lab needs root and iproute2")
@@ -204,15 +208,15 @@ def test_the_link_axis_round_trips_through_results_and_resume(tmp_path: Path) ->
     assert seen == [("ddp-link-unlimited-np1-r0", None), ("single-link-unlimited-np1-r0", None),
                     ("ddp-link-1gbit-np1-r0", 10**9)]
     stored = json.loads((out / "results.json").read_text())
-    assert [a["knobs"] for a in stored["config"]["arms"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}] * 2
+    assert [a["axes"] for a in stored["config"]["arms"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}] * 2
     assert stored["config"]["lab"] == {"hosts": 2, "link": "unlimited, 1gbit", "slots": 1,
                                        "links": ["unlimited", "1gbit"]}
-    assert [r["knobs"] for r in stored["runs"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}]
+    assert [r["axes"] for r in stored["runs"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}]
 
     seen.clear()
-    merged = compare_cmd.resumed_args(_args("--resume", str(out), "--progress", "none"))
+    merged = compare_cmd.resumed_args(_args("--continue", str(out), "--progress", "none"))
     c = comparison_of(merged)
-    assert [a.link for a in c.all_arms] == [Link(None), Link(None), Link(10**9), Link(10**9)]
+    assert [a.axis("link") for a in c.all_arms] == [LabLink(None), LabLink(None), LabLink(10**9), LabLink(10**9)]
     assert runner_m.run_compare(c, launch=launch) == 0
     assert seen == [("single-link-1gbit-np1-r0", 10**9)]  # the three recorded ok were kept
     res = json.loads((out / "results.json").read_text())

@@ -4,8 +4,10 @@
   like any other) and ``importlib.import_module``: a constant name is followed; a variable is followed to the
   table it comes from (:data:`FOLLOWED`, or the constant arguments of the function whose parameter it is), or it
   loads the user's code where :data:`USER_CODE` says so and why; any other is refused. ``if TYPE_CHECKING:``
-  imports do not count. ``from P import x`` is an edge to the module ``P.x`` when there is one, else to ``P``.
-- **No cycles** in that graph.
+  imports do not count for the rooms. ``from P import x`` is an edge to the module ``P.x`` when there is one,
+  else to ``P``.
+- **No cycles** in that graph with the ``if TYPE_CHECKING:`` imports added: a circle a reader must follow is one
+  even when only the type checker walks it.
 - **Rooms.** Each room's ``__init__`` docstring has a line ``May import: the top-level modules, launch and
   backends.``; a room imports only what its line names (its own modules, the top-level modules, the named rooms
   and the catalogs), its line names only rooms :data:`ROOMS` allows, and docs/layout.md's table says the same.
@@ -17,7 +19,10 @@
 - Every file is written through ``files.atomic_write*`` (the call sits inside its arguments), or the line says
   ``# not atomic: why``.
 - Every ``torch.load`` passes ``weights_only=True``.
-- No ``strategy ==`` or ``.name ==`` test outside ``backends/``.
+- Outside ``backends/`` no comparison (``==``, ``!=``, ``in``, ``is``; on the AST) of what holds a strategy's or an
+  arm's name (a name, attribute or subscript key called ``strategy``, ``arm``, ``name`` or their plurals) with a
+  strategy's name (:func:`strategy_names`, read from the catalog) or a literal tuple, list or set holding one;
+  the few that ask no strategy say why in :data:`NOT_STRATEGY_TESTS`.
 
 The same functions run on throwaway packages (the last tests) to show that each check fails when it should.
 """
@@ -57,13 +62,13 @@ ROOMS: dict[str, frozenset[str]] = {
 }
 #: torch-free tables any module may read (what keeps ``dpcompare --help`` light)
 CATALOGS = frozenset({"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models", "dpcompare.models.catalog",
-                      "dpcompare.training.trackers", "dpcompare.launch.openmpi"})
+                      "dpcompare.launch.openmpi"})
 #: ``import_module(variable)`` in ``module:function`` → the table (module, name) whose strings it imports
 FOLLOWED: dict[str, tuple[str, str, str]] = {
     "dpcompare.cli:build_parser": ("dpcompare.cli", "COMMAND_MODULES", ""),
     "dpcompare.backends.registry:get": ("dpcompare.backends.catalog", "STRATEGIES", "dpcompare.backends."),
     "dpcompare.prediction.strategies:schedules": ("dpcompare.backends.catalog", "STRATEGIES", "dpcompare.prediction."),
-    "dpcompare.training.trackers:require": ("dpcompare.training.trackers", "TRACKERS", ""),
+    "dpcompare.training.trackers:require": ("dpcompare.argtypes", "TRACKERS", ""),
 }
 #: ``import_module(variable)`` that imports the user's code, not dpcompare's: ``module:function`` → why
 USER_CODE: dict[str, str] = {
@@ -73,7 +78,15 @@ USER_CODE: dict[str, str] = {
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__
 MAX_FUNCTION_LINES = 60
 NOT_ATOMIC = "# not atomic:"
-STRATEGY_TEST = re.compile(r"strategy ==|\.name ==")
+#: what holds a strategy's or an arm's name: a variable, attribute or subscript key called so (``arm``,
+#: ``spec.strategy``, ``r["strategy"]``, ``base_name``, ``arms``)
+STRATEGY_HOLDER = re.compile(r"(^|_)(strateg(y|ies)|arms?|names?)$")
+#: such comparisons that ask no strategy: (file in the package, the comparison) → why
+NOT_STRATEGY_TESTS: dict[tuple[str, str], str] = {
+    ("native/hook.py", "name == 'horovod'"): "the module being imported is the horovod package, not a strategy",
+    ("native/runner.py", "arm == 'native'"): "the script runner's --as: what `import horovod` means in the script",
+    ("native/runner.py", "arm == 'horovod'"): "the script runner's --as: what `import horovod` means in the script",
+}
 
 
 @dataclass(frozen=True)
@@ -144,8 +157,8 @@ def _table(rules: Rules, module: str, name: str) -> set[str]:
 class _Imports(ast.NodeVisitor):
     """The modules of the package that one module imports, and the dynamic imports it cannot follow."""
 
-    def __init__(self, rules: Rules, name: str, path: Path, known: set[str]) -> None:
-        self.rules, self.name, self.path, self.known = rules, name, path, known
+    def __init__(self, rules: Rules, name: str, path: Path, known: set[str], typing: bool = False) -> None:
+        self.rules, self.name, self.path, self.known, self.typing = rules, name, path, known, typing
         self.tree = ast.parse(path.read_text())
         self.found: set[str] = set()
         self.unfollowed: list[str] = []
@@ -162,7 +175,8 @@ class _Imports(ast.NodeVisitor):
             self.found.add(m)
 
     def visit_If(self, node: ast.If) -> None:
-        for child in (node.orelse if _is_type_checking(node) else [node.test, *node.body, *node.orelse]):
+        skip = _is_type_checking(node) and not self.typing
+        for child in (node.orelse if skip else [node.test, *node.body, *node.orelse]):
             self.visit(child)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -230,22 +244,23 @@ class _Imports(ast.NodeVisitor):
         return values or None
 
 
-def graph(rules: Rules) -> tuple[dict[str, set[str]], list[str]]:
-    """Module → the package's modules it imports; and every ``import_module`` that could not be followed."""
+def graph(rules: Rules, typing: bool = False) -> tuple[dict[str, set[str]], list[str]]:
+    """Module → the package's modules it imports (``typing``: the ``if TYPE_CHECKING:`` ones too); and every
+    ``import_module`` that could not be followed."""
     mods = rules.modules()
     known = set(mods)
     edges, unfollowed = {}, []
     for name, path in mods.items():
-        found = _Imports(rules, name, path, known).run()
+        found = _Imports(rules, name, path, known, typing).run()
         edges[name] = found.found
         unfollowed += found.unfollowed
     return edges, unfollowed
 
 
 def cycle(rules: Rules) -> list[str]:
-    """An import cycle (``a -> b -> a``), or nothing."""
+    """An import cycle (``a -> b -> a``), imports inside functions and ``if TYPE_CHECKING:`` included, or nothing."""
     try:
-        tuple(graphlib.TopologicalSorter(graph(rules)[0]).static_order())
+        tuple(graphlib.TopologicalSorter(graph(rules, typing=True)[0]).static_order())
     except graphlib.CycleError as e:
         return list(e.args[1])
     return []
@@ -391,10 +406,61 @@ def unsafe_loads(rules: Rules) -> list[str]:
     return out
 
 
-def strategy_tests(rules: Rules) -> list[str]:
-    return [f"{path.relative_to(rules.pkg.parent)}:{i} {line.strip()}"
-            for path in sorted(rules.pkg.rglob("*.py")) if "backends" not in path.relative_to(rules.pkg).parts
-            for i, line in enumerate(path.read_text().splitlines(), 1) if STRATEGY_TEST.search(line)]
+def strategy_names(pkg: Path) -> frozenset[str]:
+    """The strategies' and arms' names, read from the source: the keys of the catalog's table of ``Entry``
+    lines (``backends/catalog.py``), their elastic modes (``ddp-elastic``), and a script comparison's arms
+    (``native/calls.py``'s ``SCRIPT_ARMS``)."""
+    names: set[str] = set()
+    for rel in ("backends/catalog.py", "native/calls.py"):
+        path = pkg / rel
+        for node in ast.walk(ast.parse(path.read_text())) if path.exists() else ():
+            if isinstance(node, ast.Dict) and node.values and all(
+                    isinstance(v, ast.Call) and getattr(v.func, "id", "") == "Entry" for v in node.values):
+                names |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SCRIPT_ARMS" for t in node.targets):
+                names |= {e.value for e in ast.walk(node.value) if isinstance(e, ast.Constant)}
+    return frozenset(names | {f"{n}-elastic" for n in names})
+
+
+def _holds_strategy(node: ast.expr) -> bool:
+    """A name, attribute or subscript called like what holds a strategy's name (:data:`STRATEGY_HOLDER`)."""
+    if isinstance(node, ast.Name):
+        return bool(STRATEGY_HOLDER.search(node.id))
+    if isinstance(node, ast.Attribute):
+        return bool(STRATEGY_HOLDER.search(node.attr))
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return (isinstance(key, ast.Constant) and isinstance(key.value, str) and bool(STRATEGY_HOLDER.search(key.value))
+                ) or _holds_strategy(node.value)
+    return False
+
+
+def _names_a_strategy(node: ast.expr, names: frozenset[str]) -> bool:
+    """A string literal naming a strategy, or a literal tuple, list or set holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(_names_a_strategy(e, names) for e in node.elts)
+
+
+def strategy_tests(rules: Rules, names: frozenset[str] | None = None,
+                   allowed: dict[tuple[str, str], str] | None = None) -> list[str]:
+    """Comparisons outside ``backends/`` of what holds a strategy's name with a strategy's name: ``strategy ==
+    "ddp"``, ``arm.name != "horovod"``, ``"ddp" in arms``, ``r["strategy"] in ("ddp", "zero")`` (on the AST)."""
+    names = strategy_names(rules.pkg) if names is None else names
+    allowed = NOT_STRATEGY_TESTS if allowed is None else allowed
+    out = []
+    for path in sorted(rules.pkg.rglob("*.py")):
+        if "backends" in path.relative_to(rules.pkg).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            rel = path.relative_to(rules.pkg).as_posix()
+            if (rel, ast.unparse(node)) not in allowed and any(
+                    _holds_strategy(a) and _names_a_strategy(b, names) for a in sides for b in sides if a is not b):
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    return out
 
 
 # -- dpcompare ---------------------------------------------------------------------------------------------------
@@ -491,6 +557,19 @@ def test_a_cycle_through_a_package_init_is_found(tmp_path: Path) -> None:
     assert cycle(rules) == []
 
 
+def test_a_cycle_through_a_lazy_or_a_type_checking_import_is_found(tmp_path: Path) -> None:
+    """The two circles issue 39 found (argtypes → training.trackers → config → argtypes; horovod ↔
+    horovod_elastic): a function's import one way, an ``if TYPE_CHECKING:`` import the other."""
+    rules = _package(tmp_path, {"low/a.py": "def f():\n    from pkg.low import b\n",
+                                "low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                            "    from pkg.low.a import X\n"})
+    assert set(cycle(rules)) == {"pkg.low.a", "pkg.low.b"}
+    assert graph(rules)[0]["pkg.low.b"] == set()  # the rooms' check leaves the type checker's import out
+    rules = _package(tmp_path / "base", {"base.py": "def f():\n    import pkg.low.a\n",
+                                         "low/a.py": "import pkg.base\n"})
+    assert set(cycle(rules)) == {"pkg.base", "pkg.low.a"}
+
+
 def test_a_room_importing_a_room_its_line_does_not_name_is_found(tmp_path: Path) -> None:
     rules = _package(tmp_path, {"low/a.py": "from pkg.high import b\n", "high/b.py": "from pkg.low import a\n",
                                 "high/c.py": "from pkg import base\n"})
@@ -534,4 +613,12 @@ def test_an_unsafe_load_and_a_strategy_test_are_found(tmp_path: Path) -> None:
     rules = _package(tmp_path, {"low/a.py": "import torch\ntorch.load('p', weights_only=True)\ntorch.load('p')\n"
                                             "if strategy == 'ddp':\n    pass\n"})
     assert unsafe_loads(rules) == ["pkg/low/a.py:3 torch.load('p')"]
-    assert strategy_tests(rules) == ["pkg/low/a.py:4 if strategy == 'ddp':"]
+    names = frozenset({"ddp", "horovod", "ddp-elastic"})
+    assert strategy_tests(rules, names, {}) == ["pkg/low/a.py:4 strategy == 'ddp'"]
+    tests = ["arm == 'ddp'", "'ddp' in arms", "spec.strategy != 'horovod'", "r['strategy'] in ('ddp', 'zero')",
+             "a.name == 'ddp-elastic'", "base_strategy is 'ddp'", "names[0] == 'horovod'", "'horovod' == arm"]
+    fine = ["strategy == other", "mode == 'ddp'", "name in TABLE", "arm == 'fsdp2'", "'x' in arms", "n == 2"]
+    rules = _package(tmp_path / "more", {"high/b.py": "".join(f"x{i} = {t}\n" for i, t in enumerate(tests + fine)),
+                                         "backends/c.py": "ok = strategy == 'ddp'\n"})
+    assert strategy_tests(rules, names, {}) == [f"pkg/high/b.py:{i + 1} {t}" for i, t in enumerate(tests)]
+    assert strategy_names(REPO / "dpcompare") >= {"ddp", "horovod", "zero", "fsdp", "single", "native", "ddp-elastic"}

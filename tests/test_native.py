@@ -210,6 +210,49 @@ def test_script_refuses_an_earlier_runs_records_and_a_missing_script(tmp_path: P
     assert p.returncode == 2 and "no such script" in p.stderr
 
 
+@needs_mpi
+def test_script_job_runs_through_the_job_runner_and_stops_at_its_time_limit(tmp_path: Path) -> None:
+    """``dpcompare script --np`` is a job like any other: its own session, and --run-timeout takes it all down."""
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    p = run([sys.executable, "-m", "dpcompare", "script", "--np", "2", "--as", "ddp", "--run-timeout", "4", "--",
+             "python", str(script)], check=False, env=mpi_env({"PYTHONPATH": str(ROOT)}))
+    assert p.returncode == 124, p.stderr
+    assert "took longer than --run-timeout 4 s and was stopped" in p.stderr
+    left = []  # every rank is gone (run_job waits for the whole session)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(script).encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:
+            continue  # ended while we looked
+    assert not left
+
+
+def test_runner_takes_dash_m_as_python_does_with_one_parser_for_both_commands(tmp_path: Path) -> None:
+    import argparse
+
+    from dpcompare.cli import build_parser
+    from dpcompare.native.runner import add_run_arguments, target_words
+
+    own = argparse.ArgumentParser()
+    add_run_arguments(own)
+    for words, target in ((["-m", "pytest", "-x", "t.py::a", "--threads", "2"],
+                           ["-m", "pytest", "-x", "t.py::a", "--threads", "2"]),  # after MODULE: the module's
+                          (["--threads", "0", "--", "-m", "pytest"], ["-m", "pytest"]),
+                          (["--seed", "3", "python", "t.py", "-m", "x"], ["python", "t.py", "-m", "x"])):
+        a, b = own.parse_args(words), build_parser().parse_args(["script", *words])
+        assert target_words(a) == target_words(b) == target, words
+        assert (a.arm, a.seed, a.threads) == (b.arm, b.seed, b.threads)
+    with pytest.raises(SystemExit):  # --threads is one type in both (0 or more)
+        own.parse_args(["--threads", "-1", "t.py"])
+    test = tmp_path / "test_it.py"
+    test.write_text("import sys\n\ndef test_argv():\n    assert sys.argv[-2:] == ['-k', 'argv']\n")
+    p = run([sys.executable, "-m", "dpcompare.native", "-m", "pytest", f"{test}::test_argv", "-p",
+             "no:cacheprovider", "-q", "-k", "argv"], check=False, env=mpi_env({"PYTHONPATH": str(ROOT)}))
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
+
+
 # -- the fusion plan -----------------------------------------------------------------------------------------------
 def test_fusion_groups_follow_readiness_threshold_and_kind() -> None:
     from dpcompare.native.fusion import plan_groups

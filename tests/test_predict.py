@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_units():
     for bad in ("25gbps", "fast", "0gbit"):
         with pytest.raises(ConfigError, match="unit"):
             parse_rate_bits(bad)
-    with pytest.raises(ConfigError, match="--hosts"):
+    with pytest.raises(ConfigError, match="--host-counts"):
         parse_hosts("2,...")
 
 
@@ -83,7 +84,7 @@ def test_ddp_two_buckets_one_hidden():
     assert s.exposed == pytest.approx(8 * MS) and s.hidden == pytest.approx(2 * MS)
     assert s.step == pytest.approx(21 * MS)
     # fp16 halves both; without a small first bucket both gradients share one, all exposed
-    half = strategies.schedule("ddp")(p, Knobs(first_bucket_mb=1, fp16=True)).predict(net())
+    half = strategies.schedule("ddp")(p, Knobs(first_bucket_mb=1, grad_compression="fp16")).predict(net())
     assert half.exposed == pytest.approx(4 * MS) and half.hidden == pytest.approx(1 * MS)
     one = strategies.schedule("ddp")(p, Knobs()).predict(net())
     assert one.ops == 1 and one.exposed == pytest.approx(10 * MS) and one.hidden == pytest.approx(0.0, abs=1e-12)
@@ -182,11 +183,11 @@ def test_advice_names_a_bucket_that_helps():
     # ten 2 MiB gradients, one a millisecond, fp16 on the wire (1 MiB each, 0.2 ms at n=2): a 25 MB bucket
     # fills only when backward ends (2 ms exposed); a 12.5 MB one is all-reduced from 7 ms, inside backward
     p = profile([(f"g{i}", (i + 1) * MS, 2 * MB) for i in range(10)], backward=10 * MS)
-    c = sweep.curve(p, "ddp", Knobs(bucket_mb=25, fp16=True), net(mib_ms=0.2), [2], "ddp")
+    c = sweep.curve(p, "ddp", Knobs(bucket_mb=25, grad_compression="fp16"), net(mib_ms=0.2), [2], "ddp")
     line = sweep.advise(c, p, net(mib_ms=0.2), 0.8)
     assert line.startswith("ddp at 2 hosts: --bucket-mb 12.5 would cut exposed communication from 2.00 to 0.60 ms")
-    c = sweep.curve(p, "ddp", Knobs(bucket_mb=8, fp16=True), net(mib_ms=0.2), [2], "ddp")
-    assert "none of --bucket-mb, --fp16" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
+    c = sweep.curve(p, "ddp", Knobs(bucket_mb=8, grad_compression="bf16"), net(mib_ms=0.2), [2], "ddp")
+    assert "none of --bucket-mb, --grad-compression" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
 
 
 # -- reading traces, the command ----------------------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_profile_reads_phases_ticks_and_bytes(tmp_path):
 def test_predict_command_on_a_compare_folder(tmp_path):
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r0")
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1")  # a repeat: the same curve, shown once
-    p = dpcompare("predict", str(tmp_path / "cmp"), "--hosts", "2,4,...,64", "--link", "1gbit",
+    p = dpcompare("predict", str(tmp_path / "cmp"), "--host-counts", "2,4,...,64", "--link", "1gbit",
                   "--strategies", "ddp,horovod,zero,fsdp")
     out = json.loads((tmp_path / "cmp" / "prediction.json").read_text())
     assert [c["strategy"] for c in out["curves"]] == ["ddp", "horovod", "zero", "fsdp"]
@@ -244,6 +245,23 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert (tmp_path / "cmp" / "prediction.png").stat().st_size > 10_000
     assert "fastest at" in p.stdout and "efficiency on 1gbit" in p.stdout and "would cut" in p.stdout
     assert out["who_wins"] and out["knob_advice"]
+    # every figure with its band (the hand-made steps are identical: a band of no width), the overlap's source
+    first = out["curves"][0]["steps"][0]
+    assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band" in p.stdout
+    assert out["curves"][0]["band"]["traced_steps"] == 6 and first["no_overlap_ms"] >= first["step_ms"]
+    assert out["overlap"][0].startswith("assumed, nothing measured") and "overlap of communication" in p.stdout
+    # who wins: the curve with the shortest step at every host count, read from the curves themselves
+    steps = {c["label"]: [s["step_ms"] for s in c["steps"]] for c in out["curves"]}
+    best = {min(steps, key=lambda k: steps[k][i]) for i in range(6)}
+    assert best == {"horovod (on ddp-np2)"} and out["who_wins"] == [
+        "fastest at 2–64 hosts: horovod (on ddp-np2)", "no crossover between 2 and 64 hosts"]
+    # the knob advice: one per curve, in its words; fp16 halves DDP's all-reduced bytes, so its exposed time
+    advice = [re.match(r"(.+) at 2 hosts: --[a-z-]+(?: fp16)? would cut exposed communication from ([\d.]+) to ([\d.]+) ms "
+                       r"\(step -(\d+) %, efficiency (\d+) % → (\d+) %\)$", a) for a in out["knob_advice"]]
+    assert all(advice) and [m[1] for m in advice] == list(steps), out["knob_advice"]  # type: ignore[index]
+    cut = {m[1]: (float(m[2]), float(m[3]), int(m[5]), int(m[6])) for m in advice}  # type: ignore[index]
+    assert cut["ddp (ddp-np2)"][1] == pytest.approx(cut["ddp (ddp-np2)"][0] / 2, rel=0.01)
+    assert all(after < before and eff_after > eff for before, after, eff, eff_after in cut.values())
     ddp, hvd = out["curves"][0]["traced_run"], out["curves"][1]["traced_run"]
     assert ddp["world_size"] == 2 and ddp["compute_ms"] == 18.0
     # the model at np=2 on the trace's own all-reduce speed (12 MiB in 1 ms): one bucket ready at 10 ms, done at 11
@@ -257,7 +275,7 @@ def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_
     run = fake_run(tmp_path / "r")
     steps = {}
     for flag in ((), ("--floor-from-trace",)):
-        dpcompare("predict", str(run), "--hosts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
+        dpcompare("predict", str(run), "--host-counts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
         out = json.loads((run / "prediction.json").read_text())
         steps[bool(flag)] = out["curves"][0]["steps"][0]["step_ms"]
     assert out["inputs"]["floor_from_trace"] is True
@@ -359,6 +377,7 @@ def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):
     assert doc["inputs"]["hosts"][0] == 2 and doc["inputs"]["hosts"][-1] == 1024
     text = section(tmp_path)
     assert "Projected to a cluster" in text and "data:image/png;base64," in text and "10gbit link" in text
+    assert "95 % band" in text and "overlap: assumed" in text
     assert text.count("<tr><td>") == 2 and "1024 hosts" in text and "a model, not a measurement" in text.lower()
 
 

@@ -46,8 +46,23 @@ def test_ticks_carry_bytes_and_the_ddp_bucket_model_matches_the_trace(runs):
 def test_predict_both_strategies_from_a_compare_folder(runs):
     p = dpcompare("predict", str(runs), "--hosts", "2,4,...,1024", "--link", "25gbit")
     out = json.loads((runs / "prediction.json").read_text())
-    assert {c["strategy"] for c in out["curves"]} == {"ddp", "horovod"}
+    assert {c["strategy"] for c in out["curves"]} == {"ddp", "horovod"} and (runs / "prediction.png").is_file()
+    grad_bytes = strategies.profile(runs / "runs" / "ddp-np2-r0").grad_bytes
     for c in out["curves"]:
-        eff = [s["efficiency"] for s in c["steps"]]
-        assert len(eff) == 10 and eff[-1] < eff[0] <= 1.0
-    assert "below 80 % efficiency" in p.stdout and (runs / "prediction.png").is_file()
+        steps = c["steps"]
+        assert [s["hosts"] for s in steps] == [2**k for k in range(1, 11)]
+        for s in steps:  # a step is its compute and its exposed communication; efficiency against one host
+            assert s["step_ms"] == pytest.approx(s["compute_ms"] + s["exposed_ms"], abs=1e-3)
+            assert s["efficiency"] == pytest.approx(c["one_host_step_ms"] / s["step_ms"], rel=1e-3)
+        # the curve crosses 80 % where its efficiencies do, and says so
+        below = next(s["hosts"] for s in steps if s["efficiency"] < 0.8)
+        assert c["below_threshold_at_hosts"] == below
+        line = f"{c['label']}: below 80 % efficiency on 25gbit from {below} hosts"
+        assert line in out["below_threshold"] and line.split(": ", 1)[1] in p.stdout
+    # DDP's one bucket (all its gradients) as the α-β model's ring all-reduce: 2(n-1) steps of 5 µs latency and
+    # 2(n-1)/n of the bytes over 25 Gbit/s, nothing overlapped (the bucket is ready when backward ends)
+    ddp = next(c for c in out["curves"] if c["strategy"] == "ddp")["steps"]
+    for s in ddp:
+        n = s["ranks"]
+        ring_ms = 2 * (n - 1) * 5e-3 + 2 * (n - 1) / n * grad_bytes * 8 / 25e9 * 1e3
+        assert (s["buckets"], s["wire_bytes"]) == (1, grad_bytes) and s["comm_ms"] == pytest.approx(ring_ms, rel=1e-3)

@@ -1,5 +1,7 @@
 """docs/tutorial.ipynb runs from top to bottom (nbclient), so the tutorial cannot rot."""
 
+import base64
+
 import pytest
 
 from conftest import ROOT, missing, mpi_env, needs_horovod, needs_mpi
@@ -25,6 +27,11 @@ def test_tutorial_notebook_runs(tmp_path, monkeypatch):
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "largest difference: 0.0" in text  # parity: bit-identical losses at np=2
     assert "has the drawn step: True" in text
-    pngs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(pngs) == 3 and (tmp_path / "out" / "compare" / "report.html").is_file()  # 2 timelines, 1 projection
+    pngs = [base64.b64decode(o["data"]["image/png"]) for c in nb.cells if c.cell_type == "code"
+            for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    # the images shown are the ones the cells drew, in order: ddp and horovod's timelines, ddp's two widths, the
+    # projection (a cell that showed a stale or another file would show other bytes)
+    drawn = [tmp_path / "out" / name for name in ("timeline.png", "timeline-wide.png", "predict/prediction.png")]
+    assert pngs == [p.read_bytes() for p in drawn] and len(set(pngs)) == 3
+    assert (tmp_path / "out" / "compare" / "report.html").is_file()
     assert "falls below 80 % efficiency on 25 Gbit/s" in text  # the tutorial ends with the cluster question

@@ -208,7 +208,14 @@ def test_imagefolder_resizes_normalises_and_counts_classes(tmp_path):
 
 def test_imagefolder_takes_test_when_there_is_no_val(tmp_path):
     root = write_images(tmp_path / "imgs", classes=("a", "b"), splits=(("train", 2), ("test", 1)))
-    assert len(build_dataset("imagefolder", str(root), shape=(3, 8, 8)).test) == 2
+    for f in (root / "test").rglob("*.png"):
+        Image.new("RGB", (20, 12), (9, 99, 199)).save(f)  # the test split's own colour, in no train image
+    d = build_dataset("imagefolder", str(root), shape=(3, 8, 8))
+    mean, std = torch.tensor((0.485, 0.456, 0.406)), torch.tensor((0.229, 0.224, 0.225))
+    test_colour = ((torch.tensor((9, 99, 199)) / 255 - mean) / std)[:, None, None].expand(3, 8, 8)
+    assert (len(d.train), len(d.test), [y for _, y in d.test]) == (4, 2, [0, 1])
+    assert all(torch.allclose(x, test_colour, atol=1e-5) for x, _ in d.test)
+    assert not any(torch.allclose(x, test_colour, atol=1e-5) for x, _ in d.train)
 
 
 # ---- missing or malformed data ------------------------------------------------------------------------------

@@ -23,20 +23,22 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
+from dpcompare.backends.parts import FullState, Precision, Tracer, patch, tensor_bytes
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
-from dpcompare.trace import CAT_GRAD
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
     from dpcompare.data.workload import ModelTraits
     from dpcompare.trace import TraceRecorder
+
+__all__ = ["ElasticState", "ReduceOp", "Strategy", "StrategyUnavailable", "fill_missing_grads", "listed", "patch",
+           "require_gpu_for_sync_bn", "sparse_bytes", "tensor_bytes", "timed_collective"]
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
 T = TypeVar("T")
@@ -78,22 +80,29 @@ class Strategy(ABC):
     communication: ClassVar[Mapping[str, str]] = {}
     #: False only for one process with no communication (parity's reference run with the global batch)
     distributed: ClassVar[bool] = True
+    #: the kinds of the parts it holds (:mod:`~dpcompare.backends.parts`): a sharding strategy gathers its full
+    #: state its own way; a strategy that records its communication under ``--trace`` has its own tracer
+    full_state_class: ClassVar[type[FullState]] = FullState
+    tracer_class: ClassVar[type[Tracer]] = Tracer
 
     def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
                  timeout_s: float = 300.0) -> None:
-        self.env = env or detect_launch_env()
-        self.requested_device = device
-        self.iface = iface
-        self.timeout_s = timeout_s
-        self._device: torch.device | None = None
         from dpcompare.config import TrainConfig
 
+        self.env = env or detect_launch_env()
+        self.iface = iface
+        self.timeout_s = timeout_s
         self.cfg = TrainConfig()
-        #: what the strategy installed and counted, for summary.json["comm"]
+        #: what the strategy installed (hooks, compressor, sizes) and counted, for summary.json["comm"]
+        self.installed: dict[str, Any] = {}
         self.counters: dict[str, int] = {"grad_allreduces": 0, "grad_allreduce_elements": 0}
         self._synchronized = False  # this step's averaged gradients are in place (synchronize ran)
         #: what the workload's pre-check saw of the model (:meth:`configure_model`); None: not checked
         self.traits: ModelTraits | None = None
+        #: the parts it holds: device and gradient scaler; full state for checkpoints; --trace's hooks
+        self.precision = Precision(self.env, device)
+        self.full_state = self.full_state_class(self)
+        self.tracer = self.tracer_class(self)
 
     # -- availability ---------------------------------------------------------------------------
     @classmethod
@@ -153,12 +162,6 @@ class Strategy(ABC):
         banner says it)."""
         return "each gets a zero gradient before the update, as under every strategy"
 
-    def make_grad_scaler(self) -> Any:
-        """A gradient scaler for fp16 autocast on GPU, else None."""
-        if self.cfg.amp == "fp16" and self.device.type == "cuda":
-            return torch.amp.GradScaler("cuda")
-        return None
-
     def library(self) -> str:
         """The library that carries the gradient exchange between processes (gloo, nccl, mpi), recorded as
         ``library`` in summary.json's ``comm``: the report reads it to advise on the library's own settings."""
@@ -166,7 +169,7 @@ class Strategy(ABC):
 
     def comm_report(self) -> dict[str, Any]:
         """What this strategy installed for gradient exchange (hooks, compressor, sizes) and counted."""
-        return dict(self.counters)
+        return {**self.installed, **self.counters}
 
     # -- joining and leaving the other processes ----------------------------------------------------
     @abstractmethod
@@ -207,22 +210,8 @@ class Strategy(ABC):
 
     @property
     def device(self) -> torch.device:
-        if self._device is None:
-            self._device = self._pick_device()
-        return self._device
-
-    def _pick_device(self) -> torch.device:
-        want = self.requested_device
-        if want == "auto":
-            want = "cuda" if torch.cuda.is_available() else "cpu"
-        if want == "cuda":
-            if not torch.cuda.is_available():
-                from dpcompare.errors import ConfigError
-                raise ConfigError("--device cuda but torch sees no GPU; use --device cpu")
-            dev = torch.device("cuda", self.local_rank % torch.cuda.device_count())
-            torch.cuda.set_device(dev)
-            return dev
-        return torch.device(want)
+        """This rank's device (:class:`~dpcompare.backends.parts.Precision` picks it on first use)."""
+        return self.precision.device
 
     # -- the model and its optimizer ---------------------------------------------------------------
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -232,7 +221,7 @@ class Strategy(ABC):
         ``optimizer`` is a fresh one (no state yet) over ``model``'s parameters; where conversion or wrapping
         replaces a parameter (FSDP's DTensor shards, Horovod's SyncBatchNorm), the optimizer is pointed at the
         new one of the same name, in the same order. A checkpoint's optimizer state is loaded afterwards
-        (:meth:`load_full_optimizer_state`), then :meth:`broadcast_initial_state` runs.
+        (``full_state.load_optimizer``), then :meth:`broadcast_initial_state` runs.
         """
         names = {id(p): n for n, p in self.unwrap_model(model).named_parameters()}
         if self.cfg.sync_bn:
@@ -376,45 +365,22 @@ class Strategy(ABC):
         (``save`` writes it: a restarted process resumes from it); Horovod Elastic commits it in memory."""
         save()
 
-    # -- full state for checkpoints, evaluation, memory ----------------------------------------------
-    def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
-                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The plain model state_dict and the plain ``torch.optim`` optimizer state (param ids 0..n-1).
-
-        Called on every rank (sharding strategies gather here); only rank 0's result is complete.
-        """
-        from dpcompare.checkpoint import plain_state_dict
-
-        return plain_state_dict(self.unwrap_model(model).state_dict()), optimizer.state_dict()
-
-    def load_full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                                  state: dict[str, Any]) -> None:
-        """Load a plain optimizer state (as :meth:`full_state_dicts` returns it) on every rank.
-
-        The model's weights are loaded into the plain module before :meth:`setup`.
-        """
-        optimizer.load_state_dict(state)
-
+    # -- evaluation (the full state for checkpoints and memory: the part ``full_state``) ---------------
     @contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
         """The module each rank evaluates its share of the test set with (no collectives in its forward)."""
         yield self.unwrap_model(model)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
-        """The optimizer state this rank holds, one dict per parameter."""
-        return optimizer.state.values()
-
-    def memory_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        """Bytes of parameters, gradients and optimizer state held by this rank (local shards only)."""
-        params = list(self.unwrap_model(model).parameters())
-        state = [v for s in self.optimizer_state(optimizer) if s for v in s.values()]
-        return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
-                "optimizer_state": tensor_bytes(state)}
-
     # -- collectives (every strategy implements them; `single` holds the one-process versions) ----------
-    @abstractmethod
     def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
-        """Reduce over ranks; returns a new CPU float64 tensor (the input is not modified)."""
+        """Reduce over ranks; returns a new CPU float64 tensor (the input is not modified): the copy is made
+        here, once, and :meth:`_do_all_reduce` reduces it."""
+        t = torch.as_tensor(value, dtype=torch.float64).detach().clone().cpu()
+        return self._do_all_reduce(t, op).cpu()
+
+    @abstractmethod
+    def _do_all_reduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        """Reduce ``t`` (a float64 CPU tensor of this rank's own, free to change) over ranks; the result."""
 
     def all_gather_floats(self, values: list[float]) -> list[list[float]]:
         """Every rank's list of floats (same length on each rank), indexed by rank."""
@@ -438,42 +404,6 @@ class Strategy(ABC):
         table = self.all_reduce(table, "sum") if self.world_size > 1 else table
         return [bytes(table[r, :n].to(torch.uint8).tolist()) for r, n in enumerate(sizes)]
 
-    # -- tracing (dpcompare train --trace N; see dpcompare.trace) ---------------------------------
-    def prepare_trace(self, folder: Path) -> None:
-        """Called before :meth:`connect` when tracing is on: a library told at initialisation is told here."""
-        self._tracing = True
-
-    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
-        """Start recording into ``recorder``: here, a tick when each parameter's gradient is ready.
-
-        Strategies add their communication (and must call this). Nothing is hooked while not tracing.
-        """
-        def ready(name: str) -> Callable[[torch.Tensor], None]:
-            return lambda p: recorder.tick(name, CAT_GRAD, recorder.now(), bytes=p.numel() * p.element_size())
-
-        self._trace_undo: list[Callable[[], None]] = []
-        self._trace_handles = [p.register_post_accumulate_grad_hook(ready(n))
-                               for n, p in self.unwrap_model(model).named_parameters() if p.requires_grad]
-        recorder.events.append({"name": "model_buffers", "ph": "M", "pid": recorder.rank,  # for dpcompare predict
-                                "args": {"bytes": tensor_bytes(self.unwrap_model(model).buffers())}})
-
-    def stop_trace(self) -> None:
-        """Stop recording: remove every hook :meth:`start_trace` added and undo every :func:`patch` listed in
-        ``self._trace_undo``."""
-        for h in getattr(self, "_trace_handles", []):
-            h.remove()
-        self._trace_handles = []
-        for undo in reversed(getattr(self, "_trace_undo", [])):
-            undo()
-        self._trace_undo = []
-
-    def trace_library_events(self, recorder: TraceRecorder,
-                             steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
-        """On rank 0 after the run: events the library recorded itself during ``steps`` (start, end on
-        the recorder's clock), converted to that clock, and notes. Most strategies have none."""
-        return [], []
-
-
 
 def fill_missing_grads(optimizer: torch.optim.Optimizer) -> None:
     """A zero gradient for every trainable parameter of ``optimizer`` that has none after the exchange.
@@ -488,21 +418,6 @@ def fill_missing_grads(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             if p.grad is None and p.requires_grad:
                 p.grad = torch.zeros_like(p)
-
-
-def patch(obj: object, name: str, value: Any) -> Callable[[], None]:
-    """Set ``obj.name = value`` on the instance (tracing wraps a method for the traced steps only); return
-    what restores the attribute as it was."""
-    had, old = name in vars(obj), vars(obj).get(name)
-    setattr(obj, name, value)
-
-    def undo() -> None:
-        if had:
-            setattr(obj, name, old)
-        elif name in vars(obj):
-            delattr(obj, name)  # the class's attribute again
-
-    return undo
 
 
 def timed_collective(recorder: TraceRecorder, run: Callable[[], Any], name: str, collective: str, nbytes: int,
@@ -530,19 +445,6 @@ def listed(names: Iterable[str], most: int = 4) -> str:
     """``a, b, c, d and 2 more``: parameter names for a one-line message."""
     names = list(names)
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
-
-
-def tensor_bytes(tensors: Iterable[object]) -> int:
-    """Bytes held on this rank by the tensors in ``tensors`` (a DTensor counts its local shard; others skipped)."""
-    from torch.distributed.tensor import DTensor
-
-    total = 0
-    for t in tensors:
-        if isinstance(t, DTensor):
-            t = t.to_local()
-        if isinstance(t, torch.Tensor):
-            total += t.numel() * t.element_size()
-    return total
 
 
 def _rebind(optimizer: torch.optim.Optimizer, names: dict[int, str], now: dict[str, nn.Parameter]) -> None:

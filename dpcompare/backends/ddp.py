@@ -22,8 +22,9 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from dpcompare.backends.base import listed, patch, sparse_bytes, tensor_bytes, timed_collective
+from dpcompare.backends.base import listed, sparse_bytes, tensor_bytes, timed_collective
 from dpcompare.backends.catalog import DDP_KNOBS
+from dpcompare.backends.parts import Holder, Tracer
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
 from dpcompare.trace import (
@@ -44,6 +45,29 @@ _DDP_ARGS = inspect.signature(DistributedDataParallel.__init__).parameters  # re
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 
+class DDPTracer(Tracer):
+    """DDP's bucket all-reduces (through its communication hook, wrapped when tracing was prepared before the
+    model was) and its broadcast of rank 0's buffers at each forward."""
+
+    def __init__(self, strategy: Holder) -> None:
+        super().__init__(strategy)
+        self.param_names: dict[int, str] = {}  # id of each parameter → its name, while tracing
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        super().start(model, optimizer, recorder)
+        self.param_names = {id(p): n for n, p in self.strategy.unwrap_model(model).named_parameters()}
+        if not self.on:
+            recorder.notes.append("DDP's bucket all-reduces are not traced: the model was wrapped before "
+                                  "tracing was prepared")
+        if isinstance(model, DistributedDataParallel) and hasattr(model, "_sync_buffers"):
+            # DDP broadcasts rank 0's buffers at the start of each forward (when it has buffers to sync)
+            nbytes = tensor_bytes(getattr(model, "modules_buffers", None) or model.module.buffers())
+            timed = timed_collective(recorder, model._sync_buffers, "broadcast buffers", BROADCAST, nbytes,
+                                     LANE_BROADCAST)
+            recorder.lanes[LANE_BROADCAST] = "broadcast"
+            self.patch(model, "_sync_buffers", timed)
+
+
 class DDPModelHooks:
     """Mix-in for a :class:`~dpcompare.backends.torchdist.TorchDistributedStrategy`: the model wrapped in
     DistributedDataParallel, with the communication knobs DDP takes (bucket size, compression and PowerSGD
@@ -55,6 +79,8 @@ class DDPModelHooks:
 
     bucket_cap_mb: float = 25.0  # torch's default
     knobs = DDP_KNOBS  # (a built-in strategy's come from its catalog line: the same)
+    tracer_class: type[Tracer] = DDPTracer
+    tracer: DDPTracer
 
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
@@ -74,16 +100,17 @@ class DDPModelHooks:
         ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=bucket, static_graph=cfg.static_graph,
                                       find_unused_parameters=find_unused, **sync)
         state, hook, name = self.comm_hook()
-        tracing = getattr(self, "_tracing", False)  # only with --trace
+        tracer = self.tracer
+        tracing = tracer.on  # only with --trace
         # DDP takes one hook: counting and tracing wrap the one the knobs chose
         if cfg.count_allreduces or tracing or name != "allreduce_hook":  # else DDP's built-in all-reduce
             if cfg.count_allreduces:
                 hook = self._counted(hook)
             if tracing:
-                hook = tracing_comm_hook(hook, lambda: self._recorder, lambda p: self._param_names.get(id(p), "?"))
+                hook = tracing_comm_hook(hook, lambda: tracer.recorder, lambda p: tracer.param_names.get(id(p), "?"))
             ddp.register_comm_hook(state, hook)
         shown = name if name != "allreduce_hook" or cfg.count_allreduces or tracing else "built-in all-reduce"
-        self._installed = {"comm_hook": shown, "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
+        self.installed = {"comm_hook": shown, "bucket_cap_mb": bucket, "static_graph": cfg.static_graph,
                            "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression,
                                                                                      "float32"),
                            "powersgd_rank": cfg.powersgd_rank, "find_unused_parameters": find_unused,
@@ -143,30 +170,6 @@ class DDPModelHooks:
         sync = model.no_sync() if micro_step < self.cfg.accumulate - 1 else contextlib.nullcontext()  # type: ignore[operator]
         return _explained(sync, self.finds_unused_parameters())
 
-    def comm_report(self) -> dict[str, Any]:
-        return {**getattr(self, "_installed", {}), **self.counters}
-
-    _recorder: TraceRecorder | None = None
-    _param_names: dict[int, str] = {}
-
-    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
-        super().start_trace(model, optimizer, recorder)
-        self._param_names = {id(p): n for n, p in self.unwrap_model(model).named_parameters()}
-        if not getattr(self, "_tracing", False):
-            recorder.notes.append("DDP's bucket all-reduces are not traced: the model was wrapped before "
-                                  "tracing was prepared")
-        self._recorder = recorder
-        if isinstance(model, DistributedDataParallel) and hasattr(model, "_sync_buffers"):
-            # DDP broadcasts rank 0's buffers at the start of each forward (when it has buffers to sync)
-            nbytes = tensor_bytes(getattr(model, "modules_buffers", None) or model.module.buffers())
-            timed = timed_collective(recorder, model._sync_buffers, "broadcast buffers", BROADCAST, nbytes,
-                                     LANE_BROADCAST)
-            recorder.lanes[LANE_BROADCAST] = "broadcast"
-            self._trace_undo.append(patch(model, "_sync_buffers", timed))
-
-    def stop_trace(self) -> None:
-        self._recorder = None
-        super().stop_trace()  # type: ignore[misc]
 
 
 class DDPStrategy(DDPModelHooks, TorchDistributedStrategy):

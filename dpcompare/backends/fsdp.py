@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from dpcompare.backends.base import listed, patch
+from dpcompare.backends.parts import FullState, Tracer
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.errors import ConfigError
 from dpcompare.trace import ALL_GATHER, CAT_COMM, LANE_BUCKETS, REDUCE_SCATTER, TraceRecorder
@@ -39,10 +40,57 @@ def _full_options(**kw: bool) -> Any:
     return StateDictOptions(full_state_dict=True, **kw)
 
 
+class FSDPTracer(Tracer):
+    """FSDP's collectives per parameter group."""
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        """Each parameter group's all-gather (from ``unshard`` issuing it to ``wait_for_unshard`` returning) and
+        reduce-scatter (``post_backward``, which issues it after the group's gradients are ready), patched on the
+        groups for the traced steps only. Bytes: the all-gather's output, the same size as the reduce-scatter's
+        input (reduce dtype aside)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        super().start(model, optimizer, recorder)
+        groups = []
+        for m in model.modules():
+            state = m._get_fsdp_state() if isinstance(m, FSDPModule) else None
+            mine = getattr(state, "_fsdp_param_groups", None)
+            if mine is None:  # earlier torch: at most one group per module
+                mine = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+            groups += mine
+        for i, group in enumerate(groups):
+            for undo in _trace_group(group, recorder, LANE_BUCKETS + i):
+                self.undo_at_stop(undo)
+            recorder.lanes[LANE_BUCKETS + i] = f"FSDP {group._module_fqn or 'root'}"
+
+
+class FSDPState(FullState):
+    """FSDP's model and optimizer state are sharded: gathered to rank 0 (on the CPU) for a checkpoint, and a
+    plain optimizer state is scattered back into the shards on resume."""
+
+    def dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
+              ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        opts = _full_options(cpu_offload=True)  # only rank 0 receives the gathered tensors
+        model_sd = get_model_state_dict(model, options=opts)
+        optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+        if not self.strategy.is_main:
+            return {}, {}
+        return model_sd, _fqn_to_ids(optim_sd)
+
+    def load_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, _ids_to_fqn(model, optimizer, state), options=_full_options())
+
+
 class FSDPStrategy(TorchDistributedStrategy):
     name = "fsdp"
     sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
                       "backward; its gradients are reduce-scattered, so each process updates only its shard")
+    tracer_class = FSDPTracer
+    full_state_class = FSDPState
 
     @classmethod
     def check_model(cls, traits: ModelTraits, cfg: TrainConfig) -> None:
@@ -69,48 +117,12 @@ class FSDPStrategy(TorchDistributedStrategy):
         fully_shard(model, mesh=mesh)
         return model
 
-    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
-        """Each parameter group's all-gather (from ``unshard`` issuing it to ``wait_for_unshard`` returning) and
-        reduce-scatter (``post_backward``, which issues it after the group's gradients are ready), patched on the
-        groups for the traced steps only. Bytes: the all-gather's output, the same size as the reduce-scatter's
-        input (reduce dtype aside)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        super().start_trace(model, optimizer, recorder)
-        groups = []
-        for m in model.modules():
-            state = m._get_fsdp_state() if isinstance(m, FSDPModule) else None
-            mine = getattr(state, "_fsdp_param_groups", None)
-            if mine is None:  # earlier torch: at most one group per module
-                mine = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
-            groups += mine
-        for i, group in enumerate(groups):
-            self._trace_undo += _trace_group(group, recorder, LANE_BUCKETS + i)
-            recorder.lanes[LANE_BUCKETS + i] = f"FSDP {group._module_fqn or 'root'}"
-
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model  # fully_shard changes the module in place; its state_dict holds DTensor shards
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Parameters were made equal before sharding; on resume every rank loaded the same optimizer state."""
         self.broadcast_buffers(model)
-
-    def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
-                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        opts = _full_options(cpu_offload=True)  # only rank 0 receives the gathered tensors
-        model_sd = get_model_state_dict(model, options=opts)
-        optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
-        if not self.is_main:
-            return {}, {}
-        return model_sd, _fqn_to_ids(optim_sd)
-
-    def load_full_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                                  state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, _ids_to_fqn(model, optimizer, state), options=_full_options())
 
     @contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:

@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from dpcompare import trace as tr
-from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, patch, require_gpu_for_sync_bn
+from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
+from dpcompare.backends.parts import Tracer
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.launch.openmpi import mpi_allreduce_mca
 
@@ -55,10 +56,104 @@ def _hvd() -> Any:
     return hvd
 
 
+class HorovodTracer(Tracer):
+    """The all-reduces from their handles (or Horovod's own timeline, with ``HOROVOD_TIMELINE=DYNAMIC``) and the
+    wait inside ``step()``."""
+
+    strategy: HorovodStrategy
+
+    def __init__(self, strategy: HorovodStrategy) -> None:
+        super().__init__(strategy)
+        self.timeline: Path | None = None  # where Horovod writes its timeline, when asked for
+        self.timeline_on = False  # Horovod is writing it now
+        self.watcher: HandleWatcher | None = None  # the handles' watcher while tracing without a timeline
+
+    def prepare(self, folder: Path) -> None:
+        """Horovod's timeline only when the user asks for it with ``HOROVOD_TIMELINE=DYNAMIC``: it must be set
+        before init, and then its writer thread spins on rank 0 for the whole run, slowing every step
+        (:mod:`dpcompare.backends.horovod_watch` says more). Otherwise the handles are watched."""
+        super().prepare(folder)
+        if os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC":
+            self.timeline = Path(folder) / TIMELINE_FILE
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: tr.TraceRecorder) -> None:
+        super().start(model, optimizer, recorder)
+        s, self.timeline_on = self.strategy, False
+        if s.world_size == 1:  # DistributedOptimizer registers no hooks at size 1: no all-reduce, no wait
+            return
+        if self.timeline is not None:
+            try:
+                s._hvd.start_timeline(str(self.timeline.resolve()), mark_cycles=False)
+                self.timeline_on = True
+            except ValueError as e:
+                recorder.notes.append(f"Horovod's timeline is not traced: {e}")
+        self.watcher = None if self.timeline is not None else HandleWatcher(recorder, s._hvd.poll)
+        if self.watcher is not None:
+            self.patch(optimizer, "_allreduce_grad_async", self._watched(optimizer, self.watcher))
+        wait, watcher = optimizer.synchronize, self.watcher  # type: ignore[attr-defined]
+
+        def synchronize() -> None:
+            t0 = recorder.now()
+            if watcher is not None:
+                watcher.wait_idle(s.timeout_s)
+            wait()
+            recorder.span("wait in step()", tr.CAT_WAIT, t0, recorder.now(), tid=tr.LANE_PHASES)
+
+        self.patch(optimizer, "synchronize", synchronize)
+
+    def _watched(self, optimizer: torch.optim.Optimizer, watcher: HandleWatcher) -> Callable[[torch.Tensor], Any]:
+        """The optimizer's ``_allreduce_grad_async``, telling ``watcher`` of each handle it starts."""
+        send, names = optimizer._allreduce_grad_async, optimizer._parameter_names  # type: ignore[attr-defined]
+        wire = 2 if self.strategy.cfg.grad_compression in ("fp16", "bf16") else None
+        world = self.strategy.world_size
+
+        def allreduce_grad_async(p: torch.Tensor) -> Any:
+            handle, ctx = send(p)
+            g = p.grad if p.grad is not None else p
+            if callable(handle):  # a sparse gradient: all-gathers of its indices and values
+                _watch_sparse(watcher, handle, names.get(p, "?"), g, world)
+            else:
+                watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
+            return handle, ctx
+
+        return allreduce_grad_async
+
+    def stop(self) -> None:
+        if self.timeline_on:
+            self.strategy._hvd.stop_timeline()
+            self.timeline_on = False
+        if self.watcher is not None:
+            self.watcher.stop()
+            self.watcher.recorder.events.extend(self.watcher.events())
+            self.watcher = None
+        super().stop()
+
+    def library_events(self, recorder: tr.TraceRecorder,
+                       steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
+        path = self.timeline
+        if path is None:
+            return [], []
+        if not path.is_file():
+            return [], [f"Horovod wrote no timeline ({path})"]
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            return [], [f"Horovod's timeline {path} could not be read ({e})"]
+        return horovod_timeline_events(raw, recorder.rank, steps), [
+            "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer spins on rank 0 for the whole run, which slows "
+            "every step (not only the traced ones)"]
+
+
 class HorovodStrategy(Strategy):
     name = "horovod"
     sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
                       "thread fuses; optimizer.step() waits for them (synchronize) before updating")
+    tracer_class = HorovodTracer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hvd: Any = None  # horovod.torch, once connected
+        self._keeper: Any = None  # Horovod Elastic's state while run_elastic runs
 
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
@@ -146,7 +241,7 @@ class HorovodStrategy(Strategy):
         return "gloo" if _gloo_controller() or self.cfg.horovod_ops == "gloo" else "mpi"
 
     def disconnect(self) -> None:
-        hvd = getattr(self, "_hvd", None)
+        hvd = self._hvd
         if hvd is not None and hvd.is_initialized():
             hvd.shutdown()
 
@@ -173,7 +268,7 @@ class HorovodStrategy(Strategy):
                 return send(p)
 
             opt._allreduce_grad_async = counted
-        self._installed = {
+        self.installed = {
             "compression": getattr(compression, "__name__", type(compression).__name__),
             "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression, "float32"),
             "op": "Adasum" if cfg.adasum else "Average", "backward_passes_per_step": cfg.accumulate,
@@ -207,9 +302,6 @@ class HorovodStrategy(Strategy):
                               "takes its own step and Adasum combines the steps); drop one of the two")
         return super().clip_grad_norm(model, optimizer, max_norm, scaler)
 
-    def comm_report(self) -> dict[str, Any]:
-        return {**getattr(self, "_installed", {}), **self.counters}
-
     # -- Horovod Elastic (horovodrun's elastic mode; dpcompare.backends.horovod_elastic) ----------------------
     def run_elastic(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
                     state: ElasticState) -> T:
@@ -227,11 +319,10 @@ class HorovodStrategy(Strategy):
     def commit(self, save: Callable[[], object]) -> None:
         """Keep the state in memory (and raise ``HostsUpdatedInterrupt`` when horovodrun has added or removed
         hosts: every rank at the same commit); outside :meth:`run_elastic`, a checkpoint."""
-        keeper = getattr(self, "_keeper", None)
-        if keeper is None:
+        if self._keeper is None:
             save()
         else:
-            keeper.commit()
+            self._keeper.commit()
 
     def joined_again(self, optimizer: torch.optim.Optimizer) -> None:
         """After Horovod re-initialised with another world: this rank's new place, and the optimizer averaging over
@@ -249,10 +340,9 @@ class HorovodStrategy(Strategy):
         if optimizer.state:  # never on a fresh optimizer: that would take an optimizer step
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
-    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
+    def _do_all_reduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
         hvd = self._hvd
         ops = {"sum": hvd.Sum, "mean": hvd.Average, "max": hvd.Max, "min": hvd.Min}
-        t = torch.as_tensor(value, dtype=torch.float64).detach().clone().cpu()
         return hvd.allreduce(t, op=ops[op])
 
     def broadcast_buffers(self, model: nn.Module) -> None:
@@ -262,80 +352,6 @@ class HorovodStrategy(Strategy):
 
     def barrier(self) -> None:
         self._hvd.barrier()
-
-    # -- tracing: the all-reduces from their handles (or Horovod's own timeline) + the wait inside step() -------
-    def prepare_trace(self, folder: Path) -> None:
-        """Horovod's timeline only when the user asks for it with ``HOROVOD_TIMELINE=DYNAMIC``: it must be set
-        before init, and then its writer thread spins on rank 0 for the whole run, slowing every step
-        (:mod:`dpcompare.backends.horovod_watch` says more). Otherwise the handles are watched."""
-        super().prepare_trace(folder)
-        if os.environ.get("HOROVOD_TIMELINE") == "DYNAMIC":
-            self._timeline = Path(folder) / TIMELINE_FILE
-
-    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: tr.TraceRecorder) -> None:
-        super().start_trace(model, optimizer, recorder)
-        self._timeline_on = False
-        if self.world_size == 1:  # DistributedOptimizer registers no hooks at size 1: no all-reduce, no wait
-            return
-        path = getattr(self, "_timeline", None)
-        if path is not None:
-            try:
-                self._hvd.start_timeline(str(path.resolve()), mark_cycles=False)
-                self._timeline_on = True
-            except ValueError as e:
-                recorder.notes.append(f"Horovod's timeline is not traced: {e}")
-        watcher = None if path is not None else HandleWatcher(recorder, self._hvd.poll)
-        self._watcher = watcher
-        if watcher is not None:
-            send, names = optimizer._allreduce_grad_async, optimizer._parameter_names  # type: ignore[attr-defined]
-            wire = 2 if self.cfg.grad_compression in ("fp16", "bf16") else None
-
-            def allreduce_grad_async(p: torch.Tensor) -> Any:
-                handle, ctx = send(p)
-                g = p.grad if p.grad is not None else p
-                if callable(handle):  # a sparse gradient: all-gathers of its indices and values
-                    _watch_sparse(watcher, handle, names.get(p, "?"), g, self.world_size)
-                else:
-                    watcher.enqueued(handle, names.get(p, "?"), g.numel() * (wire or g.element_size()))
-                return handle, ctx
-
-            self._trace_undo.append(patch(optimizer, "_allreduce_grad_async", allreduce_grad_async))
-        wait = optimizer.synchronize  # type: ignore[attr-defined]
-
-        def synchronize() -> None:
-            t0 = recorder.now()
-            if watcher is not None:
-                watcher.wait_idle(self.timeout_s)
-            wait()
-            recorder.span("wait in step()", tr.CAT_WAIT, t0, recorder.now(), tid=tr.LANE_PHASES)
-
-        self._trace_undo.append(patch(optimizer, "synchronize", synchronize))
-
-    def stop_trace(self) -> None:
-        if getattr(self, "_timeline_on", False):
-            self._hvd.stop_timeline()
-            self._timeline_on = False
-        watcher = getattr(self, "_watcher", None)
-        if watcher is not None:
-            watcher.stop()
-            watcher.recorder.events.extend(watcher.events())
-            self._watcher = None
-        super().stop_trace()
-
-    def trace_library_events(self, recorder: tr.TraceRecorder,
-                             steps: list[tuple[float, float]]) -> tuple[list[dict[str, Any]], list[str]]:
-        path = getattr(self, "_timeline", None)
-        if path is None:
-            return [], []
-        if not path.is_file():
-            return [], [f"Horovod wrote no timeline ({path})"]
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            return [], [f"Horovod's timeline {path} could not be read ({e})"]
-        return horovod_timeline_events(raw, recorder.rank, steps), [
-            "HOROVOD_TIMELINE=DYNAMIC: Horovod's timeline writer spins on rank 0 for the whole run, which slows "
-            "every step (not only the traced ones)"]
 
 
 def _watch_sparse(watcher: HandleWatcher, handle: Any, name: str, grad: torch.Tensor, world_size: int) -> None:

@@ -15,7 +15,7 @@ broadcast only when rank 0 has some, decided by rank 0 for everyone (a joining w
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -24,7 +24,16 @@ from dpcompare.launch.env import LaunchEnv
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import ElasticState
-    from dpcompare.backends.horovod import HorovodStrategy
+
+
+class Owner(Protocol):
+    """What :class:`Keeper` needs of the Horovod strategy that holds it (this module never imports that one)."""
+
+    _hvd: Any
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module: ...
+
+    def joined_again(self, optimizer: torch.optim.Optimizer) -> None: ...
 
 
 def keeper_class() -> type:
@@ -34,7 +43,7 @@ def keeper_class() -> type:
     class Keeper(State):  # type: ignore[misc, valid-type]
         """The model, the optimizer and the loop's progress as of the last commit."""
 
-        def __init__(self, strategy: HorovodStrategy, model: nn.Module, optimizer: torch.optim.Optimizer,
+        def __init__(self, strategy: Owner, model: nn.Module, optimizer: torch.optim.Optimizer,
                      loop: ElasticState) -> None:
             hvd = strategy._hvd
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)

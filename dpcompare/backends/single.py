@@ -31,6 +31,12 @@ class SingleStrategy(Strategy):
     name = "single"
     sync_mechanism = "none: one process holds every gradient"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._steps = 0  # optimizer steps begun (--emulate-ranks)
+        self._replay: Replay | None = None  # the step's emulated ranks
+        self.diverged_at: int | None = None  # first step whose emulated ranks drew different amounts of random numbers
+
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
         super().check_config(cfg, world_size)
@@ -44,16 +50,15 @@ class SingleStrategy(Strategy):
         if self.cfg.emulate_ranks <= 1:
             return contextlib.nullcontext()
         if micro_step == 0:
-            self._steps = getattr(self, "_steps", 0) + 1
+            self._steps += 1
             self._replay = Replay(model, self.device, self._diverged)
+        assert self._replay is not None
         return self._replay.micro(micro_step, self.cfg.accumulate // self.cfg.emulate_ranks, self.cfg.accumulate)
 
     def comm_report(self) -> dict[str, Any]:
         replay = {"emulated_ranks": self.cfg.emulate_ranks, "diverged_at_step": self.diverged_at} \
             if self.cfg.emulate_ranks else {}
         return {**super().comm_report(), **replay}
-
-    diverged_at: int | None = None  # first step whose emulated ranks drew different amounts of random numbers
 
     def _diverged(self) -> None:
         if self.diverged_at is None:
@@ -71,8 +76,8 @@ class SingleStrategy(Strategy):
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Nothing to agree on: one process."""
 
-    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
-        return torch.as_tensor(value, dtype=torch.float64).detach().clone().cpu()
+    def _do_all_reduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        return t  # one process: every reduction of one value is that value
 
     def broadcast_buffers(self, model: nn.Module) -> None:
         """One process: its buffers are rank 0's."""

@@ -75,13 +75,13 @@ class TorchDistributedStrategy(Strategy):
             dist.broadcast(tmp, src)
             t.copy_(tmp)
 
-    def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
-        dev = self.device if self.backend == "nccl" else torch.device("cpu")
-        t = torch.as_tensor(value, dtype=torch.float64).detach().clone().to(dev)
+    def _do_all_reduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        if self.backend == "nccl":  # NCCL reduces device tensors only
+            t = t.to(self.device)
         dist.all_reduce(t, _OPS[op])
         if op == "mean":
             t /= self.world_size
-        return t.cpu()
+        return t
 
     def broadcast_buffers(self, model: nn.Module) -> None:
         with torch.no_grad():

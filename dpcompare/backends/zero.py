@@ -18,16 +18,52 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpcompare.backends.base import patch, tensor_bytes, timed_collective
-from dpcompare.backends.ddp import DDPModelHooks
+from dpcompare.backends.base import tensor_bytes, timed_collective
+from dpcompare.backends.ddp import DDPModelHooks, DDPTracer
+from dpcompare.backends.parts import FullState
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 from dpcompare.trace import BROADCAST, LANE_BROADCAST, TraceRecorder
+
+
+class ZeroTracer(DDPTracer):
+    """DDP's all-reduces and buffer broadcast, and after ``step()`` each rank's broadcast of its updated shard
+    (``_sync_params``: every parameter byte is broadcast once, from its owner)."""
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
+        super().start(model, optimizer, recorder)
+        if hasattr(optimizer, "_sync_params"):
+            nbytes = tensor_bytes(p for g in optimizer.param_groups for p in g["params"])
+            timed = timed_collective(recorder, optimizer._sync_params, "broadcast parameter shards", BROADCAST,
+                                     nbytes, LANE_BROADCAST)
+            recorder.lanes[LANE_BROADCAST] = "broadcast"
+            self.patch(optimizer, "_sync_params", timed)
+
+
+class ZeroState(FullState):
+    """ZeRO's optimizer state is sharded: rank 0 gathers it for a checkpoint; each rank holds its shard."""
+
+    def dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
+              ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        from dpcompare.checkpoint import plain_state_dict
+
+        assert isinstance(optimizer, _zero_optimizer_class())
+        optimizer.consolidate_state_dict(to=0)  # a collective: every rank sends its shard to rank 0
+        model_sd = plain_state_dict(self.strategy.unwrap_model(model).state_dict())
+        if not self.strategy.is_main:
+            return model_sd, {}
+        return model_sd, _plain_optimizer_state(optimizer.state_dict())
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
+        assert isinstance(optimizer, _zero_optimizer_class())
+        return optimizer.optim.state.values()  # the local optimizer: this rank's shard
 
 
 class ZeroStrategy(DDPModelHooks, TorchDistributedStrategy):
     name = "zero"
     sync_mechanism = ("model hooks all-reduce gradients as in ddp; each process updates only its shard of the "
                       "parameters (holding only that shard's optimizer state), then broadcasts it to the others")
+    tracer_class = ZeroTracer
+    full_state_class = ZeroState
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         """The same optimizer class over the same parameter groups (each with its own settings, such as AdamW's
@@ -35,36 +71,10 @@ class ZeroStrategy(DDPModelHooks, TorchDistributedStrategy):
         groups = [dict(g) for g in optimizer.param_groups]
         return _zero_optimizer_class()(groups, optimizer_class=type(optimizer), **_constructor_defaults(optimizer))
 
-    def start_trace(self, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: TraceRecorder) -> None:
-        """DDP's all-reduces and buffer broadcast, and after ``step()`` each rank's broadcast of its updated shard
-        (``_sync_params``: every parameter byte is broadcast once, from its owner)."""
-        super().start_trace(model, optimizer, recorder)
-        if hasattr(optimizer, "_sync_params"):
-            nbytes = tensor_bytes(p for g in optimizer.param_groups for p in g["params"])
-            timed = timed_collective(recorder, optimizer._sync_params, "broadcast parameter shards", BROADCAST,
-                                     nbytes, LANE_BROADCAST)
-            recorder.lanes[LANE_BROADCAST] = "broadcast"
-            self._trace_undo.append(patch(optimizer, "_sync_params", timed))
-
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # Each rank holds only its shard of the optimizer state (loaded from the same checkpoint on resume):
         # only parameters and buffers need rank 0's values.
         self.broadcast_module(model)
-
-    def full_state_dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
-                         ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from dpcompare.checkpoint import plain_state_dict
-
-        assert isinstance(optimizer, _zero_optimizer_class())
-        optimizer.consolidate_state_dict(to=0)  # a collective: every rank sends its shard to rank 0
-        model_sd = plain_state_dict(self.unwrap_model(model).state_dict())
-        if not self.is_main:
-            return model_sd, {}
-        return model_sd, _plain_optimizer_state(optimizer.state_dict())
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
-        assert isinstance(optimizer, _zero_optimizer_class())
-        return optimizer.optim.state.values()  # the local optimizer: this rank's shard
 
 
 def _zero_optimizer_class() -> type[torch.optim.Optimizer]:

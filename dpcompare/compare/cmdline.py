@@ -1,7 +1,7 @@
 """The comparison's command line, with one owner: the options ``dpcompare compare`` reads and the flags it writes.
 
 results.json keeps the plan's flags (``config.cli``) and the shared train settings' (``config.train_flags``);
-``--resume`` reads them back with the parser these same definitions build (:func:`stored_args`), so what
+``--continue`` reads them back with the parser these same definitions build (:func:`stored_args`), so what
 compare writes it can always read.
 """
 
@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpcompare.argtypes import nonneg_float, parse_rate_bits, positive_float, positive_int
+from dpcompare.compare.axes import AXES, TWIN
 from dpcompare.compare.plan import (
     Arm,
     Comparison,
     parse_arm_strategies,
-    parse_fault,
     parse_np,
     parse_repeats,
     parse_seeds,
@@ -24,12 +24,14 @@ from dpcompare.compare.plan import (
     parse_variant,
     value_text,
 )
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
-from dpcompare.options import add_config_options, train_argv
+from dpcompare.options import add_config_options, deprecate, train_argv
 
+#: seconds a run may take before it is stopped (``--run-timeout``, as parity's): a run that hangs ends
+DEFAULT_RUN_TIMEOUT = 1800.0
 #: compare's default --min-steps: about 1 s of timed steps for the demo's few-ms steps
 DEFAULT_MIN_STEPS = 200
 #: train settings compare sets for every run itself: not options of compare
@@ -52,9 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
                    help="arms with their own train settings instead of --strategies, e.g. base=ddp "
                         "fp16=horovod:grad_compression=fp16 (knobs are TrainConfig field names)")
+    swept = "; ".join(f"{a.name}={a.metavar}: {a.help}" for a in AXES.values() if a.pairs != TWIN)
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
-                        "repeat the flag to cross several")
+                        f"repeat the flag to cross several. Or of an axis: {swept}".replace("%", "%%"))
     _add_stopping_rule(g)
     g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
                    help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
@@ -69,26 +72,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
                         "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
                         "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
-    g.add_argument("--fault", type=parse_fault, metavar="host=I,at-step=S[,back-at-step=B]",
-                   help="with --lab: every arm runs twice per block, once as it is and once meeting this fault: when "
-                        "the run reaches step S (an elastic arm that commits at S: right after that commit), host "
-                        "I dies (its link goes down, then every process in it is killed), and with back-at-step "
-                        "it comes back at step B; records the pause, the steps redone, the world size over time, "
-                        "the wall time and the final metric against the run "
-                        "without the fault, and draws throughput over time. Compare elastic arms: "
-                        "--strategies ddp-elastic,horovod-elastic (docs/elastic.md)")
+    for a in AXES.values():
+        if a.pairs == TWIN:
+            g.add_argument(f"--{a.name}", type=a.parse, metavar=a.metavar, help=a.help.replace("%", "%%"))
     g.add_argument("--replay", action="store_true",
                    help="with --fault: after every elastic run that recovered, start a clean run (no fault, not "
                         "elastic) from the checkpoint it rolled back to, at the world size it carried on with, and "
                         "compare the final weights tensor by tensor (recorded as `replay`; the elastic runs also "
                         "write a checkpoint at every commit and after the last step)")
-    g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
-                   help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
+                   help="stop a run that takes longer (all its processes) and record it as failed; each run's "
+                        f"output is in OUT/runs/<run>/ (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
     g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
                    help="with --trace N: project the traced runs to 2-1024 hosts on this inter-host link with "
                         "`dpcompare predict` (OUT/projected, the report's \"Projected to a cluster\" section); "
                         "none: do not (default: 25gbit)")
-    g.add_argument("--resume", dest="resume_dir", metavar="DIR",
+    g.add_argument("--continue", dest="resume_dir", metavar="DIR",
                    help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
                         "failed ones run; its plan and options are reused (any given must match them)")
     from dpcompare.compare.script import add_script_arguments
@@ -96,6 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_script_arguments(p.add_argument_group("a Horovod script (dpcompare compare --script train.py -- ARGS)"),
                          compare=True)
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
+    deprecate(p, "--resume", "--continue")
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
 
@@ -152,8 +152,8 @@ def _variant(a: Arm) -> str:
 
 def plan_flags(c: Comparison) -> list[str]:
     """The comparison's own flags (not the train settings) that rebuild its plan: to print how to reproduce it,
-    and for --resume."""
-    s, default = c.schedule, Schedule()
+    and for --continue."""
+    s, default = c.schedule, StoppingRule()
     flags = ["--np", ",".join(map(str, c.nps))]
     if any(a.knobs or a.label != a.name for a in c.arms):
         flags += ["--variants", *map(_variant, c.arms)]
@@ -174,8 +174,8 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--accuracy-equivalence", f"{100 * s.accuracy_equivalence:g}"]
     if c.lab is not None:
         flags += ["--lab", c.lab.text()]
-    if c.fault is not None:
-        flags += ["--fault", str(c.fault)]
+    for name, values in c.axes:
+        flags += AXES[name].flags(values)
     if c.replay:
         flags += ["--replay"]
     if c.options.workers != "fresh":
@@ -198,3 +198,13 @@ def stored_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Names
     p = _StoredParser(prog="dpcompare compare", add_help=False)
     add_arguments(p)
     return p.parse_args(list(argv)), p.parse_args([])
+
+
+def write_comparison_config(c: Comparison) -> None:
+    """OUT/config.toml: the comparison's plan and train settings (what --continue reads from results.json), which
+    rerun it with ``dpcompare compare --config OUT/config.toml --out NEW``."""
+    from dpcompare.options import CONFIG_FILE, config_settings, write_config
+
+    p = argparse.ArgumentParser(prog="dpcompare compare", add_help=False)
+    add_arguments(p)
+    write_config(c.out / CONFIG_FILE, p, config_settings(p, [*plan_flags(c), *train_flags(c.config)]))

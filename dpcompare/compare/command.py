@@ -3,9 +3,9 @@
 Every (arm, np, repeat) is its own job (``mpirun -np N python -m dpcompare train ...``, or srun inside a
 Slurm allocation) with the same configuration and seed, written to ``OUT/runs/<arm>-np<N>-r<k>/``, in blocks
 (:mod:`.plan`); ``--repeats auto`` adds blocks until the verdicts' intervals are narrow enough
-(:mod:`.schedule`). ``OUT/results.json`` collects the runs (:mod:`.records`; schema: docs/results-schema.md)
+(:mod:`.stopping`). ``OUT/results.json`` collects the runs (:mod:`.records`; schema: docs/results-schema.md)
 and is rewritten after each run (:mod:`.runner`); the report is rendered from it at the end. This module is
-the command-line surface: the sub-command, and reading an interrupted comparison's flags back for --resume.
+the command-line surface: the sub-command, and reading an interrupted comparison's flags back for --continue.
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpcompare.compare.axes import AXES, axes_of
 from dpcompare.compare.cmdline import add_arguments, stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import ConfigError
-from dpcompare.files import LINK, RESULTS
+from dpcompare.files import RESULTS
+from dpcompare.options import add_config_file_option
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -38,20 +40,20 @@ def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
         stored = json.loads((out / RESULTS).read_text())["config"]
         argv = [*stored["cli"], *stored["train_flags"]]
     except FileNotFoundError:
-        raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
+        raise ConfigError(f"--continue {out}: no {RESULTS} there; start the comparison with --out {out}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--resume {out}: {out / RESULTS} holds no comparison plan ({e})") from None
+        raise ConfigError(f"--continue {out}: {out / RESULTS} holds no comparison plan ({e})") from None
     try:
         merged, defaults = stored_args(argv)
     except ConfigError as e:
-        raise ConfigError(f"--resume {out}: {e}") from None
+        raise ConfigError(f"--continue {out}: {e}") from None
     for name, given in vars(a).items():
         if name in OWN_OPTIONS or not hasattr(defaults, name):
             continue  # not a comparison setting (e.g. the top-level parser's `command`)
         value = getattr(merged, name, None)
         if given != getattr(defaults, name, None) and given != value:
             flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"--resume {out}: {flag} {short(given)} differs from the stored comparison's "
+            raise ConfigError(f"--continue {out}: {flag} {short(given)} differs from the stored comparison's "
                               f"{short(value)}; leave it out to continue, or start a new comparison with another --out")
     for name, value in vars(a).items():  # what the comparison's own parser does not set
         if not hasattr(merged, name):
@@ -69,14 +71,14 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
     script = _script_of(a, base)
     cfg = config_from_args(a, strategy="horovod" if script else base[0].strategy, out=a.out)
     repeats = a.repeats if a.repeats != 0 else (1 if a.seeds else 3)  # 0: not given
-    schedule = Schedule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
+    schedule = StoppingRule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
                         time_budget=a.time_budget, equivalence=a.equivalence / 100.0,
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     options = RunOptions(overwrite=a.overwrite, progress=a.progress, run_timeout=a.run_timeout or None,
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
                          project_link=a.project_link)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
-                   lab=getattr(a, "lab", None), fault=a.fault, replay=a.replay, script=script)
+                   lab=getattr(a, "lab", None), axes=axes_of(a.sweep or (), a), replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
     refuse_unrunnable(c)
     return c
@@ -108,9 +110,9 @@ def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
     plan = script_plan(a, [x.strategy for x in arms], Path(a.out))
     if plan is None:
         return None
-    if a.variants or any(name != LINK for name, _ in a.sweep or ()):
+    if a.variants or any(name not in AXES for name, _ in a.sweep or ()):
         raise ConfigError("--script compares the arms horovod, native and ddp of one script: --variants and "
-                          "--sweep of train settings do not apply (--sweep link=... does)")
+                          "--sweep of train settings do not apply (--sweep of an axis, link=... or threads=..., does)")
     if a.workers == "persistent":
         raise ConfigError("--script runs every run as its own job: leave --workers persistent out")
     return plan
@@ -119,7 +121,7 @@ def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
 def _cmd_compare(a: argparse.Namespace) -> int:
     if a.resume_dir:
         if a.overwrite:
-            raise ConfigError("--resume continues a comparison and --overwrite replaces it; pass one of them")
+            raise ConfigError("--continue continues a comparison and --overwrite replaces it; pass one of them")
         a = resumed_args(a)
     return run_compare(comparison_of(a))
 
@@ -140,11 +142,13 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare compare --variants base=ddp small=ddp:batch_size=16 --out runs/batch\n"
                "  dpcompare compare --strategies ddp,horovod --sweep batch_size=16,64 --out runs/sweep\n"
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
-               "  dpcompare compare --resume runs/ab   # continue an interrupted comparison\n"
+               "  dpcompare compare --continue runs/ab   # continue an interrupted comparison\n"
+               "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
                "  sudo dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
                "--out runs/links\n"
                "  sudo dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(p)
     add_arguments(p)
     p.set_defaults(func=_cmd_compare)

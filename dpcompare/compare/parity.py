@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare import backends, knobs
+from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
+from dpcompare.native.calls import LAYER_ARM
 
 if TYPE_CHECKING:
     import torch
@@ -35,25 +38,25 @@ if TYPE_CHECKING:
 #: differ from the processes' in the last bits, can then move a weight by up to the learning rate
 ADAPTIVE = ("adam", "adamw")
 
-#: seconds a parity run may take before it is stopped (``--run-timeout``): a run that hangs (a lost peer) ends
-DEFAULT_RUN_TIMEOUT = 1800.0
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
     from dpcompare.compare.plan import parse_strategies
-    from dpcompare.options import add_config_options
+    from dpcompare.options import add_config_file_option, add_config_options
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
-        description="Run the same K steps under each strategy at --np processes (and under `single` with the "
-                    "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
+        description="Run the same K steps under each strategy at --np processes, and under `single`: one process "
+                    "that replays the --np processes (each one's batch, random state and BatchNorm statistics, "
+                    "one after the other; under --sync-bn the global batch in one pass), then print the largest "
                     "absolute difference per tensor of the final weights and between the loss curves. "
                     "Exit code 0 only when everything agrees within the tolerances.",
         epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
                "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
                "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(p)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
     p.add_argument("--strategies", type=parse_strategies,
@@ -62,9 +65,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--tolerance", type=nonneg_float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
     p.add_argument("--single-tolerance", type=nonneg_float, default=1e-5,
-                   help="largest allowed |difference| against one process with the global batch, whose batch "
-                        "mean is summed in another order (default: 1e-5)")
-    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
+                   help="largest allowed |difference| against the one-process reference, whose sums over the "
+                        "processes' gradients are taken in another order (default: 1e-5)")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process reference")
     from dpcompare.lab.spec import lab_spec_arg
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
@@ -133,7 +136,7 @@ def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: 
         causes.append("sparse gradients: each library adds the rows of the processes' sparse gradients in its own "
                       "order (DDP over gloo: coalesced rows all-gathered and summed; Horovod: all-gathered, divided, "
                       "then summed by the update)")
-    if str(summary.get("device", "")).startswith("cuda"):
+    if str(summary.get("device", "")).startswith("cuda") and not base.deterministic:
         causes.append("non-deterministic CUDA kernels (atomic adds in some backward passes)")
     return causes
 
@@ -154,8 +157,9 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
                   for k, v in ref["weights"].items()}
     la, lb = ref["losses"], other["losses"]
     loss = max((abs(x - y) for x, y in zip(la, lb, strict=False)), default=0.0) if len(la) == len(lb) else float("inf")
+    parted = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y), None)
     return {"per_tensor": per_tensor, "weights_max": max(per_tensor.values(), default=0.0), "loss_max": loss,
-            "steps": len(la)}
+            "steps": len(la), "first_step": parted, "largest": max(per_tensor, key=per_tensor.__getitem__, default=None)}
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = None,
@@ -213,9 +217,10 @@ def _single(a: argparse.Namespace, base: TrainConfig, traits: ModelTraits) -> tu
         return None, f"single skipped: it has nothing to communicate, so {', '.join(unsupported)} has no meaning there"
     out = str(Path(a.out) / one)
     lr = base.lr * a.np if base.scale_lr else base.lr
+    threads = rank_threads(base, a.np)
     if not base.sync_bn:
         return dataclasses.replace(base, strategy=one, out=out, accumulate=base.accumulate * a.np,
-                                   emulate_ranks=a.np, lr=lr, scale_lr=False), None
+                                   emulate_ranks=a.np, lr=lr, scale_lr=False, threads=threads), None
     if traits.random:
         return None, (f"single skipped: under --sync-bn it takes the global batch in one pass, whose random masks "
                       f"({', '.join(traits.random)}) come from one random stream instead of one per process")
@@ -228,7 +233,15 @@ def _single(a: argparse.Namespace, base: TrainConfig, traits: ModelTraits) -> tu
                       "whose sum over one global batch and over per-process batches differ in the last bits, moves its "
                       "weight by up to --lr either way")
     return dataclasses.replace(base, strategy=one, out=out, batch_size=base.batch_size * a.np, lr=lr, scale_lr=False,
-                               sync_bn=False), None
+                               sync_bn=False, threads=threads), None
+
+
+def rank_threads(base: TrainConfig, np_: int) -> int:
+    """The torch CPU threads each of the ``np_`` ranks takes (``--threads``; 0: this host's cores shared among
+    them, as every run's ranks share them), which the one-process reference takes too: CPU kernels split some
+    reductions by thread (LayerNorm's weight and bias gradients), so another thread count sums them in another
+    order, and AdamW turns those last bits into steps of up to ``--lr``."""
+    return base.threads or max(1, (os.cpu_count() or 1) // np_)
 
 
 def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, diffs: dict[str, dict[str, Any]],
@@ -269,7 +282,15 @@ def _verdict(mode: str, passed: bool, ref: str, diffs: dict[str, dict[str, Any]]
         return "[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
     over = [s for s, d in diffs.items() if d["weights_max"] > tol[s] or d["loss_max"] > tol[s]]
     return "[red]FAIL[/]: differences above tolerance (red above): " + "; ".join(
-        f"{s} ({', '.join(diffs[s]['causes']) or 'no known cause'})" for s in over)
+        f"{s} ({', '.join(diffs[s]['causes']) or unexplained(diffs[s])})" for s in over)
+
+
+def unexplained(d: dict[str, Any]) -> str:
+    """What parity says of a difference it knows no cause for: where it shows first (never an empty reason)."""
+    step = d.get("first_step")
+    where = (f"its loss first differs at step {step}" if step is not None
+             else "its loss curve is the same" if d["steps"] else "it recorded no loss")
+    return f"no known cause: {where}; its largest weight difference is in {d.get('largest') or 'no tensor'}"
 
 
 def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_note: str | None) -> None:
@@ -300,7 +321,7 @@ def run_parity(a: argparse.Namespace) -> int:
     console = Console(highlight=False)
     if a.strategies is None:
         a.strategies = ["horovod", "native"] if a.script is not None else ["ddp", "horovod"]
-    if a.script is not None or "native" in a.strategies:
+    if a.script is not None or LAYER_ARM in a.strategies:
         return _script_parity(a, console)
     # the one-process run is added below, where it is exact
     strategies = [s for s in a.strategies if backends.facts(s).distributed]
@@ -314,7 +335,7 @@ def run_parity(a: argparse.Namespace) -> int:
         a.lab.check_np(a.np)
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
                             checkpoint_every=0, overwrite=True, tensorboard=False, progress="none",
-                            resume=None, strategy=strategies[0])
+                            resume=None, strategy=strategies[0], deterministic=a.device != "cpu")
     traits = model_traits(base)
     runs, notes = _runs(a, base, strategies, traits)
     mode, knob_tol, knob_note = judge(base)
@@ -323,6 +344,7 @@ def run_parity(a: argparse.Namespace) -> int:
     if single is not None:
         runs[single.strategy] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
+    _write_config(a, out)  # after every refusal: a refused check writes nothing
     try:
         results = _run_all(a, runs, console)
     except RuntimeError as e:
@@ -347,8 +369,17 @@ def run_parity(a: argparse.Namespace) -> int:
         "np": a.np, "steps": a.steps, "reference": ref, "passed": passed, "tolerance": tol, "note": single_note,
         "mode": mode, "knobs": knobs.active(base), "notes": notes, **_lab_json(a),
         "config": base.to_dict(), "model": dataclasses.asdict(traits), "diffs": diffs})
-    console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}")
+    console.print(f"{_verdict(mode, passed, ref, diffs, tol)} → {out / 'parity.json'}", soft_wrap=True)
     return 0 if passed else 1
+
+
+def _write_config(a: argparse.Namespace, out: Path) -> None:
+    """OUT/config.toml: the settings this check was given (file and flags), which rerun it with --config."""
+    from dpcompare.options import CONFIG_FILE, given_settings, write_config
+
+    settings = given_settings(a)
+    if settings is not None:
+        write_config(out / CONFIG_FILE, a.commands[a.command], settings)
 
 
 def _script_parity(a: argparse.Namespace, console: Console) -> int:
@@ -360,6 +391,7 @@ def _script_parity(a: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
     if a.lab is not None:
         a.lab.check_np(a.np)
+    _write_config(a, out)
     return run_script_parity(a, config_from_args(a, strategy="horovod"), console)
 
 
@@ -413,7 +445,7 @@ def run_script_parity(a: argparse.Namespace, cfg: TrainConfig, console: Any) -> 
     verdict = ("[green]PASS[/]: " + ", ".join(f"{arm} matches {ref} within {a.tolerance:g} (largest {w:.2e})"
                                               for arm, w in worst.items())
                if passed else "[red]FAIL[/]: differences above tolerance (red above)")
-    console.print(f"{verdict} → {out / 'parity.json'}")
+    console.print(f"{verdict} → {out / 'parity.json'}", soft_wrap=True)
     return 0 if passed else 1
 
 

@@ -1,8 +1,8 @@
 """The plan of a comparison: its arms, the runs of a block, and the :class:`Comparison` that ``run_compare`` runs.
 
 An *arm* is a label, a strategy (or its elastic mode: ``ddp-elastic``), train settings that differ from the shared
-ones (``--strategies``, ``--variants``, ``--sweep``) and, across a lab, the link it runs on (``--sweep link=...``: a
-:class:`Link`) and the fault it meets (``--fault``: a :class:`Fault`; every arm runs with it and without it).
+ones (``--strategies``, ``--variants``, ``--sweep``) and its values of the comparison's axes that are no train
+setting (the lab link it runs on, the fault it meets, the threads per rank: each declared in :mod:`.axes`).
 Every (arm, np, repeat) is its own run (:class:`RunSpec`) with the same
 configuration and seed. Runs go in blocks: a block runs every (np, arm) once, with the order reversed on odd
 repeats, so slow drifts of the machine hit every arm of a block alike. The parsers here turn the comparison's
@@ -19,81 +19,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpcompare.argtypes import format_rate_bits
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.axes import AXES, FAULT, TWIN, Fault, axes_of, ordered
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
-from dpcompare.errors import ConfigError, DpcompareError
-from dpcompare.files import FAULT, LINK
-from dpcompare.lab.spec import LabSpec, link_bps
-
-
-@dataclass(frozen=True)
-class Link:
-    """The lab link an arm runs on (``--sweep link=...``): ``bps`` bits per second, None for an unshaped one."""
-
-    bps: int | None
-
-    def __str__(self) -> str:
-        return format_rate_bits(self.bps)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A host dies at a step (``--fault host=2,at-step=40[,back-at-step=80]``): when the run's step log reaches
-    ``at_step`` (an elastic run that commits there: right after the commit) the lab takes ``host``'s link down and
-    kills every process in it; with ``back_at_step`` the host
-    comes back (link up, sshd started; torchrun's job gets an agent there) once the log reaches that step
-    after the recovery."""
-
-    host: int
-    at_step: int
-    back_at_step: int | None = None
-
-    def __str__(self) -> str:
-        return f"host={self.host},at-step={self.at_step}" + (
-            f",back-at-step={self.back_at_step}" if self.back_at_step is not None else "")
-
-    @property
-    def tag(self) -> str:
-        """Short, for arm labels: ``host2@40`` (``host2@40-80`` with a return)."""
-        return f"host{self.host}@{self.at_step}" + (f"-{self.back_at_step}" if self.back_at_step is not None else "")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "at_step": self.at_step, "back_at_step": self.back_at_step}
-
-
-FAULT_KEYS = ("host", "at-step", "back-at-step")
-
-
-def parse_fault(text: str) -> Fault:
-    """``host=2,at-step=40[,back-at-step=80]`` → :class:`Fault`; anything else refused in one line."""
-    fields: dict[str, int] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or key not in FAULT_KEYS or not value.isdigit():
-            raise argparse.ArgumentTypeError(f"--fault {text!r}: {item!r} is not KEY=N with KEY one of "
-                                             f"{', '.join(FAULT_KEYS)} (e.g. host=2,at-step=40)")
-        fields[key] = int(value)
-    if "host" not in fields or "at-step" not in fields:
-        raise argparse.ArgumentTypeError(f"--fault {text!r}: give host= and at-step= (e.g. host=2,at-step=40)")
-    fault = Fault(fields["host"], fields["at-step"], fields.get("back-at-step"))
-    if fault.at_step < 1 or (fault.back_at_step is not None and fault.back_at_step <= fault.at_step):
-        raise argparse.ArgumentTypeError(f"--fault {text!r}: at-step is at least 1 and back-at-step after it")
-    return fault
+from dpcompare.errors import ConfigError
+from dpcompare.lab.spec import LabSpec
 
 
 @dataclass(frozen=True)
 class Arm:
     """One side of a comparison: a label, a strategy (``elastic``: in its elastic mode, named ``NAME-elastic``),
-    train settings that differ from the shared ones, the lab link it runs on (None: the lab's own, or no lab) and
-    the fault it meets (None: none)."""
+    the train settings that differ from the shared ones (``knobs``: TrainConfig fields only), and its value of
+    each axis (``axes``: :mod:`.axes`, name → value; ``base``: the label before the axes were added to it)."""
 
     label: str
     strategy: str
     knobs: tuple[tuple[str, Any], ...] = ()
-    link: Link | None = None
     elastic: bool = False
-    fault: Fault | None = None
+    axes: tuple[tuple[str, Any], ...] = ()
+    base: str = ""
 
     @classmethod
     def named(cls, name: str, label: str | None = None, knobs: tuple[tuple[str, Any], ...] = ()) -> Arm:
@@ -115,15 +59,37 @@ class Arm:
         """The label as a folder name (``ddp#1`` → ``ddp-1``, ``ddp/k=v`` → ``ddp-k-v``)."""
         return re.sub(r"[^A-Za-z0-9_.]+", "-", self.label).strip("-") or "arm"
 
-    def knobs_json(self) -> dict[str, Any]:
-        """The arm's settings as results.json keeps them (``knobs``): its train settings, then its link's rate
-        and its fault."""
-        return {**_jsonable(dict(self.knobs)), **({LINK: str(self.link)} if self.link is not None else {}),
-                **({FAULT: str(self.fault)} if self.fault is not None else {})}
+    def axis(self, name: str) -> Any:
+        """The arm's value of axis ``name`` (None: it has none)."""
+        return dict(self.axes).get(name)
+
+    @property
+    def fault(self) -> Fault | None:
+        """The fault the arm meets (``--fault``), or None."""
+        return self.axis(FAULT)
+
+    def with_axis(self, name: str, value: Any) -> Arm:
+        """This arm at ``value`` of axis ``name``, labelled for it (``ddp/link=1gbit``, ``ddp/k=v,link=1gbit``)."""
+        piece = f"{name}={AXES[name].tag(value)}"
+        return dataclasses.replace(self, label=f"{self.label}{',' if '/' in self.label else '/'}{piece}",
+                                   axes=(*self.axes, (name, value)), base=self.base or self.label)
+
+    def without_axes(self, *names: str) -> Arm:
+        """This arm without its values of axes ``names`` (labelled as it was before them)."""
+        arm = dataclasses.replace(self, label=self.base or self.label, axes=(), base="")
+        for name, value in self.axes:
+            if name not in names:
+                arm = arm.with_axis(name, value)
+        return arm
 
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "strategy": self.strategy, "knobs": self.knobs_json(),
+        """The arm as results.json keeps it: its train settings (``knobs``) apart from its axes (``axes``)."""
+        return {"label": self.label, "strategy": self.strategy, "knobs": _jsonable(dict(self.knobs)),
+                **({"axes": self.axes_json(), "base": self.base} if self.axes else {}),
                 **({"elastic": True} if self.elastic else {})}
+
+    def axes_json(self) -> dict[str, str]:
+        return {name: str(value) for name, value in self.axes}
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -247,32 +213,27 @@ def _pairs(text: str) -> list[tuple[str, str]]:
 
 
 def parse_variant(text: str) -> Arm:
-    """``NAME=STRATEGY[:knob=value,...]`` → an arm labelled NAME."""
+    """``NAME=STRATEGY[:knob=value,...]`` → an arm labelled NAME (STRATEGY may be a plug-in's ``FILE.py:CLASS``)."""
     label, sep, rest = text.partition("=")
     if not sep or not label.strip() or not rest.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=STRATEGY[:knob=value,...]")
-    strategy, _, knobs = rest.partition(":")
+    # a plug-in strategy has a ":" of its own (path/to/file.py:CLASS): the settings start at the first "=" part
+    parts = rest.split(":")
+    first = next((i for i, part in enumerate(parts) if "=" in part), len(parts))
+    strategy, knobs = ":".join(parts[:first]), ":".join(parts[first:])
     _check_strategy(strategy.strip())
     values = tuple((k.replace("-", "_"), parse_setting(k.replace("-", "_"), v)) for k, v in _pairs(knobs))
     return Arm.named(strategy.strip(), label.strip(), values)
 
 
-def parse_link(text: str) -> Link:
-    """A lab link's rate (``1Gbit`` → Link(1_000_000_000), ``none`` → Link(None), unshaped)."""
-    try:
-        return Link(link_bps(text))
-    except DpcompareError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
-    """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type; ``link=RATE,...``
-    sweeps the lab's link (values: :class:`Link`) instead of a train setting."""
+    """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type; an axis's name
+    (:data:`.axes.AXES`: ``link=RATE,...``, ``threads=1,2``) sweeps that axis instead of a train setting."""
     name, sep, values = text.partition("=")
     name = name.strip().replace("-", "_").lstrip("_")
     if not sep or not values.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE1,VALUE2")
-    parse = parse_link if name == LINK else lambda v: parse_setting(name, v)
+    parse = AXES[name].parse if name in AXES and AXES[name].pairs != TWIN else lambda v: parse_setting(name, v)
     vals = [parse(v.strip()) for v in values.split(",") if v.strip()]
     return name, list(dict.fromkeys(vals))
 
@@ -286,17 +247,16 @@ def as_arms(arms: Sequence[Arm | str]) -> list[Arm]:
 
 
 def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
-               sweeps: Sequence[tuple[str, list[Any]]] = ()) -> list[Arm]:
-    """The arms of a comparison: the variants (else one per strategy), crossed with every swept value.
+               sweeps: Sequence[tuple[str, list[Any]]] = (),
+               axes: Sequence[tuple[str, Sequence[Any]]] = ()) -> list[Arm]:
+    """The arms of a comparison: the variants (else one per strategy), crossed with every swept train setting,
+    then with every axis (:func:`cross_axes`).
 
     A label that occurs more than once (``--strategies ddp,ddp``, the A/A control) gets ``#1``, ``#2``...
     """
     base = list(variants) or [Arm.named(s) for s in strategies]
     for name, values in sweeps:
-        # a link sweep goes link-major: the arms of one link side by side, the link reshaped once per link
-        links = any(isinstance(v, Link) for v in values)
-        pairs = [(a, v) for v in values for a in base] if links else [(a, v) for a in base for v in values]
-        base = [_crossed(a, name, v) for a, v in pairs]
+        base = [_crossed(a, name, v) for a in base for v in values]
     counts: dict[str, int] = {}
     for a in base:
         counts[a.label] = counts.get(a.label, 0) + 1
@@ -307,6 +267,7 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
             seen[a.label] = seen.get(a.label, 0) + 1
             a = dataclasses.replace(a, label=f"{a.label}#{seen[a.label]}")
         out.append(a)
+    out = cross_axes(out, axes)
     slugs = [a.slug for a in out]
     clash = next((a.label for a in out if slugs.count(a.slug) > 1), None)
     if clash:
@@ -315,21 +276,26 @@ def build_arms(strategies: Sequence[str], variants: Sequence[Arm] = (),
     return out
 
 
+def cross_axes(arms: Sequence[Arm], axes: Sequence[tuple[str, Sequence[Any]]]) -> list[Arm]:
+    """The arms crossed with every axis (:mod:`.axes`), in order: a swept axis gives every arm every value (a
+    ``major`` one value-major: the arms of one value side by side); a twin axis keeps every arm as it is and adds
+    it again at the value (``ARM/fault=host2@40``)."""
+    out = list(arms)
+    for name, values in ordered(axes):
+        ax = AXES[name]
+        if ax.pairs == TWIN:
+            out = [*out, *(a.with_axis(name, v) for v in values for a in out)]
+        elif ax.major:
+            out = [a.with_axis(name, v) for v in values for a in out]
+        else:
+            out = [a.with_axis(name, v) for a in out for v in values]
+    return out
+
+
 def _crossed(a: Arm, name: str, value: Any) -> Arm:
-    """Arm ``a`` with swept setting ``name`` at ``value`` (a :class:`Link`: its link), labelled for it."""
+    """Arm ``a`` with swept train setting ``name`` at ``value``, labelled for it."""
     label = f"{a.label}/{name}={value_text(value)}" if "/" not in a.label else f"{a.label},{name}={value_text(value)}"
-    if isinstance(value, Link):
-        return dataclasses.replace(a, label=label, link=value)
     return dataclasses.replace(a, label=label, knobs=(*[kv for kv in a.knobs if kv[0] != name], (name, value)))
-
-
-def with_faults(arms: Sequence[Arm], fault: Fault | None) -> list[Arm]:
-    """Every arm without the fault, then every arm with it (labelled ``ARM/fault=host2@40``)."""
-    if fault is None:
-        return list(arms)
-    faulted = [dataclasses.replace(a, label=f"{a.label}{',' if '/' in a.label else '/'}{FAULT}={fault.tag}",
-                                   fault=fault) for a in arms]
-    return [*arms, *faulted]
 
 
 #: the commit interval of an elastic arm when --commit-every is not given
@@ -349,8 +315,17 @@ def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool 
     elastic = {"commit_every": every, "resume": "auto"} if arm.elastic else {"commit_every": 0}
     if replay and arm.elastic and arm.fault is not None:
         elastic.update(checkpoint_steps=cfg.checkpoint_steps or every, save_final=True)
-    return dataclasses.replace(cfg, **{**elastic, **dict(arm.knobs)}, **seed, strategy=spec.strategy, out=str(run_dir),
-                               overwrite=True, progress="lines", step_log=step_log or cfg.step_log)
+    child = dataclasses.replace(cfg, **{**elastic, **dict(arm.knobs)}, **seed, strategy=spec.strategy,
+                                out=str(run_dir), overwrite=True, progress="lines", step_log=step_log or cfg.step_log)
+    return configured(child, arm)
+
+
+def configured(cfg: TrainConfig, arm: Arm) -> TrainConfig:
+    """``cfg`` with what the arm's axes set in a run's train settings (``threads``: its thread count)."""
+    for name, value in arm.axes:
+        if AXES[name].configure is not None:
+            cfg = AXES[name].configure(cfg, value)
+    return cfg
 
 
 
@@ -408,17 +383,19 @@ class RunOptions:
 @dataclass(frozen=True)
 class Comparison:
     """What ``run_compare`` runs: the shared train ``config``, the ``arms`` (variants or one per strategy)
-    crossed with ``sweeps``, at every process count of ``nps``, in the blocks ``schedule`` decides, into ``out``."""
+    crossed with ``sweeps`` (of train settings) and ``axes`` (:mod:`.axes`; an axis named in ``sweeps`` moves
+    there), at every process count of ``nps``, in the blocks the stopping rule ``schedule`` decides, into
+    ``out``."""
 
     config: TrainConfig
     arms: tuple[Arm, ...]
     nps: tuple[int, ...]
-    schedule: Schedule = field(default_factory=Schedule)
+    schedule: StoppingRule = field(default_factory=StoppingRule)
     out: Path = Path("runs/compare")
     options: RunOptions = field(default_factory=RunOptions)
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     lab: LabSpec | None = None  # run every job across emulated hosts made for the comparison (``--lab``)
-    fault: Fault | None = None  # every arm also runs meeting this fault (``--fault``)
+    axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # (name, values): the link, the fault (``--fault``)...
     replay: bool = False  # check an elastic run that met the fault against a clean one from its checkpoint
     script: Any = None  # a Horovod script's comparison (``--script``: a compare.script.ScriptPlan), else training
 
@@ -426,17 +403,18 @@ class Comparison:
         object.__setattr__(self, "arms", tuple(as_arms(self.arms)))
         object.__setattr__(self, "nps", tuple(self.nps))
         object.__setattr__(self, "out", Path(self.out))
-        object.__setattr__(self, "sweeps", tuple((n, tuple(v)) for n, v in self.sweeps))
+        object.__setattr__(self, "axes", ordered([*self.axes, *axes_of(self.sweeps)]))
+        object.__setattr__(self, "sweeps", tuple((n, tuple(v)) for n, v in self.sweeps if n not in AXES))
         if isinstance(self.schedule, int | type(None)):
-            object.__setattr__(self, "schedule", Schedule(repeats=self.schedule))
+            object.__setattr__(self, "schedule", StoppingRule(repeats=self.schedule))
+        for name, values in self.axes:
+            AXES[name].check(self, values)
         self._check_lab()
 
     def _check_lab(self) -> None:
-        """Refuse, in one line, what a lab cannot run (before anything starts)."""
+        """Refuse, in one line, what a lab cannot run (before anything starts); each axis checks its own values."""
         if self.lab is None:
-            if self.links or any(a.link is not None for a in self.arms):
-                raise ConfigError("--sweep link=... shapes the link of a lab: add --lab hosts=2 (root, iproute2)")
-            what = "--fault" if self.fault else next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
+            what = next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
             what = what or ("--replay" if self.replay else None)
             if what:
                 raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; docs/elastic.md)")
@@ -447,21 +425,23 @@ class Comparison:
         self.lab.check_np(max(self.nps))
         if self.replay and self.fault is None:
             raise ConfigError("--replay checks the elastic runs that met a fault: add --fault host=I,at-step=S")
-        if self.fault is not None and not 1 <= self.fault.host < self.lab.hosts:
-            raise ConfigError(f"--fault host={self.fault.host}: choose a host from 1 to {self.lab.hosts - 1} of --lab "
-                              f"{self.lab.text()} (host 0 holds the rendezvous and horovodrun's driver)")
         if any(a.elastic for a in self.arms) and min(self.nps) <= self.lab.slots:
             raise ConfigError(f"an elastic arm at --np {min(self.nps)} runs on one host of --lab {self.lab.text()}, "
                               "with none to lose: raise --np to span two hosts or more")
 
+    def values(self, name: str) -> tuple[Any, ...]:
+        """The values of axis ``name`` every arm runs at, in order (none when the comparison has no such axis)."""
+        return dict(self.axes).get(name, ())
+
     @property
-    def links(self) -> list[Link]:
-        """The links a ``--sweep link=...`` runs every arm on, in order (none without one)."""
-        return [v for _, values in self.sweeps for v in values if isinstance(v, Link)]
+    def fault(self) -> Fault | None:
+        """The fault every arm also meets (``--fault``), or None."""
+        return next(iter(self.values(FAULT)), None)
 
     @property
     def all_arms(self) -> list[Arm]:
-        """Every arm that runs: the arms crossed with the sweeps, a label given twice (A/A) labelled apart."""
+        """Every arm that runs: the arms crossed with the sweeps and the axes, a label given twice (A/A) labelled
+        apart."""
         if not self.sweeps and len({a.label for a in self.arms}) == len(self.arms):
-            return with_faults(self.arms, self.fault)
-        return with_faults(build_arms([], self.arms, self.sweeps), self.fault)
+            return cross_axes(self.arms, self.axes)
+        return build_arms([], self.arms, self.sweeps, self.axes)

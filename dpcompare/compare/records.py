@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dpcompare.compare.axes import AXES, LINK
 from dpcompare.compare.plan import Arm, Comparison, RunSpec
-from dpcompare.compare.schedule import Schedule
+from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
-from dpcompare.files import LINK, MEMORY_KINDS, RESULTS, SCHEMA
+from dpcompare.files import MEMORY_KINDS, RESULTS, SCHEMA
 
 REPORT_FILES = ("report.html", "plots")
 ERROR_TAIL_LINES = 40
@@ -45,7 +46,8 @@ def run_record(spec: RunSpec, rel_dir: str, returncode: int | None, wall_seconds
                stdout: str = "", command: Sequence[str] = ()) -> dict[str, Any]:
     """One entry of results.json ``runs`` from what the job left behind."""
     rec: dict[str, Any] = {
-        "arm": spec.arm.label, "strategy": spec.strategy, "elastic": spec.arm.elastic, "knobs": spec.arm.knobs_json(),
+        "arm": spec.arm.label, "strategy": spec.strategy, "elastic": spec.arm.elastic,
+        "knobs": spec.arm.to_json()["knobs"], "axes": spec.arm.axes_json(),
         "np": spec.np,
         "repeat": spec.repeat, "seed": spec.seed, "status": "failed", "error": None, "global_batch": None, "measured_seconds": None,
         "dir": rel_dir, "returncode": returncode, "command": list(command), "samples_per_sec": None,
@@ -137,7 +139,7 @@ def _lab_json(c: Comparison) -> dict[str, Any]:
     if c.lab is None:
         return {}
     lab = c.lab.to_json()
-    links = [str(link) for link in c.links]
+    links = [str(link) for link in c.values(LINK)]
     if links:  # swept: every link the arms ran on (the report's regime card shows `link`)
         lab.update({LINK: ", ".join(links), "links": links})
     return {"lab": lab}
@@ -154,6 +156,7 @@ def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli:
                    **{k: v for k, v in schedule.items() if k != "repeats"},
                    "order": [], "workers": c.options.workers, "train": c.config.to_dict(),
                    "train_flags": train_flags, "cli": cli, **_lab_json(c),
+                   "axes": {name: AXES[name].record(values) for name, values in c.axes},
                    **({"script": c.script.to_json()} if c.script is not None else {})},
         "environment": environment(list(dict.fromkeys(a.strategy for a in arms))), "runs": [], "verdicts": [],
     }
@@ -182,18 +185,18 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     try:
         stored = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
+        raise ConfigError(f"--continue {out}: no {RESULTS} there; start the comparison with --out {out}") from None
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--resume {out}: {path} cannot be read ({e})") from None
+        raise ConfigError(f"--continue {out}: {path} cannot be read ({e})") from None
     if not isinstance(stored, dict) or stored.get("schema") != SCHEMA or not isinstance(stored.get("runs"), list):
-        raise ConfigError(f"--resume {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
+        raise ConfigError(f"--continue {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
     old, new = stored.get("config") or {}, fresh["config"]
-    absent = {"seeds": None, "accuracy_equivalence": Schedule().accuracy_equivalence}  # results from before them
+    absent = {"seeds": None, "accuracy_equivalence": StoppingRule().accuracy_equivalence}  # results from before them
     for key in PLAN_KEYS:
         if key == "train_flags" and same_train_settings(old.get(key), new.get(key)):
             continue  # the same settings, written another way (e.g. by an earlier dpcompare)
         if old.get(key, absent.get(key)) != new.get(key):
-            raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
+            raise ConfigError(f"--continue {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
                               f"({short(new.get(key))} here, {short(old.get(key))} stored); pass the same "
                               f"options, or start a new comparison with another --out")
     kept = {}

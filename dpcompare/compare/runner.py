@@ -13,11 +13,12 @@ from typing import Any
 
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
-from dpcompare.compare import faults, records
-from dpcompare.compare.cmdline import plan_flags, train_flags
+from dpcompare.compare import fault_runs, records
+from dpcompare.compare.axes import AXES, FAULT
+from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config
-from dpcompare.compare.schedule import stop_reason
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured
+from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, atomic_write_json
 from dpcompare.lab import Lab, session
@@ -39,7 +40,7 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     ``script`` (``--script``), the script in the run's arm."""
     if script is not None:
         seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
-        return script.command(spec.strategy, spec.np, run_dir, seeded, lab)
+        return script.command(spec.strategy, spec.np, run_dir, configured(seeded, spec.arm), lab)
     words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
     how = elastic_launch(spec, run_dir, lab)
     return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
@@ -93,16 +94,15 @@ class _Run:
     def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
         run_dir = self.c.out / "runs" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl", faults.STEP_LOG, *_script_records(run_dir)):
+        for stale in ("summary.json", "metrics.jsonl", fault_runs.STEP_LOG, *_script_records(run_dir)):
             (run_dir / stale).unlink(missing_ok=True)  # never read an earlier job's files as this one's
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nor resume from them (elastic arms)
         cfg, timeout = self.c.config, self.c.options.run_timeout
-        link = spec.arm.link
-        if self.lab is not None and link is not None and self.lab.link_bps != link.bps:
-            self.lab.set_link(link.bps)  # instant; the arms of one link run side by side (plan.build_arms)
+        for name, value in spec.arm.axes:  # e.g. the link reshaped (once per link: its arms run side by side)
+            if AXES[name].before_run is not None:
+                AXES[name].before_run(self.lab, value)
         step_log = self.c.fault is not None  # the fault's runs and their twins without it: steps over time
-        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay,
-                            self.c.script)  # after the reshape (the link)
+        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay, self.c.script)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
         watch = LoadWatch(str(run_dir)) if self.watch_load else None  # what else the machine ran meanwhile
@@ -110,7 +110,7 @@ class _Run:
             rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
         elif spec.arm.fault is not None and self.lab is not None:
             every = child_config(cfg, spec, run_dir).commit_every
-            rc, wall, fault = faults.run_with_fault(cmd, run_dir, self.env, timeout, spec.arm.fault, self.lab,
+            rc, wall, fault = fault_runs.run_with_fault(cmd, run_dir, self.env, timeout, spec.arm.fault, self.lab,
                                                     self.rejoin(spec, run_dir, step_log),
                                                     commits=bool(every) and spec.arm.fault.at_step % every == 0)
         else:
@@ -121,7 +121,7 @@ class _Run:
             self.c.script.summarize(run_dir, cfg)  # the ranks' records → summary.json, read as a training run's
         rec = records.read_run(spec, run_dir, f"runs/{spec.name}", rc, wall, cmd)
         rec["load"] = watch.result() if watch else None
-        rec.update(faults.figures(run_dir, fault, t_start) if step_log else {})
+        rec.update(fault_runs.figures(run_dir, fault, t_start) if step_log else {})
         if self.c.replay and spec.arm.fault is not None and spec.arm.elastic:
             bar.update(description=f"replaying {spec.name}")
             rec["replay"] = self.replay(spec, run_dir, rec)
@@ -130,7 +130,7 @@ class _Run:
     def replay(self, spec: RunSpec, run_dir: Path, rec: dict[str, Any]) -> dict[str, Any]:
         """Nothing lost: a clean run of the same arm (not elastic, no fault) from the checkpoint the elastic run
         rolled back to, at the world size it carried on with, in RUN/replay; the two final states compared tensor
-        by tensor (:func:`~dpcompare.compare.faults.same_weights`)."""
+        by tensor (:func:`~dpcompare.compare.fault_runs.same_weights`)."""
         from dpcompare import checkpoint  # torch: not while compare's parser is built
 
         r, fault = rec.get("recovery") or {}, spec.arm.fault
@@ -139,7 +139,7 @@ class _Run:
         start = checkpoint.step_checkpoint_path(run_dir, int(r["resumed_from_step"]))
         if not start.is_file():
             return {"equal": None, "why": f"not replayed: no checkpoint {start.name} to start from"}
-        clean = RunSpec(dataclasses.replace(spec.arm, elastic=False, fault=None), int(r["world_size_after"]),
+        clean = RunSpec(dataclasses.replace(spec.arm.without_axes(FAULT), elastic=False), int(r["world_size_after"]),
                         spec.repeat, spec.seed)
         out = run_dir / "replay"
         shutil.rmtree(out, ignore_errors=True)
@@ -148,7 +148,7 @@ class _Run:
         rc, _ = self.launch(cmd, out, self.env, self.c.options.run_timeout)
         if rc != 0:
             return {"equal": None, "why": f"the replay failed (exit code {rc}); see {out}/stderr.log", "command": cmd}
-        return {**faults.same_weights(run_dir, out), "from": start.name, "np": clean.np, "command": cmd}
+        return {**fault_runs.same_weights(run_dir, out), "from": start.name, "np": clean.np, "command": cmd}
 
     def rejoin(self, spec: RunSpec, run_dir: Path, step_log: bool) -> list[str] | None:
         """What brings the fault's host back into an elastic job when it returns (a torchrun agent), or None."""
@@ -172,7 +172,7 @@ class _Run:
             except KeyboardInterrupt:
                 self.save()  # valid, complete: false; this run is not in it
                 self.console.print(f"interrupted during {spec.name}: {len(self.results['runs'])} runs recorded in "
-                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --resume {self.c.out}",
+                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --continue {self.c.out}",
                                    soft_wrap=True)
                 raise
             self.results["runs"].append(rec)
@@ -206,6 +206,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     console = console or console_for_report()
     if not c.options.resume:
         records.prepare_out(c.out, c.options.overwrite)
+    write_comparison_config(c)
     t_start = time.perf_counter()
     say = (lambda line: console.print(line, soft_wrap=True)) if c.options.progress != "none" else None
     with session(c.lab, say) as lab:
@@ -256,15 +257,14 @@ def _project(c: Comparison, console: Any) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
-    from dpcompare.report import attribution, render, stats
-    from dpcompare.report import faults as faults_report
+    from dpcompare.report import attribution, faults, render, stats
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
     results["verdicts"] = [v.to_json() for v in stats.verdicts(
         results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
-    fault = faults_report.summary(results)  # --fault: what the lost host cost each arm, the wall-time verdicts
+    fault = faults.summary(results)  # --fault: what the lost host cost each arm, the wall-time verdicts
     if fault is not None:
         results["faults"] = fault
     results["complete"] = True
@@ -284,7 +284,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
         diverged = sum(r["status"] == "diverged" for r in failed)
         what = f" ({diverged} diverged)" if diverged else ""
         console.print(f"[red]{len(failed)} of {len(results['runs'])} runs failed{what}[/] (their stderr is in "
-                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --resume {c.out}` reruns "
+                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --continue {c.out}` reruns "
                       "the failed ones)", soft_wrap=True)
     return 1 if failed else 0
 

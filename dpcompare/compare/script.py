@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpcompare.errors import ConfigError
 from dpcompare.launch.jobs import dpcompare_command
-from dpcompare.native.calls import SCRIPT_ARMS
+from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -36,7 +36,7 @@ class ScriptPlan:
     global_batch: int | None = None     # samples per optimizer step over all ranks, when the user says it
 
     def script_for(self, arm: str) -> Path:
-        if arm == "ddp":
+        if arm == PORT_ARM:
             if self.ddp_path is None:
                 raise ConfigError("the ddp arm needs a DDP port of the script: pass --ddp-script FILE")
             return self.ddp_path
@@ -76,7 +76,7 @@ class ScriptPlan:
                 "metric": self.metric, "global_batch": self.global_batch}
 
     def flags(self) -> list[str]:
-        """This plan as compare's own flags (for results.json's ``cli``, read back by --resume)."""
+        """This plan as compare's own flags (for results.json's ``cli``, read back by --continue)."""
         flags = ["--script", str(self.path)]
         if self.ddp_path is not None:
             flags += ["--ddp-script", str(self.ddp_path)]
@@ -116,7 +116,7 @@ def script_plan(a: argparse.Namespace, arms: list[str], out: Path) -> ScriptPlan
     if remainder[:1] == ["--"]:
         remainder = remainder[1:]
     if a.script is None:
-        if "native" in arms or remainder or a.ddp_script:
+        if LAYER_ARM in arms or remainder or a.ddp_script:
             raise ConfigError("native (and --ddp-script, and arguments after --) run a Horovod script: add "
                               "--script FILE")
         return None
@@ -125,7 +125,7 @@ def script_plan(a: argparse.Namespace, arms: list[str], out: Path) -> ScriptPlan
     wrong = [x for x in arms if x not in SCRIPT_ARMS]
     if wrong:
         raise ConfigError(f"--script runs the arms {', '.join(SCRIPT_ARMS)}; not {', '.join(wrong)}")
-    ddp = ddp_script(a.script, a.ddp_script, out) if "ddp" in arms else a.ddp_script
+    ddp = ddp_script(a.script, a.ddp_script, out) if PORT_ARM in arms else a.ddp_script
     return ScriptPlan(a.script.resolve(), tuple([*a.script_arg, *remainder]), ddp and Path(ddp).resolve(),
                       getattr(a, "metric", None), getattr(a, "global_batch", None))
 
@@ -148,14 +148,15 @@ def ddp_script(script: Path, given: Path | None, out: Path) -> Path:
 
     result = write_port(scan_script(script), dest)
     if result["written"] is None:
-        raise ConfigError(f"the ddp arm needs a DDP port of {script}, and {result['message'][:-1]}; write one "
-                          "and pass --ddp-script FILE")
+        why = "; ".join(result["reasons"]) or result["message"]  # the reasons, not migrate's own sentence
+        raise ConfigError(f"the ddp arm needs a DDP port of {script}, which dpcompare migrate did not write "
+                          f"({why}); write one and pass --ddp-script FILE")
     return dest
 
 
 def port_notes(plan: ScriptPlan, arms: list[str]) -> list[str]:
     """Where the ddp arm is expected to compute other numbers (migrate's warnings), when it runs."""
-    if "ddp" not in arms:
+    if PORT_ARM not in arms:
         return []
     from dpcompare.native.migrate import port_warnings, scan_script
 

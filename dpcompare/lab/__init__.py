@@ -10,7 +10,7 @@ the purpose; a :class:`Lab` is a :class:`~dpcompare.launch.jobs.Placement` for `
 May import: the top-level modules and launch.
 """
 
-from dpcompare.lab.core import IFACE, PREFIX, Host, Lab, lab_names, session, sweep
+from dpcompare.lab.hosts import IFACE, PREFIX, Host, Lab, lab_names, session, sweep
 from dpcompare.lab.spec import LabSpec, parse_lab_spec
 
 __all__ = ["IFACE", "PREFIX", "Host", "Lab", "LabSpec", "lab_names", "parse_lab_spec", "session", "sweep"]

@@ -5,6 +5,12 @@ MPI with recursive doubling forced for all-reduce). For each size: bytes, time (
 slowest rank), algbw = bytes/time, busbw = algbw × 2(n−1)/n (all-reduce) or (n−1)/n (all-gather), and busbw as a
 share of the link. The fit, per backend and collective: time ≈ alpha_s + bytes × beta_s_per_byte, the fixed cost
 from the small messages, the bandwidth from the large ones (scipy.stats.theilslopes on each end).
+
+Each size is timed ``--repeats`` times over (separate mpirun jobs, each of ``--iters`` iterations) and every
+time is kept: Open MPI's all-reduce in the lab runs at one of two speeds (63 % or 93 % of the link at 16–64 MiB),
+so a size's times are checked for two modes (:func:`two_modes`: two k-means clusters, scipy.cluster.vq.kmeans2,
+kept when Ashman's D between them exceeds 2) and the bench says when it sees two. ``predict`` reads the times,
+the modes and their shares (a two-component mixture) and resamples them for its band.
 """
 
 from __future__ import annotations
@@ -19,16 +25,26 @@ from pathlib import Path
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.files import atomic_write_text
-from dpcompare.lab.core import Lab
+from dpcompare.lab.hosts import Lab
 from dpcompare.lab.netns import burst_bytes
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.openmpi import mpi_allreduce_mca
+from dpcompare.trace import ALL_GATHER, ALL_REDUCE, bus_factor
 
 SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
-COLLECTIVES = ("allreduce", "allgather")
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER)
+#: the collectives' names before dpcompare spelled them one way (``trace``'s): read in older bench files and flags
+OLD_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER}
+
+
+def collective(name: str) -> str:
+    """A collective's name as dpcompare spells it (``all_reduce``), older spellings (``allreduce``) read too."""
+    return OLD_NAMES.get(name, name)
 #: Open MPI's recursive doubling for all-reduce (coll/tuned algorithm 3)
 RECURSIVE_DOUBLING = tuple(x for k, v in mpi_allreduce_mca("recursive-doubling").items() for x in ("--mca", k, v))
+#: repeats of a size below which two modes cannot be told apart (2 jobs × the worker's 3 iterations at least)
+MIN_FOR_MODES = 6
 _SIZE = re.compile(r"^(\d+)([kmg]?)i?b?$")
 
 
@@ -57,23 +73,14 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw/algbw: 2(n−1)/n for all-reduce, (n−1)/n for all-gather and reduce-scatter, 1 otherwise."""
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    if collective in ("allgather", "reducescatter"):
-        return (n - 1) / n
-    return 1.0
-
-
 def _jobs(backends: Sequence[str], collectives: Sequence[str]) -> list[tuple[list[str], list[str], str, tuple]]:
     """(worker backends, collectives, MPI label, extra mca) for each mpirun the sweep needs."""
     jobs = []
     first = [b for b in backends if b in ("gloo", "mpi")]
     if first:
         jobs.append((first, list(collectives), "mpi", ()))
-    if "mpi-rd" in backends and "allreduce" in collectives:  # the forced algorithm changes all-reduce only
-        jobs.append((["mpi"], ["allreduce"], "mpi-rd", RECURSIVE_DOUBLING))
+    if "mpi-rd" in backends and ALL_REDUCE in collectives:  # the forced algorithm changes all-reduce only
+        jobs.append((["mpi"], [ALL_REDUCE], "mpi-rd", RECURSIVE_DOUBLING))
     return jobs
 
 
@@ -86,14 +93,17 @@ def idle_gap_ms(link_bps: int | None) -> float:
 
 def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
             collectives: Sequence[str] = COLLECTIVES, warmup: int = 1, iters: int = 5,
-            timeout: float = 600, gap_ms: float | None = None) -> dict:
-    """Run the sweep across ``lab`` (one rank per host) and return the results document (see :func:`analyse`);
-    ``gap_ms``: idle time before each timed operation (None: :func:`idle_gap_ms` of the lab's link)."""
+            timeout: float = 600, gap_ms: float | None = None, repeats: int = 2) -> dict:
+    """Run the sweep across ``lab`` (one rank per host) ``repeats`` times and return the results document (see
+    :func:`analyse`; every repeat's times per size together); ``gap_ms``: idle time before each timed operation
+    (None: :func:`idle_gap_ms` of the lab's link)."""
     gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
+    collectives = [collective(c) for c in collectives]
     if len(lab.hosts) < 2:
         raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --hosts 2)")
     raw_rows, ranks = [], len(lab.hosts)
-    for i, (bk, coll, label, mca) in enumerate(_jobs(backends, collectives)):
+    jobs = _jobs(backends, collectives)
+    for i, (bk, coll, label, mca) in [(r * len(jobs) + j, job) for r in range(repeats) for j, job in enumerate(jobs)]:
         logs = lab.directory / f"bench-{i}"  # the job's stdout.log and stderr.log, and what it measured
         raw = logs / "raw.json"
         raw.unlink(missing_ok=True)
@@ -109,22 +119,63 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
         data = json.loads(raw.read_text())
         raw_rows += data["rows"]
         ranks = data["ranks"]
-    return analyse(raw_rows, ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
-                                                         "link": lab.link, "link_bps": lab.link_bps},
-                   warmup=warmup, iters=iters, gap_ms=gap)
+    return analyse(_merged(raw_rows), ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
+                                                                  "link": lab.link, "link_bps": lab.link_bps},
+                   warmup=warmup, iters=iters, gap_ms=gap, repeats=repeats)
+
+
+def _merged(raw_rows: list[dict]) -> list[dict]:
+    """One row per backend, collective and size, with the times of every repeat in order."""
+    out: dict[tuple, dict] = {}
+    for r in raw_rows:
+        key = (r["backend"], r["collective"], r["bytes"])
+        out.setdefault(key, {**r, "times_s": []})["times_s"] += list(r["times_s"])
+    return list(out.values())
+
+
+def two_modes(times: Sequence[float]) -> dict | None:
+    """The two speeds of a size's times, when it has two: each mode's median, the slow mode's share and every
+    time's label (1: slow); None for one mode or fewer than :data:`MIN_FOR_MODES` times. Two k-means clusters of
+    the log times (scipy.cluster.vq.kmeans2, seeded) count as two modes when each holds at least two times and 15 %
+    of them, Ashman's D = √2·|μ₁−μ₂|/√(σ₁²+σ₂²) exceeds 2 and the slow median is 15 % or more above the fast one."""
+    import warnings
+
+    import numpy as np
+    from scipy.cluster.vq import kmeans2
+
+    x = np.asarray(times, dtype=float)
+    if len(x) < MIN_FOR_MODES or np.ptp(x) <= 0:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an empty cluster: one mode
+        centroids, labels = kmeans2(np.log(x)[:, None], 2, minit="++", rng=0)
+    if centroids[0, 0] > centroids[1, 0]:
+        labels = 1 - labels
+    fast, slow = x[labels == 0], x[labels == 1]
+    if min(len(fast), len(slow)) < max(2, 0.15 * len(x)):
+        return None
+    spread = float(np.sqrt(fast.var(ddof=1) + slow.var(ddof=1)))
+    d = float(np.sqrt(2) * (slow.mean() - fast.mean()) / spread) if spread > 0 else float("inf")
+    if d <= 2 or np.median(slow) < 1.15 * np.median(fast):
+        return None
+    return {"fast_s": float(np.median(fast)), "slow_s": float(np.median(slow)), "slow_share": len(slow) / len(x),
+            "ashman_d": round(min(d, 1e6), 2), "labels": [int(v) for v in labels]}
 
 
 def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: object) -> dict:
     """Per size: time (median), algbw, busbw (bytes/s) and busbw % of the link; and the α-β fits."""
     rows = []
-    for r in raw_rows:
+    for r in ({**r, "collective": collective(r["collective"])} for r in raw_rows):
         t = statistics.median(r["times_s"])
         algbw = r["bytes"] / t
         busbw = algbw * bus_factor(r["collective"], ranks)
+        modes = two_modes(r["times_s"])
+        expected = t if modes is None else (1 - modes["slow_share"]) * modes["fast_s"] + modes["slow_share"] * \
+            modes["slow_s"]
         rows.append({"backend": r["backend"], "collective": r["collective"], "bytes": r["bytes"], "time_s": t,
                      "algbw_Bps": algbw, "busbw_Bps": busbw,
                      "busbw_pct_of_link": 100 * busbw * 8 / link_bps if link_bps else None,
-                     "times_s": r["times_s"]})
+                     "times_s": r["times_s"], "modes": modes, "expected_s": expected})
     return {"schema": SCHEMA, **extra, "ranks": ranks, "rows": rows, "fits": fits(rows, ranks, link_bps)}
 
 
@@ -167,7 +218,7 @@ def tables(doc: dict) -> list[object]:
     out: list[object] = []
     link = doc.get("lab", {}).get("link_bps")
     for coll in COLLECTIVES:
-        rows = [r for r in doc["rows"] if r["collective"] == coll]
+        rows = [r for r in doc["rows"] if collective(r["collective"]) == coll]
         if not rows:
             continue
         backends = [b for b in BACKENDS if any(r["backend"] == b for r in rows)]
@@ -189,6 +240,7 @@ def tables(doc: dict) -> list[object]:
                     ([f"{r['busbw_pct_of_link']:.0f}"] if link else [])
             t.add_row(*cells)
         out.append(t)
+    out += mode_lines(doc)
     f = Table(title="α-β fit: time ≈ α + bytes × β (α from small messages, β from large)")
     for c in ("backend", "collective", "α µs", "busbw Gbit/s", "% link", "r² (large)"):
         f.add_column(c, justify="right" if c not in ("backend", "collective") else "left")
@@ -197,4 +249,21 @@ def tables(doc: dict) -> list[object]:
                   f"{x['busbw_Bps'] * 8 / 1e9:.3f}" if x["busbw_Bps"] else "–",
                   f"{x['busbw_pct_of_link']:.0f}" if x["busbw_pct_of_link"] else "–", f"{x['r2_large']:.3f}")
     out.append(f)
+    return out
+
+
+def mode_lines(doc: dict) -> list[str]:
+    """What the bench says about two speeds: each size where it saw two, and where it had too few repeats to see."""
+    out, few = [], set()
+    for r in doc["rows"]:
+        m, n = r.get("modes"), len(r.get("times_s") or [])
+        if m:
+            slow = round(m["slow_share"] * n)
+            out.append(f"two speeds: {r['backend']} {r['collective']} {r['bytes']:,} bytes: {m['fast_s'] * 1e3:.1f} ms "
+                       f"({n - slow} of {n}) and {m['slow_s'] * 1e3:.1f} ms ({slow} of {n}); predict uses the mixture")
+        elif n < MIN_FOR_MODES:
+            few.add(f"{r['backend']} {r['collective']}")
+    if few:
+        out.append(f"{', '.join(sorted(few))}: fewer than {MIN_FOR_MODES} times per size, too few to see two speeds "
+                   "(more --repeats or --iters)")
     return out

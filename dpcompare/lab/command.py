@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
-from dpcompare.lab import bench, core, netns
+from dpcompare.lab import bench, hosts, netns
 from dpcompare.lab.spec import LabSpec, lab_spec_arg, link_arg
 
 DESCRIPTION = """\
@@ -31,7 +31,7 @@ examples:
 
 
 def _up(a: argparse.Namespace) -> int:
-    lab = core.Lab.up(LabSpec(hosts=a.hosts, link_bps=a.link, slots=a.slots, name=a.name))
+    lab = hosts.Lab.up(LabSpec(hosts=a.hosts, link_bps=a.link, slots=a.slots, name=a.name))
     print(f"lab {lab.name}: {len(lab.hosts)} hosts × {lab.slots} slot{'s' if lab.slots > 1 else ''} on "
           f"{lab.subnet}, links {lab.link} both ways; state in {lab.directory}")
     try:
@@ -45,7 +45,7 @@ def _down(a: argparse.Namespace) -> int:
     netns.preflight()
     if a.all and a.name != "default":
         raise ConfigError("--all removes every lab; give it without --name")
-    removed = core.sweep(None if a.all else a.name)
+    removed = hosts.sweep(None if a.all else a.name)
     print("\n".join(f"removed {r}" for r in removed) if removed else
           f"nothing to remove ({'no lab' if a.all else f'no lab {a.name!r}'} exists)")
     return 0
@@ -55,14 +55,14 @@ def _status(a: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    names = core.lab_names()
+    names = hosts.lab_names()
     console = Console()
     if not names:
         console.print("no lab exists (dpcompare lab up --hosts 2 --link 1gbit)")
         return 0
     for name in names:
         try:
-            lab = core.Lab.load(name)
+            lab = hosts.Lab.load(name)
         except ConfigError:
             console.print(f"lab {name}: leftovers without a state file; `dpcompare lab down --name {name}` removes "
                           "them")
@@ -82,16 +82,16 @@ def _bench(a: argparse.Namespace) -> int:
     from rich.console import Console
 
     netns.preflight()
-    lab = core.Lab.load(a.name)
+    lab = hosts.Lab.load(a.name)
     backends = [b.strip() for b in a.backends.split(",")]
-    collectives = [c.strip() for c in a.collectives.split(",")]
+    collectives = [bench.collective(c.strip()) for c in a.collectives.split(",")]
     for x, allowed, flag in ((backends, bench.BACKENDS, "--backends"), (collectives, bench.COLLECTIVES,
                                                                          "--collectives")):
         bad = [v for v in x if v not in allowed]
         if bad or not x:
             raise ConfigError(f"{flag} {','.join(x)}: choose from {', '.join(allowed)}")
     doc = bench.measure(lab, bench.parse_sizes(a.sizes), backends, collectives, a.warmup, a.iters, a.timeout,
-                        a.gap_ms)
+                        a.gap_ms, a.repeats)
     for table in bench.tables(doc):
         Console().print(table)
     if a.out:
@@ -102,7 +102,7 @@ def _bench(a: argparse.Namespace) -> int:
 
 def _set_link(a: argparse.Namespace) -> int:
     netns.preflight()
-    lab = core.Lab.load(a.name)
+    lab = hosts.Lab.load(a.name)
     if a.rate in ("down", "up"):
         if a.host is None:
             raise ConfigError(f"set-link {a.rate} takes a link down or up one host at a time: add --host I")
@@ -117,7 +117,7 @@ def _set_link(a: argparse.Namespace) -> int:
 
 def _kill(a: argparse.Namespace) -> int:
     netns.preflight()
-    lab = core.Lab.load(a.name)
+    lab = hosts.Lab.load(a.name)
     lab.fail_host(a.host)
     print(f"lab {lab.name}: host {a.host} is dead (link down, every process in it killed); `dpcompare lab revive "
           f"--host {a.host}` brings it back")
@@ -126,7 +126,7 @@ def _kill(a: argparse.Namespace) -> int:
 
 def _revive(a: argparse.Namespace) -> int:
     netns.preflight()
-    lab = core.Lab.load(a.name)
+    lab = hosts.Lab.load(a.name)
     lab.revive_host(a.host)
     print(f"lab {lab.name}: host {a.host} is back (link up{', sshd started' if lab.ssh else ''})")
     return 0
@@ -139,6 +139,7 @@ def _link_or_state(text: str) -> int | str | None:
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
+    from dpcompare.options import deprecate
 
     p = sub.add_parser("lab", help="an emulated cluster on this machine: hosts in namespaces, shaped links",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,33 +149,41 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     def action(name: str, func: object, help: str) -> argparse.ArgumentParser:
         q = lab.add_parser(name, help=help, description=help)
         q.add_argument("--name", default="default", help="which lab (default: default); names carry the prefix "
-                                                          f"{core.PREFIX}")
+                                                          f"{hosts.PREFIX}")
         q.set_defaults(func=func)
         return q
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
-    up.add_argument("--hosts", type=positive_int, default=2, help="number of hosts (default 2)")
+    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, help="number of hosts (default 2)")
+    deprecate(up, "--hosts", "--host-count")
     up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
     up.add_argument("--slots", type=positive_int, default=1, help="MPI slots per host in the hostfile (default 1)")
 
     down = action("down", _down, "remove a lab: its namespaces (found by prefix too, after a crash) and state")
-    down.add_argument("--all", action="store_true", help=f"remove every lab (every {core.PREFIX}* namespace)")
+    down.add_argument("--all", action="store_true", help=f"remove every lab (every {hosts.PREFIX}* namespace)")
     action("status", _status, "show the labs that exist, host by host")
 
     b = action("bench", _bench, "all-reduce / all-gather sweep between the hosts (one rank each), nccl-tests style")
     b.add_argument("--sizes", default="4K:64M", help="MIN:MAX doubling, or a list 4K,1M,16M (default 4K:64M)")
     b.add_argument("--backends", default=",".join(bench.BACKENDS),
                    help="gloo, mpi (Open MPI's default all-reduce), mpi-rd (recursive doubling forced)")
-    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help="allreduce, allgather")
-    b.add_argument("--warmup", type=nonneg_int, default=1, help="untimed iterations per size (default 1)")
-    b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size; the median counts")
+    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help=", ".join(bench.COLLECTIVES))
+    b.add_argument("--warmup-steps", dest="warmup", type=nonneg_int, default=1,
+                   help="untimed iterations per size (default 1)")
+    b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size and repeat (slow sizes "
+                   "run fewer, 3 at least)")
+    b.add_argument("--repeats", type=positive_int, default=2, help="times the whole sweep runs, each a new mpirun "
+                   "(default 2: 6 times per size at least, enough to see Open MPI's two speeds)")
     b.add_argument("--gap-ms", type=nonneg_float, default=None, metavar="MS",
                    help="idle time before each timed operation (default: twice the time the link's tbf bucket "
                         "takes to refill, so each starts like a step's first collective after compute; 0 on an "
                         "unshaped link)")
-    b.add_argument("--timeout", type=positive_int, default=600, help="seconds each mpirun job may take")
-    b.add_argument("--out", metavar="FILE", help="write the results and α-β fits as JSON")
+    b.add_argument("--run-timeout", dest="timeout", type=positive_int, default=600, metavar="SECONDS",
+                   help="seconds each mpirun job may take (default 600)")
+    b.add_argument("--out-file", dest="out", metavar="FILE", help="write the results and α-β fits as JSON")
+    for old, new in (("--warmup", "--warmup-steps"), ("--timeout", "--run-timeout"), ("--out", "--out-file")):
+        deprecate(b, old, new)
 
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
     s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
@@ -211,7 +220,7 @@ def _launch_in_lab(a: argparse.Namespace, sub: argparse._SubParsersAction) -> in
                           "--hosts, --hostfile, --mpi-net, --iface, --launcher srun and --mpi mpich")
     words = command_words(a, sub)
     a.lab.check_np(a.np)
-    with core.session(a.lab) as lab:
+    with hosts.session(a.lab) as lab:
         rc = run_printed(a.np, words, a.dry_run, placement=lab)
         line = lab.lost_line() if rc != 0 and lab is not None else None
         if line:

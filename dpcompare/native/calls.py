@@ -14,6 +14,10 @@ from dpcompare.errors import DpcompareError
 HOROVOD_VERSION = "0.28.1"
 #: the ways to run one script: real Horovod, the native layer, its DDP port (``dpcompare script --as``)
 SCRIPT_ARMS = ("horovod", "native", "ddp")
+#: the script arm that runs dpcompare's own layer (no strategy of the catalog: it needs ``--script``)
+LAYER_ARM = "native"
+#: the script arm that runs the script's DDP port (``dpcompare migrate``), not the script itself
+PORT_ARM = "ddp"
 _NATIVE_COMMUNICATION = {
     "backward": "fused all-reduce of the gradients, started from per-parameter hooks as each group of gradients "
                 "(fixed after step 2 from rank 0's timings) becomes ready",

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from dpcompare.errors import ConfigError, LaunchError
+
+#: the exit code of a job stopped at ``--run-timeout`` (timeout(1)'s)
+TIMED_OUT = 124
 
 DESCRIPTION = """\
 Run a Horovod PyTorch script (`import horovod.torch as hvd`) unchanged:
@@ -52,11 +54,11 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
         words.append("--overwrite")
     if a.threads is not None:
         words += ["--threads", str(a.threads)]
-    return [*words, "--", *a.target]
+    return [*words, "--", *a.target]  # the target as target_words read it
 
 
 def _launch(a: argparse.Namespace) -> int:
-    from dpcompare.launch.jobs import dpcompare_command
+    from dpcompare.launch.jobs import dpcompare_command, run_job
     from dpcompare.launch.mpirun import job_env
     from dpcompare.native.runner import check_out, parse_target
 
@@ -67,9 +69,13 @@ def _launch(a: argparse.Namespace) -> int:
                             iface=a.iface)
     sys.stderr.write(f"dpcompare script: {shlex.join(cmd)}\n")
     try:
-        rc = subprocess.run(cmd, env=job_env()).returncode
+        rc, _ = run_job(cmd, None, job_env(), a.run_timeout or None)  # its own session: Ctrl-C stops every rank
     except FileNotFoundError:
         raise LaunchError(f"{cmd[0]} not found on PATH") from None
+    if rc is None:
+        sys.stderr.write(f"dpcompare script: error: the job took longer than --run-timeout {a.run_timeout:g} s "
+                         "and was stopped (all its processes)\n")
+        return TIMED_OUT
     if a.out:
         _summarize(a)
     return rc if rc >= 0 else 128 - rc
@@ -91,10 +97,12 @@ def _summarize(a: argparse.Namespace) -> None:
 
 
 def _cmd_script(a: argparse.Namespace) -> int:
-    if a.target[:1] == ["--"]:
-        a.target = a.target[1:]
+    from dpcompare.native.runner import target_words
+
+    a.target = target_words(a)
     if not a.target:
-        raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS`")
+        raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS` "
+                          "(or -m MODULE ARGS)")
     if a.np is not None:
         return _launch(a)
     from dpcompare.launch.jobs import leave
@@ -106,24 +114,18 @@ def _cmd_script(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_int, positive_int
+    from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
+    from dpcompare.native.runner import add_run_arguments
     from dpcompare.native.summary import DEFAULT_WARMUP
 
     p = sub.add_parser("script", help="run a Horovod PyTorch script unchanged on native torch.distributed "
                                       "(or on real Horovod)", description=DESCRIPTION, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--as", dest="arm", choices=("native", "horovod", "ddp"), default="native",
-                   help="native: dpcompare's layer; horovod: the real library; ddp: a torchrun script "
-                        "(default: native)")
+    add_run_arguments(p)  # the runner's own flags and target, read as `python -m dpcompare.native` reads them
     p.add_argument("--np", type=positive_int, help="start this many ranks (default: this process is one rank)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="record optimizer steps and final weights here (never beside the script)")
-    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
-                                            "(the same in every arm; for scripts that do not seed)")
-    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
-    p.add_argument("--threads", type=nonneg_int, metavar="N",
-                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
-                        "(default: torch's own; a script's own torch.set_num_threads wins)")
+    p.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
+                   help=f"with --np: stop the job (all its processes) after this long, exit code {TIMED_OUT} "
+                        "(default: 0, no limit)")
     p.add_argument("--warmup-steps", type=nonneg_int, default=DEFAULT_WARMUP,
                    help=f"with --np and --out: steps left out of OUT/summary.json's step times (default: "
                         f"{DEFAULT_WARMUP})")
@@ -134,8 +136,6 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     where.add_argument("--hostfile", metavar="FILE", help="with --np: an MPI hostfile")
     p.add_argument("--mpi-net", metavar="SUBNET|IF", help="with --np: the network for MPI's own traffic")
     p.add_argument("--iface", help="with --np: the interface gloo/NCCL use on every rank")
-    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- [python] SCRIPT ARGS",
-                   help="the script and its arguments, after --")
     p.set_defaults(func=_cmd_script)
     _register_migrate(sub)
 

@@ -30,6 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpcompare.knobs import (
+    HOROVOD_CYCLE_MS,
+    HOROVOD_CYCLE_VAR,
+    HOROVOD_FUSION_BYTES,
+    HOROVOD_FUSION_VAR,
+    horovod_fusion,
+)
 from dpcompare.native.collectives import (
     Pending,
     broadcast_object,
@@ -37,8 +44,8 @@ from dpcompare.native.collectives import (
     start_fused_allreduce,
 )
 
-THRESHOLD_VAR, DEFAULT_THRESHOLD = "HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024
-CYCLE_VAR, DEFAULT_CYCLE_MS = "HOROVOD_CYCLE_TIME", 1.0
+THRESHOLD_VAR, DEFAULT_THRESHOLD = HOROVOD_FUSION_VAR, HOROVOD_FUSION_BYTES
+CYCLE_VAR, DEFAULT_CYCLE_MS = HOROVOD_CYCLE_VAR, HOROVOD_CYCLE_MS
 #: the step whose gradient timings (on rank 0) decide the groups for the rest of the run
 LEARN_AT = 2
 
@@ -60,26 +67,8 @@ def cycle_seconds() -> float:
     return max(_env_number(CYCLE_VAR, DEFAULT_CYCLE_MS), 0.0) / 1000.0
 
 
-def plan_groups(order: Sequence[int], nbytes: Sequence[int], kinds: Sequence[Any], threshold: int,
-                times: Sequence[float] | None = None, cycle: float = math.inf) -> list[list[int]]:
-    """Consecutive runs of ``order`` that share a kind, fit ``threshold`` bytes and (with ``times``) started within
-    ``cycle`` seconds of the run's first member. Threshold 0: every tensor alone."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    size, start = 0, 0.0
-    for i in order:
-        t = times[i] if times is not None else 0.0
-        late = times is not None and (t - start > cycle)
-        if current and (kinds[i] != kinds[current[0]] or size + nbytes[i] > threshold or late):
-            groups.append(current)
-            current, size = [], 0
-        if not current:
-            start = t
-        current.append(i)
-        size += nbytes[i]
-    if current:
-        groups.append(current)
-    return groups
+#: the groups of the first steps and of the learnt plan: Horovod's fusion, the plan ``predict`` models too
+plan_groups = horovod_fusion
 
 
 @dataclass

@@ -12,8 +12,8 @@ would run it. With an output folder the run is recorded (:mod:`.record`). ``pyth
 
 from __future__ import annotations
 
+import argparse
 import os
-import random
 import runpy
 import sys
 import traceback
@@ -99,16 +99,6 @@ def prepare(arm: str, recorder: Recorder | None) -> None:
         recorder.patch(hvd)
 
 
-def seed_everything(seed: int) -> None:
-    """The same random state in every arm before the script starts (for scripts that do not seed)."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse to write over an earlier run's records unless asked to."""
     if not overwrite and ((out / PARAMS).exists() or rank_file(out, 0).exists()):
@@ -160,7 +150,9 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     env = detect_launch_env()
     recorder = Recorder(out, arm, env.rank, env.world_size) if out is not None else None
     prepare(arm, recorder)
-    if seed is not None:
+    if seed is not None:  # the same random state in every arm (for scripts that do not seed)
+        from dpcompare.checkpoint import seed_everything
+
         seed_everything(seed)
     if threads is not None:
         set_threads(threads)
@@ -186,26 +178,49 @@ def _leave_group(arm: str) -> None:
             state.shutdown()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dpcompare.native [--as ARM] [--out DIR] [--seed N] [python] train.py ARGS``."""
-    import argparse
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The script runner's one command line (``python -m dpcompare.native`` and ``dpcompare script`` both read
+    it): what ``import horovod`` means, the records, seed and threads, and the target, ``-m MODULE`` as Python
+    takes it (everything after the module is the module's)."""
+    from dpcompare.argtypes import nonneg_int
 
+    p.add_argument("--as", dest="arm", choices=ARMS, default="native",
+                   help="native: dpcompare's layer; horovod: the real library; ddp: a torchrun script "
+                        "(default: native)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"record optimizer steps and final weights here (or ${OUT_VAR}; never beside the script)")
+    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts "
+                                            "(the same in every arm; for scripts that do not seed)")
+    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
+    p.add_argument("--threads", type=nonneg_int, metavar="N",
+                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
+                        "(default: torch's own; a script's own torch.set_num_threads wins)")
+    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ARGS",
+                   help="run a module as a script, as `python -m` does (e.g. -m pytest tests/test_x.py)")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="[--] [python] SCRIPT ARGS",
+                   help="the script and its arguments")
+
+
+def target_words(a: argparse.Namespace) -> list[str]:
+    """The target :func:`add_run_arguments` read: ``[python] SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    if a.module is not None:
+        if a.target:
+            raise ConfigError(f"-m {' '.join(a.module)}: give a module or a script, not both")
+        return ["-m", *a.module]
+    return a.target[1:] if a.target[:1] == ["--"] else list(a.target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dpcompare.native [--as ARM] [--out DIR] [--seed N] [python] train.py ARGS`` (or ``-m MOD``)."""
     p = argparse.ArgumentParser(
         prog="python -m dpcompare.native",
         description="Run a Horovod PyTorch script unchanged on native torch.distributed (the default, --as "
                     "native), on real Horovod (--as horovod), or a torchrun script under mpirun/srun (--as ddp). "
                     "Launch it as you launch the script: mpirun -np 2 python -m dpcompare.native train.py ARGS")
-    p.add_argument("--as", dest="arm", choices=ARMS, default="native", help="what `import horovod` means (default: native)")
-    p.add_argument("--out", type=Path, help=f"record optimizer steps and final weights into this folder (or ${OUT_VAR})")
-    p.add_argument("--seed", type=int, help="seed Python's, NumPy's and torch's generators before the script starts")
-    p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
-                        "(default: torch's own)")
-    p.add_argument("target", nargs=argparse.REMAINDER, metavar="[python] SCRIPT ARGS", help="the script and its arguments")
+    add_run_arguments(p)
     a = p.parse_args(argv)
     try:
-        return run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
+        return run_script(a.arm, parse_target(target_words(a)), a.out, a.seed, a.overwrite, a.threads)
     except DpcompareError as e:
         if e.local or reporting_rank():
             sys.stderr.write(f"python -m dpcompare.native: error: {e}\n")

@@ -8,9 +8,10 @@ Assumptions:
 - A bucket's all-reduce starts when its last gradient is ready and the previous bucket's all-reduce is done;
   backward returns when both its compute and the last all-reduce are done (then the optimizer runs).
 - With buffers (BatchNorm statistics) rank 0 broadcasts them at the start of every forward, exposed.
-- Communication does not slow the compute it overlaps (it does on a shared CPU), and the gradients'
+- Communication does not slow the compute it overlaps (it does on a shared CPU: :mod:`.overlap` corrects the
+  step when it was measured), and the gradients'
   compute is the traced one whatever the number of hosts (weak scaling, same batch per rank).
-- fp16 compression halves the bytes on the wire and costs nothing else.
+- fp16 or bf16 compression halves the bytes on the wire and costs nothing else.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dpcompare.prediction.schedule import MB, Schedule, Step, fill, one_at_a_tim
 
 class DDPSchedule(Schedule):
     name = "ddp"
-    tunable = ("bucket_mb", "fp16")
+    tunable = ("bucket_mb", "grad_compression")
 
     def buckets(self) -> list[list[Grad]]:
         k = self.knobs

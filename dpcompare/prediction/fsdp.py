@@ -8,7 +8,7 @@ Assumptions:
   previous unit's last gradient to its own last gradient (the traced timeline).
 - Before a unit computes, its parameters are all-gathered (fp32); the next unit's all-gather is issued when
   this unit starts computing (prefetch of one). After a unit's backward its gradients are reduce-scattered
-  (fp16 if asked). Every collective runs one at a time, in the order issued. Parameters are freed after
+  (fp16 or bf16 if asked). Every collective runs one at a time, in the order issued. Parameters are freed after
   forward and gathered again for backward.
 - Each rank updates its 1/n shard: the optimizer's compute is the traced full update divided by n.
 - Gradient ticks of a traced ``fsdp`` run come after the reduce-scatter: trace ddp or single and predict it
@@ -23,7 +23,7 @@ from dpcompare.prediction.schedule import Schedule, Step
 
 class FSDPSchedule(Schedule):
     name = "fsdp"
-    tunable = ("fp16",)
+    tunable = ("grad_compression",)
     shards_optimizer = True
 
     def units(self) -> list[tuple[str, float, float]]:

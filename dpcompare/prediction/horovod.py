@@ -9,37 +9,31 @@ Assumptions:
   all-reduce priced 2⌈log2 n⌉·α (latency only).
 - ``optimizer.step()`` starts when backward's compute is done and then waits for the last all-reduce; the
   optimizer then runs. Horovod syncs no buffers.
-- No slowdown of compute by the background thread (on a shared CPU there is); weak scaling; fp16 compression
-  halves the bytes and costs nothing else.
+- No slowdown of compute by the background thread (on a shared CPU there is: :mod:`.overlap`, when measured); weak scaling; fp16 or bf16
+  compression halves the bytes and costs nothing else.
 """
 
 from __future__ import annotations
 
 import math
 
+from dpcompare.knobs import horovod_fusion
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.profile import Grad
 from dpcompare.prediction.schedule import MB, Schedule, Step
 
 
 def fuse(grads: list[Grad], threshold: float) -> list[list[Grad]]:
-    """Consecutive groups of ``grads`` of at most ``threshold`` bytes (a larger tensor alone): Horovod's fusion,
-    which never lets a fused buffer exceed the threshold (DDP's buckets may: :func:`.schedule.fill`)."""
-    groups: list[list[Grad]] = []
-    size = 0.0
-    for g in grads:
-        if groups and size + g.nbytes <= threshold:
-            groups[-1].append(g)
-            size += g.nbytes
-        else:
-            groups.append([g])
-            size = g.nbytes
-    return groups
+    """Consecutive groups of ``grads`` of at most ``threshold`` bytes (a larger tensor alone): Horovod's fusion
+    (:func:`dpcompare.knobs.horovod_fusion`, the native layer's plan too), which never lets a fused buffer exceed the
+    threshold (DDP's buckets may: :func:`.schedule.fill`)."""
+    return [[grads[i] for i in group] for group in horovod_fusion(range(len(grads)), [g.nbytes for g in grads],
+                                                                   threshold=threshold)]
 
 
 class HorovodSchedule(Schedule):
     name = "horovod"
-    tunable = ("fusion_mb", "cycle_ms", "fp16")
+    tunable = ("fusion_mb", "cycle_ms", "grad_compression")
 
     def backend(self) -> str:
         """nccl on GPUs; gloo or mpi on CPUs; ``mpi-rd`` (`lab bench`'s label) under ``--mpi-allreduce

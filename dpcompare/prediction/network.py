@@ -241,26 +241,91 @@ def share_at(profile: tuple[tuple[float, ...], tuple[float, ...]], nbytes: float
     return float(np.interp(math.log(nbytes), [math.log(x) for x in sizes], shares))
 
 
-def load_profiles(path: str | Path) -> dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]]:
+#: which of a bench's speeds a profile follows: the mixture's expectation, or one of Open MPI's two modes
+MODES = ("expected", "fast", "slow")
+Key = tuple[str, str]
+Curve = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def _mode_time(times: Any, labels: Any, mode: str) -> float:
+    """One size's time in ``mode`` from its repeats and their mode labels (1: the slow mode; None: one mode):
+    the median, a mode's median, or the two-component mixture's expectation (each mode's median weighted by its
+    share of the repeats)."""
+    import numpy as np
+
+    if labels is None or labels.min() == labels.max():
+        return float(np.median(times))
+    fast, slow = float(np.median(times[labels == 0])), float(np.median(times[labels == 1]))
+    w = float(labels.mean())
+    return {"fast": fast, "slow": slow}.get(mode, (1 - w) * fast + w * slow)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """A `lab bench` file's measured rows: (backend, collective) → per size (bytes, every repeat's seconds, each
+    repeat's mode label or None). Its profiles per mode, and drawn again for a bootstrap."""
+
+    link_bps: float
+    ranks: int
+    rows: dict[Key, list[tuple[float, Any, Any]]]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Bench | None:
+        """None for a file without measured rows or its link rate (a ``fits``-only calibration)."""
+        import numpy as np
+
+        data = json.loads(Path(path).read_text())
+        top = data if isinstance(data, dict) else {}
+        link_bps, n = (top.get("lab") or {}).get("link_bps") or top.get("link_bps"), int(top.get("ranks") or 2)
+        rows: dict[Key, list[tuple[float, Any, Any]]] = {}
+        for r in top.get("rows") or []:
+            key = (str(r.get("backend")), _collective(str(r.get("collective"))))
+            if not (isinstance(r, dict) and r.get("bytes") and r.get("time_s")) or key[1] not in COLLECTIVES:
+                continue
+            times = np.array(r.get("times_s") or [r["time_s"]], dtype=float)
+            labels = (r.get("modes") or {}).get("labels")
+            rows.setdefault(key, []).append((float(r["bytes"]), times, None if labels is None or len(labels) != len(
+                times) else np.array(labels, dtype=int)))
+        rows = {k: sorted(v, key=lambda x: x[0]) for k, v in rows.items() if len(v) >= 2}
+        return cls(float(link_bps), n, rows) if link_bps and rows else None
+
+    @property
+    def bimodal(self) -> bool:
+        return any(lab is not None and lab.min() != lab.max() for v in self.rows.values() for _, _, lab in v)
+
+    @property
+    def repeats(self) -> int:
+        """The fewest repeats any size had."""
+        return min(len(t) for v in self.rows.values() for _, t, _ in v)
+
+    def profiles(self, mode: str = "expected", rng: Any = None) -> dict[Key, Curve]:
+        """(backend, collective) → (sizes, share of the link at each) in ``mode``; with ``rng`` each size's repeats
+        drawn again with replacement (a bootstrap replicate)."""
+        out = {}
+        for key, sizes in self.rows.items():
+            factor, shares = _terms(key[1], self.ranks)[1], []
+            for b, times, labels in sizes:
+                if rng is not None:
+                    i = rng.integers(0, len(times), len(times))
+                    times, labels = times[i], None if labels is None else labels[i]
+                shares.append(factor * b / (self.link_bps / 8) / _mode_time(times, labels, mode))
+            out[key] = (tuple(b for b, _, _ in sizes), tuple(shares))
+        return out
+
+
+def _collective(name: str) -> str:
+    return name.replace("-", "_").replace("all_reduce", "allreduce").replace("all_gather", "allgather")
+
+
+def load_profiles(path: str | Path, mode: str = "expected") -> dict[Key, Curve]:
     """(backend, collective) → (sizes, share of the link at each) from a `lab bench` file's measured rows.
 
     The share at a size is the α-β formula's bandwidth term over the whole time the bench measured (its fixed
     cost folded in): :meth:`Network.cost` gives back every measured time at the bench's ranks, and between the
     sizes it follows the measured curve instead of one straight line, whose intercept (a fixed cost a few ms
     long for Open MPI in the lab) would be paid again by every one of Horovod's small fused all-reduces. The
-    price: the fixed cost does not grow with the ranks beyond the bench's. Empty for files without rows."""
-    data = json.loads(Path(path).read_text())
-    top = data if isinstance(data, dict) else {}
-    link_bps, n = (top.get("lab") or {}).get("link_bps") or top.get("link_bps"), int(top.get("ranks") or 2)
-    if not link_bps:
-        return {}
-    out = {}
-    for rec in _rows_as_points(data):
-        key = (rec["backend"], rec["collective"].replace("all_reduce", "allreduce").replace("all_gather", "allgather"))
-        if key[1] not in COLLECTIVES:
-            continue
-        factor = _terms(key[1], n)[1]
-        points = sorted(rec["points"])
-        shares = tuple(factor * b / (float(link_bps) / 8) / t for b, t in points)
-        out[key] = (tuple(b for b, _ in points), shares)
-    return out
+    price: the fixed cost does not grow with the ranks beyond the bench's. A size whose repeats fell into two
+    speeds (the bench's ``modes``) counts at the mixture's expectation, or at one ``mode``. Empty for files
+    without rows."""
+    bench = Bench.load(path)
+    return bench.profiles(mode) if bench else {}

@@ -18,16 +18,22 @@ COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46")
 
 
 def table(c: Curve, threshold: float) -> Table:
-    t = Table(title=f"{c.label}  ·  one host: {c.base.step * 1e3:.2f} ms/step  ·  {c.knob_text}",
+    t = Table(title=f"{c.label}  ·  one host: {c.base.step * 1e3:.2f} ms/step  ·  {c.knob_text}  ·  times in ms",
               title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for head in ("hosts", "ranks", "step ms", "compute ms", "exposed comm ms", "hidden comm ms", "samples/s",
-                 "efficiency"):
-        t.add_column(head, justify="right")
-    for s in c.steps:
+    ranks = any(s.ranks != s.hosts for s in c.steps)
+    heads = ["hosts", *(["ranks"] if ranks else []), "step ms", *(["95 % band"] if c.bands else []),
+             *(["fast/slow mode"] if c.modes else []), "no overlap", "compute", "exposed", "hidden", "samples/s",
+             "efficiency"]
+    for head in heads:
+        t.add_column(head, justify="right", no_wrap=True)
+    for i, s in enumerate(c.steps):
         eff = c.efficiency(s)
-        t.add_row(f"{s.hosts}", f"{s.ranks}", f"{s.step * 1e3:.2f}", f"{s.compute * 1e3:.2f}",
-                  f"{s.exposed * 1e3:.2f}", f"{s.hidden * 1e3:.2f}", f"{s.throughput:,.0f}",
-                  f"[red]{pct(eff)}[/red]" if eff < threshold else pct(eff))
+        band = [f"{c.bands[i + 1][0] * 1e3:.1f}–{c.bands[i + 1][1] * 1e3:.1f}"] if c.bands else []
+        modes = [f"{c.modes[i + 1][0] * 1e3:.1f} / {c.modes[i + 1][1] * 1e3:.1f}"] if c.modes else []
+        ebands = [f" ({100 * c.eff_bands[i + 1][0]:.0f}–{100 * c.eff_bands[i + 1][1]:.0f})"] if c.bands else [""]
+        t.add_row(f"{s.hosts}", *([f"{s.ranks}"] if ranks else []), f"{s.step * 1e3:.2f}", *band, *modes, f"{s.no_overlap * 1e3:.2f}",
+                  f"{s.compute * 1e3:.2f}", f"{s.exposed * 1e3:.2f}", f"{s.hidden * 1e3:.2f}", f"{s.throughput:,.0f}",
+                  (f"[red]{pct(eff)}[/red]" if eff < threshold else pct(eff)) + ebands[0])
     return t
 
 
@@ -59,7 +65,8 @@ def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]],
         for note in c.notes:
             console.print(f"  note: {note}", style="dim")
     headings = {"who_wins": "who wins", "below_threshold": f"below {pct(threshold)} efficiency",
-                "knob_advice": "the knob that would help most"}
+                "knob_advice": "the knob that would help most",
+                "band_advice": "bands wider than ±5 %: measure more", "overlap": "overlap of communication and compute"}
     for key, items in lines.items():
         if items:
             console.print(f"[bold]{headings.get(key, key)}[/bold]")
@@ -80,12 +87,17 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
         hosts = [s.hosts for s in c.steps]
         color = COLORS[i % len(COLORS)]
         ax_t.plot(hosts, [s.step * 1e3 for s in c.steps], "o-", color=color, label=c.label)
+        if c.bands:
+            ax_t.fill_between(hosts, [b[0] * 1e3 for b in c.bands[1:]], [b[1] * 1e3 for b in c.bands[1:]],
+                              color=color, alpha=0.18, linewidth=0)
+            ax_e.fill_between(hosts, [100 * b[0] for b in c.eff_bands[1:]], [100 * b[1] for b in c.eff_bands[1:]],
+                              color=color, alpha=0.18, linewidth=0)
         ax_t.plot(hosts, [s.compute * 1e3 for s in c.steps], ":", color=color, linewidth=1)
         ax_e.plot(hosts, [100 * c.efficiency(s) for s in c.steps], "o-", color=color, label=c.label)
     ax_e.axhline(100 * threshold, color="#999999", linestyle="--", linewidth=1)
     hosts = sorted({s.hosts for c in curves for s in c.steps})
     plain = FuncFormatter(lambda v, _: f"{v:g}")
-    for ax, ylabel in ((ax_t, "step time, ms (dotted: compute alone)"), (ax_e, "scaling efficiency vs 1 host")):
+    for ax, ylabel in ((ax_t, "step time, ms"), (ax_e, "scaling efficiency vs 1 host")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(hosts if len(hosts) <= 12 else hosts[:: -(-len(hosts) // 12)])
         ax.xaxis.set_major_formatter(plain)
@@ -100,6 +112,8 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
     ax_e.yaxis.set_major_formatter(PercentFormatter())
     ax_e.legend(fontsize=8, frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
+    fig.text(0.99, 0.975, "shaded: 95 % bootstrap band from the inputs' noise · dotted: compute alone", ha="right",
+             va="top", fontsize=8, color="#555555")
     fig.tight_layout()
     return atomic_write_figure(path, fig)
 

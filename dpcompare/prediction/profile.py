@@ -3,9 +3,12 @@
 From ``trace.json`` (see :mod:`dpcompare.trace`), per rank and traced step: the data and forward phases, the
 backward phase up to its last gradient-ready tick (after that DDP's backward only waits for buckets), each
 gradient's ready moment counted from the start of backward, and the optimizer phase less Horovod's wait inside
-``step()``. Medians over every rank and traced step. A gradient's bytes come from its tick (``bytes``, traces
-from this version on), else from the all-reduce that carried it (a bucket's or fused operation's bytes shared
-equally among its tensors), else from the parameters' total in summary.json shared equally.
+``step()``. Medians over every rank and traced step; each (rank, step) is also kept (:class:`Samples`) so that a
+bootstrap can resample them (:meth:`Profile.resampled`), with the seconds a collective was in flight and how many
+of them fell inside backward's compute (what :mod:`.overlap` reads on a run whose link is slow). A gradient's
+bytes come from its tick (``bytes``, traces from this version on), else from the all-reduce that carried it (a
+bucket's or fused operation's bytes shared equally among its tensors), else from the parameters' total in
+summary.json shared equally.
 
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
@@ -14,12 +17,15 @@ reduce-scatter before each gradient lands on its shard (trace ddp or single and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dpcompare import trace as tr
 from dpcompare.errors import ConfigError
@@ -33,6 +39,25 @@ class Grad:
     name: str
     ready: float  # seconds after backward began
     nbytes: float
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Every traced (rank, step) of a run: rows of :data:`PHASES` and of each gradient's ready offset (NaN where a
+    step lacks the tick), in the order of ``names``; ``comm`` and ``overlapped``: seconds a collective was in flight
+    during the step, and of those, inside its backward compute (from backward's start to its last gradient)."""
+
+    phases: np.ndarray
+    names: tuple[str, ...]
+    ready: np.ndarray
+    comm: np.ndarray
+    overlapped: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.phases)
+
+
+PHASES = ("data", "forward", "backward", "optimizer")
 
 
 @dataclass
@@ -54,6 +79,7 @@ class Profile:
     config: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)  # the run's own figures, for comparison
     notes: list[str] = field(default_factory=list)
+    samples: Samples | None = None  # None: a hand-made profile, nothing to resample
 
     @property
     def compute(self) -> float:
@@ -62,6 +88,27 @@ class Profile:
     @property
     def grad_bytes(self) -> float:
         return sum(g.nbytes for g in self.grads)
+
+    def resampled(self, rng: np.random.Generator) -> Profile:
+        """The same run with its traced (rank, step) rows drawn again with replacement (one bootstrap replicate:
+        every median recomputed); itself without samples. Its all-reduces (the floor) are drawn again too."""
+        s = self.samples
+        if s is None or len(s) < 2:
+            return self
+        rows = rng.integers(0, len(s), len(s))
+        data, forward, backward, optimizer = (float(x) for x in np.median(s.phases[rows], axis=0))
+        ready = s.ready[rows]
+        have = ~np.all(np.isnan(ready), axis=0)
+        med = np.full(len(s.names), np.nan)
+        med[have] = np.nanmedian(ready[:, have], axis=0)
+        at = dict(zip(s.names, med, strict=True))
+        grads = sorted((Grad(g.name, float(at[g.name]) if not np.isnan(at.get(g.name, np.nan)) else g.ready,
+                             g.nbytes) for g in self.grads), key=lambda g: (g.ready, g.name))
+        ops = self.measured.get("allreduces") or []
+        measured = {**self.measured, "allreduces": [ops[i] for i in rng.integers(0, len(ops), len(ops))]} if ops \
+            else self.measured
+        return dataclasses.replace(self, data=data, forward=forward, backward=backward, optimizer=optimizer,
+                                   grads=grads, measured=measured)
 
 
 def _median(xs: list[float], default: float = 0.0) -> float:
@@ -87,11 +134,17 @@ def _allreduces(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
             and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
 
 
-def _per_step(events: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dict[str, list[float]],
-                                                       dict[str, float]]:
-    """Phase lengths (s) per traced step and rank, ready offsets (s) per parameter, bytes from the ticks."""
-    phases: dict[str, list[float]] = {"data": [], "forward": [], "backward": [], "optimizer": []}
-    ready: dict[str, list[float]] = {}
+def _in_flight(comm: list[dict[str, Any]], lo: float, hi: float) -> tuple[float, float]:
+    """(seconds some collective was in flight, seconds of those between ``lo`` and ``hi``) for trace events in µs:
+    the union of their spans, so two collectives at once count once (a GPU trace's NCCL stream events alike)."""
+    spans = tr._union((e["ts"], e["ts"] + e.get("dur", 0)) for e in comm)
+    return tr._length(spans) / 1e6, tr._length(tr._clip(spans, lo, hi)) / 1e6
+
+
+def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One row per traced (rank, step): phase lengths (s), ready offsets (s) per parameter, the seconds of
+    communication in flight and of those inside backward's compute; and the bytes the ticks carry."""
+    rows: list[dict[str, Any]] = []
     tick_bytes: dict[str, float] = {}
     for steps in tr.steps_by_rank(events).values():
         for st in steps:
@@ -102,16 +155,24 @@ def _per_step(events: list[dict[str, Any]]) -> tuple[dict[str, list[float]], dic
             ticks = [e for e in tr.events_in(events, st, tr.CAT_GRAD) if e["ts"] >= bw["ts"]]
             last = max((e["ts"] for e in ticks), default=bw["ts"] + bw["dur"])
             waits = sum(e["dur"] for e in tr.events_in(events, st, tr.CAT_WAIT))
-            phases["data"].append(ph["data"]["dur"] / 1e6 if "data" in ph else 0.0)
-            phases["forward"].append(ph["forward"]["dur"] / 1e6)
-            phases["backward"].append(min(last - bw["ts"], bw["dur"]) / 1e6)
             opt = ph.get("optimizer")
-            phases["optimizer"].append(max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0)
+            comm, overlapped = _in_flight(tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"]))
+            rows.append({"data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0, "forward": ph["forward"]["dur"] / 1e6,
+                         "backward": min(last - bw["ts"], bw["dur"]) / 1e6,
+                         "optimizer": max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0,
+                         "ready": {e["name"]: (e["ts"] - bw["ts"]) / 1e6 for e in ticks},
+                         "comm": comm, "overlapped": overlapped})
             for e in ticks:
-                ready.setdefault(e["name"], []).append((e["ts"] - bw["ts"]) / 1e6)
                 if (e.get("args") or {}).get("bytes"):
                     tick_bytes[e["name"]] = float(e["args"]["bytes"])
-    return phases, ready, tick_bytes
+    return rows, tick_bytes
+
+
+def _samples(rows: list[dict[str, Any]]) -> Samples:
+    names = tuple(sorted({n for r in rows for n in r["ready"]}))
+    return Samples(phases=np.array([[r[k] for k in PHASES] for r in rows], dtype=float), names=names,
+                   ready=np.array([[r["ready"].get(n, np.nan) for n in names] for r in rows], dtype=float),
+                   comm=np.array([r["comm"] for r in rows]), overlapped=np.array([r["overlapped"] for r in rows]))
 
 
 def _summary(folder: Path) -> dict[str, Any]:
@@ -129,10 +190,14 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
     data = load_trace(folder)
     events, other = data["traceEvents"], data.get("otherData") or {}
     summary = _summary(folder)
-    phases, ready, tick_bytes = _per_step(events)
-    if not phases["forward"]:
+    rows, tick_bytes = _per_step(events)
+    if not rows:
         raise ConfigError(f"{folder}: the trace holds no complete traced step; rerun with --trace N (N ≥ 1) "
                           "and more steps than --warmup-steps")
+    ready: dict[str, list[float]] = {}
+    for r in rows:
+        for n, t in r["ready"].items():
+            ready.setdefault(n, []).append(t)
     if not ready:
         raise ConfigError(f"{folder}: the trace has no gradient-ready ticks; trace it again with this dpcompare")
     notes: list[str] = []
@@ -152,8 +217,7 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
                     and e.get("ph") == "M"), None)
     return Profile(
         run=str(folder), strategy=strategy, sharded=sharded, world_size=int(other.get("world_size") or summary.get("world_size") or 1),
-        data=_median(phases["data"]), forward=_median(phases["forward"]), backward=_median(phases["backward"]),
-        optimizer=_median(phases["optimizer"]), grads=grads,
+        **{k: _median([r[k] for r in rows]) for k in PHASES}, grads=grads, samples=_samples(rows),
         batch=int(other.get("batch_size") or summary.get("batch_size") or 1), buffer_bytes=buffers,
         device=str(summary.get("device", "cpu")), config=dict(summary.get("config") or {}),
         measured={**tr.communication_figures(events), "comm": summary.get("comm") or {},

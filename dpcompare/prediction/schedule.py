@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dpcompare.knobs import HOROVOD_CYCLE_MS, HOROVOD_FUSION_BYTES
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.profile import Grad, Profile
 
@@ -27,14 +28,15 @@ class Knobs:
     #: DDP's first bucket; None: the same as the others. torch 2.15 uses its 1 MB first bucket only when
     #: bucket_cap_mb is left unset, and dpcompare always sets it (older torch used 1 MB always)
     first_bucket_mb: float | None = None
-    fusion_mb: float = 128.0  # HOROVOD_FUSION_THRESHOLD
-    cycle_ms: float = 1.0  # HOROVOD_CYCLE_TIME
-    fp16: bool = False  # gradients cast to 16 bits on the wire
+    fusion_mb: float = HOROVOD_FUSION_BYTES / MB  # HOROVOD_FUSION_THRESHOLD
+    cycle_ms: float = HOROVOD_CYCLE_MS  # HOROVOD_CYCLE_TIME
+    #: gradients on the wire: "none" (fp32), "fp16" or "bf16" (both 2 bytes: the wire time halves, the cast is free)
+    grad_compression: str = "none"
 
     @property
     def wire(self) -> float:
         """Bytes on the wire per byte of fp32 gradient."""
-        return 0.5 if self.fp16 else 1.0
+        return 1.0 if self.grad_compression == "none" else 0.5
 
 
 @dataclass
@@ -61,11 +63,17 @@ class Step:
         return max(self.comm - self.exposed, 0.0)
 
     @property
+    def no_overlap(self) -> float:
+        """The upper bound: the compute and then every collective in a row, none overlapping."""
+        return self.compute + self.comm
+
+    @property
     def throughput(self) -> float:
         return self.ranks * self.batch / self.step if self.step > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        ms = {k: round(getattr(self, k) * 1e3, 4) for k in ("step", "compute", "comm", "exposed", "hidden")}
+        ms = {k: round(getattr(self, k) * 1e3, 4) for k in ("step", "compute", "comm", "exposed", "hidden",
+                                                             "no_overlap")}
         return {"strategy": self.strategy, "hosts": self.hosts, "ranks": self.ranks,
                 **{f"{k}_ms": v for k, v in ms.items()}, "ops": self.ops, "wire_bytes": round(self.wire_bytes),
                 "samples_per_s": round(self.throughput, 3), **self.detail}
@@ -113,7 +121,8 @@ class Schedule:
         """The knobs this schedule reads, as the flags spell them."""
         k = self.knobs
         said = {"bucket_mb": f"bucket {k.bucket_mb:g} MB", "fusion_mb": f"fusion {k.fusion_mb:g} MB",
-                "cycle_ms": f"cycle {k.cycle_ms:g} ms", "fp16": "fp16" if k.fp16 else "fp32 on the wire"}
+                "cycle_ms": f"cycle {k.cycle_ms:g} ms", "grad_compression": f"{k.grad_compression} on the wire" if k.grad_compression != "none"
+                else "fp32 on the wire"}
         return ", ".join(said[t] for t in self.tunable)
 
 

@@ -2,6 +2,13 @@
 
 Scaling efficiency is weak scaling (the same batch per rank): the throughput at H hosts over H times the
 throughput of one host, which is one host's step over H hosts' step (one host of one rank communicates nothing).
+
+Every figure has a band (:class:`Noise`): a percentile bootstrap over the inputs' own noise. Each replicate
+draws the traced (rank, step) rows again with replacement (:meth:`.profile.Profile.resampled`: the compute, the
+gradients' ready times, the traced all-reduces of the floor) and each bench size's repeats
+(:meth:`.network.Bench.profiles`), and runs the schedule again; the band is the replicates' 2.5th to 97.5th
+percentile (numpy). Where the bench saw two speeds the step is the mixture's expectation and both modes' steps are
+given. A band wider than ±5 % says which input to measure more of.
 """
 
 from __future__ import annotations
@@ -12,16 +19,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpcompare.prediction.network import Link, Network
+import numpy as np
+
+from dpcompare.prediction.network import Bench, Link, Network
+from dpcompare.prediction.overlap import Overlap
 from dpcompare.prediction.profile import Profile
 from dpcompare.prediction.schedule import Knobs, Schedule, Step
-from dpcompare.prediction.strategies import schedule
+from dpcompare.prediction.strategies import schedule, trace_floors
 
 #: knob → the factors tried for advice, and how the flag is spelt
 TRIES: dict[str, tuple[tuple[float, ...], str]] = {
-    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--fusion-mb"),
-    "cycle_ms": ((0.2, 0.5, 2, 5), "--cycle-ms"), "fp16": ((1,), "--fp16")}
+    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--bucket-mb"),
+    "cycle_ms": ((0.2, 0.5, 2, 5), "--horovod-cycle-ms"), "grad_compression": (("fp16",), "--grad-compression")}
 MIN_GAIN = 0.01  # a knob must shorten the step by at least 1 % to be advised
+BAND_WIDE = 0.05  # a band wider than ±5 % of its figure asks for more measurements
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What a band is drawn from: the traced steps (always), the bench's repeats (``bench``: None without measured
+    rows), the trace's all-reduces when they floor the link (``floor_from_trace``); and how."""
+
+    bench: Bench | None = None
+    floor_from_trace: bool = False
+    replicates: int = 200  # 0: no band
+    seed: int = 0
+    level: float = 0.95
 
 
 def pct(x: float) -> str:
@@ -42,6 +65,18 @@ class Curve:
     knob_text: str = ""
     measured: dict[str, Any] = field(default_factory=dict)  # the traced run's own figures, at its own size
     notes: list[str] = field(default_factory=list)
+    #: per host count (one host first, then ``steps``): the band's (low, high) step and efficiency; empty: no band
+    bands: list[tuple[float, float]] = field(default_factory=list)
+    eff_bands: list[tuple[float, float]] = field(default_factory=list)
+    #: per host count, the step in Open MPI's fast and slow mode, where the bench saw two; empty otherwise
+    modes: list[tuple[float, float]] = field(default_factory=list)
+    overlap: Overlap = field(default_factory=Overlap)
+    band_advice: str = ""
+    band_info: dict[str, Any] = field(default_factory=dict)
+
+    def band(self, i: int) -> tuple[float, float]:
+        """The step's band at ``steps[i]`` (the point itself without a band)."""
+        return self.bands[i + 1] if self.bands else (self.steps[i].step, self.steps[i].step)
 
     def efficiency(self, s: Step) -> float:
         return self.base.step / s.step if s.step > 0 else 0.0
@@ -50,11 +85,24 @@ class Curve:
         """The first host count asked at which efficiency falls below ``threshold``, or None."""
         return next((s.hosts for s in self.steps if self.efficiency(s) < threshold), None)
 
+    def step_dict(self, i: int) -> dict[str, Any]:
+        s = self.steps[i]
+        out = {**s.as_dict(), "efficiency": round(self.efficiency(s), 4)}
+        if self.bands:
+            (lo, hi), (elo, ehi) = self.bands[i + 1], self.eff_bands[i + 1]
+            out.update(step_ms_low=round(lo * 1e3, 4), step_ms_high=round(hi * 1e3, 4),
+                       efficiency_low=round(elo, 4), efficiency_high=round(ehi, 4))
+        if self.modes:
+            out.update(fast_mode_step_ms=round(self.modes[i + 1][0] * 1e3, 4),
+                       slow_mode_step_ms=round(self.modes[i + 1][1] * 1e3, 4))
+        return out
+
     def as_dict(self, threshold: float) -> dict[str, Any]:
         return {"label": self.label, "strategy": self.strategy, "run": self.run, "knobs": dataclasses.asdict(self.knobs),
                 "one_host_step_ms": round(self.base.step * 1e3, 4), "threshold": threshold,
                 "below_threshold_at_hosts": self.below(threshold), "advice": self.advice, "notes": self.notes, "traced_run": self.measured,
-                "steps": [{**s.as_dict(), "efficiency": round(self.efficiency(s), 4)} for s in self.steps]}
+                "band": self.band_info, "band_advice": self.band_advice, "overlap": self.overlap.as_dict(),
+                "steps": [self.step_dict(i) for i in range(len(self.steps))]}
 
 
 def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
@@ -63,7 +111,7 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
     cfg, d = p.config, Knobs()
     mine = {"bucket_mb": float(cfg.get("bucket_mb") or d.bucket_mb), "fusion_mb": float(cfg.get("bucket_mb")
             or d.fusion_mb), "cycle_ms": float(cfg.get("horovod_cycle_ms") or d.cycle_ms),
-            "fp16": cfg.get("grad_compression") == "fp16"}
+            "grad_compression": str(cfg.get("grad_compression") or "none")}
     mine.update({k: v for k, v in over.items() if v is not None})
     return Knobs(**mine)
 
@@ -85,12 +133,73 @@ def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
             "traced_step_ms": round(measured, 4), "error_pct": round(100 * (model / measured - 1), 1)}
 
 
-def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int], label: str) -> Curve:
-    sched = schedule(name)(p, knobs)
+def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int], label: str,
+          noise: Noise | None = None, overlap: Overlap | None = None) -> Curve:
+    """``name``'s schedule on ``p``'s compute at one host and at ``hosts``, corrected by ``overlap``; with its band
+    (``noise``) and, where the bench saw two speeds, the step in each."""
+    sched, ov, noise = schedule(name)(p, knobs), overlap or Overlap(), noise or Noise()
     traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
               **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched)}
-    return Curve(label, name, p.run, knobs, sched.run(net.with_hosts(1)), [sched.run(net.with_hosts(h)) for h in hosts],
-                 knob_text=sched.describe_knobs(), notes=list(p.notes), measured=traced)
+    counts = [1, *hosts]
+    points = [ov.apply(sched.run(net.with_hosts(h))) for h in counts]
+    c = Curve(label, name, p.run, knobs, points[0], points[1:], knob_text=sched.describe_knobs(), notes=list(p.notes),
+              measured=traced, overlap=ov)
+    if noise.bench is not None and noise.bench.bimodal:
+        fast, slow = ([ov.apply(sched.run(dataclasses.replace(net, profiles={**net.profiles, **noise.bench.profiles(
+            m)}).with_hosts(h))).step for h in counts] for m in ("fast", "slow"))
+        c.modes = list(zip(fast, slow, strict=True))
+    if noise.replicates > 0:
+        _band(c, p, net, counts, noise)
+    return c
+
+
+def _replicates(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Noise, n: int, trace: bool = True,
+                bench: bool = True) -> np.ndarray:
+    """``n`` bootstrap replicates (rows) of the step at each of ``counts``: the traced rows and/or the bench's
+    repeats drawn again with replacement (numpy's Generator, seeded: the same replicates every run)."""
+    rng = np.random.default_rng(noise.seed)
+    out = np.empty((n, len(counts)))
+    for k in range(n):
+        pk, nk = p.resampled(rng) if trace else p, net
+        if bench and noise.bench is not None:
+            nk = dataclasses.replace(nk, profiles={**net.profiles, **noise.bench.profiles("expected", rng)})
+        if trace and noise.floor_from_trace:
+            nk = dataclasses.replace(nk, floors=trace_floors(pk))
+        sched = schedule(c.strategy)(pk, c.knobs)
+        out[k] = [c.overlap.apply(sched.run(nk.with_hosts(h))).step for h in counts]
+    return out
+
+
+def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Noise) -> None:
+    """The curve's bands (step and efficiency per host count) and, when one is wider than ±5 %, what to measure."""
+    arr = _replicates(c, p, net, counts, noise, noise.replicates)
+    q = [50 * (1 - noise.level), 50 * (1 + noise.level)]
+    lo, hi = np.percentile(arr, q, axis=0)
+    elo, ehi = np.percentile(arr[:, :1] / arr, q, axis=0)
+    c.bands = [(float(a), float(b)) for a, b in zip(lo, hi, strict=True)]
+    c.eff_bands = [(float(a), float(b)) for a, b in zip(elo, ehi, strict=True)]
+    traced = len(p.samples) if p.samples is not None else 0
+    repeats = noise.bench.repeats if noise.bench is not None else None
+    c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced,
+                   "bench_repeats_per_size": repeats, "method": "percentile bootstrap over the traced (rank, step) rows"
+                   + (" and each bench size's repeats" if repeats else "")}
+    points = [c.base, *c.steps]
+    half = [(b - a) / 2 / s.step if s.step > 0 else 0.0 for (a, b), s in zip(c.bands, points, strict=True)]
+    worst = int(np.argmax(half))
+    if half[worst] <= BAND_WIDE:
+        return
+    at = f"{c.label}: band ±{100 * half[worst]:.0f} % at {counts[worst]} host{'s' * (counts[worst] > 1)}, wider than " \
+         f"±{100 * BAND_WIDE:.0f} %"
+    n = max(noise.replicates // 2, 20)
+    from_trace = float(np.ptp(np.percentile(_replicates(c, p, net, counts[worst:worst + 1], noise, n, bench=False),
+                                            q)))
+    from_bench = float(np.ptp(np.percentile(_replicates(c, p, net, counts[worst:worst + 1], noise, n, trace=False),
+                                            q))) if repeats else 0.0
+    more = max(2 * traced, 10)
+    c.band_advice = (f"{at}: mostly the bench's repeats ({repeats} times per size): bench again with twice as many "
+                     "(`lab bench --repeats 4` or more)" if from_bench > from_trace else
+                     f"{at}: mostly the traced steps ({traced} rank-steps): trace more (--trace with {more} or more "
+                     "rank-steps)")
 
 
 def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
@@ -102,11 +211,11 @@ def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
     for knob in cls.tunable:
         factors, flag = TRIES[knob]
         for f in factors:
-            value = (not c.knobs.fp16) if knob == "fp16" else getattr(c.knobs, knob) * f
-            if knob == "fp16" and not value:
-                continue
-            s = cls(p, dataclasses.replace(c.knobs, **{knob: value})).run(net.with_hosts(at.hosts))
-            spelt = flag if knob == "fp16" else f"{flag} {value:g}"
+            if knob == "grad_compression" and c.knobs.grad_compression != "none":
+                continue  # already 2 bytes a value on the wire
+            value = f if knob == "grad_compression" else getattr(c.knobs, knob) * f
+            s = c.overlap.apply(cls(p, dataclasses.replace(c.knobs, **{knob: value})).run(net.with_hosts(at.hosts)))
+            spelt = f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
             if best is None or s.step < best[0]:
                 best = (s.step, spelt, s)
     where = f"{c.label} at {at.hosts} hosts"
@@ -126,20 +235,36 @@ def winners(curves: Sequence[Curve], hosts: Sequence[int]) -> list[tuple[int, st
     return [(h, min(curves, key=lambda c: c.steps[i].step).label) for i, h in enumerate(hosts)]
 
 
+def undecided(curves: Sequence[Curve], i: int) -> list[str]:
+    """The curves whose band at ``hosts[i]`` overlaps the fastest one's (empty: the fastest is told apart)."""
+    best = min(curves, key=lambda c: c.steps[i].step)
+    lo = best.band(i)[0]
+    return [c.label for c in curves if c is not best and c.band(i)[0] <= best.band(i)[1] and c.band(i)[1] >= lo]
+
+
 def verdict(curves: Sequence[Curve], hosts: Sequence[int]) -> list[str]:
-    """Who wins where and the crossovers, in sentences."""
+    """Who wins where and the crossovers, in sentences; where the bands overlap, said so."""
     if len(curves) < 2:
         return []
-    runs: list[tuple[str, int, int]] = []  # label, first hosts, last hosts
-    for h, label in winners(curves, hosts):
+    runs: list[tuple[str, int, int, int]] = []  # label, first hosts, last hosts, index of the last
+    for i, (h, label) in enumerate(winners(curves, hosts)):
         if runs and runs[-1][0] == label:
-            runs[-1] = (label, runs[-1][1], h)
+            runs[-1] = (label, runs[-1][1], h, i)
         else:
-            runs.append((label, h, h))
-    lines = [f"fastest at {a}–{b} hosts: {label}" if a != b else f"fastest at {a} host{'s' * (a > 1)}: {label}"
-             for label, a, b in runs]
-    for (x, _, b), (y, a, _) in zip(runs, runs[1:], strict=False):
-        lines.append(f"crossover between {b} and {a} hosts: {y} overtakes {x}")
+            runs.append((label, h, h, i))
+    lines = []
+    for label, a, b, last in runs:
+        first = hosts.index(a)
+        ties = {h: undecided(curves, i) for i, h in enumerate(hosts[first:last + 1], start=first)}
+        tied = [h for h, t in ties.items() if t]
+        where = f"{a}–{b} hosts" if a != b else f"{a} host{'s' * (a > 1)}"
+        lines.append(f"fastest at {where}: {label}" + ("" if not tied else " (bands overlap with "
+                     f"{', '.join(sorted({x for t in ties.values() for x in t}))} at {_counts(tied)} hosts: not told "
+                     "apart there)"))
+    for (x, _, b, i), (y, a, _, _) in zip(runs, runs[1:], strict=False):
+        close = bool(undecided(curves, i) or undecided(curves, i + 1))
+        lines.append(f"crossover between {b} and {a} hosts: {y} overtakes {x}" +
+                     (" (inside the bands: where exactly is not decided)" if close else ""))
     if len(runs) == 1:
         lines.append(f"no crossover between {hosts[0]} and {hosts[-1]} hosts")
     computes = [c.base.step for c in curves]
@@ -148,3 +273,7 @@ def verdict(curves: Sequence[Curve], hosts: Sequence[int]) -> list[str]:
                      "step on one host), so the winner reflects the traced compute as much as the network: give "
                      "--strategies to model every strategy on each run's compute")
     return lines
+
+
+def _counts(hosts: Sequence[int]) -> str:
+    return ", ".join(map(str, hosts)) if len(hosts) <= 4 else f"{hosts[0]}–{hosts[-1]}"

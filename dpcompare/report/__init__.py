@@ -69,14 +69,14 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     The verdicts are the ones compare stored in results.json; ``recompute`` (``dpcompare report --recompute``)
     draws them again from the runs, as happens anyway when none were stored (an unfinished comparison).
     """
-    from dpcompare.report import attribution, faults, html, links, plots, projection, stats, table, traces
+    from dpcompare.report import attribution, axes, faults, html, plots, projection, stats, table, traces
 
     folder = Path(folder)
     results = load_results(folder)
     groups = stats.aggregate(results)
     verdicts = stats.report_verdicts(results, groups, recompute=recompute)
     made = plots.make_all(results, groups, folder / "plots", verdicts)
-    made += [p for p in [links.link_plot(results, groups, folder / "plots" / "links.png")] if p]  # --sweep link=
+    made += axes.axis_plots(results, groups, folder / "plots")  # --sweep link=..., threads=...
     fault_plot = faults.plot(results, folder / "plots" / "fault.png")  # --fault
     fault = faults.section(results, fault_plot)
     traced = traces.section(folder, results, folder / "plots")  # runs made with --trace N

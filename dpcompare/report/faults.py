@@ -6,7 +6,7 @@ against the twin without the fault (the fault's cost, paired over blocks) and th
 (paired over blocks, and over seeds with ``--seeds``: the accuracy verdict). Between arms, the verdict on wall
 time: the paired ratio of the faulted runs' wall times (faster / slower / equal within ±--equivalence). The
 figures come from the runs' records (``recovery``, ``world_sizes``, ``timeline``: written by
-:mod:`dpcompare.compare.faults`).
+:mod:`dpcompare.compare.fault_runs`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import matplotlib
 
-from dpcompare.report.groups import arm_faults, arm_of, final_metric, metric_of, np_order, without_fault
+from dpcompare.files import FAULT
+from dpcompare.report.groups import arm_of, final_metric, metric_of, np_order, twins, valued
 from dpcompare.report.intervals import (
     CONFIDENCE,
     EQUIVALENCE,
@@ -69,12 +70,13 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     eq = float(cfg.get("accuracy_equivalence") or ACCURACY_EQUIVALENCE)
     points = metric_of(results.get("runs", [])).get("unit") == "%"  # a fraction: its differences in points
     out = []
-    for arm, fault in arm_faults(results).items():
-        base = without_fault(arm)
+    clean = twins(results, FAULT)
+    for arm, fault in valued(results, FAULT).items():
+        base = clean.get(arm, arm)
         for n in np_order(results):
-            faulted, clean = _runs(results, arm, n), _runs(results, base, n)
+            faulted, twin = _runs(results, arm, n), _runs(results, base, n)
             if faulted:
-                out.append({**_row(arm, base, fault, n, faulted, clean, eq), "metric_in_points": points})
+                out.append({**_row(arm, base, fault, n, faulted, twin, eq), "metric_in_points": points})
     return out
 
 
@@ -126,7 +128,7 @@ def wall_verdicts(results: dict[str, Any], confidence: float = CONFIDENCE) -> li
     (faster / slower / equal within ±--equivalence, or undecided), and the sentence that says it."""
     cfg = results.get("config") or {}
     eq = float(cfg.get("equivalence") or EQUIVALENCE)
-    faulted = list(arm_faults(results))
+    faulted, clean = list(valued(results, FAULT)), twins(results, FAULT)
     out = []
     for n in np_order(results):
         for other in faulted[1:]:
@@ -136,13 +138,13 @@ def wall_verdicts(results: dict[str, Any], confidence: float = CONFIDENCE) -> li
             # the speed ratio other ÷ baseline: log(baseline wall ÷ other wall)
             iv, _ = paired_log_ratio_ci(other_w, base_w, confidence)
             eq_iv, _ = paired_log_ratio_ci(other_w, base_w, equivalence_confidence(confidence))
-            out.append(_wall_words(faulted[0], other, n, iv, eq_iv, eq, base_w, other_w, reps))
+            out.append(_wall_words(faulted[0], other, n, iv, eq_iv, eq, base_w, other_w, reps, clean))
     return out
 
 
 def _wall_words(base: str, other: str, n: int, iv: Interval | None, eq_iv: Interval | None, eq: float,
-                base_w: list[float], other_w: list[float], reps: list[int]) -> dict[str, Any]:
-    head = f"with the fault, {without_fault(other)} vs {without_fault(base)} at np={n}"
+                base_w: list[float], other_w: list[float], reps: list[int], clean: dict[str, str]) -> dict[str, Any]:
+    head = f"with the fault, {clean.get(other, other)} vs {clean.get(base, base)} at np={n}"
     if iv is None:
         return {"np": n, "baseline": base, "other": other, "outcome": "undecided", "ratio": None,
                 "text": f"{head}: no comparison (no block where both finished)"}
@@ -159,7 +161,7 @@ def _wall_words(base: str, other: str, n: int, iv: Interval | None, eq_iv: Inter
                  "equal": f"takes as long, within ±{100 * eq:g} % ({span})"}.get(
             outcome, f"undecided: {_times(ratio)} ({span}); more repeats would decide")
     return {"np": n, "baseline": base, "other": other, "outcome": outcome, "ratio": ratio,
-            "text": f"{head}: {without_fault(other)} {words}; {walls}"}
+            "text": f"{head}: {clean.get(other, other)} {words}; {walls}"}
 
 
 def _times(ratio: float) -> str:
@@ -169,7 +171,7 @@ def _times(ratio: float) -> str:
 
 def summary(results: dict[str, Any]) -> dict[str, Any] | None:
     """What results.json keeps as ``faults``: the rows and the wall-time verdicts (None without --fault)."""
-    if not arm_faults(results):
+    if not valued(results, FAULT):
         return None
     return {"rows": rows(results), "verdicts": wall_verdicts(results)}
 
@@ -250,19 +252,19 @@ def _uri(path: Path) -> str:
 def plot(results: dict[str, Any], path: Path) -> Plot | None:
     """Throughput over time of each arm's first faulted run (its twin without the fault behind it), the fault
     and the pause marked, the world size on the right."""
-    faulted = arm_faults(results)
-    runs = [(a, _first(results, a), _first(results, without_fault(a))) for a in faulted]
+    clean = twins(results, FAULT)
+    runs = [(a, _first(results, a), _first(results, clean.get(a, a))) for a in valued(results, FAULT)]
     runs = [(a, f, c) for a, f, c in runs if f is not None and f.get("timeline")]
     if not runs:
         return None
-    col = colors([without_fault(a) for a, _, _ in runs])
+    col = colors([clean.get(a, a) for a, _, _ in runs])
     with matplotlib.rc_context(RC):
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(7.5, 2.6 * len(runs)), layout="constrained")
         axes = fig.subplots(len(runs), 1, squeeze=False)[:, 0]
         for ax, (arm, f, c) in zip(axes, runs, strict=True):
-            _panel(ax, without_fault(arm), f, c, col[without_fault(arm)])
+            _panel(ax, clean.get(arm, arm), f, c, col[clean.get(arm, arm)])
         axes[-1].set_xlabel("seconds since the job started")
         _save(fig, path)
     return Plot("fault", path, "Throughput over time, the fault marked",

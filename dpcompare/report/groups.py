@@ -201,43 +201,89 @@ def paired_blocks(results: dict[str, Any], baseline: str, other: str, np_: int,
     return reps, [per[baseline][k] for k in reps], [per[other][k] for k in reps]
 
 
-def arm_links(results: dict[str, Any]) -> dict[str, str]:
-    """Arm label → the link rate it ran on, for a comparison that swept the lab's link (``--sweep link=``)."""
+# -- axes (compare --sweep link=..., --fault, --sweep threads=...: compare/axes.py) -------------------------------
+#: how arms pair along an axis: verdicts per value, or against the twin without the value
+WITHIN, TWIN = "within", "twin"
+_LINK_NOTE = ("Emulated hosts (network namespaces) joined by tbf-shaped links; the unshaped veth ('unlimited') is "
+              "CPU-bound, not a fast NIC.")
+#: results.json from before arms recorded their axes apart (``arms[].axes``): the link and the fault were kept
+#: under ``knobs``, and the report paired them so
+OLD_AXES = {LINK: {"pairs": WITHIN, "words": "on {value}", "title": "link rate", "note": _LINK_NOTE},
+            FAULT: {"pairs": TWIN, "words": "with {name}={value}", "title": FAULT}}
+
+
+def axes_of(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Axis name → how its arms pair (``pairs``), how a verdict says its value (``words``), its ``title`` and
+    its ``values`` in order, as compare recorded them (``config.axes``); older results: the link and the fault."""
+    cfg = results.get("config") or {}
+    if "axes" in cfg:
+        return {n: dict(d) for n, d in (cfg["axes"] or {}).items()}
+    values = _old_axes(results)
+    return {n: {**d, "values": list(dict.fromkeys(v[n] for v in values.values() if n in v))}
+            for n, d in OLD_AXES.items() if any(n in v for v in values.values())}
+
+
+def _old_axes(results: dict[str, Any]) -> dict[str, dict[str, str]]:
     arms = (results.get("config") or {}).get("arms") or []
-    return {a["label"]: str(a["knobs"][LINK]) for a in arms if LINK in (a.get("knobs") or {})}
+    return {a["label"]: {k: str(v) for k, v in (a.get("knobs") or {}).items() if k in OLD_AXES} for a in arms}
 
 
-def without_link(label: str) -> str:
-    """``horovod/link=1gbit`` → ``horovod``; ``ddp/batch_size=8,link=1gbit`` → ``ddp/batch_size=8``."""
-    return re.sub(rf"[/,]{LINK}=[^,]*$", "", re.sub(rf"([/,]){LINK}=[^,]*,", r"\1", label))
-
-
-def arm_faults(results: dict[str, Any]) -> dict[str, str]:
-    """Arm label → the fault it met (``compare --fault``): those arms are compared with their twins without it
-    (:mod:`dpcompare.report.faults`), not in the verdicts of :func:`arm_pairs`."""
+def arm_axes(results: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Arm label → its value of each axis (``config.arms[].axes``; older results: link and fault in ``knobs``)."""
     arms = (results.get("config") or {}).get("arms") or []
-    return {a["label"]: str(a["knobs"][FAULT]) for a in arms if FAULT in (a.get("knobs") or {})}
+    if "axes" in (results.get("config") or {}):
+        return {a["label"]: {k: str(v) for k, v in (a.get("axes") or {}).items()} for a in arms}
+    return _old_axes(results)
 
 
-def without_fault(label: str) -> str:
-    """``ddp-elastic/fault=host2@40`` → ``ddp-elastic``; ``ddp/batch_size=8,fault=host2@40`` → ``ddp/batch_size=8``."""
-    return re.sub(rf"[/,]{FAULT}=[^,/]*$", "", label)
+def arm_base(results: dict[str, Any], label: str) -> str:
+    """The arm's label before its axes were added to it (``ddp/batch_size=8,link=1gbit`` → ``ddp/batch_size=8``)."""
+    arm = next((a for a in (results.get("config") or {}).get("arms") or [] if a["label"] == label), {})
+    if "base" in arm or "axes" in (results.get("config") or {}):
+        return str(arm.get("base") or label)
+    for name in OLD_AXES:  # older results: the pieces NAME=VALUE the plan added to the label, taken off
+        label = re.sub(rf"([/,]){name}=[^,/]*,", r"\1", re.sub(rf"[/,]{name}=[^,/]*$", "", label))
+    return label
+
+
+def valued(results: dict[str, Any], axis: str) -> dict[str, str]:
+    """Arm label → its value of ``axis``, for the arms that have one."""
+    return {a: v[axis] for a, v in arm_axes(results).items() if axis in v}
+
+
+def twins(results: dict[str, Any], axis: str) -> dict[str, str]:
+    """Arm label → its twin without ``axis``: the arm of the same base with the same other values."""
+    axes = arm_axes(results)
+    key = {a: (arm_base(results, a), tuple(sorted((k, v) for k, v in vals.items() if k != axis)))
+           for a, vals in axes.items()}
+    plain = {key[a]: a for a, vals in axes.items() if axis not in vals}
+    return {a: plain[key[a]] for a, vals in axes.items() if axis in vals and key[a] in plain}
+
+
+def shown_without(results: dict[str, Any], label: str, names: Iterable[str]) -> str:
+    """The arm's label without its values of axes ``names`` (its base, then its other values)."""
+    rest = [f"{k}={v}" for k, v in arm_axes(results).get(label, {}).items() if k not in set(names)]
+    base = arm_base(results, label)
+    return base + (("," if "/" in base else "/") + ",".join(rest) if rest else "")
 
 
 def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:
     """``(np, baseline, other)``: every arm after the first against the first (the baseline), np ascending;
-    with a link sweep, within each link: every arm on that link against the first arm on it. Arms that met a
-    fault (``--fault``) are left out: their report compares them with their twins without it.
+    along an axis whose arms pair within a value (a link sweep): every arm at that value against the first arm
+    at it. Arms at a value of a twin axis (``--fault``) are left out: their report compares them with their
+    twins without it.
 
     The one pairing every verdict (throughput, accuracy, time to accuracy) iterates over.
     """
-    faulted = arm_faults(results)
-    arms, links = [a for a in arm_order(results) if a not in faulted], arm_links(results)
-    by_link: dict[str | None, list[str]] = {}
-    for a in arms:
-        by_link.setdefault(links.get(a), []).append(a)
+    kinds, axes = {n: d.get("pairs") for n, d in axes_of(results).items()}, arm_axes(results)
+    by_value: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for a in arm_order(results):
+        vals = axes.get(a, {})
+        if any(kinds.get(k) == TWIN for k in vals):
+            continue
+        by_value.setdefault(tuple(sorted((k, v) for k, v in vals.items() if kinds.get(k) == WITHIN)), []).append(a)
     for n in np_order(results):
-        for same in by_link.values():
+        for same in by_value.values():
             for other in same[1:]:
                 yield n, same[0], other
 

@@ -27,7 +27,8 @@ def section(folder: str | Path) -> str:
         return ""
     picture = (f'<figure><img alt="predicted step time and efficiency" src="{data_uri(where / PNG_FILE)}">'
                "</figure>") if (where / PNG_FILE).is_file() else ""
-    said = [*doc.get("who_wins", []), *doc.get("below_threshold", []), *(a for a in doc.get("knob_advice", []) if a)]
+    said = [*doc.get("who_wins", []), *doc.get("below_threshold", []), *(a for a in doc.get("knob_advice", []) if a),
+            *doc.get("band_advice", []), *(f"overlap: {x}" for x in doc.get("overlap", []))]
     lines = "".join(f"<li>{html.escape(str(x))}</li>" for x in said)
     return ('<h2 id="projected">Projected to a cluster</h2><div class="card">'
             f"<p>A model, not a measurement: <code>dpcompare predict</code> on the traced runs, one rank per host on a "
@@ -43,11 +44,11 @@ def _table(curves: list[dict[str, Any]]) -> str:
     """Per curve: predicted step and efficiency at a few host counts, and where it drops below the threshold."""
     hosts = sorted({s["hosts"] for c in curves for s in c["steps"]})
     shown = [h for h in hosts if h in SHOWN] or hosts[:4]
-    head = "".join(f"<th>{h} hosts<br>step ms · efficiency</th>" for h in shown)
+    head = "".join(f"<th>{h} hosts<br>step ms (95 % band) · efficiency</th>" for h in shown)
     rows = []
     for c in curves:
         at = {s["hosts"]: s for s in c["steps"]}
-        cells = "".join(f"<td>{at[h]['step_ms']:.1f} · {100 * at[h]['efficiency']:.0f} %</td>" if h in at else "<td>–</td>"
+        cells = "".join(f"<td>{_step(at[h])} · {100 * at[h]['efficiency']:.0f} %</td>" if h in at else "<td>–</td>"
                         for h in shown)
         below = c.get("below_threshold_at_hosts")
         rows.append(f"<tr><td>{html.escape(str(c['label']))}</td>{cells}<td>{'never' if below is None else below}"
@@ -55,3 +56,9 @@ def _table(curves: list[dict[str, Any]]) -> str:
     threshold = curves[0].get("threshold", 0.8)
     return (f'<div class="scroll"><table><thead><tr><th>strategy (traced run)</th>{head}<th>below '
             f"{100 * threshold:.0f} % from<br>hosts</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _step(s: dict[str, Any]) -> str:
+    """A predicted step and, when the prediction has one, its band from the inputs' own noise."""
+    band = f" ({s['step_ms_low']:.1f}–{s['step_ms_high']:.1f})" if "step_ms_low" in s else ""
+    return f"{s['step_ms']:.1f}{band}"

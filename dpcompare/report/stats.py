@@ -17,7 +17,7 @@ inside ±equivalence. Each claim is then wrong at most 5 % of the time; asking t
 inside the margin would test equivalence at 2.5 % and need about a third more blocks for nothing.
 
 This module assembles the throughput verdicts (the rule that decides how many blocks to run is
-:mod:`dpcompare.compare.schedule`'s); the pieces live in :mod:`~dpcompare.report.intervals` (intervals and decisions), :mod:`~dpcompare.report.groups`
+:mod:`dpcompare.compare.stopping`'s); the pieces live in :mod:`~dpcompare.report.intervals` (intervals and decisions), :mod:`~dpcompare.report.groups`
 (arms, aggregates, pairing) and :mod:`~dpcompare.report.verdicts` (Verdict, accuracy and time to accuracy),
 and every name is importable from here too. :func:`report_verdicts` gives the report the verdicts compare
 stored in results.json, recomputing them only when asked or when none were stored.
@@ -35,12 +35,14 @@ import numpy as np
 from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the report's statistics in one name)
     MEMORY_KINDS,
     MEMORY_LABELS,
+    WITHIN,
     Group,
     aggregate,
-    arm_links,
+    arm_axes,
     arm_of,
     arm_order,
     arm_pairs,
+    axes_of,
     exact_by_construction,
     find,
     launch_note,
@@ -51,10 +53,10 @@ from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the 
     phase_shifts,
     run_throughput,
     scaling_efficiency,
+    shown_without,
     strategy_order,
     tta_target,
     unit_blocks,
-    without_link,
 )
 from dpcompare.report.intervals import (  # noqa: F401
     BOOTSTRAP_MIN_BLOCKS,
@@ -154,7 +156,7 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
     needed_units = blocks_needed([math.log(y / x) for x, y in zip(ub, uo, strict=True)], eq, confidence)
     needed = None if needed_units is None else needed_units * unit
     outcome, text = throughput_verdict(s, base, n, log_iv, eq, needed, confidence, log_eq_iv, len(reps))
-    text = _on_link(results, text, base, s, n)
+    text = _at_value(results, text, base, s, n)
     _, sb, so = paired_blocks(results, base, s, n, statistic=lambda r: r.get("samples_per_sec"))
     sps_ratio = math.exp(statistics.fmean(math.log(y / x) for x, y in zip(sb, so, strict=True))) if sb else None
     assert log_iv is not None
@@ -167,14 +169,19 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
                    needed if outcome == "undecided" else None, eq, _ratio_ci(log_eq_iv), unit_blocks=unit)
 
 
-def _on_link(results: dict[str, Any], text: str, base: str, other: str, n: int) -> str:
-    """A verdict between two arms on the same swept link in the words "horovod X % slower than ddp at np=2 on 1gbit"."""
-    link = arm_links(results).get(base)
-    if link is None or arm_links(results).get(other) != link:
+def _at_value(results: dict[str, Any], text: str, base: str, other: str, n: int) -> str:
+    """A verdict between two arms at the same value of a swept axis in its words: "horovod X % slower than ddp
+    at np=2 on 1gbit" (the link), "... at 2 thread(s) per rank" (the threads)."""
+    axes, values = axes_of(results), arm_axes(results)
+    shared = {k: v for k, v in values.get(base, {}).items()
+              if values.get(other, {}).get(k) == v and (axes.get(k) or {}).get("pairs") == WITHIN}
+    if not shared:
         return text
     for label in (other, base):
-        text = text.replace(label, without_link(label), 1)
-    return text.replace(f" at np={n}", f" at np={n} on {link}", 1)
+        text = text.replace(label, shown_without(results, label, shared), 1)
+    words = ", ".join(str(axes[k].get("words") or "with {name}={value}").format(name=k, value=v)
+                      for k, v in shared.items())
+    return text.replace(f" at np={n}", f" at np={n} {words}", 1)
 
 
 def stored_verdicts(results: dict[str, Any]) -> list[Verdict] | None:

@@ -16,12 +16,10 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -34,7 +32,7 @@ from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
 from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
-from dpcompare.options import changed_settings
+from dpcompare.options import CONFIG_FILE, changed_settings, write_train_config
 from dpcompare.progress import ProgressLine
 from dpcompare.training import optim
 from dpcompare.training.evaluation import EvalCurve, evaluate
@@ -51,10 +49,14 @@ def effective_lr(cfg: TrainConfig, world_size: int) -> float:
     return cfg.lr * world_size if cfg.scale_lr else cfg.lr
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+def use_deterministic_kernels() -> None:
+    """GPU kernels that give the same bits every run (atomic-add backward passes replaced); CPU kernels are."""
+    if not torch.cuda.is_available():
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS's first handle
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def default_out(cfg: TrainConfig, world_size: int) -> TrainConfig:
@@ -114,7 +116,9 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
         for folder in (Path(cfg.out), Path(cfg.out) / checkpoint.CKPT_DIR):
             remove_stale_temporaries(folder)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
-    seed_everything(cfg.seed)
+    checkpoint.seed_everything(cfg.seed)
+    if cfg.deterministic:
+        use_deterministic_kernels()
     workload = workload or resolve_workload(cfg).workload  # loop.train(cfg) from Python: the workload cfg names
     check_target(cfg, workload)
     optim.check(cfg, workload)
@@ -166,7 +170,7 @@ def train(cfg: TrainConfig, env: LaunchEnv | None = None, strategy: Strategy | N
     strategy.configure(cfg)
     strategy.configure_model(start.workload.traits)
     if cfg.trace:
-        strategy.prepare_trace(Path(cfg.out))
+        strategy.tracer.prepare(Path(cfg.out))
     with strategy if owned else contextlib.nullcontext(strategy):  # an owned strategy: connect ... disconnect
         return Run(cfg, strategy, start).train()
 
@@ -278,7 +282,7 @@ class Run:
             raise ConfigError(f"{self.start.resume_path} holds an optimizer of {saved} parameter group(s), this run's "
                               f"has {len(mine)}: resume with the checkpoint's --optimizer "
                               f"({ckpt['config'].get('optimizer')}), or start afresh with --init-from")
-        self.strategy.load_full_optimizer_state(self.model, self.optimizer, ckpt["optimizer"])
+        self.strategy.full_state.load_optimizer(self.model, self.optimizer, ckpt["optimizer"])
         state = ckpt.get("scheduler")
         ratio = self.lr / float(ckpt["config"].get("effective_lr") or self.lr)
         optim.restore_hyperparameters(self.optimizer, self.scheduler, mine, ratio, state)
@@ -323,6 +327,7 @@ class Run:
         """Rank 0: OUT, ``metrics.jsonl`` (a fresh run's empty, a resumed one's past) and the trackers."""
         if self.strategy.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            write_train_config(self.out / CONFIG_FILE, self.cfg)
             _write_jsonl(self.out / "metrics.jsonl", self.history)
             self.trackers = open_trackers(self.cfg, self.run_info, self.out, True, self.history)
         if not self.elastic:  # (a worker joining an elastic run meets the others only in its strategy's sync)
@@ -519,7 +524,7 @@ class Run:
         cfg, strategy, steps = self.cfg, self.strategy, self.steps
         timing = timing_summary(strategy, steps.times, self.global_batch, steps.cpu.figures())
         timing["timing_only_steps"] = self.timing_only
-        memory = memory_summary(strategy, strategy.memory_bytes(self.model, self.optimizer), timing)
+        memory = memory_summary(strategy, strategy.full_state.memory_bytes(self.model, self.optimizer), timing)
         communication = steps.tracer.finish(self.out, {
             "strategy": strategy.name, "world_size": strategy.world_size, "model": self.workload.label,
             "batch_size": cfg.batch_size}) if steps.tracer else None
@@ -562,7 +567,7 @@ def save_checkpoint(strategy: Strategy, model: nn.Module, optimizer: torch.optim
     epoch ``epoch + 1``), with the workload's source and the learning-rate schedule's state and planned length;
     every rank waits for it."""
     target, path = path or checkpoint.checkpoint_path(out, epoch), None
-    model_state, optimizer_state = strategy.full_state_dicts(model, optimizer)  # every rank: may gather
+    model_state, optimizer_state = strategy.full_state.dicts(model, optimizer)  # every rank: may gather
     if strategy.is_main:
         state = {
             "format": checkpoint.FORMAT, "format_version": checkpoint.FORMAT_VERSION,

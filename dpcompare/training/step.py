@@ -88,7 +88,7 @@ class StepRunner:
         self.accumulate = cfg.accumulate
         self.warmup = cfg.warmup_steps
         self.amp_dtype = knobs.amp_dtype(cfg.amp)
-        self.scaler = strategy.make_grad_scaler()
+        self.scaler = strategy.precision.grad_scaler(strategy.cfg.amp)
         device = strategy.device
         self.timer = PhaseTimer(torch.cuda.synchronize if device.type == "cuda" else (lambda: None))
         self.times: list[StepTiming] = []

@@ -11,7 +11,7 @@ each written whole with one ``write`` and flushed::
 
 ``t`` is the wall clock (``time.time()``), comparable across the processes of one machine or a synchronised
 cluster. ``compare --fault`` reads it to take a host down at a step, and afterwards to measure the pause, the
-steps redone and the world size over time (:mod:`dpcompare.compare.faults`).
+steps redone and the world size over time (:mod:`dpcompare.compare.fault_runs`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The trainer's side of ``dpcompare train --trace N``: which steps to record, and the merge at the end.
 
 The recorder and the trace format are :mod:`dpcompare.trace`; each strategy adds its communication through
-:meth:`~dpcompare.backends.base.Strategy.start_trace` and, on rank 0, the library's own events
-(:meth:`~dpcompare.backends.base.Strategy.trace_library_events`).
+:meth:`strategy.tracer.start <dpcompare.backends.parts.Tracer.start>` and, on rank 0, the library's own events
+(:meth:`~dpcompare.backends.parts.Tracer.library_events`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class TraceSession:
 
     def before_step(self, done_steps: int) -> None:
         if not self.active and done_steps == self.warmup and self.recorded < self.steps:
-            self.strategy.start_trace(self.model, self.optimizer, self.recorder)
+            self.strategy.tracer.start(self.model, self.optimizer, self.recorder)
             self.active = True
 
     def after_step(self, global_step: int, start_perf: float, laps: dict[str, float]) -> None:
@@ -50,7 +50,7 @@ class TraceSession:
 
     def _stop(self) -> None:
         if self.active:
-            self.strategy.stop_trace()
+            self.strategy.tracer.stop()
             self.active = False
 
     def finish(self, out: Path, info: dict[str, Any]) -> dict[str, Any] | None:
@@ -68,7 +68,7 @@ class TraceSession:
             events += part["events"]
             notes += part["notes"]
         steps = [e for e in events if e.get("cat") == CAT_STEP and e["pid"] == 0]
-        lib_events, lib_notes = self.strategy.trace_library_events(rec, [(e["ts"], e["ts"] + e["dur"]) for e in steps])
+        lib_events, lib_notes = self.strategy.tracer.library_events(rec, [(e["ts"], e["ts"] + e["dur"]) for e in steps])
         events += lib_events
         notes += lib_notes
         if not steps:

@@ -1,4 +1,4 @@
-"""Experiment trackers (``--log``): TensorBoard, Weights & Biases, MLflow and CSV, fed by the reporting rank.
+"""Experiment trackers (``--trackers``): TensorBoard, Weights & Biases, MLflow and CSV, fed by the reporting rank.
 
 The loop talks to one :class:`Trackers` object and never to a tool::
 
@@ -10,8 +10,9 @@ The loop talks to one :class:`Trackers` object and never to a tool::
 On any other rank ``open_trackers`` returns an empty :class:`Trackers` whose calls do nothing. A comparison
 groups its runs with :mod:`dpcompare.compare.trackers`. W&B is offline unless ``WANDB_MODE`` says otherwise.
 
-Importing this module imports no torch and no tool (the command line reads :data:`TRACKERS`): a new tracker is
-a row in :data:`TRACKERS` and a :class:`Tracker` subclass in :data:`OPENERS`, both here.
+Importing this module imports no torch and no tool. A new tracker is its row in ``--trackers``' table
+(:data:`dpcompare.argtypes.TRACKERS`, which the command line and ``dpcompare doctor`` read without importing
+this room) and a :class:`Tracker` subclass in :data:`OPENERS` here.
 """
 
 from __future__ import annotations
@@ -27,19 +28,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_text
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
-
-#: ``--log`` trackers: name → (the module it needs, the pip extra that brings it or None, what it writes)
-TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
-    "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
-    "csv": (None, None, "OUT/metrics.csv and OUT/timing.csv"),
-    "wandb": ("wandb", "wandb", "a Weights & Biases run (offline unless WANDB_MODE says otherwise) in OUT/wandb"),
-    "mlflow": ("mlflow", "mlflow", "an MLflow run in --mlflow-uri's store (default: OUT/mlflow.db)"),
-}
 
 #: environment variables a compare's child jobs receive (besides WANDB_RUN_GROUP and MLFLOW_TRACKING_URI)
 MLFLOW_PARENT_ENV = "DPCOMPARE_MLFLOW_PARENT_RUN_ID"
@@ -48,14 +42,8 @@ WANDB_PROJECT = "dpcompare"  # unless WANDB_PROJECT is set
 MLFLOW_EXPERIMENT = "dpcompare"  # unless MLFLOW_EXPERIMENT_NAME / MLFLOW_EXPERIMENT_ID is set
 
 
-def install_hint(name: str) -> str:
-    """What brings tracker ``name``'s module: ``pip install 'dpcompare[EXTRA]'`` or ``pip install MODULE``."""
-    module, extra, _ = TRACKERS[name]
-    return f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
-
-
 def selected(cfg: TrainConfig) -> list[str]:
-    """The trackers ``cfg`` asks for (``--no-tensorboard`` removes tensorboard from ``--log``)."""
+    """The trackers ``cfg`` asks for (``--no-tensorboard`` removes tensorboard from ``--trackers``)."""
     names = [n.strip() for n in cfg.log.split(",") if n.strip() and n.strip() != "none"]
     return [n for n in dict.fromkeys(names) if cfg.tensorboard or n != "tensorboard"]
 
@@ -63,14 +51,14 @@ def selected(cfg: TrainConfig) -> list[str]:
 def require(name: str) -> Any:
     """Import the module tracker ``name`` needs; ConfigError naming the extra when it is absent or broken."""
     if name not in TRACKERS:
-        raise ConfigError(f"unknown tracker {name!r} in --log; choose from {', '.join(TRACKERS)}")
+        raise ConfigError(f"unknown tracker {name!r} in --trackers; choose from {', '.join(TRACKERS)}")
     module = TRACKERS[name][0]
     if module is None:
         return None
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"--log {name}: {module} does not import ({e}); {install_hint(name)}") from None
+        raise ConfigError(f"--trackers {name}: {module} does not import ({e}); {install_hint(name)}") from None
 
 
 def check(cfg: TrainConfig) -> None:

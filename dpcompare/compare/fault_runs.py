@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from dpcompare.compare.plan import Fault
+from dpcompare.compare.axes import Fault
 from dpcompare.lab import Lab
 from dpcompare.launch.jobs import LOGS, start_job, stop_job
 from dpcompare.training.steplog import STEP_LOG, read_step_log

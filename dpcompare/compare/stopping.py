@@ -68,7 +68,7 @@ def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
 
 
 @dataclass(frozen=True)
-class Schedule:
+class StoppingRule:
     """How many blocks: ``repeats`` of them, or (``repeats`` None) blocks until every verdict is precise
     enough (:func:`stop_reason`: half-width within ``target_ci``, a fraction, and the equivalence interval
     within half of ``equivalence``), ``max_repeats`` blocks were run, or another block would overrun
@@ -98,7 +98,7 @@ class Schedule:
         return None if self.repeats is None else self.repeats * max(1, len(self.seeds))
 
 
-def stop_reason(results: dict[str, Any], schedule: Schedule, blocks: int, elapsed: float) -> str | None:
+def stop_reason(results: dict[str, Any], schedule: StoppingRule, blocks: int, elapsed: float) -> str | None:
     """Why no further block should run, or None to run another."""
     if schedule.repeats is not None:
         seeds = f" × {len(schedule.seeds)} seeds" if schedule.seeds else ""

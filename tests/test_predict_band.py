@@ -1,0 +1,219 @@
+"""``dpcompare predict``'s band, Open MPI's two speeds, the measured overlap and bf16, on synthetic traces and bench
+files (no torch, no MPI, no timing)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dpcompare.lab.bench import analyse, mode_lines, two_modes
+from dpcompare.prediction import overlap, strategies, sweep
+from dpcompare.prediction.network import Bench, Link, Network, load_profiles
+from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples
+from dpcompare.prediction.schedule import MB, Knobs
+
+MS = 1e-3
+NAMES = ("fc2.weight", "fc1.weight")
+
+
+def noisy(n: int, seed: int, spread: float = 0.05, backward: float = 10 * MS, strategy: str = "ddp") -> Profile:
+    """A profile of ``n`` traced rows drawn around 1 ms data, 4 ms forward, ``backward``, 3 ms optimizer (each ×
+    a normal factor of sd ``spread``); two gradients of 4 and 8 MiB, ready at 40 % and at the end of backward."""
+    rng = np.random.default_rng(seed)
+    base = np.array([1 * MS, 4 * MS, backward, 3 * MS])
+    phases = base * rng.normal(1, spread, (n, 4))
+    ready = np.stack([0.4 * phases[:, 2], phases[:, 2]], axis=1)
+    samples = Samples(phases, NAMES, ready, np.zeros(n), np.zeros(n))
+    med = np.median(phases, axis=0)
+    rmed = np.median(ready, axis=0)
+    return Profile(run=f"noisy{seed}", strategy=strategy, sharded=False, world_size=2,
+                   **{k: float(v) for k, v in zip(PHASES, med, strict=True)},
+                   grads=[Grad(NAMES[0], float(rmed[0]), 4 * MB), Grad(NAMES[1], float(rmed[1]), 8 * MB)],
+                   samples=samples)
+
+
+def link_net(hosts: int = 2, mib_ms: float = 1.0) -> Network:
+    return Network(hosts, Link(0.0, MB / (mib_ms * MS)))
+
+
+# -- the band --------------------------------------------------------------------------------------------------
+def test_the_band_covers_the_truth_and_two_runs_of_the_procedure_agree_within_their_bands():
+    truth = strategies.schedule("ddp")(noisy(10**5, 0, spread=0.0), Knobs()).run(link_net()).step
+    bands = []
+    for seed in (1, 2):  # the same procedure twice: two traces of 40 rows from the same machine
+        p = noisy(40, seed)
+        c = sweep.curve(p, "ddp", Knobs(), link_net(), [2, 4], "ddp", sweep.Noise(replicates=200))
+        lo, hi = c.band(0)
+        assert lo < c.steps[0].step < hi and lo <= truth <= hi, (lo, truth, hi)
+        assert c.eff_bands[1][0] < c.efficiency(c.steps[0]) < c.eff_bands[1][1]
+        bands.append((lo, hi))
+    assert bands[0][0] <= bands[1][1] and bands[1][0] <= bands[0][1]  # they overlap
+    d = c.step_dict(0)
+    assert d["step_ms_low"] < d["step_ms"] < d["step_ms_high"] and c.band_info["traced_steps"] == 40
+    assert not c.band_advice  # ±5 % sd per phase over 40 rows: a band well inside ±5 %
+
+
+def test_a_wide_band_asks_for_more_traced_steps():
+    p = noisy(4, 3, spread=0.4)
+    c = sweep.curve(p, "ddp", Knobs(), link_net(mib_ms=0.01), [2], "ddp", sweep.Noise(replicates=100))
+    assert "wider than ±5 %" in c.band_advice and "trace more" in c.band_advice and "4 rank-steps" in c.band_advice
+
+
+def test_a_hand_made_profile_has_a_point_band_and_no_band_when_asked_for_none():
+    p = noisy(10, 4)
+    none = sweep.curve(p, "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=0))
+    assert none.bands == [] and "step_ms_low" not in none.step_dict(0) and none.band(0) == (none.steps[0].step,) * 2
+
+
+def test_who_wins_says_when_the_bands_overlap():
+    p = noisy(6, 5, spread=0.3)
+    # ddp and horovod on the same compute: their steps differ by less than the band
+    curves = [sweep.curve(p, s, Knobs(), link_net(mib_ms=0.5), [2, 4], s, sweep.Noise(replicates=100))
+              for s in ("ddp", "horovod")]
+    lines = sweep.verdict(curves, [2, 4])
+    assert "bands overlap with" in lines[0] and "not told apart" in lines[0]
+    tight = [sweep.curve(p, s, Knobs(), link_net(mib_ms=0.5), [2, 4], s, sweep.Noise(replicates=0))
+             for s in ("ddp", "horovod")]
+    assert "overlap" not in sweep.verdict(tight, [2, 4])[0]
+
+
+# -- Open MPI's two speeds ---------------------------------------------------------------------------------------
+def bimodal(seed: int = 0, fast: float = 0.288, slow: float = 0.429, n_fast: int = 6, n_slow: int = 4) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list(rng.normal(fast, 0.004, n_fast)) + list(rng.normal(slow, 0.004, n_slow))
+
+
+def test_two_modes_are_seen_on_a_bimodal_sample_and_not_on_one_mode_or_too_few():
+    m = two_modes(bimodal())
+    assert m is not None and m["slow_share"] == pytest.approx(0.4) and m["labels"] == [0] * 6 + [1] * 4
+    assert m["fast_s"] == pytest.approx(0.288, abs=0.005) and m["slow_s"] == pytest.approx(0.429, abs=0.005)
+    rng = np.random.default_rng(1)
+    assert two_modes(list(rng.normal(0.3, 0.01, 12))) is None
+    assert two_modes(list(rng.normal(0.3, 0.01, 11)) + [0.5]) is None  # one stray time is not a mode
+    assert two_modes(bimodal(n_fast=3, n_slow=2)) is None  # five times: too few to tell
+
+
+def bench_file(tmp_path, times_32m: list[float], link: float = 1e9):
+    raw = [{"backend": "mpi", "collective": "allreduce", "bytes": 2**20, "times_s": [0.0105, 0.0101, 0.0103] * 2},
+           {"backend": "mpi", "collective": "allreduce", "bytes": 32 * 2**20, "times_s": times_32m}]
+    doc = analyse(raw, 2, link, lab={"link_bps": link})
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    return path, doc
+
+
+def test_the_bench_says_two_speeds_and_the_model_carries_the_mixture(tmp_path):
+    times = bimodal()
+    path, doc = bench_file(tmp_path, times)
+    row = next(r for r in doc["rows"] if r["bytes"] == 32 * 2**20)
+    labels = np.array(row["modes"]["labels"])
+    t = np.array(times)
+    expected = 0.6 * np.median(t[labels == 0]) + 0.4 * np.median(t[labels == 1])
+    assert row["expected_s"] == pytest.approx(expected)
+    assert any(line.startswith("two speeds: mpi allreduce 33,554,432 bytes") and "(4 of 10)" in line
+               for line in mode_lines(doc))
+    bench = Bench.load(path)
+    assert bench is not None and bench.bimodal and bench.repeats == 6
+    at = {m: Network(2, Link(0.0, 1e9 / 8), profiles=bench.profiles(m)).cost("allreduce", 32 * 2**20, "mpi")
+          for m in ("expected", "fast", "slow")}
+    assert at["expected"] == pytest.approx(expected) and at["fast"] < at["expected"] < at["slow"]
+    assert load_profiles(path) == bench.profiles("expected")
+    # the curve: the mixture's expected step, and the step in each mode beside it
+    p = noisy(20, 6, strategy="horovod")
+    p.config["horovod_ops"] = "mpi"
+    c = sweep.curve(p, "horovod", Knobs(), Network(2, Link(0.0, 1e9 / 8), profiles=bench.profiles()), [2], "h",
+                    sweep.Noise(bench, replicates=50))
+    fast, slow = c.modes[1]
+    assert fast < c.steps[0].step < slow and "slow_mode_step_ms" in c.step_dict(0)
+
+
+def test_a_single_mode_bench_and_too_few_repeats_are_said(tmp_path):
+    path, doc = bench_file(tmp_path, [0.30, 0.31, 0.30, 0.29, 0.30, 0.31])
+    assert not Bench.load(path).bimodal and not [line for line in mode_lines(doc) if "two speeds" in line]
+    _, few = bench_file(tmp_path, [0.30, 0.45, 0.30])
+    assert any("too few to see two speeds" in line for line in mode_lines(few))
+
+
+# -- overlap ------------------------------------------------------------------------------------------------------
+def test_overlap_falls_back_to_the_stated_assumption():
+    p = noisy(10, 7)
+    c = sweep.curve(p, "ddp", Knobs(), link_net(), [2], "ddp")
+    assert not c.overlap.measured and c.overlap.source.startswith("assumed, nothing measured")
+    assert c.as_dict(0.8)["overlap"]["source"] == overlap.ASSUMED
+    # a shaped run that traced no collective: still the assumption, and why
+    o = overlap.measure(noisy(10, 8), p, strategies.schedule("ddp"), Knobs())
+    assert not o.measured and "traced no collective" in o.source
+
+
+def test_overlap_is_measured_from_a_slow_link_trace_and_corrects_the_step():
+    ref = noisy(10, 9, spread=0.0)
+    shaped = noisy(10, 9, spread=0.0, backward=14 * MS)  # backward 4 ms longer with communication in flight
+    # the shaped run's all-reduces ran at 1 MiB/ms: the 4 MiB bucket (ready at 4 ms of ref's backward) takes 4 ms,
+    # all of it hideable; the trace saw 2 ms of it inside backward's compute
+    shaped.measured["allreduces"] = [(4 * MB, 4 * MS), (8 * MB, 8 * MS)]
+    shaped = shaped.__class__(**{**shaped.__dict__, "samples": Samples(
+        shaped.samples.phases, NAMES, shaped.samples.ready, np.full(10, 12 * MS), np.full(10, 2 * MS))})
+    o = overlap.measure(shaped, ref, strategies.schedule("ddp"), Knobs(bucket_mb=4))
+    assert o.measured and o.hide == pytest.approx(0.5) and o.slow == pytest.approx(2.0)
+    assert "measured on noisy9" in o.source
+    plain = sweep.curve(ref, "ddp", Knobs(bucket_mb=4), link_net(), [2], "ddp", sweep.Noise(replicates=0))
+    fixed = sweep.curve(ref, "ddp", Knobs(bucket_mb=4), link_net(), [2], "ddp", sweep.Noise(replicates=0), o)
+    s, f = plain.steps[0], fixed.steps[0]
+    assert f.step == pytest.approx(s.step + s.hidden * (0.5 + 0.5 * 2.0))
+    assert s.step <= s.no_overlap and f.no_overlap == s.no_overlap == pytest.approx(s.compute + s.comm)
+    assert fixed.as_dict(0.8)["steps"][0]["no_overlap_ms"] == pytest.approx(s.no_overlap * 1e3, abs=1e-3)
+
+
+# -- bf16, and the one fusion planner ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["ddp", "horovod", "fsdp"])
+def test_bf16_is_modelled_like_fp16_and_halves_the_wire(strategy):
+    p = noisy(5, 10)
+    knobs = {c: sweep.knobs_of(dataclass_with(p, c), {}) for c in ("none", "fp16", "bf16")}
+    assert knobs["bf16"].grad_compression == "bf16" and knobs["bf16"].wire == 0.5 == knobs["fp16"].wire
+    steps = {c: strategies.schedule(strategy)(p, k).run(link_net()) for c, k in knobs.items()}
+    assert steps["bf16"].step == steps["fp16"].step < steps["none"].step
+    assert steps["bf16"].wire_bytes < steps["none"].wire_bytes
+    assert "bf16 on the wire" in strategies.schedule(strategy)(p, knobs["bf16"]).describe_knobs()
+
+
+def dataclass_with(p: Profile, compression: str) -> Profile:
+    return p.__class__(**{**p.__dict__, "config": {"grad_compression": compression}})
+
+
+def test_the_native_layer_and_predict_fuse_with_one_planner():
+    from dpcompare import knobs
+    from dpcompare.prediction.horovod import fuse
+
+    sizes = [1, 3, 0.5, 0.5, 1, 0.25]
+    grads = [Grad(str(i), 0.0, b * MB) for i, b in enumerate(sizes)]
+    plan = knobs.horovod_fusion(range(6), [b * MB for b in sizes], threshold=2 * MB)
+    assert [[int(g.name) for g in group] for group in fuse(grads, 2 * MB)] == plan == [[0], [1], [2, 3, 4], [5]]
+    assert Knobs().fusion_mb * MB == knobs.HOROVOD_FUSION_BYTES and Knobs().cycle_ms == knobs.HOROVOD_CYCLE_MS
+
+
+def test_overlap_from_a_run_whose_collectives_missed_backward_says_so(tmp_path):
+    from test_predict import fake_run
+
+    from conftest import dpcompare
+
+    run, shaped = fake_run(tmp_path / "r"), fake_run(tmp_path / "shaped")  # its all-reduce starts after backward
+    dpcompare("predict", str(run), "--hosts", "2", "--link", "1gbit", "--quiet", "--overlap-from", str(shaped),
+              "--bootstrap", "20")
+    out = json.loads((run / "prediction.json").read_text())
+    said = out["curves"][0]["overlap"]
+    assert not said["measured"] and "no communication ran during backward's compute" in said["source"]
+    assert out["inputs"]["overlap_from"] == str(shaped) and out["inputs"]["bootstrap"] == 20
+
+
+def test_the_bench_keeps_every_repeats_times_together():
+    from dpcompare.lab.bench import _merged
+
+    one = {"backend": "mpi", "collective": "allreduce", "bytes": 2**25}
+    raw = [{**one, "times_s": [0.29, 0.28, 0.29]}, {**one, "bytes": 2**20, "times_s": [0.01] * 3},
+           {**one, "times_s": [0.43, 0.42, 0.43]}]
+    doc = analyse(_merged(raw), 2, 10**9)
+    row = next(r for r in doc["rows"] if r["bytes"] == 2**25)
+    assert row["times_s"] == [0.29, 0.28, 0.29, 0.43, 0.42, 0.43] and row["modes"]["labels"] == [0, 0, 0, 1, 1, 1]
+    assert len(doc["rows"]) == 2
