@@ -5,6 +5,7 @@ start (scripts/slurm-local.sh, the session fixture of tests/test_slurm.py)."""
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -59,6 +60,12 @@ def _preempt_after_first_checkpoint(job: Any, out: Path, signal_tasks: Any) -> d
         assert time.monotonic() < deadline and not job.done(), job.stderr()
         time.sleep(0.2)  # polling a file the job writes (there is no event to wait on)
     signal_tasks(job)
+    deadline = time.monotonic() + LIMIT_S
+    while not job.done():  # never a hang: a job that does not come back fails with what Slurm says of it
+        assert time.monotonic() < deadline, f"{job} did not end after its requeue:\n" + (
+            _job_state(str(job.job_id)) + subprocess.run(["sinfo", "-R"], capture_output=True, text=True).stdout
+            if shutil.which("sinfo") else job.stdout() or "")
+        time.sleep(0.5)  # polling the job's state (there is no event to wait on)
     summary = job.results()[0]
     assert summary is not None, job.stdout()
     return summary
