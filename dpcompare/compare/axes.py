@@ -127,6 +127,9 @@ class Fault:
         """Short, for arm labels: ``host2@40`` (``host2@40-80`` with a return)."""
         return f"host{self.host}@{self.at_step}" + (f"-{self.back_at_step}" if self.back_at_step is not None else "")
 
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "at_step": self.at_step, "back_at_step": self.back_at_step}
+
 
 FAULT_KEYS = ("host", "at-step", "back-at-step")
 

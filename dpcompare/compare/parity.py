@@ -331,7 +331,6 @@ def run_parity(a: argparse.Namespace) -> int:
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
-    _write_config(a, out)
     if a.lab is not None:
         a.lab.check_np(a.np)
     base = config_from_args(a, epochs=0, max_steps=a.steps, record_step_loss=True, save_final=True,
@@ -345,6 +344,7 @@ def run_parity(a: argparse.Namespace) -> int:
     if single is not None:
         runs[single.strategy] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
+    _write_config(a, out)  # after every refusal: a refused check writes nothing
     try:
         results = _run_all(a, runs, console)
     except RuntimeError as e:
@@ -389,9 +389,9 @@ def _script_parity(a: argparse.Namespace, console: Console) -> int:
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
-    _write_config(a, out)
     if a.lab is not None:
         a.lab.check_np(a.np)
+    _write_config(a, out)
     return run_script_parity(a, config_from_args(a, strategy="horovod"), console)
 
 

@@ -84,7 +84,7 @@ def _bench(a: argparse.Namespace) -> int:
     netns.preflight()
     lab = hosts.Lab.load(a.name)
     backends = [b.strip() for b in a.backends.split(",")]
-    collectives = [c.strip() for c in a.collectives.split(",")]
+    collectives = [bench.collective(c.strip()) for c in a.collectives.split(",")]
     for x, allowed, flag in ((backends, bench.BACKENDS, "--backends"), (collectives, bench.COLLECTIVES,
                                                                          "--collectives")):
         bad = [v for v in x if v not in allowed]
@@ -168,7 +168,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     b.add_argument("--sizes", default="4K:64M", help="MIN:MAX doubling, or a list 4K,1M,16M (default 4K:64M)")
     b.add_argument("--backends", default=",".join(bench.BACKENDS),
                    help="gloo, mpi (Open MPI's default all-reduce), mpi-rd (recursive doubling forced)")
-    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help="allreduce, allgather")
+    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help=", ".join(bench.COLLECTIVES))
     b.add_argument("--warmup-steps", dest="warmup", type=nonneg_int, default=1,
                    help="untimed iterations per size (default 1)")
     b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size and repeat (slow sizes "

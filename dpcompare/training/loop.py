@@ -16,12 +16,10 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -49,12 +47,6 @@ from dpcompare.versions import versions
 
 def effective_lr(cfg: TrainConfig, world_size: int) -> float:
     return cfg.lr * world_size if cfg.scale_lr else cfg.lr
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def use_deterministic_kernels() -> None:
@@ -124,7 +116,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
         for folder in (Path(cfg.out), Path(cfg.out) / checkpoint.CKPT_DIR):
             remove_stale_temporaries(folder)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
-    seed_everything(cfg.seed)
+    checkpoint.seed_everything(cfg.seed)
     if cfg.deterministic:
         use_deterministic_kernels()
     workload = workload or resolve_workload(cfg).workload  # loop.train(cfg) from Python: the workload cfg names
