@@ -23,6 +23,8 @@
   arm's name (a name, attribute or subscript key called ``strategy``, ``arm``, ``name`` or their plurals) with a
   strategy's name (:func:`strategy_names`, read from the catalog) or a literal tuple, list or set holding one;
   the few that ask no strategy say why in :data:`NOT_STRATEGY_TESTS`.
+- docs/layout.md says how many methods a new strategy writes and may override: the counts of ``Strategy``'s
+  abstract and overridable methods; no strategy overrides a final one; no ``getattr(self, ...)`` probes.
 
 The same functions run on throwaway packages (the last tests) to show that each check fails when it should.
 """
@@ -532,6 +534,42 @@ def test_checkpoints_load_with_weights_only() -> None:
 def test_only_backends_test_which_strategy_runs() -> None:
     bad = strategy_tests(DPCOMPARE)
     assert not bad, "strategy or name tests outside backends/ (ask the Strategy, or key a table):\n" + "\n".join(bad)
+
+
+def strategy_interface(path: Path) -> dict[str, list[str]]:
+    """The members of ``Strategy`` in ``path`` by kind: the methods a new strategy must write (abstract), those
+    it may override, the final ones, the properties, and the part kinds it chooses (``*_class``)."""
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Strategy")
+    kinds: dict[str, list[str]] = {"must": [], "may": [], "final": [], "property": [], "parts": []}
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("__"):
+            decorators = {ast.unparse(d).rpartition(".")[2] for d in node.decorator_list}
+            kind = next((k for k, d in (("property", "property"), ("must", "abstractmethod"), ("final", "final"))
+                         if d in decorators), "may")
+            kinds[kind].append(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id.endswith("_class"):
+            kinds["parts"].append(node.target.id)
+    return kinds
+
+
+def test_docs_count_the_strategy_interface_and_no_strategy_overrides_a_final_method() -> None:
+    kinds = strategy_interface(REPO / "dpcompare" / "backends" / "base.py")
+    said = re.search(r"A new strategy writes (\d+) methods and may override (\d+)\*\*",
+                     (REPO / "docs" / "layout.md").read_text())
+    assert said, "docs/layout.md no longer says how many methods a new strategy writes and may override"
+    assert (int(said[1]), int(said[2])) == (len(kinds["must"]), len(kinds["may"])), kinds
+    overriding = []
+    for path in [*sorted((REPO / "dpcompare" / "backends").glob("*.py")), REPO / "tests" / "test_fifth_strategy.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and not (path.name == "base.py" and node.name == "Strategy"):
+                overriding += [f"{path.name}: {node.name}.{f.name}" for f in node.body
+                               if isinstance(f, ast.FunctionDef) and f.name in kinds["final"]]
+    assert not overriding, f"final Strategy methods overridden: {overriding}"
+    probes = [f"{path.name}:{node.lineno}" for path in sorted((REPO / "dpcompare" / "backends").glob("*.py"))
+              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+              and getattr(node.func, "id", "") == "getattr" and node.args and ast.unparse(node.args[0]) == "self"]
+    assert not probes, f"attributes probed with getattr(self, ...) instead of set in __init__: {probes}"
 
 
 # -- the checks fail when they should: a throwaway package ------------------------------------------------------

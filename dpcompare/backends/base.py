@@ -15,6 +15,12 @@ A step, as :class:`~dpcompare.training.step.StepRunner` runs it::
             strategy.backward(loss(model(x), y) / accumulate, scaler)
     strategy.clip_grad_norm(model, optimizer, max_norm, scaler)  # only when clipping: synchronize, unscale, clip
     strategy.optimizer_step(optimizer, scaler)                   # synchronize (unless done), then update
+
+A new strategy writes the six abstract methods (``connect``, ``disconnect``, ``broadcast_initial_state``,
+``_do_all_reduce``, ``broadcast_buffers``, ``barrier``) and overrides what differs; the ``@final`` methods do
+the shared work once (``all_reduce`` copies into float64 and calls ``_do_all_reduce``). What is not a step's
+work is a part it holds (:mod:`~dpcompare.backends.parts`): ``precision`` (device, gradient scaler),
+``full_state`` (checkpoints, memory), ``tracer`` (``--trace``) and ``elastic`` (``--commit-every``).
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 
 import torch
 from torch import nn
 
 from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
-from dpcompare.backends.parts import FullState, Precision, Tracer, patch, tensor_bytes
+from dpcompare.backends.parts import ElasticState, FullState, Precision, Restarts, Tracer, patch, tensor_bytes
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 
 if TYPE_CHECKING:
@@ -41,24 +47,6 @@ __all__ = ["ElasticState", "ReduceOp", "Strategy", "StrategyUnavailable", "fill_
            "require_gpu_for_sync_bn", "sparse_bytes", "tensor_bytes", "timed_collective"]
 
 ReduceOp = Literal["mean", "sum", "max", "min"]
-T = TypeVar("T")
-
-
-class ElasticState(Protocol):
-    """What an elastic run keeps besides the model and the optimizer: the training loop's progress, as plain
-    values (step, epoch, position in the epoch, history), and what it redoes when the world changes."""
-
-    def progress(self) -> dict[str, Any]:
-        """The loop's position now, as plain values (committed, broadcast, restored)."""
-        ...
-
-    def resume_from(self, progress: dict[str, Any]) -> None:
-        """Continue from ``progress`` (a committed one after a rollback, or rank 0's after a sync)."""
-        ...
-
-    def on_reset(self) -> None:
-        """The world changed (ranks lost or added): lay out the data and the learning rate for the new size."""
-        ...
 
 
 class Strategy(ABC):
@@ -84,6 +72,8 @@ class Strategy(ABC):
     #: state its own way; a strategy that records its communication under ``--trace`` has its own tracer
     full_state_class: ClassVar[type[FullState]] = FullState
     tracer_class: ClassVar[type[Tracer]] = Tracer
+    #: what an elastic run (--commit-every N) does: here, restarts from checkpoints; Horovod Elastic's own
+    elastic_class: ClassVar[type[Restarts]] = Restarts
 
     def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
                  timeout_s: float = 300.0) -> None:
@@ -99,10 +89,11 @@ class Strategy(ABC):
         self._synchronized = False  # this step's averaged gradients are in place (synchronize ran)
         #: what the workload's pre-check saw of the model (:meth:`configure_model`); None: not checked
         self.traits: ModelTraits | None = None
-        #: the parts it holds: device and gradient scaler; full state for checkpoints; --trace's hooks
+        #: the parts it holds: device and gradient scaler; full state for checkpoints; --trace's hooks; elastic runs
         self.precision = Precision(self.env, device)
         self.full_state = self.full_state_class(self)
         self.tracer = self.tracer_class(self)
+        self.elastic = self.elastic_class(self)
 
     # -- availability ---------------------------------------------------------------------------
     @classmethod
@@ -214,6 +205,7 @@ class Strategy(ABC):
         return self.precision.device
 
     # -- the model and its optimizer ---------------------------------------------------------------
+    @final
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         """The model and optimizer this strategy trains: BatchNorm synchronised if ``--sync-bn``, the model on
         the device and wrapped (:meth:`wrap_model`), the optimizer wrapped (:meth:`wrap_optimizer`).
@@ -272,6 +264,7 @@ class Strategy(ABC):
         """
         return None
 
+    @final
     def ensure_synchronized(self, optimizer: torch.optim.Optimizer) -> None:
         """:meth:`synchronize`, unless it already ran in this step; then every trainable parameter left without a
         gradient gets a zero one (:func:`fill_missing_grads`), so that every strategy updates alike."""
@@ -301,6 +294,7 @@ class Strategy(ABC):
                 _local(g).mul_(coef)
         return norm
 
+    @final
     def global_grad_norm(self, grads: list[torch.Tensor]) -> float:
         """The 2-norm of every gradient in ``grads`` together, summed in float64: a sharded DTensor's squares
         are added up on each rank and all-reduced once (its shards cover the whole tensor over the ranks).
@@ -324,6 +318,7 @@ class Strategy(ABC):
             whole += self.all_reduce(sharded, "sum")
         return float(whole.sqrt())
 
+    @final
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
         """One optimizer step on the averaged gradients: :meth:`synchronize` unless it already ran (after
         :meth:`clip_grad_norm`), then :meth:`update`."""
@@ -347,24 +342,6 @@ class Strategy(ABC):
         optimizer's state would take an optimizer step on some libraries (see shared NOTES).
         """
 
-    # -- elastic runs (--commit-every N) -------------------------------------------------------------------
-    def run_elastic(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: ElasticState) -> T:
-        """Start every rank from rank 0's state and run ``body`` (the epochs) so that a lost host costs only the
-        steps since the last :meth:`commit`.
-
-        Here, as under torchrun, nothing survives inside the process: the launcher restarts every process with
-        the survivors and each resumes from the newest checkpoint (``--resume auto``), which :meth:`commit`
-        wrote. Horovod Elastic overrides it: the survivors roll back to the last commit in memory.
-        """
-        self.broadcast_initial_state(model, optimizer)
-        return body()
-
-    def commit(self, save: Callable[[], object]) -> None:
-        """Keep the training state so that a lost host costs only the steps after this one: here a checkpoint
-        (``save`` writes it: a restarted process resumes from it); Horovod Elastic commits it in memory."""
-        save()
-
     # -- evaluation (the full state for checkpoints and memory: the part ``full_state``) ---------------
     @contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
@@ -372,6 +349,7 @@ class Strategy(ABC):
         yield self.unwrap_model(model)
 
     # -- collectives (every strategy implements them; `single` holds the one-process versions) ----------
+    @final
     def all_reduce(self, value: torch.Tensor | float, op: ReduceOp = "mean") -> torch.Tensor:
         """Reduce over ranks; returns a new CPU float64 tensor (the input is not modified): the copy is made
         here, once, and :meth:`_do_all_reduce` reduces it."""
@@ -382,6 +360,7 @@ class Strategy(ABC):
     def _do_all_reduce(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
         """Reduce ``t`` (a float64 CPU tensor of this rank's own, free to change) over ranks; the result."""
 
+    @final
     def all_gather_floats(self, values: list[float]) -> list[list[float]]:
         """Every rank's list of floats (same length on each rank), indexed by rank."""
         table = torch.zeros(self.world_size, len(values), dtype=torch.float64)
@@ -396,6 +375,7 @@ class Strategy(ABC):
     def barrier(self) -> None:
         """Wait for every rank."""
 
+    @final
     def gather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's bytes, indexed by rank (built on :meth:`all_reduce`, so every strategy has it)."""
         sizes = [int(n) for (n,) in self.all_gather_floats([float(len(data))])]

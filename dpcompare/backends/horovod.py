@@ -23,6 +23,7 @@ from torch import nn
 
 from dpcompare import trace as tr
 from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
+from dpcompare.backends.horovod_elastic import HorovodElastic
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
 from dpcompare.backends.parts import Tracer
@@ -30,7 +31,6 @@ from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.launch.openmpi import mpi_allreduce_mca
 
 if TYPE_CHECKING:
-    from dpcompare.backends.base import ElasticState
     from dpcompare.config import TrainConfig
 
 T = TypeVar("T")
@@ -149,11 +149,11 @@ class HorovodStrategy(Strategy):
     sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
                       "thread fuses; optimizer.step() waits for them (synchronize) before updating")
     tracer_class = HorovodTracer
+    elastic_class = HorovodElastic
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._hvd: Any = None  # horovod.torch, once connected
-        self._keeper: Any = None  # Horovod Elastic's state while run_elastic runs
 
     @classmethod
     def check_config(cls, cfg: TrainConfig, world_size: int) -> None:
@@ -301,38 +301,6 @@ class HorovodStrategy(Strategy):
             raise ConfigError("gradient clipping needs averaged gradients, which --adasum never forms (each rank "
                               "takes its own step and Adasum combines the steps); drop one of the two")
         return super().clip_grad_norm(model, optimizer, max_norm, scaler)
-
-    # -- Horovod Elastic (horovodrun's elastic mode; dpcompare.backends.horovod_elastic) ----------------------
-    def run_elastic(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: ElasticState) -> T:
-        """``body`` inside ``hvd.elastic.run``: it starts from rank 0's state (the keeper's sync), and after a lost
-        host the survivors roll back to the last :meth:`commit`, re-initialise with the hosts left and run it
-        again from there."""
-        from dpcompare.backends.horovod_elastic import keeper_class
-
-        self._keeper = keeper_class()(self, model, optimizer, state)
-        try:
-            return self._hvd.elastic.run(lambda _keeper: body())(self._keeper)
-        finally:
-            self._keeper = None
-
-    def commit(self, save: Callable[[], object]) -> None:
-        """Keep the state in memory (and raise ``HostsUpdatedInterrupt`` when horovodrun has added or removed
-        hosts: every rank at the same commit); outside :meth:`run_elastic`, a checkpoint."""
-        if self._keeper is None:
-            save()
-        else:
-            self._keeper.commit()
-
-    def joined_again(self, optimizer: torch.optim.Optimizer) -> None:
-        """After Horovod re-initialised with another world: this rank's new place, and the optimizer averaging over
-        the new size (its pre-division factor was the old size; pre-dividing by the new one keeps the averaging
-        exactly that of a run started at this size)."""
-        from dpcompare.backends.horovod_elastic import env_now
-
-        self.env = env_now(self._hvd)
-        if not self.cfg.adasum:
-            optimizer.gradient_predivide_factor = float(self._hvd.size())  # type: ignore[attr-defined]
 
     def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         hvd = self._hvd

@@ -15,25 +15,65 @@ broadcast only when rank 0 has some, decided by rank 0 for everyone (a joining w
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
 
+from dpcompare.backends.parts import Holder, Restarts
 from dpcompare.launch.env import LaunchEnv
 
 if TYPE_CHECKING:
-    from dpcompare.backends.base import ElasticState
+    from dpcompare.backends.parts import ElasticState
+
+T = TypeVar("T")
 
 
-class Owner(Protocol):
-    """What :class:`Keeper` needs of the Horovod strategy that holds it (this module never imports that one)."""
+class Owner(Holder, Protocol):
+    """What :class:`HorovodElastic` needs of the Horovod strategy that holds it (this module never imports
+    that one)."""
 
     _hvd: Any
+    env: LaunchEnv
 
-    def unwrap_model(self, model: nn.Module) -> nn.Module: ...
 
-    def joined_again(self, optimizer: torch.optim.Optimizer) -> None: ...
+class HorovodElastic(Restarts):
+    """Horovod Elastic: the epochs inside ``hvd.elastic.run``; a commit is kept in memory (:class:`Keeper`)."""
+
+    strategy: Owner
+
+    def __init__(self, strategy: Owner) -> None:
+        super().__init__(strategy)
+        self.keeper: Any = None  # the Keeper while run() runs
+
+    def run(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
+            state: ElasticState) -> T:
+        """``body`` inside ``hvd.elastic.run``: it starts from rank 0's state (the keeper's sync), and after a lost
+        host the survivors roll back to the last :meth:`commit`, re-initialise with the hosts left and run it
+        again from there."""
+        self.keeper = keeper_class()(self, model, optimizer, state)
+        try:
+            return self.strategy._hvd.elastic.run(lambda _keeper: body())(self.keeper)
+        finally:
+            self.keeper = None
+
+    def commit(self, save: Callable[[], object]) -> None:
+        """Keep the state in memory (and raise ``HostsUpdatedInterrupt`` when horovodrun has added or removed
+        hosts: every rank at the same commit); outside :meth:`run`, a checkpoint."""
+        if self.keeper is None:
+            save()
+        else:
+            self.keeper.commit()
+
+    def joined_again(self, optimizer: torch.optim.Optimizer) -> None:
+        """After Horovod re-initialised with another world: this rank's new place, and the optimizer averaging over
+        the new size (its pre-division factor was the old size; pre-dividing by the new one keeps the averaging
+        exactly that of a run started at this size)."""
+        s = self.strategy
+        s.env = env_now(s._hvd)
+        if not s.cfg.adasum:
+            optimizer.gradient_predivide_factor = float(s._hvd.size())  # type: ignore[attr-defined]
 
 
 def keeper_class() -> type:
@@ -43,11 +83,12 @@ def keeper_class() -> type:
     class Keeper(State):  # type: ignore[misc, valid-type]
         """The model, the optimizer and the loop's progress as of the last commit."""
 
-        def __init__(self, strategy: Owner, model: nn.Module, optimizer: torch.optim.Optimizer,
+        def __init__(self, elastic: HorovodElastic, model: nn.Module, optimizer: torch.optim.Optimizer,
                      loop: ElasticState) -> None:
-            hvd = strategy._hvd
+            hvd = elastic.strategy._hvd
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
-            self.strategy, self.model, self.optimizer, self.loop = strategy, model, optimizer, loop
+            self.elastic, self.strategy = elastic, elastic.strategy
+            self.model, self.optimizer, self.loop = model, optimizer, loop
             self.save()  # what a failure before the first commit rolls back to
 
         def save(self) -> None:
@@ -72,7 +113,7 @@ def keeper_class() -> type:
         def reset(self) -> None:
             """After Horovod's re-initialisation: this rank's new place, the optimizer's averaging, the loop's
             data and learning rate for the new world size."""
-            self.strategy.joined_again(self.optimizer)
+            self.elastic.joined_again(self.optimizer)
             self.loop.on_reset()
 
     return Keeper

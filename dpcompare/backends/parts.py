@@ -5,9 +5,12 @@
 - :class:`FullState` (``strategy.full_state``): the plain state of the model and the optimizer, for checkpoints
   and the memory figures (a sharding strategy gathers it: ZeRO and FSDP hold their own kind);
 - :class:`Tracer` (``strategy.tracer``): ``--trace``, what is hooked and patched while the traced steps run and
-  undone after (a strategy that records its communication holds its own kind).
+  undone after (a strategy that records its communication holds its own kind);
+- :class:`Restarts` (``strategy.elastic``): what an elastic run (``--commit-every N``) does, a checkpoint per
+  commit and a restart from it (Horovod Elastic holds its own kind, rolling back in memory).
 
-A strategy chooses the kind of a part by a class attribute (``full_state_class``, ``tracer_class``); a part
+A strategy chooses the kind of a part by a class attribute (``full_state_class``, ``tracer_class``,
+``elastic_class``); a part
 reads what it needs (rank, device, settings) from the strategy it belongs to.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -42,6 +45,49 @@ class Holder(Protocol):
     def is_main(self) -> bool: ...
 
     def unwrap_model(self, model: nn.Module) -> nn.Module: ...
+
+    def broadcast_initial_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+
+
+T = TypeVar("T")
+
+
+class ElasticState(Protocol):
+    """What an elastic run keeps besides the model and the optimizer: the training loop's progress, as plain
+    values (step, epoch, position in the epoch, history), and what it redoes when the world changes."""
+
+    def progress(self) -> dict[str, Any]:
+        """The loop's position now, as plain values (committed, broadcast, restored)."""
+        ...
+
+    def resume_from(self, progress: dict[str, Any]) -> None:
+        """Continue from ``progress`` (a committed one after a rollback, or rank 0's after a sync)."""
+        ...
+
+    def on_reset(self) -> None:
+        """The world changed (ranks lost or added): lay out the data and the learning rate for the new size."""
+        ...
+
+
+class Restarts:
+    """An elastic run (``--commit-every N``) as under torchrun: nothing survives inside the process; the launcher
+    restarts every process with the survivors and each resumes from the newest checkpoint (``--resume auto``),
+    which :meth:`commit` wrote. Horovod Elastic holds its own kind: the survivors roll back in memory."""
+
+    def __init__(self, strategy: Holder) -> None:
+        self.strategy = strategy
+
+    def run(self, body: Callable[[], T], model: nn.Module, optimizer: torch.optim.Optimizer,
+            state: ElasticState) -> T:
+        """Start every rank from rank 0's state and run ``body`` (the epochs) so that a lost host costs only the
+        steps since the last :meth:`commit`."""
+        self.strategy.broadcast_initial_state(model, optimizer)
+        return body()
+
+    def commit(self, save: Callable[[], object]) -> None:
+        """Keep the training state so that a lost host costs only the steps after this one: here a checkpoint
+        (``save`` writes it: a restarted process resumes from it)."""
+        save()
 
 
 class Precision:

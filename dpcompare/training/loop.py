@@ -216,7 +216,7 @@ class Run:
         self.stepping["lr_scheduler"] = type(self.scheduler).__name__ if self.scheduler is not None else None
         self.restore()
         self.last_epoch = self.plan_epochs()  # from where the checkpoint left off
-        if not self.elastic:  # an elastic run starts from rank 0's state inside its strategy's run_elastic
+        if not self.elastic:  # an elastic run starts from rank 0's state inside its strategy's elastic.run
             self.strategy.broadcast_initial_state(self.model, self.optimizer)
         self.open_outputs()
         with self.trackers:  # a run that fails is marked failed in W&B/MLflow
@@ -225,7 +225,7 @@ class Run:
             with self.rep, self.watching():
                 self.log_event("start", resumed_from=str(self.start.resume_path) if self.start.resume_path else None)
                 if self.elastic:
-                    self.strategy.run_elastic(self.epochs, self.model, self.optimizer, self)
+                    self.strategy.elastic.run(self.epochs, self.model, self.optimizer, self)
                 else:
                     self.epochs()
                 self.time_only()
@@ -464,7 +464,7 @@ class Run:
             self.save_step()
         if cfg.commit_every and g % cfg.commit_every == 0:
             self.kept_step = g
-            self.strategy.commit(lambda: None if saved else self.save_step())  # may raise HostsUpdatedInterrupt
+            self.strategy.elastic.commit(lambda: None if saved else self.save_step())  # may raise HostsUpdatedInterrupt
             self.log_event("commit")
         self.kept_step = g
 
