@@ -251,6 +251,45 @@ def deeper_model_many_steps():
 
 
 @check
+def elastic_state():
+    """hvd.elastic without a failure: the first sync makes rank 0's state everyone's, a commit is what restore()
+    goes back to, the ElasticSampler splits the rest of the epoch, run() returns what the function returns."""
+    from horovod.common.elastic import ObjectState
+
+    torch.manual_seed(hvd.rank())
+    model = nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(list(range(23)), shuffle=True, seed=3)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=hvd.rank(), seen=[hvd.rank()])
+    plain = ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, x=hvd.rank() + 10)
+    out = {}
+
+    @hvd.elastic.run
+    def train(state, steps):
+        out["synced"] = [flat(model.weight), state.epoch, state.seen, list(sampler)]
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.ones(4, 3) * (hvd.rank() + 1)).sum().backward()
+            opt.step()
+            sampler.record_batch(0, 4)
+        state.epoch += 1
+        state.commit()
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        state.epoch, state.seen = 99, [7]
+        sampler.record_batch(1, 4)
+        state.restore()
+        return "done"
+
+    out["returned"] = train(state, 2)
+    out["restored"] = [flat(model.weight), state.epoch, state.seen, sampler.state_dict(), list(sampler), len(sampler)]
+    plain.sync()
+    out["object_state"] = plain.x
+    return out
+
+
+@check
 def refusals():
     out = []
     for call in (lambda: hvd.DistributedOptimizer(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1),

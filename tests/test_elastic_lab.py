@@ -92,3 +92,43 @@ def test_both_elastic_arms_survive_a_lost_host_and_lose_nothing(tmp_path: Path) 
     assert [row["recovered"] for row in fault["rows"]] == [1, 1] and len(fault["verdicts"]) == 1
     assert (out / "plots" / "fault.png").stat().st_size > 10_000
     assert "When a host dies (host=2,at-step=20)" in (out / "report.html").read_text()
+
+
+@pytest.mark.netns
+@pytest.mark.mpi
+@needs_mpi
+@needs_horovod
+def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tmp_path: Path) -> None:
+    """``compare --script elastic_mnist.py --strategies horovod-elastic,native-elastic``, two hosts, host 1 lost
+    right after the commit at step 20 (or a later one, when the steps outrun the host's death): real Horovod Elastic rolls back in its survivor, the layer's worker is
+    restarted by torchrun and restores the commit from disk; both finish alone. Without the fault the two arms
+    end with the same weights, bit for bit."""
+    import torch
+
+    _need_a_lab_with_ssh()
+    name = f"x{secrets.token_hex(3)}"
+    out = tmp_path / "cmp"
+    script = Path(__file__).parents[1] / "examples" / "horovod" / "elastic_mnist.py"
+    p = dpcompare("compare", "--script", str(script), "--strategies", "horovod-elastic,native-elastic", "--lab",
+                  f"hosts=2,name={name}", "--np", "2", "--fault", "host=1,at-step=20", "--repeats", "1",
+                  "--timeout", "5", "--min-steps", "0", "--metric", "val_accuracy", "--progress", "none",
+                  "--out", str(out), "--", "--epochs", "1", "--batches-per-commit", "5", check=False, timeout=1200)
+    assert not _ns_left(name)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    runs = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    for arm, how in (("horovod-elastic", "reset"), ("native-elastic", "start")):
+        clean, hit = runs[arm], runs[f"{arm}/fault=host1@20"]
+        assert clean["status"] == hit["status"] == "ok", hit["error"]
+        r = hit["recovery"]  # a commit at or after 20: the steps are short, and the host takes a moment to die
+        assert r["recovered"] and r["how"] == how and r["world_size_after"] == 1, r
+        assert r["resumed_from_step"] >= 20 and r["resumed_from_step"] % 5 == 0, r
+        assert r["steps_redone"] == r["steps_before_fault"] - r["resumed_from_step"] and 0 < r["pause_s"] < 120, r
+        assert [w for _, w in hit["world_sizes"]] == [2, 1] and [w for _, w in clean["world_sizes"]] == [2]
+    weights = {arm: torch.load(out / r["dir"] / "params.pt", weights_only=True)["tensors"] for arm, r in runs.items()}
+    a, b = weights["horovod-elastic"], weights["native-elastic"]
+    assert all(torch.equal(a[k], b[k]) for k in a)  # script parity 0.0 between the elastic arms
+    hvd, native = (runs[f"{arm}/fault=host1@20"]["recovery"]["resumed_from_step"] for arm in ("horovod-elastic",
+                                                                                             "native-elastic"))
+    if hvd == native:  # both carried on alone from the same commit
+        a, b = weights["horovod-elastic/fault=host1@20"], weights["native-elastic/fault=host1@20"]
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -151,6 +151,9 @@ def test_layer_reproduces_horovods_semantics(native_semantics: dict) -> None:
     assert s["gradients_through_collectives"] == {"allreduce": [6.0, 10.0], "allgather": [2.0, 4.0]}
     assert not any(isinstance(v, str) and v.startswith(("Unsupported", "TypeError", "RuntimeError"))
                    for v in s.values())
+    e = s["elastic_state"]  # hvd.elastic: rank 0's state after the first sync; restore() to the commit
+    assert e["returned"] == "done" and e["synced"][1:3] == [0, [0]] and e["object_state"] == 10
+    assert e["restored"][1:4] == [1, [0], {"epoch": 0, "processed_num": 16}] and len(e["restored"][4]) == 4
     # 6 steps: the first two reduced at step() in one buffer, then every group starts during backward, as soon as
     # its gradients are ready
     fusion = s["layer_fusion"]

@@ -262,6 +262,7 @@ def test_parity_never_gives_an_empty_reason() -> None:
 @pytest.mark.horovod
 def test_gpt_tiny_with_every_feature_is_exact_under_every_strategy(tmp_path: Path) -> None:
     """The issue's check, short: AdamW groups, warm-up and cosine, clipping at 1.0; 0.0 from ddp everywhere.
+    (The suite's one gpt-tiny parity: the plain run's check, every strategy 0.0 from ddp, is part of this one.)
 
     With the default --threads (0: the cores shared among the ranks): the one-process reference takes as many
     threads as each rank (on 2 cores or more it took them all, and LayerNorm's gradients, reduced by thread,

@@ -1,5 +1,6 @@
 """Workloads trained by the loop: a plug-in transformer written here trains to the same loss under ddp and
-horovod, the built-in GPT passes parity under every strategy, and the Python API example runs under mpirun.
+horovod, and the Python API example runs under mpirun. (The built-in GPT's parity under every strategy is
+test_training_features.py's gpt-tiny test: the same run with every training feature on, exact everywhere.)
 
 These need the loop that takes a Workload (branch "training")."""
 

@@ -105,11 +105,16 @@ def refuse_unrunnable(c: Comparison) -> None:
 
 def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
     """The Horovod script this comparison runs (``--script``), checked against the rest of the plan; else None."""
-    from dpcompare.compare.script import script_plan
+    from dpcompare.compare.script import check_elastic_arms, script_plan
 
+    if a.script is not None:
+        check_elastic_arms(arms)
     plan = script_plan(a, [x.strategy for x in arms], Path(a.out))
     if plan is None:
         return None
+    if a.replay:
+        raise ConfigError("--replay resumes dpcompare's own checkpoints; a script's runs have none: leave --replay "
+                          "out with --script")
     if a.variants or any(name not in AXES for name, _ in a.sweep or ()):
         raise ConfigError("--script compares the arms horovod, native and ddp of one script: --variants and "
                           "--sweep of train settings do not apply (--sweep of an axis, link=... or threads=..., does)")

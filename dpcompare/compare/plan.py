@@ -43,8 +43,9 @@ class Arm:
     def named(cls, name: str, label: str | None = None, knobs: tuple[tuple[str, Any], ...] = ()) -> Arm:
         """The arm of strategy ``name``, or of a strategy's elastic mode (``ddp-elastic``)."""
         from dpcompare.backends.catalog import elastic_base
+        from dpcompare.native.calls import script_elastic_base
 
-        base = elastic_base(name)
+        base = elastic_base(name) or script_elastic_base(name)  # native-elastic: a script arm's (--script)
         return cls(label or name, base or name, knobs, elastic=base is not None)
 
     @property
@@ -145,10 +146,10 @@ def _check_strategy(name: str) -> str:
     """A built-in strategy's name (or its elastic mode, ``ddp-elastic``) or a plug-in's ``MODULE:CLASS`` /
     ``path/to/file.py:CLASS``."""
     from dpcompare.backends.catalog import check_arm_name
-    from dpcompare.native.calls import SCRIPT_ARMS
+    from dpcompare.native.calls import SCRIPT_ARMS, script_elastic_base
 
-    if name in SCRIPT_ARMS:
-        return name  # native is no strategy: an arm of a script comparison (--script)
+    if name in SCRIPT_ARMS or script_elastic_base(name):
+        return name  # native (native-elastic) is no strategy: an arm of a script comparison (--script)
     try:
         return check_arm_name(name)
     except ValueError as e:

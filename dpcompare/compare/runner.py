@@ -26,6 +26,7 @@ from dpcompare.launch.elastic import ElasticLaunch
 from dpcompare.launch.env import under_launcher
 from dpcompare.launch.jobs import dpcompare_command, run_job
 from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
+from dpcompare.native.calls import SCRIPT_ELASTIC
 from dpcompare.options import train_argv
 from dpcompare.progress import ProgressLine
 
@@ -40,7 +41,8 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     ``script`` (``--script``), the script in the run's arm."""
     if script is not None:
         seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
-        return script.command(spec.strategy, spec.np, run_dir, configured(seeded, spec.arm), lab)
+        return script.command(spec.strategy, spec.np, run_dir, configured(seeded, spec.arm), lab,
+                              elastic=elastic_launch(spec, run_dir, lab), step_log=step_log)
     words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
     how = elastic_launch(spec, run_dir, lab)
     return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
@@ -51,7 +53,7 @@ def elastic_launch(spec: RunSpec, run_dir: Path, lab: Lab | None) -> ElasticLaun
     one host of the lab; None for any other arm."""
     if not spec.arm.elastic or lab is None:
         return None
-    launcher = facts(spec.strategy).elastic
+    launcher = SCRIPT_ELASTIC.get(spec.strategy) or facts(spec.strategy).elastic  # native-elastic: a script's
     assert launcher is not None  # an elastic arm names a strategy that has an elastic mode (plan.Arm.named)
     return ElasticLaunch(launcher, min_np=max(1, spec.np - lab.slots), run_id=run_dir.name)
 
@@ -96,7 +98,8 @@ class _Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in ("summary.json", "metrics.jsonl", fault_runs.STEP_LOG, *_script_records(run_dir)):
             (run_dir / stale).unlink(missing_ok=True)  # never read an earlier job's files as this one's
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # nor resume from them (elastic arms)
+        for kept in ("checkpoints", "commits"):  # nor resume from them (elastic arms; a script's: commits)
+            shutil.rmtree(run_dir / kept, ignore_errors=True)
         cfg, timeout = self.c.config, self.c.options.run_timeout
         for name, value in spec.arm.axes:  # e.g. the link reshaped (once per link: its arms run side by side)
             if AXES[name].before_run is not None:

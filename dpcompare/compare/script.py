@@ -7,6 +7,11 @@ run is ``dpcompare script --as ARM --out RUN -- python SCRIPT ARGS`` as a job of
 (mpirun, srun, or a lab's hosts), seeded and threaded alike. Its records (:mod:`dpcompare.native.record`) give
 the final weights the optimizer held (parity) and the step times between successive ``optimizer.step()`` ends
 (compare: ``RUN/summary.json``, which compare's records read as they read a training run's).
+
+An elastic script (``hvd.elastic.run``) has two elastic arms, started by the launch builders of dpcompare's own
+elastic arms (:meth:`dpcompare.lab.Lab.elastic_command`): ``horovod-elastic``, real Horovod Elastic
+(``horovodrun`` with the lab's host discovery script), and ``native-elastic``, the native layer on torchrun's
+elastic agents, one per host (:mod:`dpcompare.native.elastic`). Their runs write the step log ``--fault`` reads.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from dpcompare.errors import ConfigError
 from dpcompare.launch.jobs import dpcompare_command
-from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS
+from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS, SCRIPT_ELASTIC
 
 if TYPE_CHECKING:
+    from dpcompare.compare.plan import Arm
     from dpcompare.config import TrainConfig
     from dpcompare.lab import Lab
+    from dpcompare.launch.elastic import ElasticLaunch
 
 
 @dataclass(frozen=True)
@@ -42,11 +49,20 @@ class ScriptPlan:
             return self.ddp_path
         return self.path
 
-    def command(self, arm: str, np: int, run_dir: Path, cfg: TrainConfig, lab: Lab | None = None) -> list[str]:
-        """The job that runs the script in ``arm`` at ``np`` ranks with its records in ``run_dir``."""
+    def command(self, arm: str, np: int, run_dir: Path, cfg: TrainConfig, lab: Lab | None = None,
+                elastic: ElasticLaunch | None = None, step_log: bool = False) -> list[str]:
+        """The job that runs the script in ``arm`` at ``np`` ranks with its records in ``run_dir``; ``elastic``:
+        as an elastic job (``horovod-elastic``: horovodrun's elastic mode; ``native-elastic``: torchrun's agents,
+        the layer's commits in RUN/commits), every collective bounded by ``--timeout``; ``step_log``: writing
+        RUN/steps.jsonl from its first step (an elastic script writes it anyway)."""
         words = ["script", "--as", arm, "--out", str(run_dir), "--overwrite", "--seed", str(cfg.seed),
-                 "--threads", str(cfg.threads), "--", "python", str(self.script_for(arm)), *self.args]
-        return dpcompare_command(np, words, lab)
+                 "--threads", str(cfg.threads)]
+        if step_log:
+            words.append("--step-log")
+        if elastic is not None:
+            words += ["--timeout", f"{cfg.timeout:g}", "--commit-dir", str(run_dir / "commits")]
+        words += ["--", "python", str(self.script_for(arm)), *self.args]
+        return dpcompare_command(np, words, lab, **({"elastic": elastic} if elastic else {}))
 
     @property
     def metric_name(self) -> str | None:
@@ -128,6 +144,15 @@ def script_plan(a: argparse.Namespace, arms: list[str], out: Path) -> ScriptPlan
     ddp = ddp_script(a.script, a.ddp_script, out) if PORT_ARM in arms else a.ddp_script
     return ScriptPlan(a.script.resolve(), tuple([*a.script_arg, *remainder]), ddp and Path(ddp).resolve(),
                       getattr(a, "metric", None), getattr(a, "global_batch", None))
+
+
+def check_elastic_arms(arms: list[Arm]) -> None:
+    """A script's elastic arms are horovod-elastic (real Horovod Elastic) and native-elastic (the layer on
+    torchrun); a DDP port has no elastic mode of its own."""
+    wrong = [a.name for a in arms if a.elastic and a.strategy not in SCRIPT_ELASTIC]
+    if wrong:
+        raise ConfigError(f"--script runs the elastic arms {', '.join(f'{x}-elastic' for x in SCRIPT_ELASTIC)}; "
+                          f"not {', '.join(wrong)}")
 
 
 def ddp_script(script: Path, given: Path | None, out: Path) -> Path:

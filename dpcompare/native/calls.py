@@ -23,6 +23,17 @@ _NATIVE_COMMUNICATION = {
                 "(fixed after step 2 from rank 0's timings) becomes ready",
     "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
 }
+#: the launcher of each script arm's elastic mode (``compare --script ... --strategies horovod-elastic,native-elastic``):
+#: the script under real Horovod Elastic (horovodrun with a host discovery script), or under the layer on
+#: torchrun's elastic agents
+SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun"}
+
+
+def script_elastic_base(name: str) -> str | None:
+    """The script arm whose elastic mode ``name`` (``native-elastic``) names, or None."""
+    base = name.removesuffix("-elastic")
+    return base if name.endswith("-elastic") and base in SCRIPT_ELASTIC else None
+
 #: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are)
 SCRIPT_ARM_FACTS: dict[str, dict[str, object]] = {
     "native": {"summary": "dpcompare's horovod.torch on torch.distributed (gloo on CPU, nccl on CUDA), the "
@@ -126,7 +137,9 @@ CALLS: dict[str, Call] = {
     "add_process_set": Call("dist.new_group(ranks)", supported=False),
     "remove_process_set": Call("dist.destroy_process_group(group)", supported=False),
     "global_process_set": Call("dist.group.WORLD (the default)"),
-    "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints", supported=False),
+    "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
+                    note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
+                         "restarted workers, which resume from it (docs/elastic.md)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),
     "optimizer.skip_synchronize": Call("nothing: call optimizer.step() directly"),
@@ -143,7 +156,7 @@ MODULES: dict[str, Call] = {
     "horovod.spark": Call("pyspark.ml.torch.distributor.TorchDistributor", supported=False),
     "horovod.ray": Call("ray.train.torch.TorchTrainer", supported=False),
     "horovod.runner": Call("torchrun, mpirun or `dpcompare script --np N`", supported=False),
-    "horovod.torch.elastic": Call(CALLS["elastic"].native, supported=False),
+    "horovod.torch.elastic": Call(CALLS["elastic"].native),
 }
 
 #: ``horovod.run(...)`` (the top-level launcher function)

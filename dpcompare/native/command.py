@@ -54,6 +54,12 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
         words.append("--overwrite")
     if a.threads is not None:
         words += ["--threads", str(a.threads)]
+    if a.step_log:
+        words.append("--step-log")
+    if a.timeout is not None:
+        words += ["--timeout", str(a.timeout)]
+    if a.commit_dir is not None:
+        words += ["--commit-dir", str(a.commit_dir)]
     return [*words, "--", *a.target]  # the target as target_words read it
 
 
@@ -108,7 +114,8 @@ def _cmd_script(a: argparse.Namespace) -> int:
     from dpcompare.launch.jobs import leave
     from dpcompare.native.runner import parse_target, run_script
 
-    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads)
+    code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads, a.step_log, a.timeout,
+                      a.commit_dir)
     leave(code, script=True)  # the script's threads and atexit handlers, not the interpreter's teardown
     return code
 

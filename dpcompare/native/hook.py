@@ -1,9 +1,10 @@
 """The import hook: ``import horovod`` and ``import horovod.torch`` resolve to the native layer.
 
 :func:`install` puts a finder first on ``sys.meta_path``, so the layer wins even where real Horovod is installed.
-``horovod.torch`` and its submodules (``mpi_ops``, ``optimizer``, ``functions``...) are all :mod:`.hvd`;
+``horovod.torch`` and its submodules (``mpi_ops``, ``optimizer``, ``functions``...) are all :mod:`.hvd`,
+``horovod.torch.elastic`` and ``horovod.common.elastic`` :mod:`.elastic`;
 ``horovod`` is a small package with ``__version__`` and a refusing ``horovod.run``; every other part of Horovod
-(TensorFlow, Keras, MXNet, Spark, Ray, elastic) fails to import with one line naming the native road.
+(TensorFlow, Keras, MXNet, Spark, Ray) fails to import with one line naming the native road.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from dpcompare.native.calls import HOROVOD_VERSION, RUN, Unsupported, module_ref
 #: modules that are the layer itself
 ALIASES = frozenset({"horovod.torch", "horovod.torch.mpi_ops", "horovod.torch.optimizer", "horovod.torch.functions",
                      "horovod.torch.compression", "horovod.torch.sync_batch_norm", "horovod.common.exceptions"})
+#: modules that are the layer's Horovod Elastic (:mod:`.elastic`)
+ELASTIC = frozenset({"horovod.torch.elastic", "horovod.torch.elastic.state", "horovod.torch.elastic.sampler",
+                     "horovod.common.elastic"})
 #: empty packages on the way to an alias
 PACKAGES = frozenset({"horovod.common"})
 
@@ -48,6 +52,10 @@ class _Loader(importlib.abc.Loader):
             from dpcompare.native import hvd
 
             sys.modules[name] = hvd
+        elif name in ELASTIC:
+            from dpcompare.native import elastic
+
+            sys.modules[name] = elastic
         elif name not in PACKAGES:
             raise module_refusal(name)
 

@@ -1,15 +1,14 @@
 """The module a script gets for ``import horovod.torch as hvd`` under the native layer (also importable as
 ``dpcompare.native.hvd``): Horovod 0.28.1's PyTorch API on torch.distributed.
 
-What the layer does not run (Adasum, process sets, elastic, alltoall, reducescatter, the timeline) raises
-:class:`Unsupported` at the call: one line naming the call and its native equivalent.
+``hvd.elastic`` is :mod:`.elastic` (Horovod Elastic on torchrun's agent). What the layer does not run (Adasum,
+process sets, alltoall, reducescatter, the timeline) raises :class:`Unsupported` at the call: one line naming the call and its native equivalent.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from dpcompare.native.calls import HOROVOD_VERSION, Unsupported, unsupported
+from dpcompare.native import elastic
+from dpcompare.native.calls import HOROVOD_VERSION, Unsupported
 from dpcompare.native.collectives import (
     Adasum,
     Average,
@@ -53,6 +52,7 @@ from dpcompare.native.collectives import (
     synchronize,
 )
 from dpcompare.native.compression import Compression, Compressor, FP16Compressor, NoneCompressor
+from dpcompare.native.elastic import HostsUpdatedInterrupt
 from dpcompare.native.functions import broadcast_optimizer_state, broadcast_parameters
 from dpcompare.native.optimizer import DistributedOptimizer
 from dpcompare.native.state import (
@@ -85,22 +85,6 @@ __version__ = f"{HOROVOD_VERSION}+dpcompare.native"
 #: a package path, so that ``import horovod.torch.mpi_ops`` (and the other submodules) reach the import hook,
 #: which answers them with this same module
 __path__: list[str] = []
-
-
-class _Elastic:
-    """``hvd.elastic``: every use (``@hvd.elastic.run``, ``hvd.elastic.TorchState``...) raises at that line."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise unsupported(f"hvd.elastic.{name}", "elastic")
-
-
-elastic = _Elastic()
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic interrupt (never raised here: elastic mode is refused)."""
 
 
 __all__ = [

@@ -9,11 +9,21 @@ the plain optimizer. Named scalar all-reduces (``hvd.allreduce(acc, name="val_ac
 Written into the runner's output folder, never beside the script: ``rank{R}.json`` per rank (step end times and
 step() durations, metrics, exit code) and, from rank 0, ``params.pt``: the tensors the optimizers held at exit,
 keyed by position (``optimizer.group.index``) with their names when the script gave them.
+
+An elastic script (``hvd.elastic.run``), or any run asked to (``step_log``), also gets ``steps.jsonl``, the step
+log ``compare --fault`` watches, in the format of dpcompare's own runs (``training/steplog.py``): a line per
+optimizer step from the rank that is 0 now, ``start`` when the wrapped function first runs in a process (after a
+torchrun restart: at the restored commit's step), ``commit`` at each commit and ``reset`` after Horovod Elastic
+rolled back. Its step count is the job's: rolled back to the commit's at a reset, and kept in the layer's commit
+on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
+import json
 import threading
 import time
 import types
@@ -28,6 +38,10 @@ from dpcompare.trace import NAMED_THREADS, thread_cpu_s, unnamed
 #: the folder a runner's records go to, for ranks started by a launcher (set by ``dpcompare script --out``)
 OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
 PARAMS = "params.pt"
+#: the folder the layer's ``hvd.elastic`` keeps its commits in under torchrun (``dpcompare script --commit-dir``)
+ELASTIC_DIR_VAR = "DPCOMPARE_ELASTIC_DIR"
+#: the step log (the name dpcompare's training writes, which compare's faults read)
+STEP_LOG = "steps.jsonl"
 
 
 def rank_file(out: Path, rank: int) -> Path:
@@ -37,8 +51,12 @@ def rank_file(out: Path, rank: int) -> Path:
 class Recorder:
     """Step times, named metrics and the optimizers to read the final weights from, for one process."""
 
-    def __init__(self, out: Path, arm: str, rank: int, world_size: int) -> None:
+    def __init__(self, out: Path, arm: str, rank: int, world_size: int, step_log: bool = False) -> None:
         self.out, self.arm, self.rank, self.world_size = out, arm, rank, world_size
+        self.step_log = step_log
+        self.hvd: Any = None
+        self.total = 0          # the job's optimizer steps (rolled back with the state)
+        self.committed = 0      # ... as of the last commit
         self.t0 = time.perf_counter()
         self.step_ends: list[float] = []
         self.step_calls: list[float] = []
@@ -58,6 +76,62 @@ class Recorder:
         self.cpu_all.append(time.process_time())
         if len(self.step_ends) == self.threads_at_step:
             self.threads_before = thread_cpu_s()
+        self.total += 1
+        if self.step_log:
+            self.log(step=self.total, world_size=self._now()[1], samples=1)
+
+    # -- the step log and elastic runs ------------------------------------------------------------------------
+    def _now(self) -> tuple[int, int]:
+        """(rank, world size) as they are now (an elastic run's change)."""
+        hvd = self.hvd
+        if hvd is not None and hvd.is_initialized():
+            return hvd.rank(), hvd.size()
+        return self.rank, self.world_size
+
+    def log(self, **fields: Any) -> None:
+        """One line of the step log, from the rank that is 0 now."""
+        if self._now()[0] != 0:
+            return
+        line = json.dumps({**fields, "t": round(time.time(), 4)}) + "\n"
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / STEP_LOG, "a") as f:  # not atomic: a log read as it grows, one whole line per write
+            f.write(line)
+
+    def restored(self, steps: int) -> None:
+        self.total = self.committed = int(steps)
+
+    def watch_elastic(self, hvd: types.ModuleType) -> None:
+        """Log an elastic script's start, commits and resets, and keep the step count with its commits."""
+        elastic = hvd.elastic
+        state_class = importlib.import_module("horovod.common.elastic").State  # the layer's too, through the hook
+        recorder, run, commit, on_reset = self, elastic.run, state_class.commit, state_class.on_reset
+
+        def recorded_run(func: Callable[..., Any]) -> Callable[..., Any]:
+            started = [False]
+
+            @functools.wraps(func)
+            def first(state: Any, *args: Any, **kwargs: Any) -> Any:
+                if not started[0]:
+                    started[0] = recorder.step_log = True
+                    recorder.log(event="start", step=recorder.total, world_size=recorder._now()[1])
+                return func(state, *args, **kwargs)
+            return run(first)
+
+        def recorded_commit(state: Any) -> Any:
+            recorder.committed = recorder.total
+            try:
+                return commit(state)
+            finally:
+                recorder.log(event="commit", step=recorder.committed)
+
+        def recorded_reset(state: Any) -> Any:
+            recorder.total = recorder.committed
+            on_reset(state)
+            recorder.log(event="reset", step=recorder.total, world_size=recorder._now()[1])
+
+        elastic.run, state_class.commit, state_class.on_reset = recorded_run, recorded_commit, recorded_reset
+        if isinstance(getattr(elastic, "extras", None), dict):  # the layer: the step count goes with the commit
+            elastic.extras["dpcompare.steps"] = (lambda: recorder.committed, recorder.restored)
 
     def watch(self, optimizer: Any) -> Any:
         """Time ``optimizer.step()`` of this instance and keep it for the final weights; returns it."""
@@ -116,7 +190,10 @@ class Recorder:
         return recorded
 
     def patch(self, hvd: types.ModuleType) -> None:
-        """Wrap ``hvd.DistributedOptimizer`` and the synchronous all-reduces of a ``horovod.torch`` module."""
+        """Wrap ``hvd.DistributedOptimizer``, the synchronous all-reduces and ``hvd.elastic`` of a
+        ``horovod.torch`` module."""
+        self.hvd = hvd
+        self.watch_elastic(hvd)
         hvd.DistributedOptimizer = self._factory(hvd.DistributedOptimizer)  # type: ignore[attr-defined]
         for name in ("allreduce", "allreduce_"):
             setattr(hvd, name, self._metric(getattr(hvd, name)))
@@ -147,6 +224,7 @@ class Recorder:
         return sorted((x for x in spent if x["s"] > 0), key=lambda x: -x["s"])[:NAMED_THREADS]
 
     def write(self, exit_code: int) -> None:
+        self.rank, self.world_size = self._now()  # an elastic run's rank at the end
         record = {"arm": self.arm, "rank": self.rank, "world_size": self.world_size, "exit_code": exit_code,
                   "wall_s": time.perf_counter() - self.t0, "steps": len(self.step_ends),
                   "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics,

@@ -24,7 +24,7 @@ from types import ModuleType
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch.env import detect_launch_env, reporting_rank
 from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
-from dpcompare.native.record import OUT_VAR, PARAMS, Recorder, rank_file
+from dpcompare.native.record import ELASTIC_DIR_VAR, OUT_VAR, PARAMS, Recorder, rank_file
 
 ARMS = SCRIPT_ARMS
 _PYTHONS = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
@@ -139,16 +139,24 @@ def set_threads(threads: int) -> None:
 
 
 def run_script(arm: str, target: Target, out: Path | None = None, seed: int | None = None,
-               overwrite: bool = False, threads: int | None = None) -> int:
+               overwrite: bool = False, threads: int | None = None, step_log: bool = False,
+               timeout: float | None = None, commit_dir: Path | None = None) -> int:
     """Run ``target`` in ``arm`` in this process; the script's exit code (Unsupported: exit 2, one line).
-    ``threads`` None leaves torch's CPU threads as they are (the script may set them itself)."""
+    ``threads`` None leaves torch's CPU threads as they are (the script may set them itself). ``step_log``: write
+    OUT/steps.jsonl from the first step (an elastic script writes it anyway). ``timeout``: seconds a collective
+    waits for a lost peer, Horovod's gloo timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, which the layer reads too).
+    ``commit_dir``: where the layer's ``hvd.elastic`` keeps its commits under torchrun."""
     if arm not in ARMS:
         raise ConfigError(f"--as {arm}: choose one of {', '.join(ARMS)}")
     out = out or (Path(os.environ[OUT_VAR]) if os.environ.get(OUT_VAR) else None)
     if out is not None:
         check_out(out, overwrite)
+    if timeout is not None:
+        os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, round(timeout)))
+    if commit_dir is not None:
+        os.environ[ELASTIC_DIR_VAR] = str(commit_dir)
     env = detect_launch_env()
-    recorder = Recorder(out, arm, env.rank, env.world_size) if out is not None else None
+    recorder = Recorder(out, arm, env.rank, env.world_size, step_log) if out is not None else None
     prepare(arm, recorder)
     if seed is not None:  # the same random state in every arm (for scripts that do not seed)
         from dpcompare.checkpoint import seed_everything
@@ -195,6 +203,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=nonneg_int, metavar="N",
                    help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
                         "(default: torch's own; a script's own torch.set_num_threads wins)")
+    p.add_argument("--step-log", action="store_true",
+                   help="with --out: write OUT/steps.jsonl, a line per optimizer step (an elastic script's run "
+                        "writes it anyway)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="seconds a collective waits for a lost peer before failing (sets "
+                        "HOROVOD_GLOO_TIMEOUT_SECONDS, read by Horovod's gloo and by the layer)")
+    p.add_argument("--commit-dir", type=Path, metavar="DIR",
+                   help=f"where the native layer's hvd.elastic keeps its commits under torchrun, shared by every "
+                        f"host (sets {ELASTIC_DIR_VAR}; default: one folder per torchrun run id in the temporary "
+                        "folder)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ARGS",
                    help="run a module as a script, as `python -m` does (e.g. -m pytest tests/test_x.py)")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="[--] [python] SCRIPT ARGS",
@@ -220,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(p)
     a = p.parse_args(argv)
     try:
-        return run_script(a.arm, parse_target(target_words(a)), a.out, a.seed, a.overwrite, a.threads)
+        return run_script(a.arm, parse_target(target_words(a)), a.out, a.seed, a.overwrite, a.threads, a.step_log,
+                          a.timeout, a.commit_dir)
     except DpcompareError as e:
         if e.local or reporting_rank():
             sys.stderr.write(f"python -m dpcompare.native: error: {e}\n")

@@ -8,6 +8,7 @@ rank among the processes with the same local rank) come from one small all-gathe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,8 +19,10 @@ from dpcompare.launch.env import detect_launch_env
 from dpcompare.launch.rendezvous import ensure_rendezvous
 from dpcompare.native.calls import Unsupported, unsupported
 
-#: seconds a collective may wait for a peer before torch gives up (Horovod has no such limit; 30 min is torch's)
+#: seconds a collective may wait for a peer before torch gives up (Horovod has no such limit; 30 min is torch's);
+#: Horovod's gloo controller's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` sets it (an elastic job notices a lost peer then)
 TIMEOUT_S = 1800.0
+TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def init(comm: object = None, process_sets: object = None) -> None:
     if owns:
         ensure_rendezvous(env)
         dist.init_process_group(_backend(), init_method="env://", rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=TIMEOUT_S))
+                                timeout=timedelta(seconds=float(os.environ.get(TIMEOUT_VAR) or TIMEOUT_S)))
     rank, size = dist.get_rank(), dist.get_world_size()
     local_rank, local_size = (env.local_rank, env.local_size) if env.world_size == size else (0, 1)
     cross_rank, cross_size, homogeneous = _layout(rank, size, local_rank, local_size)
