@@ -113,6 +113,7 @@ COMMAND_MODULES = (
     "dpcompare.report.command",    # dpcompare report
     "dpcompare.report.timeline",   # dpcompare timeline
     "dpcompare.launch.commands",   # dpcompare launch, dpcompare slurm
+    "dpcompare.launch.submission",  # dpcompare submit (submitit)
     "dpcompare.lab.command",       # dpcompare lab up|down|status|bench|set-link
     "dpcompare.prediction.command",  # dpcompare predict
     "dpcompare.api",               # dpcompare workloads

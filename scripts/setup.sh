@@ -134,7 +134,8 @@ def ok(*names):
     return 1
 torch = ok("torch")
 extras = os.environ.get("DPCOMPARE_EXTRAS", "").split(",")
-dev = ("pytest", "ruff", "nbclient", "ipykernel", "mkdocs", "transformers", "wandb", "mlflow", "lightning") if "dev" in extras else ()
+dev = ("pytest", "ruff", "nbclient", "ipykernel", "mkdocs", "transformers", "wandb", "mlflow", "lightning",
+       "submitit") if "dev" in extras else ()
 found = all(importlib.util.find_spec(n) is not None for n in dev)  # found, not imported: transformers is slow
 flags = [torch, torch and ok("torchvision"), int(found) and ok("dpcompare", "mpi4py", "scipy", "sklearn", "psutil"),
          torch and ok("horovod.torch")]

@@ -178,3 +178,29 @@ def lab_of(prefix: str, link: str) -> Iterator[Any]:
         missing(f"cannot make a lab here: {e}")
     yield the_lab
     hosts.sweep(name)
+
+
+class ConvnetNp2:
+    """The suite's trained convnet: one np=2 run per strategy for the whole session, trained the first time a
+    test asks for it (so a missing Horovod skips, or under CI fails, only the tests that need Horovod). FAST, 4
+    epochs with a checkpoint after epochs 2 and 4, and the 3 steps after the warm-up traced: test_distributed
+    resumes and compares it, test_trace reads its trace. Each run's folder is BASE/runs/STRATEGY-np2-r0, as a
+    comparison lays its runs out."""
+
+    TRACED = 3
+    TRAIN = ("train", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--trace", str(TRACED))
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.stdout: dict[str, str] = {}
+
+    def __call__(self, strategy: str) -> Path:
+        out = self.base / "runs" / f"{strategy}-np2-r0"
+        if strategy not in self.stdout:
+            self.stdout[strategy] = dpcompare(*self.TRAIN, "--strategy", strategy, "--out", str(out), np=2).stdout
+        return out
+
+
+@pytest.fixture(scope="session")
+def convnet_np2(tmp_path_factory: pytest.TempPathFactory) -> ConvnetNp2:
+    return ConvnetNp2(tmp_path_factory.mktemp("convnet"))

@@ -194,6 +194,10 @@ def test_compare_ddp_vs_horovod_end_to_end_and_a_failing_arm(tmp_path: Path) -> 
         assert set(r["phases_ms"]) == {"data", "forward", "backward", "optimizer"} and r["error"] is None
         assert [m["epoch"] for m in r["metrics"]] == [1, 2] and r["final_test_accuracy"] > 0.9
         assert (out / r["dir"] / "summary.json").is_file() and not (out / r["dir"] / "tensorboard").exists()
+        # what took the cores: each rank's main thread and its other threads, per timed step
+        assert [x["rank"] for x in r["cpu_ms"]["per_rank"]] == [0, 1] and r["cpu_ms"]["main"] > 0
+        assert r["cpu_ms"]["helpers"] >= 0 and all(t["ms"] >= 0 for t in r["cpu_ms"]["threads"])
+    assert "gloo_tcp_loop" in {t["name"] for t in a["cpu_ms"]["threads"]}  # DDP's collectives on gloo's threads
     assert failed["samples_per_sec"] is None and "--strategy single runs one process" in failed["error"]
     assert "FAILED" in p.stdout and "1 of 3 runs failed" in p.stdout
     # same seed, same data order: the two strategies compute the same model

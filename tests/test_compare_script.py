@@ -45,7 +45,13 @@ def test_compare_script_gives_a_verdict_and_a_report(tmp_path: Path) -> None:
     assert results["config"]["script"]["args"] == ["--epochs", "1", "--weight-decay", "0"]
     assert (out / "mnist_ddp.py").is_file()  # the port migrate writes, for the ddp arm
     assert "Test set:" in (out / "runs" / "native-np2-r0" / "stdout.log").read_text()
-    assert "script mnist.py --epochs 1" in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert "script mnist.py --epochs 1" in page
+    # the why cards of the arms that ran (the native layer, DDP), none for Horovod, which did not
+    assert "The native layer: Horovod&#x27;s API" in page and "PyTorch DDP: hooks on the model" in page
+    assert "Horovod: hooks in the optimizer" not in page
+    for r in runs.values():  # what took the cores, per rank, after the warm-up steps
+        assert [x["rank"] for x in r["cpu_ms"]["per_rank"]] == [0, 1] and r["cpu_ms"]["main"] > 0
 
 
 def test_compare_script_flags_are_read_back_for_resume(tmp_path: Path) -> None:

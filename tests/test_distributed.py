@@ -1,6 +1,7 @@
 """Real distributed runs under ``mpirun -np 2`` for ddp and horovod: results, parity, resume, cross-resume."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -17,26 +18,11 @@ SUMMARY_KEYS = {"strategy", "world_size", "model", "dataset", "epochs", "batch_s
 
 
 
-class Trained:
-    """One 4-epoch np=2 run per strategy, trained the first time a test asks for it (so a missing Horovod
-    skips, or under CI fails, only the tests that need Horovod)."""
-
-    def __init__(self, base):
-        self.base = base
-        self.stdout: dict[str, str] = {}
-
-    def __call__(self, strategy: str):
-        out = self.base / strategy
-        if strategy not in self.stdout:
-            p = dpcompare("train", "--strategy", strategy, *FAST, "--epochs", "4", "--checkpoint-every", "2",
-                          "--out", str(out), np=2)
-            self.stdout[strategy] = p.stdout
-        return out
-
-
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return Trained(tmp_path_factory.mktemp("dist"))
+def trained(convnet_np2):
+    """The suite's trained convnet (conftest.ConvnetNp2): ddp and horovod, 4 epochs at np=2, checkpoints after
+    epochs 2 and 4; the runs below continue it."""
+    return convnet_np2
 
 
 @pytest.mark.parametrize("strategy", ["ddp", HOROVOD])
@@ -64,10 +50,16 @@ def test_same_seed_same_numbers_under_both_strategies(trained):
 
 
 def test_stopped_and_resumed_ends_bit_identical(trained):
+    """The whole ddp run's folder as it was when it stopped after epoch 2 (its epoch-2 checkpoint, two metrics
+    rows), continued with --resume auto: it ends where the run that never stopped did, bit for bit."""
     out = trained.base / "ddp-stopped"
-    dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "2", "--checkpoint-every", "2", "--out", str(out), np=2)
-    dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume", "auto",
-              "--out", str(out), np=2)
+    shutil.copytree(trained("ddp"), out)
+    (out / "checkpoints" / "epoch-4.pt").unlink()
+    (out / "summary.json").unlink()
+    rows = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (out / "metrics.jsonl").write_text("".join(rows[:2]))
+    dpcompare(*trained.TRAIN, "--strategy", "ddp", "--resume", "auto", "--out", str(out), np=2)  # its own command
+    assert summary(out)["resumed_from"].endswith("epoch-2.pt")
     ta, tb = ckpt_tensors(load_ckpt(trained("ddp"), 4)), ckpt_tensors(load_ckpt(out, 4))
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     assert [json.loads(x)["epoch"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
@@ -117,28 +109,19 @@ def test_np1_checkpoint_resumes_under_ddp_at_np2(trained, ddp_to_horovod_np1):
 @needs_horovod
 def test_parity_command_passes_for_convnet_under_every_strategy(tmp_path):
     """One parity run covers horovod, zero and fsdp against ddp (convnet: BatchNorm buffers included), and the
-    one-process reference replays each process's BatchNorm statistics, so it matches too."""
+    one-process reference replays the two processes' batches (halving each one's loss: the same sums as at np=2)
+    and each process's BatchNorm statistics, so it matches too. Every run is a job of launch.jobs: its output is
+    kept beside its checkpoint."""
     p = dpcompare("parity", "--np", "2", "--strategies", "ddp,horovod,zero,fsdp", *FAST, "--steps", "12",
                   "--out", str(tmp_path / "p"))
     res = json.loads((tmp_path / "p" / "parity.json").read_text())
     assert res["passed"] and set(res["diffs"]) == {"horovod", "zero", "fsdp", "single"}
-    assert res["diffs"]["horovod"]["weights_max"] == 0.0  # exact on CPU, as the README says
+    assert res["diffs"]["horovod"]["weights_max"] == 0.0 == res["diffs"]["horovod"]["loss_max"]  # exact on CPU
     assert all(res["diffs"][s]["weights_max"] <= 1e-6 for s in ("zero", "fsdp"))
     assert res["diffs"]["single"]["weights_max"] == 0.0 and res["note"] is None  # BatchNorm replayed per process
     assert res["model"]["batchnorm"] and res["config"]["strategy"] == "ddp"
     assert "PASS" in p.stdout and "fc.weight" in p.stdout
-
-
-@needs_horovod
-def test_parity_includes_single_for_mlp(tmp_path):
-    args = ("parity", "--np", "2", "--model", "mlp", "--width", "64", "--dataset", "digits", "--threads", "1",
-            "--steps", "30")
-    dpcompare(*args, "--out", str(tmp_path / "p"))
-    res = json.loads((tmp_path / "p" / "parity.json").read_text())
-    # one process replays the two processes' batches and halves each one's loss: the same sums at np=2
-    assert res["passed"] and res["diffs"]["single"]["weights_max"] == 0.0
-    # every run was a job of launch.jobs: its output kept beside its checkpoint
-    assert all((tmp_path / "p" / s / log).is_file() for s in ("ddp", "horovod", "single")
+    assert all((tmp_path / "p" / s / log).is_file() for s in ("ddp", "horovod", "zero", "fsdp", "single")
                for log in ("stdout.log", "stderr.log"))
 
 

@@ -24,13 +24,13 @@ import pytest
 
 from dpcompare.launch.mpirun import job_command
 
-from conftest import DPCOMPARE, FAST, dpcompare, missing, mpi_env, needs_horovod, needs_mpi, run, summary
+from conftest import DPCOMPARE, ConvnetNp2, missing, mpi_env, needs_horovod, needs_mpi, run, summary
 
 pytestmark = [needs_mpi, pytest.mark.mpi, pytest.mark.netns]
 
 HOST_A, HOST_B, SUBNET = "10.250.0.1", "10.250.0.2", "10.250.0.0/24"
 HOSTS = f"{HOST_A}:1,{HOST_B}:1"
-TRAIN = ("train", *FAST, "--epochs", "2", "--progress", "lines")
+TRAIN = (*ConvnetNp2.TRAIN, "--progress", "lines")  # the suite's trained convnet's command: its run is the one host
 
 PROBE = """
 import json, os
@@ -137,9 +137,9 @@ def test_rendezvous_finds_host_a_and_each_ranks_veth(two_hosts: TwoHosts) -> Non
 
 
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("horovod", marks=[needs_horovod, pytest.mark.horovod])])
-def test_training_across_two_hosts_matches_one_host(two_hosts: TwoHosts, tmp_path: Path, strategy: str) -> None:
-    one, two = tmp_path / "one-host", tmp_path / "two-hosts"
-    dpcompare(*TRAIN, "--strategy", strategy, "--out", str(one), np=2, timeout=300)
+def test_training_across_two_hosts_matches_one_host(two_hosts: TwoHosts, convnet_np2: ConvnetNp2, tmp_path: Path,
+                                                   strategy: str) -> None:
+    one, two = convnet_np2(strategy), tmp_path / "two-hosts"  # one host: the same command under mpirun -np 2
 
     launch = [DPCOMPARE, "launch", "--np", "2", "--hosts", HOSTS, "--mpi-net", SUBNET, "--",
               *TRAIN, "--strategy", strategy, "--out", str(two)]

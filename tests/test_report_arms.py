@@ -67,6 +67,20 @@ def test_the_why_names_the_threads_that_took_the_cores() -> None:
     json.dumps(stored)  # results.json keeps it as it is
 
 
+def test_the_threads_are_named_where_the_longer_arm_communicates_nothing_though_the_other_does() -> None:
+    """resnet18's case: BatchNorm buffers, so DDP broadcasts in forward; Horovod's forward is the longer one and
+    Horovod communicates nothing there: the why still says what took the cores."""
+    res = _cpu_results()
+    for r in res["runs"]:
+        r["regime"] = {"buffer_mb": 0.01}
+    a = attribution.attribute(res, "ddp", "horovod", 2)
+    assert a is not None and a.main == ["forward"] and "broadcast of rank 0's buffers" in a.text
+    assert "In forward the arm that took longer communicates nothing." in a.text
+    assert "horovod ran 480 ms of CPU per step on other threads (Horovod's background thread" in a.text
+    assert a.lines[2] == ("in forward the longer arm communicates nothing; other threads' CPU per step: horovod "
+                          "480 ms, ddp 20.0 ms (Horovod's background thread)")
+
+
 def test_the_cpu_is_in_both_tables_and_the_terminal_fits_100_columns(tmp_path: Path) -> None:
     res = _cpu_results()
     (tmp_path / "results.json").write_text(json.dumps(res))

@@ -74,25 +74,11 @@ def test_single_process_traces_phases_and_gradient_ticks(tmp_path):
 
 
 # -- real np=2 runs ------------------------------------------------------------------------------------
-class Traced:
-    """One np=2 traced run per strategy, made the first time a test asks for it."""
-
-    def __init__(self, base):
-        self.base = base
-        self.done: set[str] = set()
-
-    def __call__(self, strategy: str):
-        out = self.base / "runs" / f"{strategy}-np2-r0"
-        if strategy not in self.done:
-            dpcompare("train", "--strategy", strategy, *FAST, "--epochs", "0", "--max-steps", str(2 + TRACED),
-                      "--trace", str(TRACED), "--out", str(out), np=2)
-            self.done.add(strategy)
-        return out
-
-
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    return Traced(tmp_path_factory.mktemp("trace"))
+def traced(convnet_np2):
+    """The suite's trained convnet (conftest.ConvnetNp2): its np=2 runs trace the 3 steps after the warm-up."""
+    assert convnet_np2.TRACED == TRACED
+    return convnet_np2
 
 
 def _step_events(events, step):

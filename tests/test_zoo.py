@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import dpcompare, missing, needs_horovod, needs_mpi, summary
@@ -133,12 +134,20 @@ def test_tied_weights(tmp_path: Path) -> None:
     _exact(_parity(tmp_path, f"{ZOO / 'tied_weights.py'}:workload"))
 
 
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The sparse plug-in's one parity, traced (2 warm-up steps, then 2 traced): the tests below read its runs."""
+    tmp = tmp_path_factory.mktemp("sparse")
+    return tmp, _parity(tmp, f"{ZOO / 'sparse_bag.py'}:workload", "--warmup-steps", "2", "--trace", "2",
+                        strategies="ddp,horovod,zero")
+
+
 @needs_mpi
 @needs_horovod
-def test_sparse_embeddings_under_ddp_horovod_and_zero(tmp_path: Path) -> None:
+def test_sparse_embeddings_under_ddp_horovod_and_zero(sparse: tuple[Path, dict], tmp_path: Path) -> None:
     """Sparse gradients: zero is DDP (0.0); Horovod all-gathers the rows and the one-process reference adds them
     in yet another order: within 1e-6, and parity names the cause."""
-    res = _parity(tmp_path, f"{ZOO / 'sparse_bag.py'}:workload", strategies="ddp,horovod,zero")
+    _, res = sparse
     assert res["diffs"]["zero"]["weights_max"] == 0.0
     for s in ("horovod", "single"):
         assert res["diffs"][s]["weights_max"] <= 1e-6
@@ -152,16 +161,11 @@ def test_sparse_embeddings_under_ddp_horovod_and_zero(tmp_path: Path) -> None:
 
 @needs_mpi
 @needs_horovod
-def test_sparse_gradients_in_the_trace(tmp_path: Path) -> None:
+def test_sparse_gradients_in_the_trace(sparse: tuple[Path, dict]) -> None:
     """How each library moves the sparse gradient: DDP's sparse all-reduce (gloo gathers the rows), Horovod's two
     all-gathers (indices, values); the dense layers' all-reduce beside them."""
-    kinds = {}
-    for s in ("ddp", "horovod"):
-        out = tmp_path / s
-        dpcompare("train", "--strategy", s, "--workload", f"{ZOO / 'sparse_bag.py'}:workload", "--epochs", "1",
-                  "--max-steps", "5", "--warmup-steps", "2", "--trace", "2", "--batch-size", "8", "--threads", "1",
-                  "--no-tensorboard", "--out", str(out), np=2)
-        kinds[s] = summary(out)["communication"]["collectives"]
+    tmp, _ = sparse
+    kinds = {s: summary(tmp / "p" / s)["communication"]["collectives"] for s in ("ddp", "horovod")}
     rows = 8 * 12 * (8 + 32 * 4) * 2  # 96 looked-up rows of 32 floats and their indices, from 2 ranks
     assert set(kinds["ddp"]) == {"all_reduce", "sparse_all_reduce"} and kinds["ddp"]["sparse_all_reduce"]["count"] == 1
     assert 0 < kinds["ddp"]["sparse_all_reduce"]["bytes_per_step"] <= rows  # coalesced: repeated rows once

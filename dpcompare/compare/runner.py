@@ -108,7 +108,9 @@ class _Run:
         cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay, self.c.script)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
-        watch = LoadWatch(str(run_dir)) if self.watch_load else None  # what else the machine ran meanwhile
+        # what else the machine ran meanwhile; across a lab, the job's ranks started through ssh (named by the run's
+        # folder) are sampled as its own too
+        watch = LoadWatch(str(run_dir) if self.lab is not None else None) if self.watch_load else None
         if self.pool:
             rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
         elif spec.arm.fault is not None and self.lab is not None:

@@ -202,7 +202,11 @@ def _explain(results: dict[str, Any], baseline: str, other: str, step: Interval,
             comm.append(f"in {_short(s.phase)}, " + "; ".join(f"{arm}: {w}" if w else f"{arm} communicates nothing"
                                                      for arm, w in what.items()))
     if comm:
-        return text + " Communication there — " + " — ".join(comm) + "."
+        silent = _silent_longer(results, baseline, other, moved)
+        cores = _cores_sentence(results, baseline, other, np_) if silent else None
+        return text + " Communication there — " + " — ".join(comm) + "." + (
+            f" In {' and '.join(map(_short, silent))} the arm that took longer communicates nothing. {cores}"
+            if cores else "")
     cores = _cores_sentence(results, baseline, other, np_)
     if cores:
         return text + " Neither strategy communicates in " + " or ".join(map(_short, main)) + ". " + cores
@@ -249,7 +253,8 @@ def _cores_sentence(results: dict[str, Any], baseline: str, other: str, np_: int
 
 def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, shifts: list[PhaseShift],
            main: list[str], np_: int = 0) -> list[str]:
-    """At most two short lines for the terminal: the phases that moved, in ms; the communication in the first."""
+    """Two or three short lines for the terminal: the phases that moved, in ms; the communication in the first;
+    what took the cores where the arm that took longer communicates nothing (when the runs measured it)."""
     net = f"{other}'s step {_ms(step.mean)} {'shorter' if step.mean < 0 else 'longer'} than {baseline}'s"
     if not main:
         return [f"{net}, spread over the step (no phase holds a quarter of it)"]
@@ -267,8 +272,25 @@ def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, s
                 f"{a} {_ms(c['helpers'])}" for a, c in cpu.items() if c) + " (main: " + " vs ".join(
                 _ms(c["main"]) for c in cpu.values() if c) + f"; {threads_of(_strategy(results, other))})"]
         return [first, f"in {_short(phase)} neither communicates: threads, CPU contention, framework overhead"]
-    return [first, f"in {_short(phase)} — " + "; ".join(f"{arm}: {_brief(w) if w else 'nothing'}"
-                                                       for arm, w in what.items())]
+    lines = [first, f"in {_short(phase)} — " + "; ".join(f"{arm}: {_brief(w) if w else 'nothing'}"
+                                                        for arm, w in what.items())]
+    silent = _silent_longer(results, baseline, other, moved)
+    cpu = {a: thread_cpu(results, a, np_) for a in (other, baseline)}
+    if silent and all(cpu.values()):
+        lines.append(f"in {' and '.join(map(_short, silent))} the longer arm communicates nothing; other threads' "
+                     "CPU per step: " + ", ".join(f"{a} {_ms(c['helpers'])}" for a, c in cpu.items() if c)
+                     + f" ({threads_of(_strategy(results, other))})")
+    return lines
+
+
+def _silent_longer(results: dict[str, Any], baseline: str, other: str, moved: list[PhaseShift]) -> list[str]:
+    """The moved phases where the arm that took longer communicates nothing (its time went elsewhere: the cores)."""
+    out = []
+    for s in moved:
+        longer = other if s.diff.mean > 0 else baseline
+        if s.phase != "other" and not _comm(results, (longer,), s.phase)[longer]:
+            out.append(s.phase)
+    return out
 
 
 def attributions(results: dict[str, Any]) -> list[Attribution]:

@@ -45,9 +45,9 @@ def timing_summary(strategy: Strategy, steps: list[StepTiming], samples_per_step
     totals = [s.total for s in steps] or [0.0]
     mine = {"step_ms_median": statistics.median(totals) * 1e3, "step_ms_p95": float(np.percentile(totals, 95)) * 1e3,
             **{f"{p}_ms": statistics.median([getattr(s, p) for s in steps] or [0.0]) * 1e3 for p in PHASES},
+            "cpu_main_ms": (cpu or {}).get("main", -1.0), "cpu_helpers_ms": (cpu or {}).get("helpers", -1.0),
             "measured_seconds": sum(s.total for s in steps), "measured_steps": float(len(steps)),
-            "peak_rss_mb": peak_rss_mb(), "cpu_main_ms": (cpu or {}).get("main", -1.0),
-            "cpu_helpers_ms": (cpu or {}).get("helpers", -1.0)}
+            "peak_rss_mb": peak_rss_mb()}
     table = strategy.all_gather_floats(list(mine.values()))
     per_rank = [{"rank": r, **dict(zip(mine, row, strict=True))} for r, row in enumerate(table)]
     for r in per_rank:
