@@ -42,6 +42,7 @@ remeasure: setup
 	VENV=$(VENV) bash bench/remeasure.sh
 
 docs: setup-dev
+	$(VENV)/bin/python scripts/cli_doc.py --check   # docs/cli.md is generated: python scripts/cli_doc.py
 	$(VENV)/bin/mkdocs build --strict
 
 clean:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Measure again every figure the docs quote from this machine, one section after another, and print the
-# numbers with the machine's facts. Run it on a quiet machine: bench/quiet.sh waits for one first (and stops
+# Measure again every figure the docs quote from this machine, one section after another, print the numbers
+# with the machine's facts, and write each section's output with its date and load into docs/measurements.md
+# (bench/remeasure_doc.py; REMEASURE_DOC=0: print only). Run it on a quiet machine: bench/quiet.sh waits for one first (and stops
 # the script if none comes; QUIET_STRICT=0 measures anyway, but then the figures are not to be quoted).
 # In the docs each figure waiting for these numbers carries a placeholder «remeasure: SECTION»
 # (grep -rn "«remeasure" README.md docs) naming the section that measures it.
 #
-#   sudo bash bench/remeasure.sh                 # every section (the lab ones need root); about 45 min
+#   sudo bash bench/remeasure.sh                 # every section (the lab ones need root); about 55 min
 #   bash bench/remeasure.sh setup demo           # only these
 #
 # Sections:
@@ -17,7 +18,7 @@
 #   lab       raw TCP through a 1 Gbit/s link; the lab bench sweep times (lab.md; root)             ~4 min
 #   trackers  wandb/mlflow import and start-up costs (trackers.md)                                  ~1 min
 #   tests     the lab and predict tests' durations, parity in the lab (lab.md, predict.md; root)    ~6 min
-#   suite     the whole test suite: `make test` (getting-started.md)                                ~12 min
+#   suite     the whole test suite: `make test` (getting-started.md)                                ~20 min
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
@@ -66,14 +67,14 @@ s_predict() {
   for s in ddp horovod; do
     mpi2 train --strategy "$s" --model mlp --width 1024 --epochs 1 --trace 5 --progress none --out "$T/pred-$s" >/dev/null
   done
-  "$DPC" predict "$T/pred-ddp" --strategies ddp,horovod --hosts 2,4,8,16,32,64,128,256,512,1024 --link 25gbit
-  "$DPC" predict "$T/pred-horovod" --strategies horovod --hosts 2,4,8 --link 25gbit | grep -i -A3 "self-check" || true
+  "$DPC" predict "$T/pred-ddp" --strategies ddp,horovod --host-counts 2,4,8,16,32,64,128,256,512,1024 --link 25gbit
+  "$DPC" predict "$T/pred-horovod" --strategies horovod --host-counts 2,4,8 --link 25gbit | grep -i -A3 "self-check" || true
 }
 
 s_lab() {
   section lab "raw TCP at 1 Gbit/s; how long the lab bench's default sweeps take"
   (cd "$ROOT/bench" && "$PY" lab_tcp.py --link 1gbit)
-  "$DPC" lab up --hosts 2 --link 1gbit --name remeasure >/dev/null
+  "$DPC" lab up --host-count 2 --link 1gbit --name remeasure >/dev/null
   timed "$DPC" lab bench --name remeasure >/dev/null
   "$DPC" lab set-link 200mbit --name remeasure
   timed "$DPC" lab bench --name remeasure --sizes 4K:16M >/dev/null
@@ -98,5 +99,9 @@ s_suite() {
 }
 
 for s in "${SECTIONS[@]}"; do
-  case " ${ALL[*]} " in *" $s "*) "s_$s" ;; *) echo "unknown section '$s'; choose from: ${ALL[*]}" >&2; exit 2 ;; esac
+  case " ${ALL[*]} " in *" $s "*) ;; *) echo "unknown section '$s'; choose from: ${ALL[*]}" >&2; exit 2 ;; esac
+done
+for s in "${SECTIONS[@]}"; do
+  "s_$s" 2>&1 | tee "$T/$s.log"
+  [ "${REMEASURE_DOC:-1}" = 0 ] || "$PY" "$ROOT/bench/remeasure_doc.py" "$s" "$T/$s.log"
 done

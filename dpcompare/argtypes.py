@@ -1,5 +1,5 @@
 """argparse ``type=`` converters and ``choices``: each turns a bad value into a one-line error that says what is
-expected. Names that come from a catalog (models, datasets) are read from it when a value is checked; ``--log``'s
+expected. Names that come from a catalog (models, datasets) are read from it when a value is checked; ``--trackers``'
 trackers are listed here (:data:`TRACKERS`), for the command line and ``dpcompare doctor`` to read without the
 training room.
 Link rates (:func:`parse_rate_bits`, :func:`format_rate_bits`) are the one reading of ``1gbit``, ``300gbyte``."""
@@ -97,7 +97,7 @@ def strategy_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-#: ``--log``'s trackers (opened by :mod:`dpcompare.training.trackers`): name → (the module it needs, the pip
+#: ``--trackers``' trackers (opened by :mod:`dpcompare.training.trackers`): name → (the module it needs, the pip
 #: extra that brings it or None, what it writes)
 TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
     "tensorboard": ("tensorboard", None, "events in OUT/tensorboard"),
@@ -114,7 +114,7 @@ def install_hint(name: str) -> str:
 
 
 def tracker_list(text: str) -> str:
-    """``--log``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
+    """``--trackers``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
     here, while the command line is read, so that a missing one stops the run before anything starts."""
     import importlib.util
 

@@ -86,6 +86,14 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     return epochs[-1][1] if epoch_step >= steps[-1][0] else steps[-1][1]
 
 
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's random state from ``seed`` (a training run's start, a script's before it runs;
+    what :func:`rng_state` saves and :func:`set_rng_state` puts back)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict[str, Any]:
     np_state = np.random.get_state()
     state: dict[str, Any] = {

@@ -15,22 +15,26 @@ from typing import Any
 
 from dpcompare import argtypes as t
 
-TRAINING, OUTPUT, NETWORK = "training", "output and checkpoints", "network"
+#: the groups of ``--help`` (by concern; dpcompare.cli puts the options a first user needs in a group of their own)
+TRAINING, HOW_LONG, WHERE = "the training job", "how long", "where it runs"
 KNOBS = "communication knobs (each strategy refuses the ones it cannot honour)"
+OUTPUT = "output and checkpoints"
+NETWORK = WHERE
 
 
 def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
         choices: Callable[[], list[str]] | list[str] | None = None, group: str = TRAINING, resume: bool = False,
-        metavar: str | None = None, hidden: bool = False) -> Any:
+        metavar: str | None = None, hidden: bool = False, renamed_from: tuple[str, ...] = ()) -> Any:
     """A config field with its command-line description.
 
     ``flag`` defaults to ``--field-name``; a boolean field that defaults to True needs a ``--no-...`` flag.
     ``resume=True``: a resumed run that changes this setting says so. ``help``/``choices`` may be callables
-    (evaluated when the parser is built) for lists that come from registries.
+    (evaluated when the parser is built) for lists that come from registries. ``renamed_from``: the flag's old
+    spellings, which still work for one release with a warning.
     """
     return field(default=default, metadata={"flag": flag, "help": help, "type": type, "choices": choices,
                                             "group": group, "resume": resume, "metavar": metavar,
-                                            "hidden": hidden})
+                                            "hidden": hidden, "renamed_from": renamed_from})
 
 
 def _names(module: str, table: str, intro: str | None = None, kind: type[list] = list) -> Callable[[], Any]:
@@ -84,7 +88,7 @@ class TrainConfig:
                             "each next one)", type=t.positive_int, metavar="T", resume=True)
     data_dir: str | None = opt(None, "folder holding mnist/cifar10 in torchvision's layout, or imagefolder's "
                                      "train/<class>/ and val/<class>/ image folders (never downloaded)")
-    epochs: int = opt(5, "epochs to train", type=t.nonneg_int)
+    epochs: int = opt(5, "epochs to train", type=t.nonneg_int, group=HOW_LONG)
     batch_size: int = opt(32, "batch size PER PROCESS; the global batch is this × processes", type=t.positive_int,
                           resume=True)
     lr: float = opt(0.05, "learning rate", type=t.positive_float, resume=True)
@@ -124,28 +128,29 @@ class TrainConfig:
     sync_bn: bool = opt(False, "synchronise BatchNorm statistics across processes (torch.nn.SyncBatchNorm / "
                                "hvd.SyncBatchNorm; GPUs only)", resume=True)
     device: str = opt("auto", "auto: one GPU per process when CUDA is available, else CPU",
-                      choices=["auto", "cpu", "cuda"], resume=True)
+                      choices=["auto", "cpu", "cuda"], resume=True, group=WHERE)
     deterministic: bool = opt(False, "on a GPU: PyTorch's deterministic algorithms (torch.use_deterministic_algorithms, "
                                      "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the same "
                                      "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
                               resume=True)
-    threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int)
+    threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int,
+                      group=WHERE)
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
-                         type=t.nonneg_int)
-    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int)
+                         type=t.nonneg_int, group=HOW_LONG)
+    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int, group=HOW_LONG)
     min_timed_steps: int = opt(0, "time at least N steps after warm-up: when the epochs give fewer, keep stepping "
                                   "through further batches after the last epoch, for timing only (accuracy and "
                                   "loss stay those of the epochs)", flag="--min-steps", type=t.nonneg_int,
-                               metavar="N")
+                               metavar="N", group=HOW_LONG)
     eval_every: int = opt(0, "evaluate the test accuracy every K optimizer steps as well as after every epoch (the "
                              "eval curve and --target-accuracy use these points); 0: after every epoch only",
-                          type=t.nonneg_int, metavar="K")
+                          type=t.nonneg_int, metavar="K", group=HOW_LONG)
     target_accuracy: float = opt(0.0, "record the training time and steps until the workload's test metric (the "
                                       "test accuracy, a fraction, e.g. 0.95, for the built-in models) first reaches "
                                       "A (at or above it; at or below it for a metric where lower is better) in "
                                       "summary.json's time_to_accuracy_s and steps_to_accuracy; start-up and "
                                       "evaluation time are not counted; 0: off",
-                                 type=t.nonneg_float, metavar="A")
+                                 type=t.nonneg_float, metavar="A", group=HOW_LONG)
     record_step_loss: bool = opt(False, "write OUT/step_losses.json (for parity)", hidden=True)
     emulate_ranks: int = opt(0, "one process only (parity's reference): take each step as N processes would, "
                                 "the global batch as N per-process batches of --batch-size (each --accumulate "
@@ -173,9 +178,9 @@ class TrainConfig:
     mpi_allreduce: str = opt("default", _names("dpcompare.launch.openmpi", "MPI_ALLREDUCE",
                                                "horovod over Open MPI only: the all-reduce algorithm Open MPI's "
                                                "tuned collectives use (coll_tuned_allreduce_algorithm with dynamic "
-                                               "rules); default: Open MPI's choice by message size, which reached "
-                                               "only about half to three quarters of a shaped lab link "
-                                               "(docs/lab.md); one of "),
+                                               "rules); default: Open MPI's choice by message size, which on "
+                                               "a shaped lab link reached 89-105 %% of it at most sizes and "
+                                               "63-66 %% at some (docs/lab.md); one of "),
                              choices=_names("dpcompare.launch.openmpi", "MPI_ALLREDUCE"), group=KNOBS, resume=True,
                              metavar="ALGORITHM")
     adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "
@@ -219,15 +224,15 @@ class TrainConfig:
     init_from: str | None = opt(None, "start from a state_dict (plain, or DDP's module.-prefixed keys) instead of "
                                       "random weights", group=OUTPUT, metavar="PATH")
     overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
-    tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --log names it)",
+    tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --trackers names it)",
                             flag="--no-tensorboard", group=OUTPUT)
     log: str = opt("tensorboard", _described("dpcompare.argtypes", "TRACKERS",
                                              "where the reporting rank also logs epoch metrics, step-time phases, "
                                              "the config and the versions, comma-separated: ",
                                              "; none: only dpcompare's own files (default: tensorboard)"),
                    type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.argtypes", "TRACKERS")()),
-                   group=OUTPUT, metavar="LIST")
-    mlflow_uri: str | None = opt(None, "--log mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
+                   group=OUTPUT, metavar="LIST", flag="--trackers", renamed_from=("--log",))
+    mlflow_uri: str | None = opt(None, "--trackers mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
                                        "sqlite:///FILE.db or a server's http(s):// address (default: "
                                        "$MLFLOW_TRACKING_URI, else OUT/mlflow.db)",
                                  group=OUTPUT, metavar="URI")
@@ -239,10 +244,10 @@ class TrainConfig:
                      type=t.nonneg_int, group=OUTPUT, metavar="N")
     # -- network ----------------------------------------------------------------------------------
     iface: str | None = opt(None, "network interface for gloo/NCCL (sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME); "
-                                  "default: the one that reaches rank 0", group=NETWORK)
+                                  "default: the one that reaches rank 0", group=WHERE)
     timeout: float = opt(300.0, "seconds a collective may wait for a lost process before failing; a step that "
                                 "runs this long ends a non-elastic run (a peer lost or on a crawling link)",
-                         type=t.positive_float, group=NETWORK)
+                         type=t.positive_float, group=WHERE)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

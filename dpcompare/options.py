@@ -2,7 +2,8 @@
 
 ``add_config_options`` adds one flag per field, ``config_from_args`` reads them back, and ``train_argv``
 is the inverse: the ``dpcompare train`` flags that rebuild a config, for the child jobs that ``compare``,
-``parity`` and ``launch`` start.
+``parity`` and ``launch`` start. ``config_defaults`` reads a ``--config FILE.toml`` (any command's flags) and
+``write_config`` writes the ``config.toml`` that reruns a run; ``deprecate`` keeps an old flag's spelling for a release.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dpcompare.config import TrainConfig
@@ -70,6 +72,8 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
                 text += f" (default: {_default_text(default)})"
         kw["help"] = argparse.SUPPRESS if md["hidden"] else text
         g.add_argument(flag, **kw)
+        for old in md.get("renamed_from", ()):
+            deprecate(p, old, flag)
 
 
 def config_from_args(a: argparse.Namespace, **override: Any) -> TrainConfig:
@@ -105,3 +109,223 @@ def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     from dpcompare.config import resume_relevant
 
     return [f"{k} {old.get(k)!r} → {new.get(k)!r}" for k in resume_relevant() if k in old and old.get(k) != new.get(k)]
+
+
+# -- configuration files: --config FILE.toml, and the config.toml every run writes ------------------------------
+
+#: the file a run writes beside its results (results.json, summary.json, parity.json), read back by --config
+CONFIG_FILE = "config.toml"
+#: options a written configuration leaves out: each invocation's own choice (a rerun names its own --out)
+NOT_IN_CONFIG = ("out", "overwrite", "progress", "config", "help", "resume_dir")
+
+
+def add_config_file_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="read options from a TOML file (keys: the flags without their dashes, e.g. batch-size = 64; "
+                        "the config.toml every run writes reruns it); flags on the command line win")
+
+
+class Deprecated:
+    """Marks a hidden old spelling of a flag: it warns once on stderr, naming the new one, then acts as it."""
+
+    new = ""  # the new flag
+    spelt = ""  # how the warning spells it: the flag, with its value for a switch that became a choice
+    own = False  # still an option of its own (its own destination), only hidden and warning
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        import sys
+
+        sys.stderr.write(f"dpcompare: {option_string} is deprecated and goes in the next release; use {self.spelt}\n")
+        super().__call__(parser, namespace, values, option_string)  # type: ignore[misc]
+
+
+def deprecate(p: argparse.ArgumentParser, old: str, new: str, const: Any = None) -> None:
+    """Keep ``old`` working for one release, hidden, with a one-line warning naming ``new``: as an alias of ``p``'s
+    flag ``new``; with ``const``, as a switch that sets ``new``'s destination to it (``--fp16`` for
+    ``--grad-compression fp16``); an ``old`` that is still an option of its own stays one (hidden, warning)."""
+    import copy
+
+    target = p._option_string_actions[new]
+    own = old in p._option_string_actions
+    if own:
+        alias = p._option_string_actions[old]
+    elif const is not None:
+        alias = argparse._StoreConstAction([old], target.dest, const)
+        p._add_action(alias)
+    else:
+        alias = copy.copy(target)
+        alias.option_strings, alias.required = [old], False
+        p._add_action(alias)
+    alias.__class__ = type("Deprecated" + type(alias).__name__, (Deprecated, type(alias)),
+                           {"new": new, "spelt": new if const is None else f"{new} {const}", "own": own})
+    alias.help = argparse.SUPPRESS
+
+
+def _action(p: argparse.ArgumentParser, key: str) -> argparse.Action | None:
+    """The option a configuration key names: a flag without its dashes (``batch-size``), else a destination
+    (``batch_size``), positional arguments included."""
+    act = p._option_string_actions.get("--" + key)
+    if act is not None:
+        return act
+    dest = key.replace("-", "_")
+    return next((a for a in p._actions if a.dest == dest and a.help != argparse.SUPPRESS), None) or \
+        next((a for a in p._actions if a.dest == dest), None)
+
+
+def _convert(act: argparse.Action, value: Any) -> Any:
+    text = value if isinstance(value, str) else str(value)
+    out = act.type(text) if callable(act.type) else text
+    if act.choices is not None and out not in act.choices:
+        raise ValueError(f"not one of {', '.join(map(str, act.choices))}")
+    return out
+
+
+def _setting(act: argparse.Action, key: str, value: Any) -> tuple[str, Any] | None:
+    """(destination, value) that ``key = value`` sets, converted as argparse would; None: leaves the default."""
+    if act.nargs == 0:  # store_true, store_false, store_const
+        if not isinstance(value, bool):
+            raise ValueError("give true or false")
+        if key.replace("-", "_") == act.dest and act.option_strings != ["--" + key]:
+            return act.dest, value  # the destination itself: tensorboard = false
+        return (act.dest, act.const) if value else None
+    many = isinstance(act, argparse._AppendAction) or act.nargs in ("+", "*", argparse.REMAINDER)
+    if many:
+        return act.dest, [_convert(act, v) for v in (value if isinstance(value, list) else [value])]
+    if isinstance(value, list):
+        value = ",".join(map(str, value))  # np = [2, 4] is --np 2,4
+    return act.dest, _convert(act, value)
+
+
+def _key(act: argparse.Action) -> str:
+    """The configuration key of an option: its first flag without the dashes, or a positional's name."""
+    if isinstance(act, Deprecated) and not act.own:
+        return act.new[2:]
+    return act.option_strings[0][2:] if act.option_strings else act.dest
+
+
+def _renamed_value(act: argparse.Action, value: Any) -> Any:
+    """A deprecated switch's value under its new name: ``--fp16`` is ``grad-compression = "fp16"``."""
+    const = getattr(act, "const", None)
+    return const if isinstance(act, Deprecated) and act.nargs == 0 and not isinstance(const, bool) else value
+
+
+def read_config(p: argparse.ArgumentParser, path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings a TOML file gives: as ``p``'s defaults (so that flags on the command line win), and as written
+    (under each option's key, for the run's own config.toml). A file or a key that cannot be read is one line."""
+    import sys
+
+    from dpcompare.errors import ConfigError
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        table = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"--config {path}: not a TOML file ({e})") from None
+    defaults: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
+    for key, value in table.items():
+        act = _action(p, key)
+        if act is None or key in ("config", "help"):
+            raise ConfigError(f"--config {path}: {key} is no option of {p.prog} (see {p.prog} --help)")
+        if isinstance(act, Deprecated):
+            sys.stderr.write(f"dpcompare: {path}: {key} is deprecated and goes in the next release; use "
+                             f"{act.spelt}\n")
+        try:
+            setting = _setting(act, key, value)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+            raise ConfigError(f"--config {path}: {key} = {value!r}: {e}") from None
+        if setting is not None:
+            defaults[setting[0]] = setting[1]
+            raw[key if act.nargs == 0 and not isinstance(act, Deprecated) else _key(act)] = _renamed_value(act, value)
+    return defaults, raw
+
+
+def _toml_value(text: str) -> Any:
+    """A flag's value as written on a command line, as a TOML int or float where that reads back the same."""
+    for kind in (int, float):
+        try:
+            if str(kind(text)) == text:
+                return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _take(p: argparse.ArgumentParser, args: list[str], i: int) -> tuple[argparse.Action, list[Any], int]:
+    """The option at ``args[i]`` (a flag, ``--``, or a positional's first value), its values, and the next index."""
+    positionals = [a for a in p._actions if not a.option_strings]
+    if args[i] == "--" or not args[i].startswith("--"):
+        rest = next((a for a in positionals if a.nargs == argparse.REMAINDER), None)
+        act = rest if args[i] == "--" or not positionals else positionals[0]
+        if act is None:
+            raise ValueError(f"{args[i]!r}: {p.prog} takes no arguments that are not flags")
+        start = i + (args[i] == "--")
+        end = len(args) if act.nargs == argparse.REMAINDER else \
+            next((k for k in range(i, len(args)) if args[k].startswith("--")), len(args))
+        return act, args[start:end], end
+    flag, has_inline, inline = args[i].partition("=")
+    act = p._option_string_actions.get(flag)
+    if act is None:
+        raise ValueError(f"{args[i]!r} is no option of {p.prog}")
+    if act.nargs == 0:
+        return act, [True], i + 1
+    if has_inline:
+        return act, [inline], i + 1
+    if act.nargs in ("+", "*"):
+        end = next((k for k in range(i + 1, len(args)) if args[k].startswith("--")), len(args))
+        return act, args[i + 1:end], end
+    return act, args[i + 1:i + 2], i + 2
+
+
+def config_settings(p: argparse.ArgumentParser, argv: Sequence[str]) -> dict[str, Any]:
+    """A command line (``argv``, after the command's name, as ``p`` reads it) as configuration keys:
+    ``--batch-size 64`` → ``batch-size = 64``, a switch → ``true``, a repeated or many-valued flag → an array."""
+    settings: dict[str, Any] = {}
+    args, i = list(argv), 0
+    while i < len(args):
+        token = args[i]
+        act, values, i = _take(p, args, i)
+        if act.dest in NOT_IN_CONFIG:
+            continue
+        key = _key(act)
+        if act.nargs == 0 and not isinstance(act, Deprecated):
+            key = token[2:]  # a switch is written as given: no-single = true
+        values = [_renamed_value(act, v) if v is True else _toml_value(v) for v in values]
+        if isinstance(act, argparse._AppendAction) or not act.option_strings or act.nargs in ("+", "*"):
+            settings[key] = [*settings.get(key, []), *values]
+        else:
+            settings[key] = values[0]
+    return settings
+
+
+def write_config(path: str | Path, p: argparse.ArgumentParser, settings: Mapping[str, Any]) -> Path:
+    """``path`` (atomically): the TOML configuration ``settings`` (see :func:`config_settings`) that reruns a run
+    with ``dpcompare COMMAND --config path``."""
+    import tomli_w
+
+    from dpcompare.files import atomic_write_text
+    from dpcompare.versions import __version__
+
+    head = (f"# {p.prog} {__version__}: the settings of this run (others at their defaults). Rerun it with\n"
+            f"#   {p.prog} --config {path} --out NEW_FOLDER\n# (flags given beside --config win)\n")
+    return atomic_write_text(path, head + tomli_w.dumps(dict(settings)))
+
+
+def given_settings(a: argparse.Namespace) -> dict[str, Any] | None:
+    """The settings a command was given, its --config file's and its flags' (these win), as configuration keys;
+    None when it was not started from the command line."""
+    if not hasattr(a, "argv"):
+        return None
+    return {**a.config_raw, **config_settings(a.commands[a.command], a.argv)}
+
+
+def write_train_config(path: str | Path, cfg: TrainConfig) -> Path:
+    """``dpcompare train``'s config.toml: the run's settings that differ from the defaults (not where it writes)."""
+    p = argparse.ArgumentParser(prog="dpcompare train")
+    add_config_options(p)
+    return write_config(path, p, config_settings(p, train_argv(cfg, skip=("out", "overwrite", "progress", "resume"))))

@@ -16,4 +16,4 @@ FLAGS=(--model mlp --width 1024 --dataset digits --threads 1 --no-tensorboard --
 for s in ddp horovod; do
   mpirun -np 2 --oversubscribe --bind-to none "$DPC" train --strategy "$s" "${FLAGS[@]}" --out "$WORK/$s" >/dev/null
 done
-"$DPC" timeline "$WORK/ddp" "$WORK/horovod" --out "$OUT_PNG"
+"$DPC" timeline "$WORK/ddp" "$WORK/horovod" --out-file "$OUT_PNG"

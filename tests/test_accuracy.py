@@ -12,11 +12,11 @@ import torch
 from scipy import stats as sps
 
 from dpcompare import cli, knobs, models
+from dpcompare.checkpoint import seed_everything
 from dpcompare.compare import plan as compare
 from dpcompare.config import TrainConfig
 from dpcompare.report import render, stats
 from dpcompare.training.evaluation import EvalCurve
-from dpcompare.training.loop import seed_everything
 
 from conftest import needs_horovod, needs_mpi
 

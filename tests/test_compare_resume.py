@@ -1,4 +1,4 @@
-"""``dpcompare compare --resume DIR``: an interrupted comparison continues, keeping the runs that were ok."""
+"""``dpcompare compare --continue DIR``: an interrupted comparison continues, keeping the runs that were ok."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _start(out: Path, after: int, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_compare(TrainConfig(epochs=1, lr=0.02), ["ddp", "single"], [1], 2, out, progress="lines",
                     launch=_interrupting_launch(after))
-    assert "--resume" in capsys.readouterr().out
+    assert "--continue" in capsys.readouterr().out
 
 
 def test_interrupted_compare_resumes_without_rerunning_finished_runs(tmp_path: Path,
@@ -73,13 +73,13 @@ def test_resume_refuses_another_plan_or_configuration(tmp_path: Path, capsys: py
         run_compare(TrainConfig(epochs=1, lr=0.5), ["ddp", "single"], [1], 2, out, progress="none",
                     launch=fake_launch, resume=True)
     # on the command line: one line naming the option, exit 2; options left out take the stored values
-    assert cli.main(["compare", "--resume", str(out), "--lr", "0.1"]) == 2
+    assert cli.main(["compare", "--continue", str(out), "--lr", "0.1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--lr 0.1 differs from the stored comparison's 0.02" in err
-    assert cli.main(["compare", "--resume", str(tmp_path / "nothing")]) == 2
+    assert cli.main(["compare", "--continue", str(tmp_path / "nothing")]) == 2
     assert "no results.json" in capsys.readouterr().err
     p = cli.build_parser()
-    a = p.parse_args(["compare", "--resume", str(out)])
+    a = p.parse_args(["compare", "--continue", str(out)])
     merged = compare.resumed_args(a)
     assert (merged.lr, merged.epochs, merged.strategies, merged.repeats, merged.out) == (
         0.02, 1, ["ddp", "single"], 2, str(out))
@@ -202,7 +202,7 @@ def test_ctrl_c_then_the_printed_resume_command_finishes_the_comparison(tmp_path
     assert _one_ok_run(out)  # the first run recorded, the interrupted one not
     first = json.loads((out / "results.json").read_text())["runs"][0]
     printed = next(line for line in stdout.splitlines() if "continue with: " in line).split("continue with: ")[1]
-    assert printed.split() == ["dpcompare", "compare", "--resume", str(out)]
+    assert printed.split() == ["dpcompare", "compare", "--continue", str(out)]
     p = subprocess.run([DPCOMPARE, *printed.split()[1:]], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"resuming {out}: 1 finished runs are kept" in p.stdout
@@ -230,7 +230,7 @@ def test_a_comparison_stored_by_an_earlier_dpcompare_still_resumes(tmp_path: Pat
     assert "--no-tensorboard" in old and res["config"]["train_flags"] == ["--epochs", "1", "--lr", "0.02"]
     res["config"]["train_flags"] = old
     (out / "results.json").write_text(json.dumps(res))
-    merged = compare.resumed_args(cli.build_parser().parse_args(["compare", "--resume", str(out)]))
+    merged = compare.resumed_args(cli.build_parser().parse_args(["compare", "--continue", str(out)]))
     assert (merged.tensorboard, merged.min_timed_steps, merged.lr) == (False, 200, 0.02)
     fake_launch.calls = []  # type: ignore[attr-defined]
     assert run_compare(cfg, ["ddp", "single"], [1], 2, out, progress="none", resume=True) == 0

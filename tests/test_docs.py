@@ -29,3 +29,43 @@ def test_docs_site_builds_strict(tmp_path: Path) -> None:
 def test_readme_is_a_front_door(page: str) -> None:
     lines = (ROOT / page).read_text().splitlines()
     assert len(lines) <= 150, f"{page} has {len(lines)} lines; depth belongs in docs/"
+
+
+def test_every_page_is_in_the_site_navigation() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text().split("nav:")[1].split("plugins:")[0]
+    pages = sorted(p.name for p in (ROOT / "docs").iterdir() if p.suffix in (".md", ".ipynb"))
+    assert [p for p in pages if f": {p}\n" not in nav] == []
+    for page in ("troubleshooting.md", "choosing.md", "cli.md", "install.md", "gpu.md", "trackers.md"):
+        assert page in pages
+
+
+def test_the_project_files_a_user_looks_for() -> None:
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text  # the whole text, not a pointer to it
+    assert "## 0.2.0" in (ROOT / "CHANGELOG.md").read_text()
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    assert "bench/quiet.sh" in contributing and "docs/layout.md" in contributing
+    gpu_status = "never on two or more"  # one H100 ran bench/gpu_check.sh; multi-GPU never ran
+    assert gpu_status in (ROOT / "docs" / "gpu.md").read_text()
+    for page in ("README.md", "docs/getting-started.md"):  # they link to the one status, not claim their own
+        assert "gpu.md" in (ROOT / page).read_text()
+
+
+def test_remeasure_writes_its_section_into_the_measurements_page() -> None:
+    import datetime
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("remeasure_doc", ROOT / "bench" / "remeasure_doc.py")
+    doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc)
+    when = datetime.datetime(2026, 11, 26, 12, 0)
+    log = "\x1b[1m== demo\x1b[0m\n[quiet] quiet: load average 0.31 0.40 0.52 (waited 0 s)\nhorovod 20 % faster\n"
+    page = doc.update("# Measurements\n", "demo", doc.block("demo", log, when))
+    assert "### `demo`, 2026-11-26 12:00 UTC" in page and "- quiet: load average 0.31" in page
+    assert "\x1b" not in page and page.count(doc.HEADING) == 1
+    again = doc.update(page, "demo", doc.block("demo", log.replace("20", "21"), when))
+    assert "21 % faster" in again and "20 % faster" not in again and again.count("remeasure:demo -->") == 2
+    assert doc.update(again, "suite", doc.block("suite", "690 passed", when)).count("<!-- /remeasure:") == 2
+    real = (ROOT / "docs" / "measurements.md").read_text()
+    assert doc.HEADING in real

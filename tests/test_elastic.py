@@ -73,6 +73,7 @@ def test_agents_are_one_job_whose_exit_code_is_the_first_agents(tmp_path: Path) 
 # -- the fault axis ----------------------------------------------------------------------------------------
 def test_fault_spec_and_elastic_arms() -> None:
     assert parse_fault("host=2,at-step=40") == Fault(2, 40)
+    assert Fault(2, 40, 80).to_json() == {"host": 2, "at_step": 40, "back_at_step": 80}  # the run's record
     assert str(parse_fault("host=1,at-step=5,back-at-step=9")) == "host=1,at-step=5,back-at-step=9"
     for bad in ("host=2", "at-step=4", "host=2,at-step=0", "host=2,at-step=9,back-at-step=9", "host=x,at-step=1",
                 "node=2,at-step=4"):

@@ -75,7 +75,8 @@ def test_sizes_and_bus_factors() -> None:
     assert labbench.parse_sizes("16M,1M") == [2**20, 16 * 2**20]
     with pytest.raises(ConfigError):
         labbench.parse_sizes("64M:4K")
-    assert labbench.bus_factor("allreduce", 4) == 1.5 and labbench.bus_factor("allgather", 4) == 0.75
+    assert labbench.bus_factor("all_reduce", 4) == 1.5 and labbench.bus_factor("all_gather", 4) == 0.75
+    assert labbench.collective("allreduce") == "all_reduce" and labbench.collective("allgather") == "all_gather"
     # idle before each timed operation: twice tbf's refill of its 256 KiB bucket; nothing on an unshaped link
     assert labbench.idle_gap_ms(10**9) == 4.2 and labbench.idle_gap_ms(2 * 10**8) == 21.0
     assert labbench.idle_gap_ms(None) == 0.0
@@ -90,8 +91,8 @@ def test_analysis_recovers_alpha_and_beta() -> None:
     doc = labbench.analyse(raw, 2, link)
     big = max(doc["rows"], key=lambda r: r["bytes"])
     assert big["busbw_pct_of_link"] == pytest.approx(100, abs=0.1)
-    (fit,) = doc["fits"]
-    assert fit["alpha_s"] == pytest.approx(alpha, rel=1e-3) and fit["busbw_pct_of_link"] == pytest.approx(100)
+    (fit,) = doc["fits"]  # an older worker's "allreduce", in dpcompare's own spelling
+    assert fit["collective"] == "all_reduce" and fit["alpha_s"] == pytest.approx(alpha, rel=1e-3) and fit["busbw_pct_of_link"] == pytest.approx(100)
 
 
 def test_without_root_or_iproute2_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,7 +139,7 @@ def test_lab_is_two_hosts_shaped_both_ways(lab: Lab) -> None:
 
 @pytest.mark.netns
 def test_refusals_are_one_line_exit_2(lab: Lab) -> None:
-    p = dpcompare("lab", "up", "--hosts", "2", "--link", "1gbit", "--name", lab.name, check=False)
+    p = dpcompare("lab", "up", "--host-count", "2", "--link", "1gbit", "--name", lab.name, check=False)
     assert p.returncode == 2 and "already exists" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     p = dpcompare("lab", "up", "--link", "3furlongs", "--name", "neverup", check=False)
     assert p.returncode == 2 and "3furlongs" in p.stderr and not _ours("neverup")[0]
@@ -218,13 +219,13 @@ def test_bench_gloo_all_reduce_reaches_the_link(lab: Lab, tmp_path: Path) -> Non
     out = tmp_path / "bench.json"
     before = lab.host_rows()[0]["tx_bytes"]
     dpcompare("lab", "bench", "--name", lab.name, "--sizes", "1M,4M", "--backends", "gloo,mpi",
-              "--collectives", "allreduce", "--iters", "3", "--repeats", "1", "--out", str(out), timeout=240)
+              "--collectives", "allreduce", "--iters", "3", "--repeats", "1", "--out-file", str(out), timeout=240)
     doc = json.loads(out.read_text())
     assert doc["schema"] == labbench.SCHEMA and doc["ranks"] == 2 and doc["lab"]["link_bps"] == 2 * 10**8
     assert doc["gap_ms"] == labbench.idle_gap_ms(2 * 10**8)
     gloo = max((r for r in doc["rows"] if r["backend"] == "gloo"), key=lambda r: r["bytes"])
     assert gloo["bytes"] == 4 * 2**20 and 75 <= gloo["busbw_pct_of_link"] <= 125, gloo
-    assert {(f["backend"], f["collective"]) for f in doc["fits"]} == {("gloo", "allreduce"), ("mpi", "allreduce")}
+    assert {(f["backend"], f["collective"]) for f in doc["fits"]} == {("gloo", "all_reduce"), ("mpi", "all_reduce")}
     # the traffic crossed host 0's link: at least the all-reduces' bytes (4 × (1+4) MiB, 2 warm-up/timed rounds)
     assert lab.host_rows()[0]["tx_bytes"] - before > 4 * 5 * 2**20
 

@@ -214,7 +214,7 @@ def test_the_link_axis_round_trips_through_results_and_resume(tmp_path: Path) ->
     assert [r["axes"] for r in stored["runs"]] == [{"link": "unlimited"}] * 2 + [{"link": "1gbit"}]
 
     seen.clear()
-    merged = compare_cmd.resumed_args(_args("--resume", str(out), "--progress", "none"))
+    merged = compare_cmd.resumed_args(_args("--continue", str(out), "--progress", "none"))
     c = comparison_of(merged)
     assert [a.axis("link") for a in c.all_arms] == [LabLink(None), LabLink(None), LabLink(10**9), LabLink(10**9)]
     assert runner_m.run_compare(c, launch=launch) == 0

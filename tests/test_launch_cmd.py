@@ -239,7 +239,7 @@ SLURM_TRAIN = ["train", "--strategy", "ddp", "--dataset", "digits"]
 
 def test_slurm_script(tmp_path, capsys) -> None:
     job = tmp_path / "job.sbatch"
-    assert main([*SLURM_ARGS, "--partition", "gpu", "--account", "proj42", "--out", str(job), "--",
+    assert main([*SLURM_ARGS, "--partition", "gpu", "--account", "proj42", "--out-file", str(job), "--",
                  *SLURM_TRAIN]) == 0
     out = capsys.readouterr().out
     assert f"sbatch {job}" in out
@@ -264,7 +264,7 @@ def test_slurm_script_runs_srun_with_the_allocation(tmp_path, capsys) -> None:
     if not shutil.which("bash"):
         pytest.skip("bash is not installed")
     job = tmp_path / "job.sbatch"
-    assert main([*SLURM_ARGS, "--out", str(job), "--", *SLURM_TRAIN]) == 0
+    assert main([*SLURM_ARGS, "--out-file", str(job), "--", *SLURM_TRAIN]) == 0
     fake = _script(tmp_path / "fakebin", "srun", 'echo "OMP=$OMP_NUM_THREADS VENV=${VIRTUAL_ENV:-}"\necho "$@"\n')
     env = {"PATH": f"{fake.parent}{os.pathsep}/usr/bin:/bin", "SLURM_CPUS_PER_TASK": "8", "HOME": str(tmp_path)}
     p = subprocess.run(["bash", str(job)], capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -278,15 +278,15 @@ def test_slurm_script_runs_srun_with_the_allocation(tmp_path, capsys) -> None:
 
 def test_slurm_without_gpus_and_refusing_to_overwrite(tmp_path, capsys) -> None:
     job = tmp_path / "cpu.sbatch"
-    args = ["slurm", "--nodes", "1", "--time", "1-00:00:00", "--out", str(job), "--", *SLURM_TRAIN]
+    args = ["slurm", "--nodes", "1", "--time", "1-00:00:00", "--out-file", str(job), "--", *SLURM_TRAIN]
     assert main(args) == 0
     first = job.read_text()
     assert "--gpus-per-node" not in first and "#SBATCH --time=1-00:00:00" in first
     assert "--partition" not in first and "--account" not in first
     job.write_text("keep me")
     err = _errors(capsys, *args)
-    assert "--force" in err and job.read_text() == "keep me"
-    assert main([*args[:-len(SLURM_TRAIN) - 1], "--force", "--", *SLURM_TRAIN]) == 0
+    assert "--overwrite" in err and job.read_text() == "keep me"
+    assert main([*args[:-len(SLURM_TRAIN) - 1], "--overwrite", "--", *SLURM_TRAIN]) == 0
     assert job.read_text() == first
 
 
@@ -296,7 +296,7 @@ def test_slurm_without_gpus_and_refusing_to_overwrite(tmp_path, capsys) -> None:
     ["--gpus-per-node", "-2"], ["--partition", "a b"],
 ])
 def test_slurm_refuses_bad_values_with_one_line(tmp_path, capsys, bad: list[str]) -> None:
-    args = {"--nodes": "2", "--time": "00:30:00", "--out": str(tmp_path / "j.sbatch")}
+    args = {"--nodes": "2", "--time": "00:30:00", "--out-file": str(tmp_path / "j.sbatch")}
     args.update(dict(zip(bad[::2], bad[1::2], strict=True)))
     _errors(capsys, "slurm", *[x for kv in args.items() for x in kv], "--", *SLURM_TRAIN)
     assert not (tmp_path / "j.sbatch").exists()

@@ -63,7 +63,7 @@ def test_units():
     for bad in ("25gbps", "fast", "0gbit"):
         with pytest.raises(ConfigError, match="unit"):
             parse_rate_bits(bad)
-    with pytest.raises(ConfigError, match="--hosts"):
+    with pytest.raises(ConfigError, match="--host-counts"):
         parse_hosts("2,...")
 
 
@@ -187,7 +187,7 @@ def test_advice_names_a_bucket_that_helps():
     line = sweep.advise(c, p, net(mib_ms=0.2), 0.8)
     assert line.startswith("ddp at 2 hosts: --bucket-mb 12.5 would cut exposed communication from 2.00 to 0.60 ms")
     c = sweep.curve(p, "ddp", Knobs(bucket_mb=8, grad_compression="bf16"), net(mib_ms=0.2), [2], "ddp")
-    assert "none of --bucket-mb, --compression" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
+    assert "none of --bucket-mb, --grad-compression" in sweep.advise(c, p, net(mib_ms=0.2), 0.8)
 
 
 # -- reading traces, the command ----------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_profile_reads_phases_ticks_and_bytes(tmp_path):
 def test_predict_command_on_a_compare_folder(tmp_path):
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r0")
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1")  # a repeat: the same curve, shown once
-    p = dpcompare("predict", str(tmp_path / "cmp"), "--hosts", "2,4,...,64", "--link", "1gbit",
+    p = dpcompare("predict", str(tmp_path / "cmp"), "--host-counts", "2,4,...,64", "--link", "1gbit",
                   "--strategies", "ddp,horovod,zero,fsdp")
     out = json.loads((tmp_path / "cmp" / "prediction.json").read_text())
     assert [c["strategy"] for c in out["curves"]] == ["ddp", "horovod", "zero", "fsdp"]
@@ -275,7 +275,7 @@ def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_
     run = fake_run(tmp_path / "r")
     steps = {}
     for flag in ((), ("--floor-from-trace",)):
-        dpcompare("predict", str(run), "--hosts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
+        dpcompare("predict", str(run), "--host-counts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
         out = json.loads((run / "prediction.json").read_text())
         steps[bool(flag)] = out["curves"][0]["steps"][0]["step_ms"]
     assert out["inputs"]["floor_from_trace"] is True

@@ -47,7 +47,7 @@ def slurm_cluster() -> Iterator[None]:
 def _write_script(tmp_path: Path, *command: str, name: str = "job.sbatch") -> Path:
     script = tmp_path / name
     dpcompare("slurm", "--nodes", "1", "--tasks-per-node", "2", "--time", "00:10:00", "--chdir", str(tmp_path),
-              "--log", str(tmp_path / "%x-%j.out"), "--out", str(script), "--", *command, cwd=tmp_path)
+              "--sbatch-output", str(tmp_path / "%x-%j.out"), "--out-file", str(script), "--", *command, cwd=tmp_path)
     return script
 
 

@@ -186,7 +186,7 @@ def test_summary_has_the_communication_figures(traced, strategy):
 def test_timeline_draws_both_strategies_and_the_report_embeds_them(traced, tmp_path):
     ddp, hvd = traced("ddp"), traced("horovod")
     png = tmp_path / "both.png"
-    p = dpcompare("timeline", str(ddp), str(hvd), "--out", str(png))
+    p = dpcompare("timeline", str(ddp), str(hvd), "--out-file", str(png))
     assert str(png) in p.stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
     from dpcompare.report.traces import section

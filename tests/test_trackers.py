@@ -1,4 +1,4 @@
-"""Experiment trackers (``--log``): what each tool wrote, read back with the tool's own reader.
+"""Experiment trackers (``--trackers``): what each tool wrote, read back with the tool's own reader.
 
 W&B runs offline and is read with ``wandb leet inspect --json`` (wandb's reader of its .wandb transaction
 log); MLflow with ``MlflowClient`` on the sqlite store; TensorBoard with its EventAccumulator; CSV with csv.
@@ -91,7 +91,7 @@ def test_log_refuses_unknown_or_absent_tracker_before_training(tmp_path, monkeyp
     # wandb is installed here: make it look absent, as it is where the extra was not installed
     monkeypatch.setitem(trackers.TRACKERS, "wandb", ("wandb_not_installed_here", "wandb", "W&B"))
     try:
-        code = main(["train", "--log", value, "--out", str(tmp_path / "o")])
+        code = main(["train", "--trackers", value, "--out", str(tmp_path / "o")])
     except SystemExit as e:
         code = e.code
     err = capsys.readouterr().err.strip().splitlines()
@@ -105,10 +105,10 @@ def test_log_default_no_tensorboard_and_child_flags():
     p = build_parser()
     assert trackers.selected(config_from_args(p.parse_args(["train"]))) == ["tensorboard"]
     assert trackers.selected(config_from_args(p.parse_args(["train", "--no-tensorboard"]))) == []
-    cfg = config_from_args(p.parse_args(["train", "--log", "csv, tensorboard,csv", "--no-tensorboard"]))
+    cfg = config_from_args(p.parse_args(["train", "--trackers", "csv, tensorboard,csv", "--no-tensorboard"]))
     assert cfg.log == "csv,tensorboard" and trackers.selected(cfg) == ["csv"]
-    assert train_argv(cfg)[-3:] == ["--no-tensorboard", "--log", "csv,tensorboard"]
-    assert trackers.selected(config_from_args(p.parse_args(["train", "--log", "none"]))) == []
+    assert train_argv(cfg)[-3:] == ["--no-tensorboard", "--trackers", "csv,tensorboard"]
+    assert trackers.selected(config_from_args(p.parse_args(["train", "--trackers", "none"]))) == []
     assert trackers.mlflow_store("some/dir", Path("/x")) == f"sqlite:///{Path('some/dir').resolve()}/mlflow.db"
     assert trackers.mlflow_store(None, Path("/x/run")) == "sqlite:////x/run/mlflow.db"
 
@@ -201,14 +201,14 @@ def test_a_comparison_groups_its_runs(tmp_path, offline, monkeypatch):
 
 @pytest.mark.mpi
 def test_a_real_compare_logs_every_run_and_groups_them(tmp_path, offline):
-    """``compare --log wandb,mlflow``: each ``mpirun -np 2`` run logs its epochs from the reporting rank, and
+    """``compare --trackers wandb,mlflow``: each ``mpirun -np 2`` run logs its epochs from the reporting rank, and
     the comparison is the W&B group and the MLflow parent run holding the verdicts."""
     _need("wandb", "mlflow")
     from conftest import FAST, dpcompare
 
     out = tmp_path / "ab"
     dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--repeats", "1", "--min-steps", "0",
-              *FAST, "--epochs", "2", "--log", "wandb,mlflow", "--out", str(out))
+              *FAST, "--epochs", "2", "--trackers", "wandb,mlflow", "--out", str(out))
     client, runs = _mlflow_runs(trackers.mlflow_store(None, out))
     parent = runs["ab"]
     assert parent.info.status == "FINISHED" and any(k.startswith("verdict.") for k in parent.data.tags)

@@ -48,7 +48,7 @@ def test_a_compare_of_a_plugin_names_its_workload_and_metric_everywhere(tmp_path
     out = tmp_path / "cmp"
     p = dpcompare("compare", "--np", "2", "--strategies", "ddp", "--workload", "hits.py:workload", "--epochs", "1",
                   "--max-steps", "4", "--warmup-steps", "1", "--repeats", "1", "--min-steps", "0", "--threads", "1",
-                  "--log", "csv", "--out", str(out), cwd=tmp_path)
+                  "--trackers", "csv", "--out", str(out), cwd=tmp_path)
     banner = (out / "runs" / "ddp-np2-r0" / "stdout.log").read_text()  # dpcompare train's own lines
     for text in (p.stdout, p.stderr, banner, _visible((out / "report.html").read_text())):
         assert not WRONG.search(text), WRONG.search(text)

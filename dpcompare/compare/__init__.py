@@ -2,7 +2,7 @@
 
 Holds ``dpcompare compare`` — :mod:`.plan` (arms, runs, blocks, the :class:`~.plan.Comparison`),
 :mod:`.stopping` (when to stop), :mod:`.records` (summary.json → results.json), :mod:`.cmdline` (the flags it
-reads and writes), :mod:`.runner` (the run loop), :mod:`.command` (the sub-command, --resume),
+reads and writes), :mod:`.runner` (the run loop), :mod:`.command` (the sub-command, --continue),
 :mod:`.workers` (persistent workers), :mod:`.load` (the CPU other processes took during each run),
 :mod:`.fault_runs` (a host taken down at a step, and what the run's step log says) — and ``dpcompare parity``. A comparison starts training jobs as child
 processes through :mod:`dpcompare.launch.jobs`; only the persistent worker runs :mod:`dpcompare.training`

@@ -62,7 +62,7 @@ class Axis:
     before_run: Callable[[Any, Any], None] | None = None  #: (lab or None, value): before a run at the value
 
     def flags(self, values: Sequence[Any]) -> list[str]:
-        """The values as compare's command line gives them (written back for --resume)."""
+        """The values as compare's command line gives them (written back for --continue)."""
         if self.pairs == TWIN:
             return [f"--{self.name}", str(values[0])]
         return ["--sweep", f"{self.name}=" + ",".join(map(str, values))]
@@ -126,6 +126,9 @@ class Fault:
     def tag(self) -> str:
         """Short, for arm labels: ``host2@40`` (``host2@40-80`` with a return)."""
         return f"host{self.host}@{self.at_step}" + (f"-{self.back_at_step}" if self.back_at_step is not None else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "at_step": self.at_step, "back_at_step": self.back_at_step}
 
 
 FAULT_KEYS = ("host", "at-step", "back-at-step")

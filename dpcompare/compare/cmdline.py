@@ -1,7 +1,7 @@
 """The comparison's command line, with one owner: the options ``dpcompare compare`` reads and the flags it writes.
 
 results.json keeps the plan's flags (``config.cli``) and the shared train settings' (``config.train_flags``);
-``--resume`` reads them back with the parser these same definitions build (:func:`stored_args`), so what
+``--continue`` reads them back with the parser these same definitions build (:func:`stored_args`), so what
 compare writes it can always read.
 """
 
@@ -28,8 +28,10 @@ from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
-from dpcompare.options import add_config_options, train_argv
+from dpcompare.options import add_config_options, deprecate, train_argv
 
+#: seconds a run may take before it is stopped (``--run-timeout``, as parity's): a run that hangs ends
+DEFAULT_RUN_TIMEOUT = 1800.0
 #: compare's default --min-steps: about 1 s of timed steps for the demo's few-ms steps
 DEFAULT_MIN_STEPS = 200
 #: train settings compare sets for every run itself: not options of compare
@@ -78,13 +80,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "elastic) from the checkpoint it rolled back to, at the world size it carried on with, and "
                         "compare the final weights tensor by tensor (recorded as `replay`; the elastic runs also "
                         "write a checkpoint at every commit and after the last step)")
-    g.add_argument("--run-timeout", type=nonneg_float, default=0, metavar="SECONDS",
-                   help="stop a run that takes longer and record it as failed (default: 0, no limit)")
+    g.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
+                   help="stop a run that takes longer (all its processes) and record it as failed; each run's "
+                        f"output is in OUT/runs/<run>/ (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
     g.add_argument("--project-link", type=project_link_arg, default="25gbit", metavar="RATE|none",
                    help="with --trace N: project the traced runs to 2-1024 hosts on this inter-host link with "
                         "`dpcompare predict` (OUT/projected, the report's \"Projected to a cluster\" section); "
                         "none: do not (default: 25gbit)")
-    g.add_argument("--resume", dest="resume_dir", metavar="DIR",
+    g.add_argument("--continue", dest="resume_dir", metavar="DIR",
                    help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
                         "failed ones run; its plan and options are reused (any given must match them)")
     from dpcompare.compare.script import add_script_arguments
@@ -92,6 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_script_arguments(p.add_argument_group("a Horovod script (dpcompare compare --script train.py -- ARGS)"),
                          compare=True)
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
+    deprecate(p, "--resume", "--continue")
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
 
@@ -148,7 +152,7 @@ def _variant(a: Arm) -> str:
 
 def plan_flags(c: Comparison) -> list[str]:
     """The comparison's own flags (not the train settings) that rebuild its plan: to print how to reproduce it,
-    and for --resume."""
+    and for --continue."""
     s, default = c.schedule, StoppingRule()
     flags = ["--np", ",".join(map(str, c.nps))]
     if any(a.knobs or a.label != a.name for a in c.arms):
@@ -194,3 +198,13 @@ def stored_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Names
     p = _StoredParser(prog="dpcompare compare", add_help=False)
     add_arguments(p)
     return p.parse_args(list(argv)), p.parse_args([])
+
+
+def write_comparison_config(c: Comparison) -> None:
+    """OUT/config.toml: the comparison's plan and train settings (what --continue reads from results.json), which
+    rerun it with ``dpcompare compare --config OUT/config.toml --out NEW``."""
+    from dpcompare.options import CONFIG_FILE, config_settings, write_config
+
+    p = argparse.ArgumentParser(prog="dpcompare compare", add_help=False)
+    add_arguments(p)
+    write_config(c.out / CONFIG_FILE, p, config_settings(p, [*plan_flags(c), *train_flags(c.config)]))

@@ -5,7 +5,7 @@ Slurm allocation) with the same configuration and seed, written to ``OUT/runs/<a
 (:mod:`.plan`); ``--repeats auto`` adds blocks until the verdicts' intervals are narrow enough
 (:mod:`.stopping`). ``OUT/results.json`` collects the runs (:mod:`.records`; schema: docs/results-schema.md)
 and is rewritten after each run (:mod:`.runner`); the report is rendered from it at the end. This module is
-the command-line surface: the sub-command, and reading an interrupted comparison's flags back for --resume.
+the command-line surface: the sub-command, and reading an interrupted comparison's flags back for --continue.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dpcompare.compare.runner import run_compare
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS
+from dpcompare.options import add_config_file_option
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -39,20 +40,20 @@ def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
         stored = json.loads((out / RESULTS).read_text())["config"]
         argv = [*stored["cli"], *stored["train_flags"]]
     except FileNotFoundError:
-        raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
+        raise ConfigError(f"--continue {out}: no {RESULTS} there; start the comparison with --out {out}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--resume {out}: {out / RESULTS} holds no comparison plan ({e})") from None
+        raise ConfigError(f"--continue {out}: {out / RESULTS} holds no comparison plan ({e})") from None
     try:
         merged, defaults = stored_args(argv)
     except ConfigError as e:
-        raise ConfigError(f"--resume {out}: {e}") from None
+        raise ConfigError(f"--continue {out}: {e}") from None
     for name, given in vars(a).items():
         if name in OWN_OPTIONS or not hasattr(defaults, name):
             continue  # not a comparison setting (e.g. the top-level parser's `command`)
         value = getattr(merged, name, None)
         if given != getattr(defaults, name, None) and given != value:
             flag = "--" + name.replace("_", "-")
-            raise ConfigError(f"--resume {out}: {flag} {short(given)} differs from the stored comparison's "
+            raise ConfigError(f"--continue {out}: {flag} {short(given)} differs from the stored comparison's "
                               f"{short(value)}; leave it out to continue, or start a new comparison with another --out")
     for name, value in vars(a).items():  # what the comparison's own parser does not set
         if not hasattr(merged, name):
@@ -120,7 +121,7 @@ def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
 def _cmd_compare(a: argparse.Namespace) -> int:
     if a.resume_dir:
         if a.overwrite:
-            raise ConfigError("--resume continues a comparison and --overwrite replaces it; pass one of them")
+            raise ConfigError("--continue continues a comparison and --overwrite replaces it; pass one of them")
         a = resumed_args(a)
     return run_compare(comparison_of(a))
 
@@ -141,11 +142,13 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare compare --variants base=ddp small=ddp:batch_size=16 --out runs/batch\n"
                "  dpcompare compare --strategies ddp,horovod --sweep batch_size=16,64 --out runs/sweep\n"
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
-               "  dpcompare compare --resume runs/ab   # continue an interrupted comparison\n"
+               "  dpcompare compare --continue runs/ab   # continue an interrupted comparison\n"
+               "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
                "  sudo dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
                "--out runs/links\n"
                "  sudo dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(p)
     add_arguments(p)
     p.set_defaults(func=_cmd_compare)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare import backends, knobs
+from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_json
@@ -37,25 +38,25 @@ if TYPE_CHECKING:
 #: differ from the processes' in the last bits, can then move a weight by up to the learning rate
 ADAPTIVE = ("adam", "adamw")
 
-#: seconds a parity run may take before it is stopped (``--run-timeout``): a run that hangs (a lost peer) ends
-DEFAULT_RUN_TIMEOUT = 1800.0
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
     from dpcompare.compare.plan import parse_strategies
-    from dpcompare.options import add_config_options
+    from dpcompare.options import add_config_file_option, add_config_options
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
-        description="Run the same K steps under each strategy at --np processes (and under `single` with the "
-                    "global batch when the model has no BatchNorm, or with --sync-bn), then print the largest "
+        description="Run the same K steps under each strategy at --np processes, and under `single`: one process "
+                    "that replays the --np processes (each one's batch, random state and BatchNorm statistics, "
+                    "one after the other; under --sync-bn the global batch in one pass), then print the largest "
                     "absolute difference per tensor of the final weights and between the loss curves. "
                     "Exit code 0 only when everything agrees within the tolerances.",
         epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
                "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
                "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(p)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
     p.add_argument("--strategies", type=parse_strategies,
@@ -64,9 +65,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--tolerance", type=nonneg_float, default=1e-6,
                    help="largest allowed |difference| between distributed strategies (default: 1e-6, fp32 CPU)")
     p.add_argument("--single-tolerance", type=nonneg_float, default=1e-5,
-                   help="largest allowed |difference| against one process with the global batch, whose batch "
-                        "mean is summed in another order (default: 1e-5)")
-    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process run")
+                   help="largest allowed |difference| against the one-process reference, whose sums over the "
+                        "processes' gradients are taken in another order (default: 1e-5)")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process reference")
     from dpcompare.lab.spec import lab_spec_arg
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
@@ -343,6 +344,7 @@ def run_parity(a: argparse.Namespace) -> int:
     if single is not None:
         runs[single.strategy] = single
     refuse_nothing_to_compare(a, list(runs), single_note)
+    _write_config(a, out)  # after every refusal: a refused check writes nothing
     try:
         results = _run_all(a, runs, console)
     except RuntimeError as e:
@@ -371,6 +373,15 @@ def run_parity(a: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
+def _write_config(a: argparse.Namespace, out: Path) -> None:
+    """OUT/config.toml: the settings this check was given (file and flags), which rerun it with --config."""
+    from dpcompare.options import CONFIG_FILE, given_settings, write_config
+
+    settings = given_settings(a)
+    if settings is not None:
+        write_config(out / CONFIG_FILE, a.commands[a.command], settings)
+
+
 def _script_parity(a: argparse.Namespace, console: Console) -> int:
     """``parity --script``: the script's final weights under each arm (:mod:`dpcompare.compare.script`)."""
     from dpcompare.options import config_from_args
@@ -380,6 +391,7 @@ def _script_parity(a: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
     if a.lab is not None:
         a.lab.check_np(a.np)
+    _write_config(a, out)
     return run_script_parity(a, config_from_args(a, strategy="horovod"), console)
 
 

@@ -185,18 +185,18 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     try:
         stored = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--resume {out}: no {RESULTS} there; start the comparison with --out {out}") from None
+        raise ConfigError(f"--continue {out}: no {RESULTS} there; start the comparison with --out {out}") from None
     except (OSError, ValueError) as e:
-        raise ConfigError(f"--resume {out}: {path} cannot be read ({e})") from None
+        raise ConfigError(f"--continue {out}: {path} cannot be read ({e})") from None
     if not isinstance(stored, dict) or stored.get("schema") != SCHEMA or not isinstance(stored.get("runs"), list):
-        raise ConfigError(f"--resume {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
+        raise ConfigError(f"--continue {out}: {path} is not a results file of this dpcompare (schema {SCHEMA})")
     old, new = stored.get("config") or {}, fresh["config"]
     absent = {"seeds": None, "accuracy_equivalence": StoppingRule().accuracy_equivalence}  # results from before them
     for key in PLAN_KEYS:
         if key == "train_flags" and same_train_settings(old.get(key), new.get(key)):
             continue  # the same settings, written another way (e.g. by an earlier dpcompare)
         if old.get(key, absent.get(key)) != new.get(key):
-            raise ConfigError(f"--resume {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
+            raise ConfigError(f"--continue {out}: the {key.replace('_', ' ')} differs from the stored comparison's "
                               f"({short(new.get(key))} here, {short(old.get(key))} stored); pass the same "
                               f"options, or start a new comparison with another --out")
     kept = {}

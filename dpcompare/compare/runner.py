@@ -15,7 +15,7 @@ from dpcompare.argtypes import format_rate_bits
 from dpcompare.backends.registry import facts
 from dpcompare.compare import fault_runs, records
 from dpcompare.compare.axes import AXES, FAULT
-from dpcompare.compare.cmdline import plan_flags, train_flags
+from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured
 from dpcompare.compare.stopping import stop_reason
@@ -172,7 +172,7 @@ class _Run:
             except KeyboardInterrupt:
                 self.save()  # valid, complete: false; this run is not in it
                 self.console.print(f"interrupted during {spec.name}: {len(self.results['runs'])} runs recorded in "
-                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --resume {self.c.out}",
+                                   f"{self.c.out / RESULTS}; continue with: dpcompare compare --continue {self.c.out}",
                                    soft_wrap=True)
                 raise
             self.results["runs"].append(rec)
@@ -206,6 +206,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     console = console or console_for_report()
     if not c.options.resume:
         records.prepare_out(c.out, c.options.overwrite)
+    write_comparison_config(c)
     t_start = time.perf_counter()
     say = (lambda line: console.print(line, soft_wrap=True)) if c.options.progress != "none" else None
     with session(c.lab, say) as lab:
@@ -283,7 +284,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
         diverged = sum(r["status"] == "diverged" for r in failed)
         what = f" ({diverged} diverged)" if diverged else ""
         console.print(f"[red]{len(failed)} of {len(results['runs'])} runs failed{what}[/] (their stderr is in "
-                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --resume {c.out}` reruns "
+                      f"results.json and {c.out}/runs/<run>/stderr.log; `dpcompare compare --continue {c.out}` reruns "
                       "the failed ones)", soft_wrap=True)
     return 1 if failed else 0
 

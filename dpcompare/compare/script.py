@@ -76,7 +76,7 @@ class ScriptPlan:
                 "metric": self.metric, "global_batch": self.global_batch}
 
     def flags(self) -> list[str]:
-        """This plan as compare's own flags (for results.json's ``cli``, read back by --resume)."""
+        """This plan as compare's own flags (for results.json's ``cli``, read back by --continue)."""
         flags = ["--script", str(self.path)]
         if self.ddp_path is not None:
             flags += ["--ddp-script", str(self.ddp_path)]

@@ -1,4 +1,4 @@
-"""A comparison's runs as one group in the experiment trackers (``compare --log wandb,mlflow``).
+"""A comparison's runs as one group in the experiment trackers (``compare --trackers wandb,mlflow``).
 
 :func:`open_group` (in the comparing process, before the first run) returns a :class:`TrackerGroup` whose
 ``env`` every child job gets; each run then joins the W&B group (``WANDB_RUN_GROUP``) and becomes a child of
@@ -99,9 +99,9 @@ def _verdict_scalars(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def open_group(name: str, out: Path, kinds: str | Sequence[str], mlflow_uri: str | None = None) -> TrackerGroup:
-    """Open a compare's group (``kinds``: ``--log``'s value or list; only wandb and mlflow group runs).
+    """Open a compare's group (``kinds``: ``--trackers``'s value or list; only wandb and mlflow group runs).
 
     Call it in the comparing process before the first run and pass ``.env`` to every child job; the
-    children's own ``--log`` decides what they log."""
+    children's own ``--trackers`` decides what they log."""
     names = [k.strip() for k in kinds.split(",")] if isinstance(kinds, str) else list(kinds)
     return TrackerGroup(name, out, names, mlflow_uri)

@@ -29,10 +29,18 @@ from dpcompare.lab.hosts import Lab
 from dpcompare.lab.netns import burst_bytes
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.openmpi import mpi_allreduce_mca
+from dpcompare.trace import ALL_GATHER, ALL_REDUCE, bus_factor
 
 SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
-COLLECTIVES = ("allreduce", "allgather")
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER)
+#: the collectives' names before dpcompare spelled them one way (``trace``'s): read in older bench files and flags
+OLD_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER}
+
+
+def collective(name: str) -> str:
+    """A collective's name as dpcompare spells it (``all_reduce``), older spellings (``allreduce``) read too."""
+    return OLD_NAMES.get(name, name)
 #: Open MPI's recursive doubling for all-reduce (coll/tuned algorithm 3)
 RECURSIVE_DOUBLING = tuple(x for k, v in mpi_allreduce_mca("recursive-doubling").items() for x in ("--mca", k, v))
 #: repeats of a size below which two modes cannot be told apart (2 jobs × the worker's 3 iterations at least)
@@ -65,23 +73,14 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests' busbw/algbw: 2(n−1)/n for all-reduce, (n−1)/n for all-gather and reduce-scatter, 1 otherwise."""
-    if collective == "allreduce":
-        return 2 * (n - 1) / n
-    if collective in ("allgather", "reducescatter"):
-        return (n - 1) / n
-    return 1.0
-
-
 def _jobs(backends: Sequence[str], collectives: Sequence[str]) -> list[tuple[list[str], list[str], str, tuple]]:
     """(worker backends, collectives, MPI label, extra mca) for each mpirun the sweep needs."""
     jobs = []
     first = [b for b in backends if b in ("gloo", "mpi")]
     if first:
         jobs.append((first, list(collectives), "mpi", ()))
-    if "mpi-rd" in backends and "allreduce" in collectives:  # the forced algorithm changes all-reduce only
-        jobs.append((["mpi"], ["allreduce"], "mpi-rd", RECURSIVE_DOUBLING))
+    if "mpi-rd" in backends and ALL_REDUCE in collectives:  # the forced algorithm changes all-reduce only
+        jobs.append((["mpi"], [ALL_REDUCE], "mpi-rd", RECURSIVE_DOUBLING))
     return jobs
 
 
@@ -99,6 +98,7 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
     :func:`analyse`; every repeat's times per size together); ``gap_ms``: idle time before each timed operation
     (None: :func:`idle_gap_ms` of the lab's link)."""
     gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
+    collectives = [collective(c) for c in collectives]
     if len(lab.hosts) < 2:
         raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --hosts 2)")
     raw_rows, ranks = [], len(lab.hosts)
@@ -165,7 +165,7 @@ def two_modes(times: Sequence[float]) -> dict | None:
 def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: object) -> dict:
     """Per size: time (median), algbw, busbw (bytes/s) and busbw % of the link; and the α-β fits."""
     rows = []
-    for r in raw_rows:
+    for r in ({**r, "collective": collective(r["collective"])} for r in raw_rows):
         t = statistics.median(r["times_s"])
         algbw = r["bytes"] / t
         busbw = algbw * bus_factor(r["collective"], ranks)
@@ -218,7 +218,7 @@ def tables(doc: dict) -> list[object]:
     out: list[object] = []
     link = doc.get("lab", {}).get("link_bps")
     for coll in COLLECTIVES:
-        rows = [r for r in doc["rows"] if r["collective"] == coll]
+        rows = [r for r in doc["rows"] if collective(r["collective"]) == coll]
         if not rows:
             continue
         backends = [b for b in BACKENDS if any(r["backend"] == b for r in rows)]

@@ -84,7 +84,7 @@ def _bench(a: argparse.Namespace) -> int:
     netns.preflight()
     lab = hosts.Lab.load(a.name)
     backends = [b.strip() for b in a.backends.split(",")]
-    collectives = [c.strip() for c in a.collectives.split(",")]
+    collectives = [bench.collective(c.strip()) for c in a.collectives.split(",")]
     for x, allowed, flag in ((backends, bench.BACKENDS, "--backends"), (collectives, bench.COLLECTIVES,
                                                                          "--collectives")):
         bad = [v for v in x if v not in allowed]
@@ -139,6 +139,7 @@ def _link_or_state(text: str) -> int | str | None:
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
+    from dpcompare.options import deprecate
 
     p = sub.add_parser("lab", help="an emulated cluster on this machine: hosts in namespaces, shaped links",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -153,7 +154,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         return q
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
-    up.add_argument("--hosts", type=positive_int, default=2, help="number of hosts (default 2)")
+    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, help="number of hosts (default 2)")
+    deprecate(up, "--hosts", "--host-count")
     up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
     up.add_argument("--slots", type=positive_int, default=1, help="MPI slots per host in the hostfile (default 1)")
@@ -166,8 +168,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     b.add_argument("--sizes", default="4K:64M", help="MIN:MAX doubling, or a list 4K,1M,16M (default 4K:64M)")
     b.add_argument("--backends", default=",".join(bench.BACKENDS),
                    help="gloo, mpi (Open MPI's default all-reduce), mpi-rd (recursive doubling forced)")
-    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help="allreduce, allgather")
-    b.add_argument("--warmup", type=nonneg_int, default=1, help="untimed iterations per size (default 1)")
+    b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help=", ".join(bench.COLLECTIVES))
+    b.add_argument("--warmup-steps", dest="warmup", type=nonneg_int, default=1,
+                   help="untimed iterations per size (default 1)")
     b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size and repeat (slow sizes "
                    "run fewer, 3 at least)")
     b.add_argument("--repeats", type=positive_int, default=2, help="times the whole sweep runs, each a new mpirun "
@@ -176,8 +179,11 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="idle time before each timed operation (default: twice the time the link's tbf bucket "
                         "takes to refill, so each starts like a step's first collective after compute; 0 on an "
                         "unshaped link)")
-    b.add_argument("--timeout", type=positive_int, default=600, help="seconds each mpirun job may take")
-    b.add_argument("--out", metavar="FILE", help="write the results and α-β fits as JSON")
+    b.add_argument("--run-timeout", dest="timeout", type=positive_int, default=600, metavar="SECONDS",
+                   help="seconds each mpirun job may take (default 600)")
+    b.add_argument("--out-file", dest="out", metavar="FILE", help="write the results and α-β fits as JSON")
+    for old, new in (("--warmup", "--warmup-steps"), ("--timeout", "--run-timeout"), ("--out", "--out-file")):
+        deprecate(b, old, new)
 
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
     s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dpcompare.files import atomic_write_text
 from dpcompare.launch.env import detect_launch_env
 from dpcompare.launch.rendezvous import ensure_rendezvous
+from dpcompare.trace import ALL_GATHER, ALL_REDUCE
 
 
 def _elements(size: int, collective: str, n: int) -> int:
     """float32 elements each rank sends: the whole buffer for all-reduce, its 1/n share for all-gather."""
     per = size // 4
-    return max(1, per // n) if collective == "allgather" else max(1, per)
+    return max(1, per // n) if collective == ALL_GATHER else max(1, per)
 
 
 def _mpi_ops(comm: object, collective: str, count: int, n: int) -> Callable[[], None]:
@@ -29,7 +30,7 @@ def _mpi_ops(comm: object, collective: str, count: int, n: int) -> Callable[[], 
     from mpi4py import MPI
 
     send = np.ones(count, dtype=np.float32)
-    if collective == "allreduce":
+    if collective == ALL_REDUCE:
         recv = np.empty_like(send)
         return lambda: comm.Allreduce(send, recv, op=MPI.SUM)  # type: ignore[attr-defined]
     recv = np.empty(count * n, dtype=np.float32)
@@ -41,7 +42,7 @@ def _gloo_ops(collective: str, count: int, n: int) -> Callable[[], None]:
     import torch.distributed as dist
 
     t = torch.ones(count, dtype=torch.float32)
-    if collective == "allreduce":
+    if collective == ALL_REDUCE:
         return lambda: dist.all_reduce(t)
     out = [torch.empty(count, dtype=torch.float32) for _ in range(n)]
     return lambda: dist.all_gather(out, t)
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpcompare.lab.worker")
     p.add_argument("--sizes", required=True, help="bytes, comma-separated")
     p.add_argument("--backends", default="gloo,mpi", help="gloo and/or mpi")
-    p.add_argument("--collectives", default="allreduce,allgather")
+    p.add_argument("--collectives", default=f"{ALL_REDUCE},{ALL_GATHER}")
     p.add_argument("--mpi-label", default="mpi", help="the name MPI's results are filed under")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=5)
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 every = comm.gather(mine, root=0)
                 if comm.Get_rank() == 0:
                     slowest = [max(col) for col in zip(*every, strict=True)]
-                    sent = count * 4 * (n if collective == "allgather" else 1)
+                    sent = count * 4 * (n if collective == ALL_GATHER else 1)
                     rows.append({"backend": a.mpi_label if backend == "mpi" else backend, "collective": collective,
                                  "bytes": sent, "times_s": slowest})
     if comm.Get_rank() == 0:

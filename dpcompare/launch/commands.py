@@ -14,6 +14,7 @@ from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.files import atomic_write_text
 from dpcompare.launch import mpirun, slurm
 from dpcompare.launch.jobs import Placement, dpcompare_command, run_job
+from dpcompare.options import deprecate
 
 #: sub-commands that may not be launched themselves (they start processes of their own)
 _NOT_LAUNCHABLE = ("launch", "slurm", "compare", "parity")
@@ -54,9 +55,9 @@ srun when the cluster's MpiDefault is none). Submit it with `sbatch FILE`.
 SLURM_EPILOG = """\
 examples:
   dpcompare slurm --nodes 2 --gpus-per-node 4 --tasks-per-node 4 --cpus-per-task 8 --time 00:30:00 \\
-      --out job.sbatch -- train --strategy ddp --dataset digits --out runs/ddp-2x4
+      --out-file job.sbatch -- train --strategy ddp --dataset digits --out runs/ddp-2x4
   dpcompare slurm --nodes 4 --tasks-per-node 1 --cpus-per-task 32 --time 2-00:00:00 --partition cpu \\
-      --account proj42 --srun-mpi pmix --out hvd.sbatch -- train --strategy horovod --out runs/hvd
+      --account proj42 --srun-mpi pmix --out-file hvd.sbatch -- train --strategy horovod --out runs/hvd
   sbatch job.sbatch
 """
 
@@ -112,7 +113,7 @@ def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     words = command_words(a, sub)
     out = Path(a.out)
     if out.exists() and not a.force:
-        raise ConfigError(f"{out} already exists; pass --force to replace it, or another --out")
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it, or another --out-file")
     spec = slurm.SbatchSpec(nodes=a.nodes, tasks_per_node=a.tasks_per_node, cpus_per_task=a.cpus_per_task,
                             time=a.time, gpus_per_node=a.gpus_per_node, partition=a.partition,
                             account=a.account, job_name=a.job_name, log=a.log,
@@ -171,7 +172,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     s.add_argument("--partition", help="#SBATCH --partition (default: the cluster's)")
     s.add_argument("--account", help="#SBATCH --account (default: yours)")
     s.add_argument("--job-name", default="dpcompare", help="#SBATCH --job-name (default: dpcompare)")
-    s.add_argument("--log", default="%x-%j.out", metavar="PATTERN",
+    s.add_argument("--sbatch-output", dest="log", default="%x-%j.out", metavar="PATTERN",
                    help="#SBATCH --output: the job's log, %%x job name, %%j job id (default: %%x-%%j.out)")
     s.add_argument("--chdir", metavar="DIR",
                    help="folder the job runs in; relative paths of the command start there (default: this one)")
@@ -179,8 +180,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="srun --mpi=TYPE (pmix, pmi2, ...); auto: pmix when `srun --mpi=list` lists it, else "
                         f"no --mpi; {slurm.CLUSTER_DEFAULT}: never pass --mpi (the cluster's MpiDefault) "
                         "(default: auto)")
-    s.add_argument("--out", required=True, metavar="FILE", help="the sbatch script to write")
-    s.add_argument("--force", action="store_true", help="replace FILE when it exists")
+    s.add_argument("--out-file", dest="out", required=True, metavar="FILE", help="the sbatch script to write")
+    s.add_argument("--overwrite", dest="force", action="store_true", help="replace FILE when it exists")
+    for old, new in (("--log", "--sbatch-output"), ("--out", "--out-file"), ("--force", "--overwrite")):
+        deprecate(s, old, new)
     s.add_argument("command_argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the dpcompare command every task runs, e.g. -- train --strategy ddp")
     s.set_defaults(func=lambda a: _cmd_slurm(a, sub))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import runpy
 import sys
 import traceback
@@ -100,16 +99,6 @@ def prepare(arm: str, recorder: Recorder | None) -> None:
         recorder.patch(hvd)
 
 
-def seed_everything(seed: int) -> None:
-    """The same random state in every arm before the script starts (for scripts that do not seed)."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def check_out(out: Path, overwrite: bool) -> None:
     """Refuse to write over an earlier run's records unless asked to."""
     if not overwrite and ((out / PARAMS).exists() or rank_file(out, 0).exists()):
@@ -161,7 +150,9 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     env = detect_launch_env()
     recorder = Recorder(out, arm, env.rank, env.world_size) if out is not None else None
     prepare(arm, recorder)
-    if seed is not None:
+    if seed is not None:  # the same random state in every arm (for scripts that do not seed)
+        from dpcompare.checkpoint import seed_everything
+
         seed_everything(seed)
     if threads is not None:
         set_threads(threads)

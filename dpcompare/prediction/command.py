@@ -12,6 +12,8 @@ from dpcompare.argtypes import format_rate_bits, fraction, nonneg_int, positive_
 from dpcompare.errors import ConfigError
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
+#: the configuration a prediction writes beside prediction.json (``--config`` reads it back)
+CONFIG_FILE = "prediction.toml"
 
 
 def parse_hosts(text: str) -> list[int]:
@@ -29,9 +31,9 @@ def parse_hosts(text: str) -> list[int]:
             while round(out[-1] * ratio) < end:
                 out.append(round(out[-1] * ratio))
     except ValueError:
-        raise ConfigError(f"--hosts {text!r}: give host counts like 2,4,8,16 or 2,4,8,...,1024") from None
+        raise ConfigError(f"--host-counts {text!r}: give host counts like 2,4,8,16 or 2,4,8,...,1024") from None
     if not out or min(out) < 1:
-        raise ConfigError(f"--hosts {text!r}: host counts are whole numbers of 1 or more")
+        raise ConfigError(f"--host-counts {text!r}: host counts are whole numbers of 1 or more")
     return sorted(set(out))
 
 
@@ -77,10 +79,12 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     from dpcompare.prediction import strategies, sweep
     from dpcompare.prediction.network import Bench
 
+    if not a.run_dirs:
+        raise ConfigError("name a traced run folder or a compare --out folder (RUN_DIR), or give run_dirs in --config")
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
     for s in asked or []:
         strategies.schedule(s)
-    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb, "cycle_ms": a.cycle_ms,
+    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb or a.bucket_mb, "cycle_ms": a.cycle_ms,
             "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     folders = strategies.profile_runs(a.run_dirs)
@@ -123,12 +127,23 @@ def _cmd_predict(a: argparse.Namespace) -> int:
               "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","), "floor_from_trace": a.floor_from_trace,
               "bootstrap": a.bootstrap, "overlap_from": a.overlap_from}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
+    _write_config(a, out)
     console = output.make_console()
     if not a.quiet:
         console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement (docs/predict.md)")
         output.show(console, curves, lines, a.threshold)
     console.print(f"wrote {png} and {js}")
     return 0
+
+
+def _write_config(a: argparse.Namespace, out: Path) -> None:
+    """OUT/prediction.toml (not config.toml: OUT is often the run's own folder): the settings this prediction was
+    given, which rerun it with ``dpcompare predict --config``."""
+    from dpcompare.options import given_settings, write_config
+
+    settings = given_settings(a)
+    if settings is not None:
+        write_config(out / CONFIG_FILE, a.commands[a.command], settings)
 
 
 def project(folder: Path, link_bps: int) -> Path | None:
@@ -156,10 +171,13 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
                     "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
                     "A model, not a measurement: see docs/predict.md for its assumptions.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
-    p.add_argument("--hosts", default=DEFAULT_HOSTS, help=f"host counts (default {DEFAULT_HOSTS}; '...' continues "
-                   "the ratio)")
-    p.add_argument("--link", type=rate_bits, default="25gbit",
+    from dpcompare.options import add_config_file_option, deprecate
+
+    add_config_file_option(p)
+    p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
+    p.add_argument("--host-counts", dest="hosts", default=DEFAULT_HOSTS,
+                   help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
+    p.add_argument("--link", type=rate_bits, default="25gbit", metavar="RATE",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
     p.add_argument("--latency", default="5us", help="inter-host latency per message step (alpha), e.g. 5us")
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
@@ -175,12 +193,17 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "machine's CPUs, unlimited link): for a slower link on the same machine, e.g. the lab")
     p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
                    "each run's own; ddp,horovod for single)")
-    p.add_argument("--bucket-mb", type=positive_float, default=None, help="DDP/ZeRO bucket cap, MB (default: the run's)")
+    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
+                   "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
     p.add_argument("--fusion-mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
-    p.add_argument("--cycle-ms", type=positive_float, default=None, help="Horovod cycle time, ms")
-    p.add_argument("--compression", choices=("none", "fp16", "bf16"), default=None,
+    p.add_argument("--horovod-cycle-ms", dest="cycle_ms", type=positive_float, default=None, metavar="MS",
+                   help="Horovod cycle time, ms (default: the run's)")
+    p.add_argument("--grad-compression", dest="compression", choices=("none", "fp16", "bf16"), default=None,
                    help="gradients on the wire (default: what the run used): fp16 and bf16 both halve the bytes")
-    p.add_argument("--fp16", action="store_true", help="the same as --compression fp16")
+    p.add_argument("--fp16", action="store_true", help="the same as --grad-compression fp16")
+    for old, new, const in (("--hosts", "--host-counts", None), ("--fusion-mb", "--bucket-mb", None),
+                            ("--cycle-ms", "--horovod-cycle-ms", None), ("--fp16", "--grad-compression", "fp16")):
+        deprecate(p, old, new, const)
     p.add_argument("--bootstrap", type=nonneg_int, default=200, metavar="N",
                    help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the bench's "
                         "repeats (default 200; 0: no band)")

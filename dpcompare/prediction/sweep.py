@@ -29,8 +29,8 @@ from dpcompare.prediction.strategies import schedule, trace_floors
 
 #: knob → the factors tried for advice, and how the flag is spelt
 TRIES: dict[str, tuple[tuple[float, ...], str]] = {
-    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--fusion-mb"),
-    "cycle_ms": ((0.2, 0.5, 2, 5), "--cycle-ms"), "grad_compression": (("fp16",), "--compression")}
+    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--bucket-mb"),
+    "cycle_ms": ((0.2, 0.5, 2, 5), "--horovod-cycle-ms"), "grad_compression": (("fp16",), "--grad-compression")}
 MIN_GAIN = 0.01  # a knob must shorten the step by at least 1 % to be advised
 BAND_WIDE = 0.05  # a band wider than ±5 % of its figure asks for more measurements
 

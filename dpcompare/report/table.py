@@ -183,7 +183,7 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
                       soft_wrap=True, highlight=False)
     if not results.get("complete", True):
         console.print("[yellow]results.json is incomplete: the comparison was interrupted[/] "
-                      "(`dpcompare compare --resume DIR` continues it)")
+                      "(`dpcompare compare --continue DIR` continues it)")
     if html_path:
         console.print(f"report: [bold]{html_path}[/]", soft_wrap=True)
 

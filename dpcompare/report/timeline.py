@@ -196,12 +196,16 @@ def _cmd_timeline(a: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+    from dpcompare.options import deprecate
+
     p = sub.add_parser("timeline", help="draw one traced step of one or more runs (PNG) on one time axis",
                        description="Draw one step recorded by `dpcompare train --trace N`: per rank the compute "
                                    "phases, the moment each gradient was ready and the all-reduces. Several runs "
                                    "are drawn one above the other on the same time axis.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a --out folder of `train --trace N` (or its trace.json)")
-    p.add_argument("--out", metavar="PNG", help="where to write the picture (default: RUN_DIR/timeline.png)")
+    p.add_argument("--out-file", dest="out", metavar="PNG",
+                   help="where to write the picture (default: RUN_DIR/timeline.png)")
+    deprecate(p, "--out", "--out-file")
     p.add_argument("--step", type=int, help="which traced step to draw (default: the median-length one)")
     p.set_defaults(func=_cmd_timeline)
 

@@ -3,7 +3,7 @@
 Holds the ``dpcompare train`` command (:mod:`.command`), the loop (:mod:`.loop`: :func:`~.loop.train` and
 its :class:`~.loop.Run`), the step runner (:mod:`.step`), the optimizer, learning-rate schedule and clipping
 norm (:mod:`.optim`), evaluation and the metric curve (:mod:`.evaluation`), the run summary (:mod:`.summary`)
-and the experiment trackers (:mod:`.trackers`; ``--log``'s table of them is ``argtypes.TRACKERS``, so that no
+and the experiment trackers (:mod:`.trackers`; ``--trackers``' table of them is ``argtypes.TRACKERS``, so that no
 top-level module reads this room).
 
 May import: the top-level modules, launch, backends, models and data. Never ``compare`` or ``report``, and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from dpcompare.options import add_config_options, config_from_args
+from dpcompare.options import add_config_file_option, add_config_options, config_from_args
 
 EPILOG = """examples:
   dpcompare train --strategy single --epochs 5
@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                        description="Train one model under one strategy. Every process runs this same command; "
                                    "the launcher (mpirun, srun, torchrun) decides how many there are.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_file_option(t)
     add_config_options(t)
     t.set_defaults(func=_cmd_train)
 

@@ -16,12 +16,10 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -34,7 +32,7 @@ from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
 from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
 from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
-from dpcompare.options import changed_settings
+from dpcompare.options import CONFIG_FILE, changed_settings, write_train_config
 from dpcompare.progress import ProgressLine
 from dpcompare.training import optim
 from dpcompare.training.evaluation import EvalCurve, evaluate
@@ -49,12 +47,6 @@ from dpcompare.versions import versions
 
 def effective_lr(cfg: TrainConfig, world_size: int) -> float:
     return cfg.lr * world_size if cfg.scale_lr else cfg.lr
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def use_deterministic_kernels() -> None:
@@ -124,7 +116,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
         for folder in (Path(cfg.out), Path(cfg.out) / checkpoint.CKPT_DIR):
             remove_stale_temporaries(folder)
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
-    seed_everything(cfg.seed)
+    checkpoint.seed_everything(cfg.seed)
     if cfg.deterministic:
         use_deterministic_kernels()
     workload = workload or resolve_workload(cfg).workload  # loop.train(cfg) from Python: the workload cfg names
@@ -335,6 +327,7 @@ class Run:
         """Rank 0: OUT, ``metrics.jsonl`` (a fresh run's empty, a resumed one's past) and the trackers."""
         if self.strategy.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            write_train_config(self.out / CONFIG_FILE, self.cfg)
             _write_jsonl(self.out / "metrics.jsonl", self.history)
             self.trackers = open_trackers(self.cfg, self.run_info, self.out, True, self.history)
         if not self.elastic:  # (a worker joining an elastic run meets the others only in its strategy's sync)

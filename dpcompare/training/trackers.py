@@ -1,4 +1,4 @@
-"""Experiment trackers (``--log``): TensorBoard, Weights & Biases, MLflow and CSV, fed by the reporting rank.
+"""Experiment trackers (``--trackers``): TensorBoard, Weights & Biases, MLflow and CSV, fed by the reporting rank.
 
 The loop talks to one :class:`Trackers` object and never to a tool::
 
@@ -10,7 +10,7 @@ The loop talks to one :class:`Trackers` object and never to a tool::
 On any other rank ``open_trackers`` returns an empty :class:`Trackers` whose calls do nothing. A comparison
 groups its runs with :mod:`dpcompare.compare.trackers`. W&B is offline unless ``WANDB_MODE`` says otherwise.
 
-Importing this module imports no torch and no tool. A new tracker is its row in ``--log``'s table
+Importing this module imports no torch and no tool. A new tracker is its row in ``--trackers``' table
 (:data:`dpcompare.argtypes.TRACKERS`, which the command line and ``dpcompare doctor`` read without importing
 this room) and a :class:`Tracker` subclass in :data:`OPENERS` here.
 """
@@ -43,7 +43,7 @@ MLFLOW_EXPERIMENT = "dpcompare"  # unless MLFLOW_EXPERIMENT_NAME / MLFLOW_EXPERI
 
 
 def selected(cfg: TrainConfig) -> list[str]:
-    """The trackers ``cfg`` asks for (``--no-tensorboard`` removes tensorboard from ``--log``)."""
+    """The trackers ``cfg`` asks for (``--no-tensorboard`` removes tensorboard from ``--trackers``)."""
     names = [n.strip() for n in cfg.log.split(",") if n.strip() and n.strip() != "none"]
     return [n for n in dict.fromkeys(names) if cfg.tensorboard or n != "tensorboard"]
 
@@ -51,14 +51,14 @@ def selected(cfg: TrainConfig) -> list[str]:
 def require(name: str) -> Any:
     """Import the module tracker ``name`` needs; ConfigError naming the extra when it is absent or broken."""
     if name not in TRACKERS:
-        raise ConfigError(f"unknown tracker {name!r} in --log; choose from {', '.join(TRACKERS)}")
+        raise ConfigError(f"unknown tracker {name!r} in --trackers; choose from {', '.join(TRACKERS)}")
     module = TRACKERS[name][0]
     if module is None:
         return None
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"--log {name}: {module} does not import ({e}); {install_hint(name)}") from None
+        raise ConfigError(f"--trackers {name}: {module} does not import ({e}); {install_hint(name)}") from None
 
 
 def check(cfg: TrainConfig) -> None:
