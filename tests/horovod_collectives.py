@@ -145,7 +145,10 @@ def reducescatter_errors():
     for call in (lambda: hvd.reducescatter(torch.ones(3), name="rs.max", op=hvd.Max),
                  lambda: hvd.reducescatter(torch.tensor(1.0), name="rs.scalar"),
                  lambda: hvd.reducescatter(torch.ones(3, dtype=torch.int16), name="rs.i16"),
-                 lambda: hvd.reducescatter(torch.ones(3, 2).t(), name="rs.t")):
+                 lambda: hvd.reducescatter(torch.ones(3, 2).t(), name="rs.t"),
+                 lambda: hvd.reducescatter(torch.ones(3, dtype=torch.int32 if rank == 1 else torch.float32),
+                                           name="rs.types"),
+                 lambda: hvd.reducescatter(torch.ones(3, 1 + rank // 2), name="rs.shapes")):
         try:
             call()
             out.append("no error")
