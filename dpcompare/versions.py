@@ -9,7 +9,7 @@ import subprocess
 from importlib import metadata
 
 #: dpcompare's version (``dpcompare.__version__``, ``dpcompare --version``); setup.cfg repeats it
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def _dist(name: str) -> str | None:
