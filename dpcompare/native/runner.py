@@ -206,7 +206,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-log", action="store_true",
                    help="with --out: write OUT/steps.jsonl, a line per optimizer step (an elastic script's run "
                         "writes it anyway)")
-    p.add_argument("--timeout", type=float, metavar="S",
+    p.add_argument("--timeout", type=float,
                    help="seconds a collective waits for a lost peer before failing (sets "
                         "HOROVOD_GLOO_TIMEOUT_SECONDS, read by Horovod's gloo and by the layer)")
     p.add_argument("--commit-dir", type=Path, metavar="DIR",
