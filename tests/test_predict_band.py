@@ -112,7 +112,7 @@ def test_the_bench_says_two_speeds_and_the_model_carries_the_mixture(tmp_path):
     t = np.array(times)
     expected = 0.6 * np.median(t[labels == 0]) + 0.4 * np.median(t[labels == 1])
     assert row["expected_s"] == pytest.approx(expected)
-    assert any(line.startswith("two speeds: mpi allreduce 33,554,432 bytes") and "(4 of 10)" in line
+    assert any(line.startswith("two speeds: mpi all_reduce 33,554,432 bytes") and "(4 of 10)" in line
                for line in mode_lines(doc))
     bench = Bench.load(path)
     assert bench is not None and bench.bimodal and bench.repeats == 6
