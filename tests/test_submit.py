@@ -101,7 +101,9 @@ def _preempt_on_slurm(job: Any) -> None:
     while not ("JobState=PENDING" in (state := _job_state(job.job_id)) and "Restarts=1" in state):
         assert time.monotonic() < deadline and "JobState=COMPLETED" not in state, state
         time.sleep(0.2)  # polling the job's state (there is no event to wait on)
-    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now"], check=True, capture_output=True)
+    # now+3 s, not now: slurmd refuses a credential made in the second the requeue revoked the last one
+    # ("Killing non-startable batch job: Job credential revoked", seen when released at once)
+    subprocess.run(["scontrol", "update", f"JobId={job.job_id}", "StartTime=now+3"], check=True, capture_output=True)
 
 
 def test_a_slurm_job_is_requeued_once_and_resumes_from_its_checkpoint(slurm_cluster: None,  # noqa: F811

@@ -25,7 +25,7 @@ def test_persistent_workers_reuse_one_job_and_a_failed_run_ends_it(tmp_path: Pat
     computes exactly what the same run computes as the first of a fresh job, and DDP and Horovod still
     compute the same model: nothing of one run reaches the next."""
     out = tmp_path / "p"
-    p = dpcompare("compare", "--np", "2", "--variants", "a=ddp", "b=horovod", "bad=horovod:horovod_ops=gloo",
+    p = dpcompare("compare", "--np", "2", "--variants", "a=ddp", "b=horovod", "bad=horovod:target_accuracy=5",
                   "--repeats", "2", "--workers", "persistent", *FAST, "--out", str(out), timeout=400, check=False)
     assert p.returncode == 1, p.stdout + p.stderr
     res = json.loads((out / "results.json").read_text())
@@ -37,7 +37,7 @@ def test_persistent_workers_reuse_one_job_and_a_failed_run_ends_it(tmp_path: Pat
     assert sorted(f.name for f in (out / "runs").glob("worker-*.log")) == [
         "worker-np2-1.log", "worker-np2-2.log", "worker-np2-3.log"]
     for name in ("bad-np2-r0", "bad-np2-r1"):
-        assert runs[name]["status"] == "failed" and "--horovod-ops gloo needs Horovod's gloo controller" in \
+        assert runs[name]["status"] == "failed" and "--target-accuracy 5: accuracy is a fraction" in \
             runs[name]["error"]
     ok = [runs[n] for n in ("a-np2-r0", "b-np2-r0", "b-np2-r1", "a-np2-r1")]
     for r in ok:
