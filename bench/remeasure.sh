@@ -18,7 +18,7 @@
 #   lab       raw TCP through a 1 Gbit/s link; the lab bench sweep times (lab.md; root)             ~4 min
 #   trackers  wandb/mlflow import and start-up costs (trackers.md)                                  ~1 min
 #   tests     the lab and predict tests' durations, parity in the lab (lab.md, predict.md; root)    ~6 min
-#   suite     the whole test suite: `make test` (getting-started.md)                                ~20 min
+#   suite     the whole test suite: `make test` (getting-started.md)                                ~22 min
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}

@@ -25,8 +25,10 @@ from conftest import FAST
 
 submitit = pytest.importorskip("submitit")
 
-#: a train job that checkpoints every 10 steps and takes a few more (2 ranks, mlp)
-TRAIN = ["train", "--strategy", "ddp", *FAST, "--model", "mlp", "--epochs", "1", "--max-steps", "40",
+#: a train job that checkpoints every 10 steps and takes many more (2 ranks, mlp): on a quiet machine 40 steps
+#: were over before the preemption reached them, and the requeued run resumed from the last step
+STEPS = 1000
+TRAIN = ["train", "--strategy", "ddp", *FAST, "--model", "mlp", "--epochs", "0", "--max-steps", str(STEPS),
          "--checkpoint-steps", "10", "--batch-size", "16", "--progress", "none"]
 LIMIT_S = 300
 
@@ -83,7 +85,8 @@ def test_a_local_job_is_requeued_once_and_resumes_from_its_checkpoint(tmp_path: 
     job = submit([*TRAIN, "--out", str(out)], Resources(tasks_per_node=2, time="00:10:00"), tmp_path / "jobs",
                  local=True)
     s = _preempt_after_first_checkpoint(job, out, _usr2_to_the_local_tasks)
-    assert re.search(r"step-\d+\.pt$", s["resumed_from"]), s["resumed_from"]
+    assert re.search(r"step-\d+\.pt$", s["resumed_from"]) and not s["resumed_from"].endswith(f"step-{STEPS}.pt"), \
+        s["resumed_from"]
     assert s["world_size"] == 2 and s["timing"]["per_rank"][1]["measured_steps"] > 0
     log = job.stdout()
     assert log.count("Requeued job") == 1 and "Job completed successfully" in log
@@ -115,7 +118,8 @@ def test_a_slurm_job_is_requeued_once_and_resumes_from_its_checkpoint(slurm_clus
         s = _preempt_after_first_checkpoint(job, out, _preempt_on_slurm)
     finally:
         subprocess.run(["scancel", job.job_id], capture_output=True)
-    assert re.search(r"step-\d+\.pt$", s["resumed_from"]), s["resumed_from"]
+    assert re.search(r"step-\d+\.pt$", s["resumed_from"]) and not s["resumed_from"].endswith(f"step-{STEPS}.pt"), \
+        s["resumed_from"]
     assert (s["world_size"], s["launcher"]) == (2, "slurm")
     state = _job_state(job.job_id)
     assert "Restarts=1" in state, state
