@@ -102,7 +102,7 @@ def test_unused_branch_compares_from_the_plain_command_line(tmp_path: Path) -> N
     out = tmp_path / "cmp"
     dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--workload",
               f"{ZOO / 'unused_branch.py'}:workload", "--epochs", "1", "--max-steps", "4", "--warmup-steps", "1",
-              "--repeats", "1", "--min-steps", "0", "--threads", "1", "--out", str(out))
+              "--repeats", "1", "--min-steps", "0", "--threads", "1", "--workers", "persistent", "--out", str(out))
     results = json.loads((out / "results.json").read_text())
     runs = {r["strategy"]: r for r in results["runs"]}
     assert all(r["status"] == "ok" for r in runs.values()), [r["error"] for r in runs.values()]
