@@ -30,7 +30,7 @@ from dpcompare.launch.mpirun import dpcompare_argv, job_env
 
 from conftest import missing, needs_horovod, needs_mpi
 
-TIMEOUT = 10  # train's --timeout: seconds a collective may wait for a lost peer
+TIMEOUT = 6  # train's --timeout: seconds a collective may wait for a lost peer
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], log: Path, limit: float = 300.0) -> None:
