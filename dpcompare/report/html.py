@@ -48,7 +48,8 @@ th { background: #fafbfc; font-weight: 600; color: #3a4047; vertical-align: bott
 td:first-child, th:first-child { text-align: left; }
 td.l, th.l { text-align: left; white-space: normal; }
 /* every table sits in .scroll: one wider than its card scrolls inside it (a shadow marks the hidden side) */
-.scroll { overflow-x: auto; max-width: 100%; background:
+.scroll { overflow-x: auto; max-width: 100%; }
+.scroll { background:
   linear-gradient(to right, #fff 30%, #fff0), linear-gradient(to left, #fff 30%, #fff0) 100% 0,
   radial-gradient(farthest-side at 0 50%, #0003, #0000), radial-gradient(farthest-side at 100% 50%, #0003, #0000) 100% 0;
   background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%, 12px 100%;
