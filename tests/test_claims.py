@@ -1,5 +1,6 @@
-"""Claims the README makes that only a test can keep honest: TensorBoard output, the slowest-rank rule,
---scale-lr, --device cuda without a GPU, doctor, and a smoke run of the overhead benchmark."""
+"""Claims the README and docs make that only a test can keep honest: TensorBoard output, the slowest-rank rule,
+--scale-lr, --device cuda without a GPU, doctor, a smoke run of the overhead benchmark, and figures (the demo's
+speed-up, the suite's time, GPU status) stated only beside the one page that keeps them."""
 
 from __future__ import annotations
 
