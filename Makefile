@@ -5,6 +5,9 @@
 VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+# `make test` runs the suite on 2 workers (pytest-xdist; tests/conftest.py says which modules share one);
+# TEST_WORKERS=0 runs it in one process, TEST_WORKERS=auto one worker per core.
+TEST_WORKERS ?= 2
 
 .PHONY: setup setup-dev demo lab-demo test lint bench figures remeasure docs clean
 
@@ -29,7 +32,7 @@ lab-demo: setup
 
 test: setup-dev
 	$(VENV)/bin/ruff check dpcompare tests bench examples
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) tests
 
 bench: setup
 	$(VENV)/bin/python bench/overhead.py
