@@ -140,7 +140,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             missing(problem)
 
 
-# -- running the suite on several cores (pytest-xdist; `make test` runs `pytest -n 2`) -----------------------
+# -- running the suite on several cores (pytest-xdist: `make test TEST_WORKERS=2` runs `pytest -n 2`) -------
 # Each worker takes whole modules (their module-scoped fixtures are built once); the modules below that share
 # something only one test may hold at a time go to one worker together, and run one after the other:
 #   slurm    the machine's one-node Slurm cluster (scripts/slurm-local.sh writes /etc/slurm, starts slurmctld/d)
