@@ -159,6 +159,10 @@ def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"dpcompare {name}: interrupted; files already written are kept\n")
         return 130
+    except ModuleNotFoundError as e:  # a dependency dpcompare declares, absent from this environment
+        sys.stderr.write(f"dpcompare {name}: error: Python module {e.name!r} is not installed here; install "
+                         "dpcompare's dependencies (make setup, or pip install -e .), then rerun\n")
+        return 2
     except Exception as e:  # a collective failed because another process died: one line, no traceback
         from dpcompare.launch.failures import LOST_PEER_EXIT, lost_peer_message
 
