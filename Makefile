@@ -6,9 +6,8 @@ VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 # `make test` runs the suite in one process; TEST_WORKERS=2 runs it on 2 pytest-xdist workers (tests/conftest.py's
-# XDIST_GROUPS keeps the Slurm, lab and trained-convnet modules on one worker each). Not the default yet: under
-# a second worker test_load's shared-machine check (the other worker is "others") and a refusal's one line at
-# np=2 (rank 1 exits first, mpirun kills rank 0 before it prints) failed (issue 41, item 7).
+# XDIST_GROUPS keeps the Slurm, lab and trained-convnet modules on one worker each). Tests marked `solitary`
+# (test_load: they count every other process's CPU, a second worker included) run afterwards, alone.
 TEST_WORKERS ?= 0
 
 .PHONY: setup setup-dev demo lab-demo test lint bench figures remeasure docs clean
@@ -34,7 +33,8 @@ lab-demo: setup
 
 test: setup-dev
 	$(VENV)/bin/ruff check dpcompare tests bench examples
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m 'not solitary' tests
+	$(VENV)/bin/python -m pytest -q -m solitary tests
 
 bench: setup
 	$(VENV)/bin/python bench/overhead.py
