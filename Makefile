@@ -5,10 +5,10 @@
 VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
-# `make test` runs the suite in one process; TEST_WORKERS=2 runs it on 2 pytest-xdist workers (tests/conftest.py's
+# `make test` runs the suite on 2 pytest-xdist workers (TEST_WORKERS=0: in one process) (tests/conftest.py's
 # XDIST_GROUPS keeps the Slurm, lab and trained-convnet modules on one worker each). Tests marked `solitary`
 # (test_load: they count every other process's CPU, a second worker included) run afterwards, alone.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 
 .PHONY: setup setup-dev demo lab-demo test lint bench figures remeasure docs clean
 
