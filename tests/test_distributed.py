@@ -130,7 +130,7 @@ def test_parity_fails_with_exit_1_when_a_difference_exceeds_the_tolerance(tmp_pa
     from dpcompare.cli import main
     from dpcompare.compare import parity
 
-    def fake_run(cfg, np_, console, lab=None, timeout=None):
+    def fake_run(cfg, np_, console, lab=None, timeout=None, pool=None):
         w = torch.zeros(3) + (1e-3 if cfg.strategy == "horovod" else 0.0)
         return {"weights": {"fc.weight": w}, "losses": [1.0, 0.5]}
 
