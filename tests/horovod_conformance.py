@@ -1,10 +1,12 @@
 """A Horovod script that records how the native layer meets Horovod's contract on bad input, for
 tests/test_native_conformance.py: every dtype through every collective, ranks that disagree on a call (each
-difference Horovod's negotiation catches), calls issued in different orders, one name twice in flight, ``join()``
-with uneven work, a root rank outside the job, what is "built", and last the stall inspector (tiny limits, set
-read at each wait) stopping two ranks that wait for different tensors.
+difference Horovod's negotiation catches, all-to-all's too), calls issued in different orders, one name twice in
+flight, ``join()`` with uneven work (each rank in turn joining first while the others call unnamed collectives it
+skips), a root rank outside the job, what is "built", the stall inspector (tiny limits, set read at each wait)
+stopping ranks 0 and 1 of a process set waiting for different tensors, and last rank 0 joining after the others
+left the job.
 
-    mpirun -np 2 python -m dpcompare.native tests/horovod_conformance.py OUT.json
+    mpirun -np 3 python -m dpcompare.native tests/horovod_conformance.py OUT.json
 """
 
 import json
@@ -14,7 +16,8 @@ import sys
 import horovod.torch as hvd
 import torch
 
-hvd.init()
+PAIR = hvd.ProcessSet([0, 1])
+hvd.init(process_sets=[PAIR])
 rank, size = hvd.rank(), hvd.size()
 results = {}
 
@@ -65,10 +68,16 @@ MISMATCHES = {
     "broadcast_root": lambda: hvd.broadcast(torch.ones(4), rank, name="m.root"),
     "broadcast_shape": lambda: hvd.broadcast(torch.ones(2, 2 + rank), 0, name="m.bshape"),
     "operation": lambda: (hvd.allgather if rank else hvd.allreduce)(torch.ones(4), name="m.kind"),
+    "alltoall_dtype": lambda: hvd.alltoall(torch.ones(2 * size, dtype=torch.int32 if rank else torch.float32),
+                                           name="m.a2a"),
+    "alltoall_shape": lambda: hvd.alltoall(torch.ones(size, 2 + rank), name="m.a2ashape"),
 }
 for key, fn in MISMATCHES.items():
     results[f"mismatch.{key}"] = outcome(fn)
 results["after_mismatches"] = outcome(lambda: hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist())
+# rank r sends r + 1 rows to each rank (values: the receiver's rank), unnamed, asynchronously
+results["alltoall"] = outcome(lambda: [t.tolist() for t in hvd.synchronize(hvd.alltoall_async(
+    torch.arange(size).repeat_interleave(rank + 1).float(), torch.full((size,), rank + 1, dtype=torch.int32)))])
 
 # -- order, names, join, roots ------------------------------------------------------------------------------
 
@@ -114,18 +123,38 @@ def synchronize_two():
     return [hvd.synchronize(h1).tolist(), hvd.synchronize(h2).tolist()]
 
 
+def join_skipping_unnamed():
+    """Each rank in turn joins first; the others call unnamed collectives it skips (a Sum all-reduce, answered
+    with its zeros; an all-gather and an all-to-all, which fail with Join), then join."""
+    got = []
+    for first in range(size):
+        step = {}
+        if rank != first:
+            step["sum"] = hvd.allreduce(torch.full((2,), rank + 1.0), op=hvd.Sum).tolist()
+            step["allgather"] = outcome(lambda: hvd.allgather(torch.ones(1)))
+            step["alltoall"] = outcome(lambda: hvd.alltoall(torch.ones(size)))
+        step["join"] = hvd.join()
+        got.append(step)
+    return hvd.allgather_object(got)
+
+
 results["out_of_order"] = outcome(out_of_order)
 results["duplicate_name"] = outcome(duplicate_name)
 results["join_uneven"] = outcome(join_uneven)
 results["join_even"] = outcome(lambda: hvd.join())
+results["join_skipping_unnamed"] = outcome(join_skipping_unnamed)
 results["broadcast_root_out_of_range"] = outcome(lambda: hvd.broadcast(torch.ones(2), size + 3, name="far"))
 results["objects"] = outcome(lambda: [hvd.broadcast_object({"r": rank}, 1), hvd.allgather_object(rank)])
 results["built"] = {"nccl": hvd.nccl_built(), "mpi": hvd.mpi_built(), "gloo": hvd.gloo_built(),
                     "cuda": hvd.cuda_built(), "rocm": hvd.rocm_built(), "gpu": torch.cuda.is_available()}
 
-# -- the stall inspector: ranks waiting for different tensors, stopped after the shutdown time --------------
+# -- the stall inspector: ranks 0 and 1 waiting for different tensors, stopped after the shutdown time -------
 os.environ.update(HOROVOD_STALL_CHECK_TIME_SECONDS="1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="2")
-results["stall"] = outcome(lambda: hvd.allreduce(torch.ones(2), name=f"only_rank{rank}"))
+if rank in PAIR.ranks:
+    results["stall"] = outcome(lambda: hvd.allreduce(torch.ones(2), name=f"only_rank{rank}", process_set=PAIR))
+# -- the others leave the job (their script ends): rank 0's join fails instead of waiting forever ------------
 if rank == 0:
+    os.environ.update(HOROVOD_STALL_CHECK_TIME_SECONDS="60", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="0")
+    results["join_after_others_left"] = outcome(hvd.join)
     with open(sys.argv[1], "w") as f:  # not atomic: a test's scratch file, read once the job has ended
         json.dump(results, f, indent=1)

@@ -1,11 +1,14 @@
-"""The native layer on bad input, as Horovod's negotiation answers it: one 2-rank job of tests/horovod_conformance.py.
+"""The native layer on bad input, as Horovod's negotiation answers it: one 3-rank job of tests/horovod_conformance.py
+(three ranks: with one joined, two others must still meet).
 
 Every dtype Horovod takes on CPU goes through every collective (int16, which gloo lacks, included); each thing
-two ranks can disagree on raises a RuntimeError on both, naming the tensor and what each rank sent, and the job
-goes on; calls issued in different orders meet by name; one name twice in flight is a ValueError at the second
-call; ``join()`` answers the other rank's all-reduces with zeros, fails its all-gathers, and returns the last
-rank to join on every rank; a root outside the job raises; the build queries answer as a CPU build of Horovod;
-and two ranks waiting for different tensors are named by the stall inspector, then stopped with its message.
+the ranks can disagree on (all-to-all's included) raises a RuntimeError on every rank, naming the tensor and what
+each rank sent, and the job goes on; calls issued in different orders meet by name; one name twice in flight is a
+ValueError at the second call; ``join()`` answers the other ranks' all-reduces with zeros, fails their all-gathers
+and all-to-alls, and returns the last rank to join on every rank, also when each rank in turn joins first and the
+others call unnamed collectives it skips; a root outside the job raises; the build queries answer as a CPU build of
+Horovod; two ranks waiting for different tensors are named by the stall inspector, then stopped with its message;
+and a rank that joins after the others left the job fails with Horovod's shutdown error instead of waiting.
 The bench against Horovod's own test file is bench/horovod_conformance.sh.
 """
 
@@ -18,7 +21,7 @@ import pytest
 
 from conftest import ROOT, mpi_env, needs_mpi, run
 
-MPIRUN = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"]
+MPIRUN = ["mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none"]
 
 
 @pytest.fixture(scope="module")
@@ -53,42 +56,69 @@ def test_disagreeing_ranks_raise_naming_the_tensor_and_the_ranks(job: tuple[dict
         "broadcast_root": ("Mismatched broadcast root ranks", "m.root", "root rank 0", "root rank 1"),
         "broadcast_shape": ("Mismatched broadcast tensor shapes", "m.bshape", "[2, 2]", "[2, 3]"),
         "operation": ("Mismatched operations", "m.kind", "allreduce", "allgather"),
+        "alltoall_dtype": ("Mismatched data types", "m.a2a", "float32", "int32"),
+        "alltoall_shape": ("Mismatched alltoall tensor shapes (all but the first dimension)", "m.a2ashape",
+                           "[3, 2]", "[3, 3]"),
     }
+    # ranks that sent the same are named together: rank 0 differs from ranks 1 and 2, or each from the others
+    third = {"allreduce_shape": "[6, 3]", "allreduce_factors": "factors (3.0, 1.0)", "allgather_shape": "[2, 5]",
+             "broadcast_root": "root rank 2", "broadcast_shape": "[2, 4]", "alltoall_shape": "[3, 4]"}
     for key, (what, name, rank0, rank1) in said.items():
         got = results[f"mismatch.{key}"]
         assert got["runtime"] and got["error"] == "HorovodInternalError", key
         message = got["message"]
         assert message.startswith(what) and f"tensor '{name}'" in message, got
-        assert f"rank 0 sent {rank0}, rank 1 sent {rank1}" in message, got
-    assert results["after_mismatches"] == [2.0, 2.0]  # nothing was left half-sent
+        others = f"rank 1 sent {rank1}, rank 2 sent {third[key]}" if key in third else f"ranks 1,2 sent {rank1}"
+        assert message.endswith(f": rank 0 sent {rank0}, {others}."), got
+    assert results["after_mismatches"] == [3.0, 3.0]  # nothing was left half-sent
+    # agreed on, rank r sends r + 1 rows to each rank: rank 0 receives 1 + 2 + 3 rows of its own rank number
+    assert results["alltoall"] == [[0.0] * 6, [1, 2, 3]]
 
 
 @needs_mpi
 def test_names_order_and_duplicates(job: tuple[dict, str]) -> None:
     results, _ = job
-    assert results["out_of_order"] == [[3.0] * 3, [30.0] * 5]
+    assert results["out_of_order"] == [[6.0] * 3, [60.0] * 5]
     dup = results["duplicate_name"]
     assert dup["second"]["error"] == "ValueError" and "'twice'" in dup["second"]["message"]
-    assert dup["first"] == [2.0] * 3 and dup["reused_after_synchronize"] == [2.0]
+    assert dup["first"] == [3.0] * 3 and dup["reused_after_synchronize"] == [3.0]
 
 
 @needs_mpi
 def test_join_with_uneven_work(job: tuple[dict, str]) -> None:
     results, _ = job
-    uneven = results["join_uneven"]
-    assert uneven["average"] == [3.0] * 4  # 6 and the joined rank's zeros, averaged over both ranks
-    assert uneven["summed"] == [[1, 1], [1.0] * 3]
+    uneven = results["join_uneven"]  # rank 1 joined; ranks 0 and 2 go on
+    assert uneven["average"] == [4.0] * 4  # 6, 6 and the joined rank's zeros, averaged over the three ranks
+    assert uneven["summed"] == [[2, 2], [2.0] * 3]
     assert uneven["allgather"]["runtime"] and "not supported with Join" in uneven["allgather"]["message"]
-    assert uneven["join"] == 0 and uneven["everyone"] == [0, 0]  # rank 0 joined last, and every rank says so
-    assert results["join_even"] == 1  # the same round: the highest rank
+    assert uneven["join"] in (0, 2) and uneven["everyone"] == [uneven["join"]] * 3  # the last to join, everywhere
+    assert results["join_even"] == 2  # the same round: the highest rank
+    # rank `first` joins first while the others all-reduce, all-gather and all-to-all without names: the joined
+    # rank skipped those calls, and the others' still meet (an all-reduce answered with its zeros)
+    by_rank = results["join_skipping_unnamed"]
+    for first in range(3):
+        steps = [by_rank[r][first] for r in range(3)]
+        assert len({s["join"] for s in steps}) == 1 and steps[0]["join"] != first, steps
+        for r in set(range(3)) - {first}:
+            assert steps[r]["sum"] == [6.0 - (first + 1)] * 2, steps
+            assert "Allgather is not supported with Join" in steps[r]["allgather"]["message"], steps
+            assert steps[r]["alltoall"]["message"] == "Alltoall is not supported with Join at this time.", steps
+
+
+@needs_mpi
+def test_a_rank_left_waiting_fails_instead_of_hanging(job: tuple[dict, str]) -> None:
+    results, _ = job
+    got = results["join_after_others_left"]
+    assert got["error"] == "HorovodInternalError" and got["message"].startswith("Horovod has been shut down."), got
+    assert got["message"].endswith("(ranks 1, 2 left the job)"), got
 
 
 @needs_mpi
 def test_roots_objects_and_build_queries(job: tuple[dict, str]) -> None:
     results, _ = job
     far = results["broadcast_root_out_of_range"]
-    assert far["runtime"] and "root rank 5 is not a rank of this job" in far["message"]
-    assert results["objects"] == [{"r": 1}, [0, 1]]
+    assert far["runtime"] and "root rank 6 is not a rank of this job" in far["message"]
+    assert results["objects"] == [{"r": 1}, [0, 1, 2]]
     built = results["built"]
     if not built["gpu"]:
         assert built == {"nccl": 0, "mpi": False, "gloo": True, "cuda": False, "rocm": False, "gpu": False}

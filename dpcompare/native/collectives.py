@@ -149,9 +149,17 @@ def synchronize(handle: int) -> Any:
 
 def submit(kind: str, tensor: torch.Tensor | None, name: str | None, start: Callable[[list[Any]], Any],
            **facts: Any) -> Request:
-    """Queue one call for the ranks' agreement; ``start(rows)`` issues its collective once they agree."""
+    """Queue one call for the ranks' agreement; ``start(rows)`` issues its collective once they agree (an unnamed
+    one is matched with the others' by position, :mod:`.negotiation`)."""
     neg = negotiator(facts.get("process_set", 0))
-    return neg.submit(Request(neg.auto_name(kind, name), kind, tensor, start, **facts))
+    return neg.submit(Request(neg.auto_name(kind, name), kind, tensor, start, unnamed=name is None, **facts))
+
+
+def unnamed(requests: list[Request], name: str | None) -> list[Request]:
+    """A grouped call's requests (``BASE.i``), matched by position when the call had no name."""
+    for r in requests:
+        r.unnamed = name is None
+    return requests
 
 
 def run(requests: list[Request], finish: Callable[[list[Any]], Any] = lambda outs: outs[0]) -> Any:
@@ -304,7 +312,7 @@ def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscal
     base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
     reqs = [allreduce_request(t, o, op, prescale, postscale, f"{base}.{i}", ps)
             for i, (t, o) in enumerate(zip(tensors, outputs, strict=True))]
-    return Deferred(reqs, list)
+    return Deferred(unnamed(reqs, name), list)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -416,7 +424,8 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
                             process_set: ProcessSet = global_process_set) -> int:
     ps = check_process_set(process_set, "hvd.grouped_allgather_async")
     base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
-    return register(Deferred([allgather_request(t, f"{base}.{i}", None, ps) for i, t in enumerate(tensors)], list))
+    reqs = [allgather_request(t, f"{base}.{i}", None, ps) for i, t in enumerate(tensors)]
+    return register(Deferred(unnamed(reqs, name), list))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpcompare.native import elastic
+from dpcompare.native import negotiation as _negotiation
 from dpcompare.native import process_sets as _process_sets
 from dpcompare.native import state as _state
 from dpcompare.native import timeline as _timeline
@@ -100,9 +101,11 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
 
 
 def shutdown() -> None:
-    """Leave the job: the timeline file closed, the process sets unregistered, the process group ended."""
+    """Leave the job: the timeline file closed, the others told (a round waiting for this rank fails with
+    Horovod's shutdown error), the process sets unregistered, the process group ended."""
     if _timeline.active():
         _timeline.stop_timeline()
+    _negotiation.leave()
     _process_sets.reset()
     _state.shutdown()
 

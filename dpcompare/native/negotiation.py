@@ -15,8 +15,16 @@ wait for. The layer does the same without a thread:
   naming the tensor and the ranks); a request not ready waits for a later round.
 
 Rounds are collectives, so every rank counts the same rounds and starts the same collectives in the same order,
-whatever order its own calls came in. Unnamed requests are named ``KIND.noname.N`` with one counter per rank, as
-Horovod names them by handle: ranks that issue unnamed calls in the same order match.
+whatever order its own calls came in. Unnamed requests are named ``KIND.noname.N`` on each rank (one counter per
+rank, as Horovod names them by handle), but they are matched by position: each rank's oldest unnamed request
+waiting with each rank's oldest, and so on. Horovod matches them by that name, which a rank that joined and skipped
+a call no longer shares with the others (at three ranks its next unnamed call never meets theirs); the position
+among the calls waiting is the same on every rank that has not joined, whatever each skipped before.
+
+A rank that leaves the job (``hvd.shutdown()``, or its script ended, by an exception too) writes in the job's store
+how many rounds of each set it took part in (:func:`leave`). A rank whose round has waited a second looks there: a
+member that left before this round will never come, and the round fails with Horovod's shutdown error (Horovod's
+background thread spreads a shutdown the same way) instead of waiting forever.
 
 Process sets: each set negotiates apart, among its own ranks, on a gloo group of its own (:mod:`.process_sets`
 makes it when the set is registered); ranks outside a set take no part in its rounds. ``join()`` is the global
@@ -101,6 +109,8 @@ class Request:
     prescale: float = 1.0
     postscale: float = 1.0
     process_set: int = 0
+    #: named by the layer (``KIND.noname.N``): matched with the other ranks' by position, not by name
+    unnamed: bool = False
     started: Any = None
     done: bool = False
     error: BaseException | None = None
@@ -109,7 +119,7 @@ class Request:
         t = self.tensor
         dims = list(t.shape) if t is not None else []
         row = [0] * WIDTH
-        row[NAME], row[KIND] = name_hash(self.name), KINDS.index(self.kind) + 1
+        row[NAME], row[KIND] = -1 if self.unnamed else name_hash(self.name), KINDS.index(self.kind) + 1
         if t is not None:
             row[DTYPE] = DTYPES.index(t.dtype) + 1 if t.dtype in DTYPES else 100 + name_hash(str(t.dtype)) % 1000
             row[DEVICE] = 1 if t.is_cuda else 0
@@ -153,7 +163,8 @@ _CHECKS: list[tuple[tuple[int, ...], tuple[str, ...] | None, str, Callable[[list
     ((DTYPE,), None, "Mismatched data types", _dtype_name),
     ((DEVICE,), None, "Mismatched devices (CPU and GPU)", lambda r: "cuda" if r[DEVICE] else "cpu"),
     ((NDIM, SHAPE), ("allreduce", "broadcast"), "Mismatched {kind} tensor shapes", _shape),
-    ((NDIM, REST), ("allgather",), "Mismatched allgather tensor shapes (all but the first dimension)", _shape),
+    ((NDIM, REST), ("allgather", "alltoall"), "Mismatched {kind} tensor shapes (all but the first dimension)",
+     _shape),
     ((ROOT,), ("broadcast",), "Mismatched broadcast root ranks", lambda r: f"root rank {r[ROOT]}"),
     ((OP,), ("allreduce", "reducescatter"), "Mismatched reduction operation", lambda r: _op_name(r[OP])),
     ((PRE, POST), ("allreduce", "reducescatter"), "Mismatched prescale and/or postscale factors",
@@ -283,6 +294,28 @@ def _stall_key(set_id: int, rank: int) -> str:
     return f"dpcompare.native.stall/{set_id}/{rank}"
 
 
+#: Horovod's words for a collective that cannot finish because a rank left (``SHUT_DOWN_ERROR``)
+SHUT_DOWN = ("Horovod has been shut down. This was caused by an exception on one of the ranks or an attempt to "
+             "allreduce, allgather or broadcast a tensor after one of the ranks finished execution. If the shutdown "
+             "was caused by an exception, you should see the exception in the log before the first shutdown message.")
+#: seconds a round waits before it looks for ranks that left (rounds take milliseconds: nothing to pay for)
+LEFT_POLL_S = 1.0
+
+
+def keys(names: Sequence[int]) -> list[int]:
+    """What identifies each of one rank's queued requests across ranks, given their ``NAME`` column: the name's
+    hash, or for an unnamed request (-1) ``-1 - i``, ``i`` its position among that rank's unnamed requests (which
+    survives a rank that skipped calls)."""
+    out, unnamed = [], 0
+    for h in names:
+        if h >= 0:
+            out.append(h)
+        else:
+            out.append(-1 - unnamed)
+            unnamed += 1
+    return out
+
+
 @dataclass
 class Negotiator:
     """This rank's queue of requests of one process set, and its side of that set's rounds."""
@@ -374,16 +407,34 @@ class Negotiator:
         work = dist.all_gather_into_tensor(out, table, group=self.group, async_op=True)
         while True:
             try:
-                work.wait(timeout=timedelta(seconds=self.stall.next_check()))
+                work.wait(timeout=timedelta(seconds=min(self.stall.next_check(), LEFT_POLL_S)))
                 return out.view(n, *table.shape)
             except RuntimeError as e:
                 if "timed out" not in str(e):   # a peer gone (its connection closed): Horovod's error
                     raise HorovodInternalError(str(e)) from e
             try:
+                gone = self.left()
+                if gone:
+                    raise NegotiationError(f"{SHUT_DOWN} (rank{'s' if len(gone) > 1 else ''} "
+                                           f"{', '.join(map(str, gone))} left the job)")
                 self.stall.tick(self.waiting())
             except NegotiationError as e:
                 self.broken = str(e)        # the gather is still posted: this group cannot be used again
                 raise
+
+    def left(self) -> list[int]:
+        """The set's ranks that left the job before the round this rank waits in (:func:`leave`): they will not
+        come. Nothing when the store cannot tell (a rank that died closes its connections: the gather fails)."""
+        me, waiting, gone = state.rank(), self.rounds + 1, []
+        try:
+            store = _store()
+            for r in self.ranks:
+                key = state.LEFT_KEY.format(r)
+                if r != me and store.check([key]) and json.loads(store.get(key)).get(str(self.set_id), 0) < waiting:
+                    gone.append(r)
+        except Exception:  # noqa: BLE001  (a store gone with its host: the gather itself will fail)
+            return []
+        return gone
 
     def round(self) -> bool:
         """One round: exchange the tables, start (or fail) what every rank submitted. True if anything moved."""
@@ -410,9 +461,9 @@ class Negotiator:
         """Start, in the same order on every rank, each request every member that has not joined submitted."""
         seen: dict[int, dict[int, list[int]]] = {}
         for r, table in enumerate(rows):
-            for row in table:
-                seen.setdefault(row[NAME], {})[r] = row
-        mine = {name_hash(q.name): q for q in self.queue}
+            for key, row in zip(keys([row[NAME] for row in table]), table, strict=True):
+                seen.setdefault(key, {})[r] = row
+        mine = dict(zip(keys([-1 if q.unnamed else name_hash(q.name) for q in self.queue]), self.queue, strict=True))
         me, moved = self.ranks.index(state.rank()), False
         for h, by_rank in seen.items():
             group = range(len(rows))
@@ -456,6 +507,17 @@ class Negotiator:
 
 
 _negotiators: dict[int, Negotiator] = {}
+
+
+def leave() -> None:
+    """This rank leaves the job (``hvd.shutdown()``, the script's end): how many rounds of each process set it
+    took part in, written in the job's store, where a round left waiting for it looks (:meth:`Negotiator.left`)."""
+    if not state.is_initialized():
+        return
+    world = state.world()
+    rounds = {str(n.set_id): n.rounds for n in _negotiators.values() if getattr(n, "_world", None) is world}
+    with contextlib.suppress(Exception):  # no store (the group already gone): nobody left to tell
+        _store().set(state.LEFT_KEY.format(world.rank), json.dumps(rounds))
 
 
 def negotiator(process_set: int = 0) -> Negotiator:

@@ -178,11 +178,13 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
 
 
 def _leave_group(arm: str) -> None:
-    """The layer's process group ends with the script (Horovod's background thread does, too)."""
+    """The layer's process group ends with the script (Horovod's background thread does, too), the other ranks
+    told, so that none waits forever for this one in a collective it will not reach."""
     if arm == "native":
-        from dpcompare.native import state
+        from dpcompare.native import negotiation, state
 
         if state.is_initialized():
+            negotiation.leave()
             state.shutdown()
 
 

@@ -11,8 +11,9 @@ is the all-gather of the output's gradient, times the set size for ``Sum`` and t
 All-to-all: rank ``i`` sends ``splits[j]`` rows (dimension 0) to rank ``j`` (equal parts when ``splits`` is None,
 which needs dimension 0 to divide evenly); the rows received are concatenated in rank order. With ``splits`` the
 result is ``(tensor, received_splits)``; ``alltoall_async``'s handle always gives the pair, as Horovod's does.
-The ranks first exchange what they send (dtype, trailing shape, splits) so that a mismatch raises Horovod's
-errors on every rank instead of corrupting the result.
+It goes through the ranks' agreement by name as the other collectives do (:mod:`.negotiation`): a dtype, device or
+trailing shape that differs raises Horovod's error on every rank, naming the tensor and what each rank sent, and a
+rank that joined makes it fail as in Horovod; once agreed, the ranks exchange the rows each sends the others.
 
 The dtypes are Horovod's: reduce-scatter takes int32, int64, float16, float32 and float64, all-to-all also uint8,
 int8 and int16 (which gloo cannot move: it travels as float16, the same bytes); any other, or a tensor that is not
@@ -35,9 +36,11 @@ from dpcompare.native.collectives import (
     Sum,
     grouped_allgather,
     register,
+    run,
     scale_,
     submit,
 )
+from dpcompare.native.negotiation import Request
 from dpcompare.native.process_sets import ProcessSet, check_process_set, global_process_set
 
 _REDUCESCATTER_DTYPES = (torch.int32, torch.int64, torch.float16, torch.float32, torch.float64)
@@ -246,23 +249,26 @@ def agree(op: str, tensors: Sequence[torch.Tensor], ps: ProcessSet, first_dim: b
     return every
 
 
-def _exchange_meta(tensor: torch.Tensor, send: list[int], ps: ProcessSet) -> list[int]:
-    """Every rank's dtype and trailing shape, compared; the rows each rank sends here (received splits)."""
-    every = agree("alltoall", [tensor], ps, first_dim=False, extra=send)
-    me = ps.rank() or 0
-    return [int(e[10 + me]) for e in every]
-
-
-def _start_alltoall(tensor: torch.Tensor, splits: Any, ps: ProcessSet) -> tuple[Pending, list[int]]:
+def _alltoall_request(tensor: torch.Tensor, splits: Any, name: str | None, ps: ProcessSet) -> Request:
+    """One all-to-all queued for the ranks' agreement (dtype, device, every dimension but the first, by name, as
+    the other collectives); its handle gives ``(output, received splits)``."""
     _check_tensor(tensor, _ALLTOALL_DTYPES)
-    size = ps.size() or 1
-    send = _send_splits(tensor, splits, size)
-    received = _exchange_meta(tensor, send, ps)
+    send = _send_splits(tensor, splits, ps.size() or 1)
+    return submit("alltoall", tensor, name, lambda rows: _start_alltoall(tensor, send, ps),
+                  process_set=ps.process_set_id)
+
+
+def _start_alltoall(tensor: torch.Tensor, send: list[int], ps: ProcessSet) -> Pending:
+    """The rows each rank sends here first (one small all-to-all), then the rows; not waited for."""
+    mine = torch.tensor(send, dtype=torch.int64)
+    got = torch.empty_like(mine)
+    dist.all_to_all_single(got, mine, group=ps.group)
+    received = [int(v) for v in got.tolist()]
     src = tensor.narrow(0, 0, sum(send)).contiguous()
     src = src.view(torch.float16) if tensor.dtype is torch.int16 else src  # gloo moves int16's bytes as fp16's
     out = src.new_empty((sum(received), *tensor.shape[1:]))
     work = dist.all_to_all_single(out, src, received, send, group=ps.group, async_op=True)
-    return Pending([work], lambda: out.view(tensor.dtype), (src, out)), received
+    return Pending([work], lambda: (out.view(tensor.dtype), received), (src, out, mine, got))
 
 
 def _received_like(splits: Any, received: list[int]) -> torch.Tensor:
@@ -275,30 +281,32 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
                    process_set: ProcessSet = global_process_set) -> int:
     """A handle whose :func:`synchronize` gives ``(output, received_splits)``."""
     ps = check_process_set(process_set, "hvd.alltoall_async")
-    p, received = _start_alltoall(tensor, splits, ps)
-    return register(Pending(p.works, lambda: (p.finish(), _received_like(splits, received)), p.keep))
+    request = _alltoall_request(tensor, splits, name, ps)
+    return register(Deferred([request], lambda outs: (outs[0][0], _received_like(splits, outs[0][1]))))
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, ps: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
-        p, received = _start_alltoall(tensor, splits, ps)
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+                ps: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
+        out, received = run([_alltoall_request(tensor, splits, name, ps)])
         ctx.ps, ctx.received = ps, received
         got = _received_like(splits, received)
         ctx.mark_non_differentiable(got)
-        return p.result(), got
+        return out, got
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:
-        back, _received = _start_alltoall(grad.contiguous(), torch.tensor(ctx.received, dtype=torch.int32), ctx.ps)
-        return back.result(), None, None
+        splits = torch.tensor(ctx.received, dtype=torch.int32)
+        back, _received = run([_alltoall_request(grad.contiguous(), splits, None, ctx.ps)])
+        return back, None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> Any:
     """The rows every rank sent this one, in rank order; with ``splits``, also how many came from each rank."""
     ps = check_process_set(process_set, "hvd.alltoall")
-    output, received = _Alltoall.apply(tensor, splits, ps)
+    output, received = _Alltoall.apply(tensor, splits, name, ps)
     return output if splits is None else (output, received)
 
 

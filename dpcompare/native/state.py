@@ -9,6 +9,7 @@ rank among the processes with the same local rank) come from one small all-gathe
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +26,8 @@ from dpcompare.native.calls import Unsupported, unsupported
 #: Horovod's gloo controller's ``HOROVOD_GLOO_TIMEOUT_SECONDS`` sets it (an elastic job notices a lost peer then)
 TIMEOUT_S = 1800.0
 TIMEOUT_VAR = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+#: the job store's key where a rank that left says how many rounds of each set it took part in (:mod:`.negotiation`)
+LEFT_KEY = "dpcompare.native.left/{}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ def init(comm: object = None) -> None:
         dist.init_process_group(_backend(), init_method="env://", rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=float(os.environ.get(TIMEOUT_VAR) or TIMEOUT_S)))
     rank, size = dist.get_rank(), dist.get_world_size()
+    with contextlib.suppress(Exception):  # what this rank said when it left before (a store kept across inits)
+        dist.distributed_c10d._get_default_store().delete_key(LEFT_KEY.format(rank))
     local_rank, local_size = (env.local_rank, env.local_size) if env.world_size == size else (0, 1)
     cross_rank, cross_size, homogeneous = _layout(rank, size, local_rank, local_size)
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
