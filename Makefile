@@ -5,6 +5,10 @@
 VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+# `make test` runs the suite on 2 pytest-xdist workers (TEST_WORKERS=0: in one process) (tests/conftest.py's
+# XDIST_GROUPS keeps the Slurm, lab and trained-convnet modules on one worker each). Tests marked `solitary`
+# (test_load: they count every other process's CPU, a second worker included) run afterwards, alone.
+TEST_WORKERS ?= 2
 
 .PHONY: setup setup-dev demo lab-demo test lint bench figures remeasure docs clean
 
@@ -29,7 +33,8 @@ lab-demo: setup
 
 test: setup-dev
 	$(VENV)/bin/ruff check dpcompare tests bench examples
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m 'not solitary' tests
+	$(VENV)/bin/python -m pytest -q -m solitary tests
 
 bench: setup
 	$(VENV)/bin/python bench/overhead.py

@@ -43,7 +43,7 @@ QUICK_STEPS = steps(2, 2)
 
 
 def compare_line(model: str, link: str, a: argparse.Namespace, out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "dpcompare", "compare", "--script", str(SCRIPT), "--strategies", ",".join(ARMS),
+    cmd = [sys.executable, "-m", "dpcompare", "compare", "--script", str(SCRIPT), "--strategies", a.arms,
            "--np", str(a.np), "--repeats", str(a.repeats), "--warmup-steps", "3", "--out", str(out), "--overwrite"]
     if link != "unlimited":
         cmd += ["--lab", f"hosts=2,link={link},name=nspeed"]
@@ -61,6 +61,22 @@ def medians(results: dict) -> dict[str, float | None]:
     return {arm: statistics.median(v) if v else None for arm, v in per_arm.items()}
 
 
+def layer_vs_ddp(results: dict) -> str:
+    """The comparison's own paired verdict of the layer against DDP: the step-time ratio native/ddp with its
+    interval over the blocks, and the outcome against the 5 % equivalence margin."""
+    for v in results.get("verdicts", []):
+        if {v.get("baseline"), v.get("other")} == {"native", "ddp"} and v.get("metric") == "throughput":
+            # ratio = other's throughput / baseline's, with its interval: as a step-time ratio native/ddp
+            r, lo, hi = (v.get(k) for k in ("ratio", "ci_low", "ci_high"))
+            if r is None:
+                return "-"
+            if v["baseline"] == "ddp":
+                r, lo, hi = 1.0 / r, (None if hi is None else 1.0 / hi), (None if lo is None else 1.0 / lo)
+            band = "" if lo is None or hi is None else f" [{_pct(lo, 1.0)}, {_pct(hi, 1.0)}]"
+            return f"{_pct(r, 1.0)}{band} {v.get('outcome', '')} ({v.get('blocks')} blocks)"
+    return "-"
+
+
 def _pct(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{100.0 * (a / b - 1.0):+.1f} %"
 
@@ -74,6 +90,8 @@ def main() -> int:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="paired blocks per model and link (default: 5)")
     p.add_argument("--models", default="resnet18,gpt-mini")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help="the arms to run (default: horovod,native,ddp; native,ddp is the 5 %% goal alone, a third faster)")
     p.add_argument("--per-iter", type=int, default=5, help="optimizer steps per iteration of the script (default: 5)")
     p.add_argument("--iters", type=int, default=4, help="iterations of the script per run (default: 4)")
     p.add_argument("--links", default="unlimited,1gbit", help="unlimited (this machine) and lab link rates")
@@ -92,14 +110,14 @@ def main() -> int:
             rc = subprocess.run(cmd).returncode
             results = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
             m = medians(results)
-            rows.append((model, link, m, rc))
+            rows.append((model, link, m, rc, layer_vs_ddp(results)))
     print(f"\nmedian step time (ms) at np={a.np}; step = between two successive optimizer.step() ends")
     print(f"{'model':10} {'link':10} {'horovod':>9} {'native':>9} {'ddp':>9} {'native/horovod':>15} "
-          f"{'native/ddp':>11} {'layer ms/step':>14}")
-    for model, link, m, rc in rows:
+          f"{'native/ddp':>11} {'layer ms/step':>14}   paired verdict, native/ddp step time [interval]")
+    for model, link, m, rc, verdict in rows:
         cost = None if m["native"] is None or m["ddp"] is None else m["native"] - m["ddp"]
         print(f"{model:10} {link:10} {_ms(m['horovod']):>9} {_ms(m['native']):>9} {_ms(m['ddp']):>9} "
-              f"{_pct(m['native'], m['horovod']):>15} {_pct(m['native'], m['ddp']):>11} {_ms(cost):>14}"
+              f"{_pct(m['native'], m['horovod']):>15} {_pct(m['native'], m['ddp']):>11} {_ms(cost):>14}   {verdict}"
               + ("" if rc == 0 else f"   (compare exited {rc})"))
     return 0
 

@@ -11,14 +11,14 @@
 #
 # Sections:
 #   setup     scripts/setup.sh into a new venv with empty caches: each step's time, the Horovod CPU build and,
-#             with DPCOMPARE_HOROVOD_GPU=1, the NCCL build (getting-started.md, README.md)          ~15 min
+#             with DPCOMPARE_HOROVOD_GPU=1, the NCCL build (docs/measurements.md)                   ~15 min
 #   demo      a fresh clone, empty caches: `time make demo`, set-up and comparison (README.md)     ~7 min
 #   concepts  traced ÷ untraced step time, ddp and horovod (concepts.md)                            ~4 min
 #   predict   the np=2 mlp traces, predict's example table and its self-check (predict.md)          ~2 min
 #   lab       raw TCP through a 1 Gbit/s link; the lab bench sweep times (lab.md; root)             ~4 min
 #   trackers  wandb/mlflow import and start-up costs (trackers.md)                                  ~1 min
 #   tests     the lab and predict tests' durations, parity in the lab (lab.md, predict.md; root)    ~6 min
-#   suite     the whole test suite: `make test` (getting-started.md)                                ~22 min
+#   suite     the whole test suite: `make test` (docs/measurements.md)                                ~22 min
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}

@@ -9,7 +9,7 @@
 # DPCOMPARE_TORCH overrides the torch requirement(s) of either flavour (e.g. "torch==2.14.1 torchvision").
 #
 # What it installs besides torch: dpcompare's own dependencies (what `make demo` needs) and the extras named by
-# DPCOMPARE_EXTRAS (default none; `make test` and `make docs` pass "dev": pytest, ruff, mkdocs, nbclient,
+# DPCOMPARE_EXTRAS (default none; `make test` and `make docs` pass "dev": pytest (+ xdist), ruff, mkdocs, nbclient,
 # transformers, wandb, mlflow). An extra one command needs (trackers, hf) is installed when asked for:
 # `dpcompare doctor` prints the line.
 #
@@ -134,7 +134,7 @@ def ok(*names):
     return 1
 torch = ok("torch")
 extras = os.environ.get("DPCOMPARE_EXTRAS", "").split(",")
-dev = ("pytest", "ruff", "nbclient", "ipykernel", "mkdocs", "transformers", "wandb", "mlflow", "lightning",
+dev = ("pytest", "xdist", "ruff", "nbclient", "ipykernel", "mkdocs", "transformers", "wandb", "mlflow", "lightning",
        "submitit") if "dev" in extras else ()
 found = all(importlib.util.find_spec(n) is not None for n in dev)  # found, not imported: transformers is slow
 flags = [torch, torch and ok("torchvision"), int(found) and ok("dpcompare", "mpi4py", "scipy", "sklearn", "psutil"),

@@ -140,6 +140,46 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             missing(problem)
 
 
+# -- running the suite on several cores (pytest-xdist: `make test TEST_WORKERS=2` runs `pytest -n 2`) -------
+# Each worker takes whole modules (their module-scoped fixtures are built once); the modules below that share
+# something only one test may hold at a time go to one worker together, and run one after the other:
+#   slurm    the machine's one-node Slurm cluster (scripts/slurm-local.sh writes /etc/slurm, starts slurmctld/d)
+#   lab      emulated hosts: Lab.up picks the first free 10.250.X.0/24 before it records it (two at once could
+#            take the same one), and these tests hold the suite's tightest timings (a lost host's 5 s timeout,
+#            the watchdog's end, the predict bound): one lab job at a time, not two on 2 cores
+#   convnet  the session's trained convnet (ConvnetNp2): trained once, not once per worker
+# Everything else is safe side by side: namespace and lab names carry secrets.token_hex, ports are ephemeral
+# (free_port, bind 0; a lab's fixed rendezvous port is inside its own namespace), files live under tmp_path,
+# torchrun's commit folders are per run id, and mpirun jobs run --oversubscribe.
+XDIST_GROUPS = {
+    "slurm": ("test_slurm.py", "test_submit.py"),
+    "lab": ("test_lab.py", "test_lab_run.py", "test_elastic_lab.py", "test_faults_lab.py", "test_predict_lab.py",
+            "test_comm.py"),
+    "convnet": ("test_distributed.py", "test_trace.py", "test_multihost.py"),
+}
+_GROUP_OF = {module: group for group, modules in XDIST_GROUPS.items() for module in modules}
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it, never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whatever --dist asks, a module is one unit of work and XDIST_GROUPS' modules one unit each (the largest
+    units first). ``--dist each`` (every test on every worker) is left to xdist."""
+    if config.getvalue("dist") == "each":
+        return None
+    if gone := sorted(m for m in _GROUP_OF if not (ROOT / "tests" / m).is_file()):
+        raise pytest.UsageError(f"tests/conftest.py's XDIST_GROUPS names {', '.join(gone)}, not in tests/: "
+                                "rename it there too (else its module runs beside the ones it must not)")
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return _GROUP_OF.get(Path(module).name, module)
+
+    config.option.loadscopereorder = True
+    return ByModule(config, log)
+
+
 needs_mpi = pytest.mark.mpi
 needs_horovod = pytest.mark.horovod
 

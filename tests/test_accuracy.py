@@ -158,7 +158,8 @@ def test_compare_with_seeds_and_target_accuracy(tmp_path: Path) -> None:
     out = tmp_path / "acc"
     p = dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--seeds", "2", "--target-accuracy", "0.5",
                   "--eval-every", "10", "--model", "convnet", "--dataset", "digits", "--threads", "1",
-                  "--warmup-steps", "2", "--min-steps", "0", "--epochs", "1", "--out", str(out), timeout=500)
+                  "--warmup-steps", "2", "--min-steps", "0", "--epochs", "1", "--workers", "persistent",
+                  "--out", str(out), timeout=500)
     res = json.loads((out / "results.json").read_text())
     assert [(r["arm"], r["seed"], r["status"]) for r in res["runs"]] == [
         ("ddp", 42, "ok"), ("horovod", 42, "ok"), ("horovod", 43, "ok"), ("ddp", 43, "ok")]

@@ -1,5 +1,6 @@
-"""Claims the README makes that only a test can keep honest: TensorBoard output, the slowest-rank rule,
---scale-lr, --device cuda without a GPU, doctor, and a smoke run of the overhead benchmark."""
+"""Claims the README and docs make that only a test can keep honest: TensorBoard output, the slowest-rank rule,
+--scale-lr, --device cuda without a GPU, doctor, a smoke run of the overhead benchmark, and figures (the demo's
+speed-up, the suite's time, GPU status) stated only beside the one page that keeps them."""
 
 from __future__ import annotations
 
@@ -92,3 +93,37 @@ def test_overhead_benchmark_runs_and_prints_ratios():
     assert p.stdout.startswith("[quiet] ") and "[quiet] machine: " in p.stdout  # the machine, said first
     row = re.search(r"ddp\s*│\s*[\d,]+\s*│\s*[\d,]+\s*│\s*(\d+\.\d{3})\s*│", p.stdout)
     assert row and 0.3 < float(row.group(1)) < 3.0, p.stdout
+
+
+def _chunks(skip: str) -> list[tuple[str, str]]:
+    """Every paragraph and table row of the README, CONTRIBUTING and docs/*.md but `skip`, with its page."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    out = []
+    for page in pages:
+        if page.name == skip:
+            continue
+        for para in re.split(r"\n\s*\n", page.read_text()):
+            rows = para.splitlines() if para.lstrip().startswith("|") else [para]
+            out += [(page.name, row) for row in rows]
+    return out
+
+
+def test_the_demos_speedup_is_quoted_from_measurements_only():
+    """The demo's effect moves between runs: a page states it only beside a link to the one page that dates it."""
+    speedup = re.compile(r"\d+(\.\d+)?(–\d+)? ?% faster|faster[^.]{0,60}?\bby \d+|\d+ to \d+ ?% (from|between)")
+    bare = [(page, text[:120]) for page, text in _chunks("measurements.md")
+            if "demo" in text and speedup.search(text) and "measurements.md" not in text]
+    assert bare == []
+
+
+def test_the_suites_time_is_stated_in_one_place():
+    minutes = re.compile(r"(suite|make test|\btests)[^.]{0,80}?\b\d+ min\b|\d+ tests in \d+")
+    stated = [(page, text[:120]) for page, text in _chunks("measurements.md") if minutes.search(text)]
+    assert stated == []
+    assert "## The test suite" in (ROOT / "docs" / "measurements.md").read_text()
+
+
+def test_gpu_claims_link_the_gpu_page():
+    """The GPU path ran on one H100 only: every page that names it says so beside a link to docs/gpu.md."""
+    claims = [(page, text[:120]) for page, text in _chunks("gpu.md") if "H100" in text and "gpu.md" not in text]
+    assert claims == []

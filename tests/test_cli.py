@@ -118,3 +118,15 @@ def test_refusals_print_one_line_at_np2(tmp_path, case, args, words):
     assert p.returncode == 2, p.stderr
     lines = _error_lines(p.stderr)
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_missing_dependency_is_one_line_and_exit_2(capsys):
+    """A declared dependency absent from the environment (a GPU image without tomli-w, say) says what to do."""
+    from dpcompare.launch.jobs import run_command
+
+    def needs_tomli_w(_args):
+        raise ModuleNotFoundError("No module named 'tomli_w'", name="tomli_w")
+
+    assert run_command("parity", needs_tomli_w, None) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'tomli_w' is not installed" in err and "make setup" in err

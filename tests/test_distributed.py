@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+from _shared_runs import train
 
 from conftest import FAST, ckpt_tensors, dpcompare, load_ckpt, needs_horovod, needs_mpi, summary
 
@@ -58,7 +59,7 @@ def test_stopped_and_resumed_ends_bit_identical(trained):
     (out / "summary.json").unlink()
     rows = (out / "metrics.jsonl").read_text().splitlines(keepends=True)
     (out / "metrics.jsonl").write_text("".join(rows[:2]))
-    dpcompare(*trained.TRAIN, "--strategy", "ddp", "--resume", "auto", "--out", str(out), np=2)  # its own command
+    train(*trained.TRAIN[1:], "--strategy", "ddp", "--resume", "auto", out=out)  # its own command
     assert summary(out)["resumed_from"].endswith("epoch-2.pt")
     ta, tb = ckpt_tensors(load_ckpt(trained("ddp"), 4)), ckpt_tensors(load_ckpt(out, 4))
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
@@ -68,8 +69,8 @@ def test_stopped_and_resumed_ends_bit_identical(trained):
 @needs_horovod
 def test_horovod_resume_is_bit_identical(trained):
     out = trained.base / "hvd-resumed"
-    dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume",
-              str(trained("horovod") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=2)
+    train("--strategy", "horovod", *FAST, "--epochs", "4", "--checkpoint-every", "2", "--resume",
+          str(trained("horovod") / "checkpoints" / "epoch-2.pt"), out=out)
     ta, tb = ckpt_tensors(load_ckpt(trained("horovod"), 4)), ckpt_tensors(load_ckpt(out, 4))
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
@@ -77,9 +78,9 @@ def test_horovod_resume_is_bit_identical(trained):
 @pytest.fixture(scope="module")
 def ddp_to_horovod_np1(trained):
     out = trained.base / "ddp2-to-hvd1"
-    p = dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "4", "--save-final", "--resume",
-                  str(trained("ddp") / "checkpoints" / "epoch-2.pt"), "--out", str(out), np=1)
-    return out, p.stdout
+    stdout = train("--strategy", "horovod", *FAST, "--epochs", "4", "--save-final", "--resume",
+                   str(trained("ddp") / "checkpoints" / "epoch-2.pt"), out=out, np=1)
+    return out, stdout
 
 
 @needs_horovod
@@ -99,9 +100,9 @@ def test_ddp_checkpoint_resumes_under_horovod_at_np1(trained, ddp_to_horovod_np1
 def test_np1_checkpoint_resumes_under_ddp_at_np2(trained, ddp_to_horovod_np1):
     src, _ = ddp_to_horovod_np1
     out = trained.base / "hvd1-to-ddp2"
-    p = dpcompare("train", "--strategy", "ddp", *FAST, "--epochs", "5", "--resume",
-                  str(src / "checkpoints" / "epoch-4.pt"), "--out", str(out), np=2)
-    assert "world_size 1 → 2" in p.stdout
+    stdout = train("--strategy", "ddp", *FAST, "--epochs", "5", "--resume", str(src / "checkpoints" / "epoch-4.pt"),
+                   out=out)
+    assert "world_size 1 → 2" in stdout
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5] and summary(out)["final_test_accuracy"] >= 0.9
 
@@ -130,7 +131,7 @@ def test_parity_fails_with_exit_1_when_a_difference_exceeds_the_tolerance(tmp_pa
     from dpcompare.cli import main
     from dpcompare.compare import parity
 
-    def fake_run(cfg, np_, console, lab=None, timeout=None):
+    def fake_run(cfg, np_, console, lab=None, timeout=None, pool=None):
         w = torch.zeros(3) + (1e-3 if cfg.strategy == "horovod" else 0.0)
         return {"weights": {"fc.weight": w}, "losses": [1.0, 0.5]}
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from rich.console import Console
 from test_compare import fake_launch, run_compare
 
@@ -28,6 +29,9 @@ from dpcompare.config import TrainConfig
 from dpcompare.report.regime import SHARED_SHARE
 
 from conftest import run
+
+#: these tests count every other process's CPU: `make test` runs them after the rest, with nothing beside them
+pytestmark = pytest.mark.solitary
 
 #: a busy loop: prints its pid, then spins until its time is up or the stop file appears
 BUSY = ("import os, sys, time\nprint(os.getpid(), flush=True)\nend = time.monotonic() + float(sys.argv[1])\n"

@@ -105,13 +105,13 @@ def test_ddp_broadcasts_buffers_in_forward():
 def test_horovod_fusion_merges_three_tensors():
     p = profile([("c", 0.1 * MS, 1 * MB), ("b", 0.2 * MS, 1 * MB), ("a", 0.3 * MS, 1 * MB)], backward=5 * MS,
                 strategy="horovod")
-    s = strategies.schedule("horovod")(p, Knobs(cycle_ms=1)).predict(net())
+    s = strategies.schedule("horovod")(p, Knobs(horovod_cycle_ms=1)).predict(net())
     assert s.detail["cycles"] == 1 and s.detail["fused_allreduces"] == 1
     # the cycle wakes at 1 ms, one 3 MiB all-reduce (6 ms) ends at 7 ms; backward's compute ends at 5 ms
     assert s.detail["wait_in_step_ms"] == pytest.approx(2.0)
     assert s.exposed == pytest.approx(2 * MS) and s.hidden == pytest.approx(4 * MS)
     # a 2 MB fusion buffer takes two all-reduces of 2 and 1 MiB
-    small = strategies.schedule("horovod")(p, Knobs(cycle_ms=1, fusion_mb=2)).predict(net())
+    small = strategies.schedule("horovod")(p, Knobs(horovod_cycle_ms=1, horovod_fusion_mb=2)).predict(net())
     assert small.detail["fused_allreduces"] == 2 and small.comm == pytest.approx(6 * MS)
 
 
@@ -123,7 +123,7 @@ def test_horovod_prices_the_library_and_algorithm_its_run_used(config, device, b
     p = profile([("a", 0.1 * MS, 1 * MB)], backward=1 * MS, strategy="horovod", config=config, device=device)
     assert strategies.schedule("horovod")(p, Knobs()).backend() == backend
     slow = Network(2, Link(0.0, MB / MS), calibrated={("mpi", "allreduce"): (0.0, 0.5)})
-    ms = strategies.schedule("horovod")(p, Knobs(cycle_ms=1)).predict(slow).comm / MS
+    ms = strategies.schedule("horovod")(p, Knobs(horovod_cycle_ms=1)).predict(slow).comm / MS
     assert ms == pytest.approx(2.0 if backend == "mpi" else 1.0)  # only Open MPI's default record is slow
 
 
@@ -137,7 +137,7 @@ def test_horovod_fusion_never_exceeds_its_threshold():
 def test_horovod_cycle_splits_late_tensors_into_a_second_allreduce():
     p = profile([("c", 0.1 * MS, 1 * MB), ("b", 0.2 * MS, 1 * MB), ("a", 3.5 * MS, 1 * MB)], backward=4 * MS,
                 strategy="horovod")
-    s = strategies.schedule("horovod")(p, Knobs(cycle_ms=1)).predict(net())
+    s = strategies.schedule("horovod")(p, Knobs(horovod_cycle_ms=1)).predict(net())
     assert s.detail["cycles"] == 2 and s.detail["fused_allreduces"] == 2
     # first: 1 → 5 ms (2 MiB); the late tensor is ready at 3.5 ms but the thread is busy: 5 → 7 ms
     assert s.detail["wait_in_step_ms"] == pytest.approx(3.0)

@@ -208,7 +208,7 @@ def test_a_real_compare_logs_every_run_and_groups_them(tmp_path, offline):
 
     out = tmp_path / "ab"
     dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--repeats", "1", "--min-steps", "0",
-              *FAST, "--epochs", "2", "--trackers", "wandb,mlflow", "--out", str(out))
+              *FAST, "--epochs", "2", "--trackers", "wandb,mlflow", "--workers", "persistent", "--out", str(out))
     client, runs = _mlflow_runs(trackers.mlflow_store(None, out))
     parent = runs["ab"]
     assert parent.info.status == "FINISHED" and any(k.startswith("verdict.") for k in parent.data.tags)

@@ -52,7 +52,7 @@ def test_a_plugin_transformer_compares_the_same_under_ddp_and_horovod(tmp_path: 
     plugin.write_text(TRANSFORMER)
     out = tmp_path / "ab"
     dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--repeats", "1", "--min-steps", "0",
-              "--workload", f"{plugin}:workload", *FLAGS, "--out", str(out))
+              "--workload", f"{plugin}:workload", *FLAGS, "--workers", "persistent", "--out", str(out))
     results = json.loads((out / "results.json").read_text())
     ddp, hvd = ({r["strategy"]: r for r in results["runs"]}[s] for s in ("ddp", "horovod"))
     assert ddp["status"] == hvd["status"] == "ok"

@@ -78,42 +78,50 @@ def test_unused_branch_trains_alike_with_weight_decay_and_adam(tmp_path: Path) -
     assert not torch.equal(start, end)  # decayed: a zero gradient, not a skipped one
 
 
+SEEN = {cls: f"{ZOO / 'grads_seen.py'}:{cls}" for cls in ("HorovodSeen", "DDPSeen")}
+
+
+@pytest.fixture(scope="module")
+def unused_compare(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The unused-branch plug-in compared from the plain command line (no flag) under ddp and horovod, and under the
+    test-only strategies that count what each library leaves for the unused head: one compare, one worker job.
+    (its folder, its runs by arm)."""
+    out = tmp_path_factory.mktemp("unused") / "cmp"
+    dpcompare("compare", "--np", "2", "--strategies", ",".join(["ddp", "horovod", *SEEN.values()]), "--workload",
+              f"{ZOO / 'unused_branch.py'}:workload", "--epochs", "1", "--max-steps", "4", "--warmup-steps", "1",
+              "--repeats", "1", "--min-steps", "0", "--threads", "1", "--workers", "persistent", "--out", str(out))
+    results = json.loads((out / "results.json").read_text())
+    runs = {r["arm"]: r for r in results["runs"]}
+    assert all(r["status"] == "ok" for r in runs.values()), [r["error"] for r in runs.values()]
+    return out, runs
+
+
 @needs_mpi
 @needs_horovod
-def test_what_each_library_leaves_for_a_parameter_without_gradient(tmp_path: Path) -> None:
+def test_what_each_library_leaves_for_a_parameter_without_gradient(unused_compare: tuple[Path, dict]) -> None:
     """Horovod's synchronize() gives the unused head a zero gradient (all-reduced); DDP leaves it None. dpcompare
     then fills the zeros itself (the parity test above), so both update alike."""
-    seen = {}
-    for cls in ("HorovodSeen", "DDPSeen"):
-        out = tmp_path / cls
-        dpcompare("train", "--strategy", f"{ZOO / 'grads_seen.py'}:{cls}", "--workload",
-                  f"{ZOO / 'unused_branch.py'}:workload", "--epochs", "1", "--max-steps", "3", "--threads", "1",
-                  "--no-tensorboard", "--out", str(out), np=2)
-        seen[cls] = {k: summary(out)["comm"][k] for k in ("none_grads", "zero_grads")}
-    assert seen["HorovodSeen"] == {"none_grads": 0, "zero_grads": 2 * 3}  # weight and bias, 3 steps
-    assert seen["DDPSeen"] == {"none_grads": 2 * 3, "zero_grads": 0}
+    out, runs = unused_compare
+    seen = {cls: {k: summary(out / runs[spec]["dir"])["comm"][k] for k in ("none_grads", "zero_grads")}
+            for cls, spec in SEEN.items()}
+    assert seen["HorovodSeen"] == {"none_grads": 0, "zero_grads": 2 * 4}  # weight and bias, 4 steps
+    assert seen["DDPSeen"] == {"none_grads": 2 * 4, "zero_grads": 0}
 
 
 @needs_mpi
 @needs_horovod
-def test_unused_branch_compares_from_the_plain_command_line(tmp_path: Path) -> None:
+def test_unused_branch_compares_from_the_plain_command_line(unused_compare: tuple[Path, dict]) -> None:
     """No flag: ddp and horovod both train it; the banner, summary.json and the report say DDP ran with
     find_unused_parameters."""
-    out = tmp_path / "cmp"
-    dpcompare("compare", "--np", "2", "--strategies", "ddp,horovod", "--workload",
-              f"{ZOO / 'unused_branch.py'}:workload", "--epochs", "1", "--max-steps", "4", "--warmup-steps", "1",
-              "--repeats", "1", "--min-steps", "0", "--threads", "1", "--out", str(out))
-    results = json.loads((out / "results.json").read_text())
-    runs = {r["strategy"]: r for r in results["runs"]}
-    assert all(r["status"] == "ok" for r in runs.values()), [r["error"] for r in runs.values()]
+    out, runs = unused_compare
     assert runs["ddp"]["final_train_loss"] == runs["horovod"]["final_train_loss"]
     banner = (out / runs["ddp"]["dir"] / "stdout.log").read_text()
     assert "trainable parameters without a gradient: aux_head.weight, aux_head.bias" in banner
     assert "DDP runs with find_unused_parameters=True" in banner
     assert summary(out / runs["ddp"]["dir"])["comm"]["find_unused_parameters"] is True
     html = (out / "report.html").read_text()
-    assert "2 trainable parameters get no gradient (aux_head.weight, aux_head.bias): ddp ran DDP with " \
-           "find_unused_parameters=True" in html
+    assert "2 trainable parameters get no gradient (aux_head.weight, aux_head.bias): " \
+           f"{SEEN['DDPSeen']}, ddp ran DDP with find_unused_parameters=True" in html  # both DDP arms named
 
 
 @needs_mpi

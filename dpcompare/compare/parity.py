@@ -31,6 +31,7 @@ from dpcompare.native.calls import LAYER_ARM
 if TYPE_CHECKING:
     import torch
 
+    from dpcompare.compare.workers import WorkerPool
     from dpcompare.data.workload import ModelTraits
     from dpcompare.lab import Lab
 
@@ -73,6 +74,12 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run the distributed runs across an emulated cluster made for this check and removed after "
                         "it (root, iproute2, tbf; docs/lab.md); the one-process run stays on this host")
+    p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
+                   help="how the distributed runs start. persistent: one job of --np processes runs them one after "
+                        "another (Python, torch and MPI start once; each run still builds its data, model and optimizer "
+                        "and joins and leaves its strategy's process group). fresh: each is its own mpirun/srun job. "
+                        "The one-process reference is always its own process; under --lab every run is its own job "
+                        "(default: persistent)")
     p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
                    help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
@@ -163,18 +170,26 @@ def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = None,
-             timeout: float | None = None) -> dict[str, Any]:
-    """Run ``cfg`` as ``np_`` processes (across ``lab`` when given; ``single`` as one process on this host), its
-    output in its folder, stopped after ``timeout`` seconds; its final weights and loss curve."""
+             timeout: float | None = None, pool: WorkerPool | None = None) -> dict[str, Any]:
+    """Run ``cfg`` as ``np_`` processes (on ``pool``'s job, or across ``lab`` when given; ``single`` as one
+    process on this host), its output in its folder, stopped after ``timeout`` seconds; its final weights and
+    loss curve."""
     from dpcompare import checkpoint
     from dpcompare.options import train_argv
 
     distributed = backends.facts(cfg.strategy).distributed
-    cmd = dpcompare_command(np_ if distributed else None, ["train", *train_argv(cfg)], lab if distributed else None)
-    console.print(f"[bold]{cfg.strategy}[/] at np={np_ if distributed else 1} "
-                  f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
     out = Path(cfg.out)
-    rc, seconds = run_job(cmd, out, job_env(), timeout)
+    if distributed and pool is not None:
+        console.print(f"[bold]{cfg.strategy}[/] at np={np_} (batch {cfg.batch_size}/process): on the persistent "
+                      f"worker job")
+        out.mkdir(parents=True, exist_ok=True)
+        rc, seconds = pool.run(np_, train_argv(cfg), out, timeout)
+    else:
+        cmd = dpcompare_command(np_ if distributed else None, ["train", *train_argv(cfg)],
+                                lab if distributed else None)
+        console.print(f"[bold]{cfg.strategy}[/] at np={np_ if distributed else 1} "
+                      f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
+        rc, seconds = run_job(cmd, out, job_env(), timeout)
     if rc != 0:
         what = f"failed (exit {rc})" if rc is not None else f"took longer than --run-timeout {timeout:g} s and was stopped"
         raise RuntimeError(f"{cfg.strategy} run {what}; its output is in {out}/stdout.log and stderr.log:\n"
@@ -304,11 +319,20 @@ def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_not
 
 
 def _run_all(a: argparse.Namespace, runs: dict[str, TrainConfig], console: Console) -> dict[str, dict[str, Any]]:
-    """Every run, the distributed ones across ``--lab`` when given (made for them, removed after them)."""
+    """Every run, the distributed ones across ``--lab`` when given (made for them, removed after them), else on one
+    persistent worker job unless ``--workers fresh``."""
+    import contextlib
+
     from dpcompare.lab import session
 
-    with session(a.lab, console.print) as lab:
-        return {name: _run_one(cfg, a.np, console, lab, a.run_timeout or None) for name, cfg in runs.items()}
+    pool = None
+    if a.workers == "persistent" and a.lab is None:
+        from dpcompare.compare.workers import WorkerPool
+        from dpcompare.launch.mpirun import in_slurm_allocation, job_command
+
+        pool = WorkerPool(Path(a.out), job_env(), job_command, local=not in_slurm_allocation())
+    with session(a.lab, console.print) as lab, (contextlib.closing(pool) if pool else contextlib.nullcontext()):
+        return {name: _run_one(cfg, a.np, console, lab, a.run_timeout or None, pool) for name, cfg in runs.items()}
 
 
 def _lab_json(a: argparse.Namespace) -> dict[str, Any]:

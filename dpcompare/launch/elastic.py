@@ -25,6 +25,10 @@ RDZV_PORT = 29400
 #: seconds torchrun's rendezvous waits for more nodes once MIN have joined (its default, 30 s, would add ~28 s to
 #: every recovery); long enough for every host's agent to join the first round on a busy machine
 LAST_CALL_S = 3
+#: a lost host's agent leaves the rendezvous once it has missed KEEP_ALIVE_ATTEMPTS heartbeats KEEP_ALIVE_S apart;
+#: until then the survivors' next round cannot start. torchrun's defaults (5 s × 3) held every recovery ~10 s past
+#: the collective timeout that noticed the loss; 1 s × 5 sweeps it by then, with 5 s of slack for a busy machine
+KEEP_ALIVE_S, KEEP_ALIVE_ATTEMPTS = 1, 5
 #: torchrun shares the agent's TCP store with the workers of every restart, and a restarted world then reads the
 #: previous world's process-group keys (a survivor connects to the dead rank 0's old port: "Connection refused",
 #: restart after restart until the budget is spent; torch 2.15). A store per rendezvous round avoids it.
@@ -70,7 +74,9 @@ def torchrun_command(argv: Sequence[str], *, nnodes: tuple[int, int], nproc_per_
     if not 1 <= lo <= hi:
         raise ConfigError(f"--nnodes {lo}:{hi}: need 1 <= MIN <= MAX")
     cmd = [torchrun, f"--nnodes={lo}:{hi}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--rdzv-conf=last_call_timeout={last_call_s:g}",
+           f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
+           f"--rdzv-conf=last_call_timeout={last_call_s:g},keep_alive_interval={KEEP_ALIVE_S},"
+           f"keep_alive_max_attempt={KEEP_ALIVE_ATTEMPTS}",
            f"--max-restarts={max_restarts}", "--monitor-interval=1"]
     if local_addr:
         cmd.append(f"--local-addr={local_addr}")

@@ -155,10 +155,16 @@ def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:
         # rank when the error is local to one, e.g. an inconsistent launch environment).
         if e.local or reporting_rank():
             sys.stderr.write(f"dpcompare {name}: error: {e}\n")
+        else:
+            _let_the_reporting_rank_speak()
         return e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write(f"dpcompare {name}: interrupted; files already written are kept\n")
         return 130
+    except ModuleNotFoundError as e:  # a dependency dpcompare declares, absent from this environment
+        sys.stderr.write(f"dpcompare {name}: error: Python module {e.name!r} is not installed here; install "
+                         "dpcompare's dependencies (make setup, or pip install -e .), then rerun\n")
+        return 2
     except Exception as e:  # a collective failed because another process died: one line, no traceback
         from dpcompare.launch.failures import LOST_PEER_EXIT, lost_peer_message
 
@@ -167,6 +173,19 @@ def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:
             raise
         sys.stderr.write(f"dpcompare {name}: error: {msg}\n")
         return LOST_PEER_EXIT
+
+
+#: how long a silent rank waits before it exits with a refusal (the launcher ends it sooner, once rank 0 exits)
+SILENT_RANK_GRACE_S = 5.0
+
+
+def _let_the_reporting_rank_speak() -> None:
+    """A rank that stays silent about a refusal every rank meets waits before it exits: mpirun and torchrun kill
+    the whole job when the first rank exits non-zero, and a silent rank exiting first would kill rank 0 before it
+    printed the one line that says what to do. Rank 0's exit ends this wait (the launcher stops the job)."""
+    import time
+
+    time.sleep(SILENT_RANK_GRACE_S)
 
 
 def leave(code: int, *, script: bool = False) -> None:

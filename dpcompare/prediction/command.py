@@ -84,7 +84,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
     for s in asked or []:
         strategies.schedule(s)
-    over = {"bucket_mb": a.bucket_mb, "fusion_mb": a.fusion_mb or a.bucket_mb, "cycle_ms": a.cycle_ms,
+    over = {"bucket_mb": a.bucket_mb, "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb, "horovod_cycle_ms": a.horovod_cycle_ms,
             "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     folders = strategies.profile_runs(a.run_dirs)
@@ -195,8 +195,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    "each run's own; ddp,horovod for single)")
     p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
                    "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
-    p.add_argument("--fusion-mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
-    p.add_argument("--horovod-cycle-ms", dest="cycle_ms", type=positive_float, default=None, metavar="MS",
+    p.add_argument("--fusion-mb", dest="horovod_fusion_mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
+    p.add_argument("--horovod-cycle-ms", dest="horovod_cycle_ms", type=positive_float, default=None, metavar="MS",
                    help="Horovod cycle time, ms (default: the run's)")
     p.add_argument("--grad-compression", dest="compression", choices=("none", "fp16", "bf16"), default=None,
                    help="gradients on the wire (default: what the run used): fp16 and bf16 both halve the bytes")

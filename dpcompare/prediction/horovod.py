@@ -33,7 +33,7 @@ def fuse(grads: list[Grad], threshold: float) -> list[list[Grad]]:
 
 class HorovodSchedule(Schedule):
     name = "horovod"
-    tunable = ("fusion_mb", "cycle_ms", "grad_compression")
+    tunable = ("horovod_fusion_mb", "horovod_cycle_ms", "grad_compression")
 
     def backend(self) -> str:
         """nccl on GPUs; gloo or mpi on CPUs; ``mpi-rd`` (`lab bench`'s label) under ``--mpi-allreduce
@@ -48,7 +48,7 @@ class HorovodSchedule(Schedule):
 
     def predict(self, net: Network) -> Step:
         p, k = self.profile, self.knobs
-        c = k.cycle_ms / 1e3
+        c = k.horovod_cycle_ms / 1e3
         alpha = net.link(self.backend(), "allreduce", nbytes=1.0).alpha  # negotiation: messages of a few bytes
         negotiate = 2 * math.ceil(math.log2(net.ranks)) * alpha if net.ranks > 1 else 0.0
         costs: list[float] = []
@@ -62,7 +62,7 @@ class HorovodSchedule(Schedule):
             cycles += 1
             free = max(free, t) + negotiate
             costs.append(negotiate)
-            for group in fuse(ready, k.fusion_mb * MB):
+            for group in fuse(ready, k.horovod_fusion_mb * MB):
                 size = sum(g.nbytes for g in group) * k.wire
                 cost = net.cost("allreduce", size, self.backend())
                 free += cost

@@ -28,8 +28,8 @@ class Knobs:
     #: DDP's first bucket; None: the same as the others. torch 2.15 uses its 1 MB first bucket only when
     #: bucket_cap_mb is left unset, and dpcompare always sets it (older torch used 1 MB always)
     first_bucket_mb: float | None = None
-    fusion_mb: float = HOROVOD_FUSION_BYTES / MB  # HOROVOD_FUSION_THRESHOLD
-    cycle_ms: float = HOROVOD_CYCLE_MS  # HOROVOD_CYCLE_TIME
+    horovod_fusion_mb: float = HOROVOD_FUSION_BYTES / MB  # HOROVOD_FUSION_THRESHOLD
+    horovod_cycle_ms: float = HOROVOD_CYCLE_MS  # HOROVOD_CYCLE_TIME
     #: gradients on the wire: "none" (fp32), "fp16" or "bf16" (both 2 bytes: the wire time halves, the cast is free)
     grad_compression: str = "none"
 
@@ -120,8 +120,8 @@ class Schedule:
     def describe_knobs(self) -> str:
         """The knobs this schedule reads, as the flags spell them."""
         k = self.knobs
-        said = {"bucket_mb": f"bucket {k.bucket_mb:g} MB", "fusion_mb": f"fusion {k.fusion_mb:g} MB",
-                "cycle_ms": f"cycle {k.cycle_ms:g} ms", "grad_compression": f"{k.grad_compression} on the wire" if k.grad_compression != "none"
+        said = {"bucket_mb": f"bucket {k.bucket_mb:g} MB", "horovod_fusion_mb": f"fusion {k.horovod_fusion_mb:g} MB",
+                "horovod_cycle_ms": f"cycle {k.horovod_cycle_ms:g} ms", "grad_compression": f"{k.grad_compression} on the wire" if k.grad_compression != "none"
                 else "fp32 on the wire"}
         return ", ".join(said[t] for t in self.tunable)
 

@@ -29,8 +29,8 @@ from dpcompare.prediction.strategies import schedule, trace_floors
 
 #: knob → the factors tried for advice, and how the flag is spelt
 TRIES: dict[str, tuple[tuple[float, ...], str]] = {
-    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "fusion_mb": ((0.25, 0.5, 2), "--bucket-mb"),
-    "cycle_ms": ((0.2, 0.5, 2, 5), "--horovod-cycle-ms"), "grad_compression": (("fp16",), "--grad-compression")}
+    "bucket_mb": ((0.5, 2, 4), "--bucket-mb"), "horovod_fusion_mb": ((0.25, 0.5, 2), "--bucket-mb"),
+    "horovod_cycle_ms": ((0.2, 0.5, 2, 5), "--horovod-cycle-ms"), "grad_compression": (("fp16",), "--grad-compression")}
 MIN_GAIN = 0.01  # a knob must shorten the step by at least 1 % to be advised
 BAND_WIDE = 0.05  # a band wider than ±5 % of its figure asks for more measurements
 
@@ -109,8 +109,8 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
     """The run's own settings (dpcompare's --bucket-mb sets DDP's bucket and Horovod's fusion buffer alike),
     library defaults where it left them, then the command line's ``over`` (None: keep)."""
     cfg, d = p.config, Knobs()
-    mine = {"bucket_mb": float(cfg.get("bucket_mb") or d.bucket_mb), "fusion_mb": float(cfg.get("bucket_mb")
-            or d.fusion_mb), "cycle_ms": float(cfg.get("horovod_cycle_ms") or d.cycle_ms),
+    mine = {"bucket_mb": float(cfg.get("bucket_mb") or d.bucket_mb), "horovod_fusion_mb": float(cfg.get("bucket_mb")
+            or d.horovod_fusion_mb), "horovod_cycle_ms": float(cfg.get("horovod_cycle_ms") or d.horovod_cycle_ms),
             "grad_compression": str(cfg.get("grad_compression") or "none")}
     mine.update({k: v for k, v in over.items() if v is not None})
     return Knobs(**mine)

@@ -47,7 +47,14 @@ th { white-space: normal; min-width: 3.5em; }
 th { background: #fafbfc; font-weight: 600; color: #3a4047; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; }
 td.l, th.l { text-align: left; white-space: normal; }
+/* every table sits in .scroll: one wider than its card scrolls inside it (a shadow marks the hidden side) */
 .scroll { overflow-x: auto; max-width: 100%; }
+.scroll { background:
+  linear-gradient(to right, #fff 30%, #fff0), linear-gradient(to left, #fff 30%, #fff0) 100% 0,
+  radial-gradient(farthest-side at 0 50%, #0003, #0000), radial-gradient(farthest-side at 100% 50%, #0003, #0000) 100% 0;
+  background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%, 12px 100%;
+  background-attachment: local, local, scroll, scroll; }
+td:first-child { white-space: normal; overflow-wrap: break-word; min-width: 9em; }
 table.fits td { white-space: normal; }
 details > summary { cursor: pointer; color: var(--accent); }
 .ratios { color: var(--muted); font-size: 13px; overflow-wrap: anywhere; margin: 4px 0 0; }
@@ -109,7 +116,7 @@ def _table(groups: Sequence[Group], strategies: Sequence[str], results: dict[str
     rows = []
     for g in groups:
         ok_cls = "ok" if g.ok == g.runs else "failed"
-        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm)}', str(g.np),
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}', str(g.np),
                  f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>', _e(fmt.sps(g.samples_per_sec)),
                  f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                  *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
@@ -129,7 +136,7 @@ def _memory_table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
         return ""
     col = colors(strategies)
     head = ["arm", "np", *(f"{MEMORY_LABELS[k]}<br>MB/rank" for k in MEMORY_KINDS)]
-    rows = [[f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm)}', str(g.np),
+    rows = [[f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}', str(g.np),
              *(fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS)] for g in groups]
     return ('<h3>Memory per rank</h3>' + _html_table(head, rows)
             + '<p class="muted" style="font-size:13px;margin:10px 0 0">Tensors held by the largest rank at the end '
@@ -257,7 +264,7 @@ def _accuracy_table(results: dict[str, Any], groups: Sequence[Group], strategies
     for g in groups:
         ok = [r for r in results.get("runs", []) if arm_of(r) == g.arm and int(r["np"]) == g.np
               and r.get("status") == "ok"]
-        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm)}', str(g.np),
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}', str(g.np),
                  str(len({r.get("seed") for r in ok})), _e(fmt.accuracy(g)),
                  "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}"]
         if target:
