@@ -148,12 +148,13 @@ class Lab:
             raise ConfigError(f"lab {name!r} already exists; `dpcompare lab down{_named(name)}` first, "
                               "or pick another --name") from None
         try:
-            net = _free_subnet()
-            lab = cls(name=name, switch=f"{PREFIX}{name}-sw", subnet=str(net), slots=slots, link_bps=bps,
-                      created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-            lab.hosts = [Host(i, f"{PREFIX}{name}-h{i}", str(net.network_address + i + 1), f"dplab-h{i}", bps)
-                         for i in range(hosts)]
-            lab._save()  # first: a crash from here on leaves a state file `lab down` reads
+            with _subnets_locked():  # two labs coming up at once never pick one subnet
+                net = _free_subnet()
+                lab = cls(name=name, switch=f"{PREFIX}{name}-sw", subnet=str(net), slots=slots, link_bps=bps,
+                          created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+                lab.hosts = [Host(i, f"{PREFIX}{name}-h{i}", str(net.network_address + i + 1), f"dplab-h{i}", bps)
+                             for i in range(hosts)]
+                lab._save()  # first: a crash from here on leaves a state file `lab down` reads
             lab._create()
             lab._write_launch_files()
             lab._open_remote_access()
@@ -456,6 +457,16 @@ def sweep(name: str | None = None) -> list[str]:
     with contextlib.suppress(OSError):
         root.rmdir()  # only when empty
     return removed
+
+
+@contextlib.contextmanager
+def _subnets_locked() -> Iterator[None]:
+    """Hold the labs' subnet lock (an flock on a file in the state folder) while a subnet is picked and saved."""
+    import fcntl
+
+    with open(state_root() / ".subnet.lock", "a") as f:  # not atomic: an empty lock file, never read
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
