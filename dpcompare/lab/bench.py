@@ -259,8 +259,8 @@ def mode_lines(doc: dict) -> list[str]:
         m, n = r.get("modes"), len(r.get("times_s") or [])
         if m:
             slow = round(m["slow_share"] * n)
-            out.append(f"two speeds: {r['backend']} {r['collective']} {r['bytes']:,} bytes: {m['fast_s'] * 1e3:.1f} ms "
-                       f"({n - slow} of {n}) and {m['slow_s'] * 1e3:.1f} ms ({slow} of {n}); predict uses the mixture")
+            out.append(f"two speeds: {r['backend']} {r['collective']} {r['bytes']:,} bytes: {m['fast_s'] * 1e3:.3g} ms "
+                       f"({n - slow} of {n}) and {m['slow_s'] * 1e3:.3g} ms ({slow} of {n}); predict uses the mixture")
         elif n < MIN_FOR_MODES:
             few.add(f"{r['backend']} {r['collective']}")
     if few:
