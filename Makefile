@@ -6,12 +6,11 @@ VENV ?= .venv
 export OMPI_ALLOW_RUN_AS_ROOT ?= 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
 # `make test` runs the suite on 2 pytest-xdist workers (TEST_WORKERS=0: in one process) (tests/conftest.py's
-# XDIST_GROUPS keeps the Slurm, lab and trained-convnet modules on one worker each; tests/durations.json, which
-# `make test-durations` rewrites on a quiet machine, hands out the longest first). Tests marked `solitary`
+# XDIST_GROUPS keeps the Slurm, lab and trained-convnet modules on one worker each). Tests marked `solitary`
 # (test_load: they count every other process's CPU, a second worker included) run afterwards, alone.
 TEST_WORKERS ?= 2
 
-.PHONY: setup setup-dev demo lab-demo test test-durations lint bench figures remeasure docs clean
+.PHONY: setup setup-dev demo lab-demo test lint bench figures remeasure docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -36,9 +35,6 @@ test: setup-dev
 	$(VENV)/bin/ruff check dpcompare tests bench examples
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m 'not solitary' tests
 	$(VENV)/bin/python -m pytest -q -m solitary tests
-
-test-durations: setup-dev
-	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m 'not solitary' --store-durations tests
 
 bench: setup
 	$(VENV)/bin/python bench/overhead.py

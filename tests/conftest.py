@@ -8,10 +8,8 @@ import json
 import os
 import secrets
 import shutil
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,30 +160,10 @@ XDIST_GROUPS = {
 _GROUP_OF = {module: group for group, modules in XDIST_GROUPS.items() for module in modules}
 
 
-#: each module's seconds in the last measured run (`make test-durations` writes it): the scheduler hands out the
-#: longest units first, so that no long one starts while the other worker is running out of work
-DURATIONS = ROOT / "tests" / "durations.json"
-
-
-def _unit(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or the XDIST_GROUPS group its module is in."""
-    module = Path(nodeid.split("::", 1)[0]).name
-    return _GROUP_OF.get(module, module)
-
-
-def unit_seconds(modules: dict[str, float]) -> dict[str, float]:
-    """Seconds per unit from seconds per module (a group is the sum of its modules)."""
-    out: dict[str, float] = {}
-    for module, seconds in modules.items():
-        out[_unit(module)] = out.get(_unit(module), 0.0) + seconds
-    return out
-
-
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Whatever --dist asks, a module is one unit of work and XDIST_GROUPS' modules one unit each, the longest
-    units first (tests/durations.json; a unit it does not know counts as its median). ``--dist each`` (every
-    test on every worker) is left to xdist."""
+    """Whatever --dist asks, a module is one unit of work and XDIST_GROUPS' modules one unit each (the largest
+    units first). ``--dist each`` (every test on every worker) is left to xdist."""
     if config.getvalue("dist") == "each":
         return None
     if gone := sorted(m for m in _GROUP_OF if not (ROOT / "tests" / m).is_file()):
@@ -193,48 +171,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
                                 "rename it there too (else its module runs beside the ones it must not)")
     from xdist.scheduler import LoadScopeScheduling
 
-    known = unit_seconds(json.loads(DURATIONS.read_text())["modules"]) if DURATIONS.is_file() else {}
-    default = statistics.median(known.values()) if known else 0.0
-
-    class LongestFirst(LoadScopeScheduling):
+    class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
+            module = nodeid.split("::", 1)[0]
+            return _GROUP_OF.get(Path(module).name, module)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed:
-                # the same stable order on every worker's list keeps them identical, as xdist checks
-                for node, ids in self.registered_collections.items():
-                    self.registered_collections[node] = sorted(ids, key=lambda i: -known.get(_unit(i), default))
-            super().schedule()
-
-    config.option.loadscopereorder = False
-    return LongestFirst(config, log)
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--store-durations", action="store_true",
-                     help="write each module's seconds (setup, call and teardown) to tests/durations.json")
-
-
-_seconds: dict[str, float] = {}
-_load_at_start = os.getloadavg()[0]
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    module = Path(report.nodeid.split("::", 1)[0]).name
-    _seconds[module] = _seconds.get(module, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    if not config.getoption("--store-durations") or hasattr(config, "workerinput") or exitstatus != 0:
-        return
-    from dpcompare.files import atomic_write_text
-
-    about = (f"seconds per module, measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores at load "
-             f"average {_load_at_start:.2f} at the start; `make test-durations` rewrites it")
-    atomic_write_text(DURATIONS, json.dumps({"about": about, "modules": dict(sorted(
-        (m, round(s, 1)) for m, s in _seconds.items()))}, indent=1) + "\n")
+    config.option.loadscopereorder = True
+    return ByModule(config, log)
 
 
 needs_mpi = pytest.mark.mpi
