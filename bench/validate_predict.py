@@ -297,7 +297,8 @@ def parse() -> argparse.Namespace:
     n.add_argument("out", type=Path)
     n.add_argument("--bootstrap", type=int, default=200, help="replicates per band")
     n.add_argument("--plot", type=Path, default=None, help="write the scatter plot")
-    n.add_argument("--json", type=Path, default=None, help="write every calibration's rows as JSON")
+    n.add_argument("--json", type=Path, default=None, help="write the chosen calibration's rows and every "
+                   "candidate's figures as JSON")
     n.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     a = ap.parse_args()
     if a.cmd == "measure":
@@ -333,7 +334,11 @@ def main() -> None:
     text = report(tables, chosen)
     print(text)
     if a.json:
-        a.json.write_text(json.dumps({"chosen": chosen, "tables": tables}, indent=1) + "\n")  # not atomic: output
+        doc = {"chosen": chosen, "rows": tables[chosen],
+               "candidates": {how: {"choosing_set": stats([r for r in t if r["choosing_set"]]),
+                                    "held_out": stats([r for r in t if not r["choosing_set"]])}
+                              for how, t in tables.items()}}
+        a.json.write_text(json.dumps(doc, indent=1) + "\n")  # not atomic: a bench script's output
     if a.markdown:
         a.markdown.write_text(text)  # not atomic: a bench script's output
     if a.plot:
