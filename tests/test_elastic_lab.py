@@ -2,7 +2,7 @@
 
 ``compare --fault host=2,at-step=20 --replay --strategies ddp-elastic,horovod-elastic``: torchrun restarts every
 process with the two survivors from the step-20 checkpoint; Horovod Elastic's survivors roll back to their
-step-20 commit. Both finish; the records hold the pause, the steps redone and the world sizes; a clean run
+step-20 commit (or a later one, every 10 steps, when the steps outrun the host's death). Both finish; the records hold the pause, the steps redone and the world sizes; a clean run
 resumed from the same step at two processes ends with the same weights, bit for bit; the report draws the fault.
 Also: the ssh the lab gives horovodrun lives inside its hosts only. Needs root, iproute2, tbf, sshd, Open MPI and
 Horovod: skips locally with the reason, fails under CI.
@@ -83,8 +83,10 @@ def test_both_elastic_arms_survive_a_lost_host_and_lose_nothing(tmp_path: Path) 
         clean, hit = runs[arm], runs[f"{arm}/fault=host2@20"]
         assert clean["status"] == hit["status"] == "ok", hit["error"]
         r = hit["recovery"]
-        assert r["recovered"] and r["how"] == how and r["resumed_from_step"] == 20 and r["world_size_after"] == 2, r
-        assert 0 <= r["steps_redone"] < 20 and r["steps_redone"] == r["steps_before_fault"] - 20, r
+        # the commit (or checkpoint) at 20 or a later one: the steps are short and the host takes a moment to die
+        assert r["recovered"] and r["how"] == how and r["world_size_after"] == 2, r
+        assert 20 <= r["resumed_from_step"] < 40 and r["resumed_from_step"] % 10 == 0, r
+        assert 0 <= r["steps_redone"] < 10 and r["steps_redone"] == r["steps_before_fault"] - r["resumed_from_step"], r
         assert 0 < r["pause_s"] < 120 and hit["fault"]["t_fault_s"] > 0, (r, hit["fault"])
         assert [w for _, w in hit["world_sizes"]] == [3, 2] and [w for _, w in clean["world_sizes"]] == [3]
         assert hit["replay"]["equal"] is True and hit["replay"]["steps"] == [40, 40], hit["replay"]
