@@ -21,7 +21,10 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
 alone** (the lowest median |error|); the other families (convnet, resnet18 with BatchNorm, gpt-tiny, the
 squeezenet plug-in) are reported under that choice, untouched: per family and overall the median, worst and
 signed mean error, how often the measured step fell inside the band, which figures came from the choosing set,
-and in how many configurations the rounds' bands overlap.
+and in how many configurations the rounds' bands overlap. The same for the **interval**: each band widened by the
+model's error measured on the choosing set's rows (:mod:`dpcompare.prediction.interval`; ``--model-error-out FILE``
+writes it for ``predict --model-error``, ``--model-error-from FILE`` judges an earlier validation's figure on this
+one's rows instead, all of them held out from it).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from dpcompare.lab import bench as labbench
 from dpcompare.lab.spec import link_bps
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
-from dpcompare.prediction import overlap, strategies, sweep
+from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_calibration, load_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,37 +186,58 @@ def stats(table: list[dict[str, Any]]) -> dict[str, Any]:
     if not errs:
         return {"n": 0}
     return {"n": len(errs), "median_abs_pct": statistics.median(map(abs, errs)), "worst_abs_pct": max(map(abs, errs)),
-            "signed_mean_pct": statistics.fmean(errs), "in_band": sum(r["in_band"] for r in table)}
+            "signed_mean_pct": statistics.fmean(errs), "in_band": sum(r["in_band"] for r in table),
+            "in_interval": sum(r.get("in_interval", False) for r in table)}
 
 
-def rounds_agree(table: list[dict[str, Any]]) -> tuple[int, int]:
-    """(configurations whose rounds' bands all overlap, configurations measured in two rounds or more)."""
+def rounds_agree(table: list[dict[str, Any]], low: str = "low_ms", high: str = "high_ms") -> tuple[int, int]:
+    """(configurations whose rounds' bands, or ``low``–``high``, all overlap, configurations measured in two rounds
+    or more)."""
     by: dict[tuple, list[dict[str, Any]]] = {}
     for r in table:
         by.setdefault((r["hosts"], r["link"], r["strategy"], r["workload"]), []).append(r)
     many = [v for v in by.values() if len(v) > 1]
-    agree = sum(max(r["low_ms"] for r in v) <= min(r["high_ms"] for r in v) for v in many)
+    agree = sum(max(r[low] for r in v) <= min(r[high] for r in v) for v in many)
     return agree, len(many)
 
 
-def choose(log: list[dict[str, Any]], replicates: int) -> tuple[str, dict[str, list[dict[str, Any]]]]:
-    """Every calibration's rows, and the one with the lowest median |error| on the choosing set alone."""
-    tables = {how: rows(log, how, replicates) for how in CALIBRATIONS}
+def model_error(table: list[dict[str, Any]], given: Path | None) -> interval.ModelError:
+    """The widening from the choosing set's rows of ``table`` (or ``given``, an earlier validation's file)."""
+    if given is not None:
+        return interval.load(str(given)) or interval.VALIDATED
+    return interval.conformal([interval.score(r["predicted_ms"], r["low_ms"], r["high_ms"], r["measured_ms"])
+                               for r in table if r["choosing_set"]], source=f"a validation's choosing set ({CHOOSING})")
+
+
+def widen(table: list[dict[str, Any]], me: interval.ModelError) -> None:
+    """Every row's interval (its band widened by ``me``) and whether the measured step fell inside it."""
+    for r in table:
+        s = r["predicted_ms"]
+        r["interval_low_ms"], r["interval_high_ms"] = me.interval(s, (r["low_ms"], r["high_ms"]))
+        r["in_interval"] = r["interval_low_ms"] <= r["measured_ms"] <= r["interval_high_ms"]
+
+
+def choose(log: list[dict[str, Any]], replicates: int, only: str | None = None) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+    """Every calibration's rows, and the one with the lowest median |error| on the choosing set alone (``only``:
+    that calibration's rows alone, chosen before)."""
+    tables = {how: rows(log, how, replicates) for how in ([only] if only else CALIBRATIONS)}
     scored = {how: stats([r for r in t if r["choosing_set"]]) for how, t in tables.items()}
     best = min((h for h in scored if scored[h]["n"]), key=lambda h: (scored[h]["median_abs_pct"],
                                                                     scored[h]["worst_abs_pct"]))
     return best, tables
 
 
-def report(tables: dict[str, list[dict[str, Any]]], chosen: str) -> str:
+def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.ModelError) -> str:
     """Markdown: per family and overall under the chosen calibration, every calibration on the choosing set."""
     t = tables[chosen]
     fams = list(dict.fromkeys(r["family"] for r in t))
     loads = [x for r in t for x in (r["load"] or [])]
     out = [f"Calibration chosen on the {CHOOSING} family alone: **{chosen}**. Load average during the measured runs: "
            f"{min(loads, default=0):.2f}–{max(loads, default=0):.2f}.", "",
+           f"Interval: the band widened by {100 * me.widen:.1f} % of the predicted step on each side "
+           f"({me.describe()}).", "",
            "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | measured inside the band |"
-           " from the choosing set |", "|---|---:|---:|---:|---:|---:|---|"]
+           " inside the interval | from the choosing set |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     held = [r for r in t if not r["choosing_set"]]
     for name, part in [*((f, [r for r in t if r["family"] == f]) for f in fams), ("held out, all", held),
                        ("everything", t)]:
@@ -222,9 +246,12 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str) -> str:
             mine = "yes" if all(r["choosing_set"] for r in part) else ("partly" if any(r["choosing_set"] for r in part)
                                                                        else "no")
             out.append(f"| {name} | {s['n']} | {s['median_abs_pct']:.1f} % | {s['worst_abs_pct']:.1f} % | "
-                       f"{s['signed_mean_pct']:+.1f} % | {s['in_band']} of {s['n']} | {mine} |")
+                       f"{s['signed_mean_pct']:+.1f} % | {s['in_band']} of {s['n']} | {s['in_interval']} of {s['n']} | "
+                       f"{mine} |")
     agree, many = rounds_agree(t)
-    out += ["", f"Rounds: the bands of every round overlap in {agree} of {many} configurations measured twice or more.",
+    wide, _ = rounds_agree(t, "interval_low_ms", "interval_high_ms")
+    out += ["", f"Rounds: the bands of every round overlap in {agree} of {many} configurations measured twice or more; "
+            f"the intervals in {wide} of {many}.",
             "", f"Every candidate on the choosing set ({CHOOSING}):", "",
             "| calibration | median \\|error\\| | worst | signed mean | inside the band |", "|---|---:|---:|---:|---:|"]
     for how, rows_ in tables.items():
@@ -232,11 +259,12 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str) -> str:
         if s["n"]:
             out.append(f"| {how} | {s['median_abs_pct']:.1f} % | {s['worst_abs_pct']:.1f} % | "
                        f"{s['signed_mean_pct']:+.1f} % | {s['in_band']} of {s['n']} |")
-    out += ["", "| round | hosts | link | strategy | workload | predicted ms (95 % band) | measured ms | error | in band |",
-            "|---:|---:|---|---|---|---:|---:|---:|---|"]
+    out += ["", "| round | hosts | link | strategy | workload | predicted ms (95 % band) | interval | measured ms | error "
+            "| in band | in interval |", "|---:|---:|---|---|---|---:|---:|---:|---:|---|---|"]
     out += [f"| {r['round']} | {r['hosts']} | {r['link']} | {r['strategy']} | {r['workload']}"
             f"{' *' if r['choosing_set'] else ''} | {r['predicted_ms']:.0f} ({r['low_ms']:.0f}–{r['high_ms']:.0f}) | "
-            f"{r['measured_ms']:.0f} | {r['error_pct']:+.1f} % | {'yes' if r['in_band'] else 'no'} |" for r in t]
+            f"{r['interval_low_ms']:.0f}–{r['interval_high_ms']:.0f} | {r['measured_ms']:.0f} | {r['error_pct']:+.1f} % "
+            f"| {'yes' if r['in_band'] else 'no'} | {'yes' if r['in_interval'] else 'no'} |" for r in t]
     return "\n".join(out) + "\n\n\\* the choosing set\n"
 
 
@@ -255,12 +283,15 @@ def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
                                                                  [r["high_ms"] - r["predicted_ms"]]],
                     fmt="o" if r["strategy"] == "ddp" else "s", color=colours.get(r["family"], "black"),
                     ms=3 + r["hosts"], alpha=0.8, lw=0.8)
-    lo = min(min(r["measured_ms"], r["low_ms"]) for r in table) * 0.8
-    hi = max(max(r["measured_ms"], r["high_ms"]) for r in table) * 1.25
+        if "interval_low_ms" in r:
+            ax.plot([r["measured_ms"]] * 2, [r["interval_low_ms"], r["interval_high_ms"]], color="gray", alpha=0.35,
+                    lw=0.6)
+    lo = min(min(r["measured_ms"], r.get("interval_low_ms", r["low_ms"])) for r in table) * 0.8
+    hi = max(max(r["measured_ms"], r.get("interval_high_ms", r["high_ms"])) for r in table) * 1.25
     for f, style in ((1.0, "-"), (1.05, ":"), (0.95, ":"), (1.15, "--"), (0.85, "--")):
         ax.plot([lo, hi], [lo * f, hi * f], style, color="gray", lw=0.8)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step (ms, median of runs)",
-           ylabel="predicted step (ms, 95 % band)", title=title)
+           ylabel="predicted step (ms, 95 % band; grey: interval)", title=title)
     for fam, c in colours.items():
         if any(r["family"] == fam for r in table):
             ax.scatter([], [], color=c, label=fam + (" (choosing set)" if fam == CHOOSING else ""))
@@ -300,6 +331,12 @@ def parse() -> argparse.Namespace:
     n.add_argument("--json", type=Path, default=None, help="write the chosen calibration's rows and every "
                    "candidate's figures as JSON")
     n.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
+    n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="this calibration, chosen before "
+                   "(e.g. on an earlier validation), instead of choosing one on this run's choosing set")
+    n.add_argument("--model-error-out", type=Path, default=None, help="write the model error measured on the "
+                   "choosing set, for `dpcompare predict --model-error`")
+    n.add_argument("--model-error-from", type=Path, default=None, help="judge this model-error file (an earlier "
+                   "validation's) on every row instead of measuring one on the choosing set")
     a = ap.parse_args()
     if a.cmd == "measure":
         for k in ("hosts", "links", "strategies", "workloads"):
@@ -330,17 +367,21 @@ def main() -> None:
               flush=True)
         return
     log = json.loads((a.out / RESULTS).read_text())
-    chosen, tables = choose(log, a.bootstrap)
-    text = report(tables, chosen)
+    chosen, tables = choose(log, a.bootstrap, a.calibration)
+    me = model_error(tables[chosen], a.model_error_from)
+    widen(tables[chosen], me)
+    text = report(tables, chosen, me)
     print(text)
     if a.json:
-        doc = {"chosen": chosen, "rows": tables[chosen],
+        doc = {"chosen": chosen, "model_error": me.as_dict(), "rows": tables[chosen],
                "candidates": {how: {"choosing_set": stats([r for r in t if r["choosing_set"]]),
                                     "held_out": stats([r for r in t if not r["choosing_set"]])}
                               for how, t in tables.items()}}
         a.json.write_text(json.dumps(doc, indent=1) + "\n")  # not atomic: a bench script's output
     if a.markdown:
         a.markdown.write_text(text)  # not atomic: a bench script's output
+    if a.model_error_out:
+        interval.write(a.model_error_out, me)
     if a.plot:
         s = stats([r for r in tables[chosen] if not r["choosing_set"]])
         title = f"predicted vs measured, calibration '{chosen}' (chosen on {CHOOSING})"

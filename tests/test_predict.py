@@ -250,6 +250,11 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band" in p.stdout
     assert out["curves"][0]["band"]["traced_steps"] == 6 and first["no_overlap_ms"] >= first["step_ms"]
     assert out["overlap"][0].startswith("assumed, nothing measured") and "overlap of communication" in p.stdout
+    # and its interval: the band widened on each side by the validated model error's share of the step
+    w = out["curves"][0]["model_error"]["widen"]
+    assert first["interval_ms_low"] == pytest.approx(first["step_ms"] * (1 - w), abs=1e-3) and w > 0
+    assert first["interval_ms_high"] == pytest.approx(first["step_ms"] * (1 + w), abs=1e-3)
+    assert "90 % interval" in p.stdout and out["interval"][0].startswith("90 % interval: the band widened by")
     # who wins: the curve with the shortest step at every host count, read from the curves themselves
     steps = {c["label"]: [s["step_ms"] for s in c["steps"]] for c in out["curves"]}
     best = {min(steps, key=lambda k: steps[k][i]) for i in range(6)}
@@ -285,7 +290,8 @@ def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_
 def test_predict_refusals_are_one_line(tmp_path):
     run = fake_run(tmp_path / "r")
     for args, words in ((["--ranks-per-host", "4"], "--intra-link"), (["--link", "fast"], "link rate"),
-                        (["--strategies", "adam"], "no model of strategy"), ([], "no trace.json")):
+                        (["--strategies", "adam"], "no model of strategy"),
+                        (["--model-error", str(tmp_path / "none.json")], "not a model-error file"), ([], "no trace.json")):
         target = str(run) if words != "no trace.json" else str(tmp_path / "nothing")
         p = dpcompare("predict", target, *args, check=False)
         assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

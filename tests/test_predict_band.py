@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from dpcompare.errors import ConfigError
 from dpcompare.lab.bench import analyse, mode_lines, two_modes
-from dpcompare.prediction import overlap, strategies, sweep
+from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_profiles
 from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples
 from dpcompare.prediction.schedule import MB, Knobs
@@ -217,3 +218,29 @@ def test_the_bench_keeps_every_repeats_times_together():
     row = next(r for r in doc["rows"] if r["bytes"] == 2**25)
     assert row["times_s"] == [0.29, 0.28, 0.29, 0.43, 0.42, 0.43] and row["modes"]["labels"] == [0, 0, 0, 1, 1, 1]
     assert len(doc["rows"]) == 2
+
+
+# -- the interval: the band widened by the model's own error -------------------------------------------------------
+def test_the_conformal_widening_is_the_right_order_statistic_and_zero_inside_the_band():
+    assert interval.score(100, 90, 110, 105) == 0 and interval.score(100, 90, 110, 130) == pytest.approx(0.2)
+    assert interval.score(100, 90, 110, 80) == pytest.approx(0.1)
+    scores = [0.0] * 27 + [0.05, 0.1, 0.3]  # n = 30: the ⌈31 × 0.9⌉ = 28th smallest
+    assert interval.conformal(scores).widen == 0.05 and interval.conformal(scores, 0.95).widen == 0.3
+    assert interval.conformal([0.2, 0.0]).widen == 0.2  # too few to leave any out: the largest
+    with pytest.raises(ConfigError):
+        interval.conformal([])
+
+
+def test_a_curve_carries_the_interval_and_the_file_round_trips(tmp_path):
+    me = interval.ModelError(0.1, 0.9, 24, "a test")
+    c = sweep.curve(noisy(20, 5), "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=50), model_error=me)
+    (lo, hi), step = c.band(0), c.steps[0].step
+    d = c.step_dict(0)
+    assert d["interval_ms_low"] == pytest.approx((lo - 0.1 * step) * 1e3, abs=1e-3)
+    assert d["interval_ms_high"] == pytest.approx((hi + 0.1 * step) * 1e3, abs=1e-3)
+    assert c.as_dict(0.8)["model_error"]["widen"] == 0.1
+    plain = sweep.curve(noisy(20, 5), "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=0))
+    assert "interval_ms_low" not in plain.step_dict(0) and plain.as_dict(0.8)["model_error"] is None
+    path = interval.write(tmp_path / "me.json", me)
+    assert interval.load(str(path)) == me and interval.load("none") is None
+    assert interval.load(None) is interval.VALIDATED

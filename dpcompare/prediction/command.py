@@ -76,7 +76,7 @@ def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -
 
 
 def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
-    from dpcompare.prediction import strategies, sweep
+    from dpcompare.prediction import interval, strategies, sweep
     from dpcompare.prediction.network import Bench
 
     if not a.run_dirs:
@@ -87,6 +87,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     over = {"bucket_mb": a.bucket_mb, "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb, "horovod_cycle_ms": a.horovod_cycle_ms,
             "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
+    model_error = interval.load(a.model_error)
     folders = strategies.profile_runs(a.run_dirs)
     profiles = [strategies.profile(f) for f in folders]
     ov = _overlap(a, profiles, over)
@@ -99,7 +100,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
             if label in seen:
                 continue  # another repeat of the same arm
             seen.add(label)
-            c = sweep.curve(p, name, sweep.knobs_of(p, over), net_p, hosts, label, noise, ov)
+            c = sweep.curve(p, name, sweep.knobs_of(p, over), net_p, hosts, label, noise, ov, model_error)
             c.advice = sweep.advise(c, p, net_p, a.threshold)
             curves.append(c)
     if not curves:
@@ -118,14 +119,15 @@ def _cmd_predict(a: argparse.Namespace) -> int:
              "below_threshold": output.answers(curves, a.threshold, inter_link),
              "knob_advice": [c.advice for c in curves],
              "band_advice": [c.band_advice for c in curves if c.band_advice],
-             "overlap": [curves[0].overlap.source]}
+             "overlap": [curves[0].overlap.source],
+             "interval": [curves[0].model_error.describe()] if curves[0].model_error else []}
     out = Path(a.out or a.run_dirs[0])
     title = f"predicted on {link}, {a.latency} latency" + (" (calibrated)" if a.calibration else "")
     png = output.plot(curves, out / output.PNG_FILE, a.threshold, title)
     inputs = {"runs": a.run_dirs, "hosts": hosts, "link": inter_link, "latency": a.latency,
               "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
               "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","), "floor_from_trace": a.floor_from_trace,
-              "bootstrap": a.bootstrap, "overlap_from": a.overlap_from}
+              "bootstrap": a.bootstrap, "overlap_from": a.overlap_from, "model_error": a.model_error}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
     _write_config(a, out)
     console = output.make_console()
@@ -211,6 +213,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="a traced run of the same workload on a slow link (e.g. a short run on a shaped lab): how much "
                         "communication hides behind compute and how much compute it slows are measured from it "
                         "(default: assumed fully hidden where the schedule allows, slowing nothing)")
+    p.add_argument("--model-error", default=None, metavar="FILE|none",
+                   help="widen each band by the model's own error as a validation measured it, into a 90 %% "
+                        "interval: a file from `bench/validate_predict.py analyse --model-error-out` (default: the "
+                        "validation in docs/predict.md; none: the band alone)")
     p.add_argument("--threshold", type=fraction, default=0.8, help="efficiency to report falling below (default 0.8)")
     p.add_argument("--out", default=None, help="folder for prediction.png and prediction.json (default: the first "
                    "RUN_DIR)")

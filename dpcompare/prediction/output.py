@@ -21,7 +21,9 @@ def table(c: Curve, threshold: float) -> Table:
     t = Table(title=f"{c.label}  ·  one host: {c.base.step * 1e3:.2f} ms/step  ·  {c.knob_text}  ·  times in ms",
               title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     ranks = any(s.ranks != s.hosts for s in c.steps)
+    level = f"{100 * c.model_error.level:.0f} % interval" if c.model_error else ""
     heads = ["hosts", *(["ranks"] if ranks else []), "step ms", *(["95 % band"] if c.bands else []),
+             *([level] if c.intervals else []),
              *(["fast/slow mode"] if c.modes else []), "no overlap", "compute", "exposed", "hidden", "samples/s",
              "efficiency"]
     for head in heads:
@@ -30,8 +32,9 @@ def table(c: Curve, threshold: float) -> Table:
         eff = c.efficiency(s)
         band = [f"{c.bands[i + 1][0] * 1e3:.1f}–{c.bands[i + 1][1] * 1e3:.1f}"] if c.bands else []
         modes = [f"{c.modes[i + 1][0] * 1e3:.1f} / {c.modes[i + 1][1] * 1e3:.1f}"] if c.modes else []
+        inter = [f"{c.intervals[i + 1][0] * 1e3:.1f}–{c.intervals[i + 1][1] * 1e3:.1f}"] if c.intervals else []
         ebands = [f" ({100 * c.eff_bands[i + 1][0]:.0f}–{100 * c.eff_bands[i + 1][1]:.0f})"] if c.bands else [""]
-        t.add_row(f"{s.hosts}", *([f"{s.ranks}"] if ranks else []), f"{s.step * 1e3:.2f}", *band, *modes, f"{s.no_overlap * 1e3:.2f}",
+        t.add_row(f"{s.hosts}", *([f"{s.ranks}"] if ranks else []), f"{s.step * 1e3:.2f}", *band, *inter, *modes, f"{s.no_overlap * 1e3:.2f}",
                   f"{s.compute * 1e3:.2f}", f"{s.exposed * 1e3:.2f}", f"{s.hidden * 1e3:.2f}", f"{s.throughput:,.0f}",
                   (f"[red]{pct(eff)}[/red]" if eff < threshold else pct(eff)) + ebands[0])
     return t
@@ -66,7 +69,8 @@ def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]],
             console.print(f"  note: {note}", style="dim")
     headings = {"who_wins": "who wins", "below_threshold": f"below {pct(threshold)} efficiency",
                 "knob_advice": "the knob that would help most",
-                "band_advice": "bands wider than ±5 %: measure more", "overlap": "overlap of communication and compute"}
+                "band_advice": "bands wider than ±5 %: measure more", "overlap": "overlap of communication and compute",
+                "interval": "the interval"}
     for key, items in lines.items():
         if items:
             console.print(f"[bold]{headings.get(key, key)}[/bold]")
@@ -87,6 +91,9 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
         hosts = [s.hosts for s in c.steps]
         color = COLORS[i % len(COLORS)]
         ax_t.plot(hosts, [s.step * 1e3 for s in c.steps], "o-", color=color, label=c.label)
+        if c.intervals:
+            ax_t.fill_between(hosts, [b[0] * 1e3 for b in c.intervals[1:]], [b[1] * 1e3 for b in c.intervals[1:]],
+                              color=color, alpha=0.07, linewidth=0)
         if c.bands:
             ax_t.fill_between(hosts, [b[0] * 1e3 for b in c.bands[1:]], [b[1] * 1e3 for b in c.bands[1:]],
                               color=color, alpha=0.18, linewidth=0)
@@ -112,7 +119,10 @@ def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> P
     ax_e.yaxis.set_major_formatter(PercentFormatter())
     ax_e.legend(fontsize=8, frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontsize=11, fontweight="bold")
-    fig.text(0.99, 0.975, "shaded: 95 % bootstrap band from the inputs' noise · dotted: compute alone", ha="right",
+    shades = "shaded: 95 % bootstrap band from the inputs' noise" + (
+        f", lighter: {100 * curves[0].model_error.level:.0f} % interval with the model's error"
+        if curves and curves[0].model_error else "")
+    fig.text(0.99, 0.975, f"{shades} · dotted: compute alone", ha="right",
              va="top", fontsize=8, color="#555555")
     fig.tight_layout()
     return atomic_write_figure(path, fig)

@@ -8,7 +8,8 @@ draws the traced (rank, step) rows again with replacement (:meth:`.profile.Profi
 gradients' ready times, the traced all-reduces of the floor) and each bench size's repeats
 (:meth:`.network.Bench.profiles`), and runs the schedule again; the band is the replicates' 2.5th to 97.5th
 percentile (numpy). Where the bench saw two speeds the step is the mixture's expectation and both modes' steps are
-given. A band wider than ±5 % says which input to measure more of.
+given. A band wider than ±5 % says which input to measure more of. The **interval** widens the band by the model's
+own error as a validation measured it (:mod:`.interval`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dpcompare.prediction.interval import ModelError
 from dpcompare.prediction.network import Bench, Link, Network
 from dpcompare.prediction.overlap import Overlap
 from dpcompare.prediction.profile import Profile
@@ -73,6 +75,9 @@ class Curve:
     overlap: Overlap = field(default_factory=Overlap)
     band_advice: str = ""
     band_info: dict[str, Any] = field(default_factory=dict)
+    #: per host count (one host first): the band widened by ``model_error``; empty: no model error given
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+    model_error: ModelError | None = None
 
     def band(self, i: int) -> tuple[float, float]:
         """The step's band at ``steps[i]`` (the point itself without a band)."""
@@ -92,6 +97,9 @@ class Curve:
             (lo, hi), (elo, ehi) = self.bands[i + 1], self.eff_bands[i + 1]
             out.update(step_ms_low=round(lo * 1e3, 4), step_ms_high=round(hi * 1e3, 4),
                        efficiency_low=round(elo, 4), efficiency_high=round(ehi, 4))
+        if self.intervals:
+            lo, hi = self.intervals[i + 1]
+            out.update(interval_ms_low=round(lo * 1e3, 4), interval_ms_high=round(hi * 1e3, 4))
         if self.modes:
             out.update(fast_mode_step_ms=round(self.modes[i + 1][0] * 1e3, 4),
                        slow_mode_step_ms=round(self.modes[i + 1][1] * 1e3, 4))
@@ -102,6 +110,7 @@ class Curve:
                 "one_host_step_ms": round(self.base.step * 1e3, 4), "threshold": threshold,
                 "below_threshold_at_hosts": self.below(threshold), "advice": self.advice, "notes": self.notes, "traced_run": self.measured,
                 "band": self.band_info, "band_advice": self.band_advice, "overlap": self.overlap.as_dict(),
+                "model_error": self.model_error.as_dict() if self.model_error else None,
                 "steps": [self.step_dict(i) for i in range(len(self.steps))]}
 
 
@@ -134,9 +143,9 @@ def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
 
 
 def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int], label: str,
-          noise: Noise | None = None, overlap: Overlap | None = None) -> Curve:
+          noise: Noise | None = None, overlap: Overlap | None = None, model_error: ModelError | None = None) -> Curve:
     """``name``'s schedule on ``p``'s compute at one host and at ``hosts``, corrected by ``overlap``; with its band
-    (``noise``) and, where the bench saw two speeds, the step in each."""
+    (``noise``), the band widened by ``model_error`` and, where the bench saw two speeds, the step in each."""
     sched, ov, noise = schedule(name)(p, knobs), overlap or Overlap(), noise or Noise()
     traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
               **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched)}
@@ -150,6 +159,10 @@ def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int
         c.modes = list(zip(fast, slow, strict=True))
     if noise.replicates > 0:
         _band(c, p, net, counts, noise)
+    if model_error is not None:
+        c.model_error = model_error
+        c.intervals = [model_error.interval(s.step, c.bands[i] if c.bands else (s.step, s.step))
+                       for i, s in enumerate(points)]
     return c
 
 

@@ -28,7 +28,8 @@ def section(folder: str | Path) -> str:
     picture = (f'<figure><img alt="predicted step time and efficiency" src="{data_uri(where / PNG_FILE)}">'
                "</figure>") if (where / PNG_FILE).is_file() else ""
     said = [*doc.get("who_wins", []), *doc.get("below_threshold", []), *(a for a in doc.get("knob_advice", []) if a),
-            *doc.get("band_advice", []), *(f"overlap: {x}" for x in doc.get("overlap", []))]
+            *doc.get("band_advice", []), *(f"overlap: {x}" for x in doc.get("overlap", [])),
+            *doc.get("interval", [])]
     lines = "".join(f"<li>{html.escape(str(x))}</li>" for x in said)
     return ('<h2 id="projected">Projected to a cluster</h2><div class="card">'
             f"<p>A model, not a measurement: <code>dpcompare predict</code> on the traced runs, one rank per host on a "
@@ -44,7 +45,9 @@ def _table(curves: list[dict[str, Any]]) -> str:
     """Per curve: predicted step and efficiency at a few host counts, and where it drops below the threshold."""
     hosts = sorted({s["hosts"] for c in curves for s in c["steps"]})
     shown = [h for h in hosts if h in SHOWN] or hosts[:4]
-    head = "".join(f"<th>{h} hosts<br>step ms (95 % band) · efficiency</th>" for h in shown)
+    interval = any("interval_ms_low" in s for c in curves for s in c["steps"])
+    what = "step ms (95 % band; 90 % interval)" if interval else "step ms (95 % band)"
+    head = "".join(f"<th>{h} hosts<br>{what} · efficiency</th>" for h in shown)
     rows = []
     for c in curves:
         at = {s["hosts"]: s for s in c["steps"]}
@@ -59,6 +62,7 @@ def _table(curves: list[dict[str, Any]]) -> str:
 
 
 def _step(s: dict[str, Any]) -> str:
-    """A predicted step and, when the prediction has one, its band from the inputs' own noise."""
-    band = f" ({s['step_ms_low']:.1f}–{s['step_ms_high']:.1f})" if "step_ms_low" in s else ""
-    return f"{s['step_ms']:.1f}{band}"
+    """A predicted step and, when the prediction has them, its band from the inputs' own noise and its interval
+    with the model's error."""
+    parts = [f"{s[k + '_low']:.1f}–{s[k + '_high']:.1f}" for k in ("step_ms", "interval_ms") if k + "_low" in s]
+    return f"{s['step_ms']:.1f}" + (f" ({'; '.join(parts)})" if parts else "")
