@@ -46,7 +46,7 @@ from dpcompare.lab.spec import link_bps
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
-from dpcompare.prediction.network import Bench, Link, Network, load_calibration, load_profiles
+from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 #: workload → (family, its flags). mlp is the choosing set; every other family is held out.
@@ -100,7 +100,7 @@ def run_train(lab: Lab, argv: list[str], timeout: float) -> float:
 def bench(lab: Lab, path: Path, a: argparse.Namespace) -> None:
     backends = tuple(dict.fromkeys("mpi" if s == "horovod" else "gloo" for s in a.strategies))
     doc = labbench.measure(lab, labbench.parse_sizes(a.bench_sizes), backends, ("allreduce",), warmup=1, iters=3,
-                           repeats=a.bench_repeats)
+                           repeats=a.bench_repeats, logs=path.with_suffix(""))  # kept when the lab goes
     labbench.write(doc, path)
     for line in labbench.mode_lines(doc):
         print(f"  bench: {line}", flush=True)
@@ -146,6 +146,15 @@ def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, A
 
 
 # -- analysis --------------------------------------------------------------------------------------------------------
+def merged(folders: list[Path]) -> list[dict[str, Any]]:
+    """The records of one or more measure runs, each run's rounds numbered after the previous run's."""
+    log: list[dict[str, Any]] = []
+    for folder in folders:
+        last = max((r["round"] for r in log), default=0)
+        log += [{**r, "round": r["round"] + last} for r in json.loads((folder / RESULTS).read_text())]
+    return log
+
+
 def predict(rec: dict[str, Any], how: str, one: str, replicates: int) -> dict[str, Any]:
     """The configuration as `dpcompare predict` sees it under calibration ``how``: point, band, modes (ms)."""
     which, floor, with_overlap = CALIBRATIONS[how]
@@ -153,7 +162,8 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int) -> dict[st
     knobs = sweep.knobs_of(p, {})
     cal = {"none": None, "same": rec["bench"], "one": one}[which]
     net = Network(1, Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, load_calibration(cal) if cal else {},
-                  strategies.trace_floors(p) if floor else {}, load_profiles(cal) if cal else {})
+                  strategies.trace_floors(p) if floor else {}, load_profiles(cal) if cal else {},
+                  load_burst(cal) if cal else 0.0)
     ov = overlap.Overlap()
     if with_overlap:
         shaped = strategies.profile(Path(rec["overlap_trace"]))
@@ -234,8 +244,7 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
     loads = [x for r in t for x in (r["load"] or [])]
     out = [f"Calibration chosen on the {CHOOSING} family alone: **{chosen}**. Load average during the measured runs: "
            f"{min(loads, default=0):.2f}–{max(loads, default=0):.2f}.", "",
-           f"Interval: the band widened by {100 * me.widen:.1f} % of the predicted step on each side "
-           f"({me.describe()}).", "",
+           f"Interval: {me.describe()}.", "",
            "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | measured inside the band |"
            " inside the interval | from the choosing set |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     held = [r for r in t if not r["choosing_set"]]
@@ -325,7 +334,8 @@ def parse() -> argparse.Namespace:
     m.add_argument("--bench-repeats", type=int, default=2, help="lab bench --repeats")
     m.add_argument("--timeout", type=float, default=900)
     n = sub.add_parser("analyse", help="predict every measured configuration, choose on mlp, report the rest")
-    n.add_argument("out", type=Path)
+    n.add_argument("out", type=Path, nargs="+", help="a measure --out folder; several: runs of the same procedure, "
+                   "their rounds numbered on (every round's band against every other's)")
     n.add_argument("--bootstrap", type=int, default=200, help="replicates per band")
     n.add_argument("--plot", type=Path, default=None, help="write the scatter plot")
     n.add_argument("--json", type=Path, default=None, help="write the chosen calibration's rows and every "
@@ -366,7 +376,7 @@ def main() -> None:
               f"{' (--quick: taken as it came, not a result)' if a.quick else ''}; `analyse {a.out}` compares",
               flush=True)
         return
-    log = json.loads((a.out / RESULTS).read_text())
+    log = merged(a.out)
     chosen, tables = choose(log, a.bootstrap, a.calibration)
     me = model_error(tables[chosen], a.model_error_from)
     widen(tables[chosen], me)

@@ -415,3 +415,41 @@ def test_project_link_is_a_rate_or_none():
     assert project_link_arg("25gbit") == 25 * 10**9 and project_link_arg("none") is None
     with pytest.raises(argparse.ArgumentTypeError, match="not a link rate"):
         project_link_arg("fast")
+
+
+# -- a shaped link's burst -------------------------------------------------------------------------------------
+def burst_net(burst: float, hosts: int = 2) -> Network:
+    """A 0.5 MiB/ms link whose calibration timed Open MPI's and gloo's all-reduces at ten times the link (what a full
+    tbf bucket does to small messages), with a bucket of ``burst`` bytes."""
+    fast = ((1.0, float(2**30)), (10.0, 10.0))
+    return Network(hosts, Link(0.0, MB / (2 * MS)), profiles={("mpi", "allreduce"): fast, ("gloo", "allreduce"): fast},
+                   burst=burst)
+
+
+def test_back_to_back_all_reduces_pay_for_the_burst_they_find_empty():
+    """Eight 0.25 MiB all-reduces one after another: with a 1 MiB bucket the first ones go at the calibrated speed,
+    then the bucket is empty and the rest go at the link's; a bucket of none changes nothing."""
+    p = profile([(f"g{i}", 0.1 * MS, MB // 4) for i in range(8)], backward=1 * MS, strategy="horovod")
+    knobs = Knobs(horovod_cycle_ms=1, horovod_fusion_mb=0.25)
+    plain, shaped = (strategies.schedule("horovod")(p, knobs).predict(burst_net(b)) for b in (0, MB))
+    assert plain.ops == shaped.ops == 8 + 1 and plain.comm == pytest.approx(8 * 0.05 * MS)
+    beyond = (8 * MB / 4 - MB) / (MB / (2 * MS))  # the bytes past the burst at the link's rate: 2 ms
+    assert beyond < shaped.comm < beyond + plain.comm and shaped.step > plain.step
+    # DDP: two buckets far apart find it refilled; back to back, the second pays
+    apart = profile([("b", 1 * MS, 2 * MB), ("a", 20 * MS, 2 * MB)], backward=20 * MS)
+    together = profile([("b", 20 * MS, 2 * MB), ("a", 20 * MS, 2 * MB)], backward=20 * MS)
+    ddp = strategies.schedule("ddp")
+    k = Knobs(bucket_mb=2)
+    assert ddp(apart, k).predict(burst_net(MB)).comm == pytest.approx(ddp(apart, k).predict(burst_net(0)).comm)
+    assert ddp(together, k).predict(burst_net(MB)).comm > ddp(together, k).predict(burst_net(0)).comm + 1.5 * MS
+
+
+def test_the_burst_comes_from_the_bench_file(tmp_path):
+    from dpcompare.prediction.network import load_burst
+
+    (tmp_path / "new.json").write_text(json.dumps({"burst_bytes": 262144, "gap_ms": 21.0}))
+    (tmp_path / "old.json").write_text(json.dumps({"gap_ms": 21.0, "lab": {"link_bps": 200_000_000}}))
+    (tmp_path / "other.json").write_text(json.dumps({"fits": []}))
+    assert load_burst(tmp_path / "new.json") == 262144
+    assert load_burst(tmp_path / "old.json") == pytest.approx(262500)  # half of 21 ms at 200 Mbit/s
+    assert load_burst(tmp_path / "other.json") == 0 == load_burst(tmp_path / "missing.json")

@@ -244,3 +244,27 @@ def test_a_curve_carries_the_interval_and_the_file_round_trips(tmp_path):
     path = interval.write(tmp_path / "me.json", me)
     assert interval.load(str(path)) == me and interval.load("none") is None
     assert interval.load(None) is interval.VALIDATED
+
+
+def test_the_validation_merges_runs_widens_every_row_and_counts_overlapping_intervals(tmp_path):
+    """bench/validate_predict.py analyse's plumbing on hand-made rows: two measure runs become rounds 1–4, the
+    choosing set's scores give the widening, and the rounds' intervals overlap where their bands did not."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("validate_predict", Path(__file__).parents[1] / "bench" /
+                                                  "validate_predict.py")
+    vp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vp)  # type: ignore[union-attr]
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / vp.RESULTS).write_text(json.dumps([{"round": k, "workload": "w"} for k in (1, 2)]))
+    assert [r["round"] for r in vp.merged([tmp_path / "a", tmp_path / "b"])] == [1, 2, 3, 4]
+    key = {"hosts": 2, "link": "1gbit", "strategy": "ddp", "workload": "mlp2048"}
+    rows = [{**key, "round": k, "predicted_ms": p, "low_ms": p - 1, "high_ms": p + 1, "measured_ms": m,
+             "choosing_set": True} for k, (p, m) in enumerate([(100, 100), (110, 121)], start=1)]
+    me = vp.model_error(rows, None)  # scores 0 and 10/110 (121 measured, 111 the band's top): two rows, the largest
+    assert me.widen == pytest.approx(10 / 110) and me.n == 2
+    vp.widen(rows, me)
+    assert all(r["in_interval"] for r in rows) and vp.rounds_agree(rows) == (0, 1)
+    assert vp.rounds_agree(rows, "interval_low_ms", "interval_high_ms") == (1, 1)

@@ -91,12 +91,19 @@ def idle_gap_ms(link_bps: int | None) -> float:
     return 0.0 if not link_bps else round(2e3 * burst_bytes(link_bps) * 8 / link_bps, 1)
 
 
+def found_full(link_bps: int | None, gap_ms: float) -> int:
+    """The bytes of the link's burst each timed operation found in its bucket after ``gap_ms`` idle (what
+    ``predict`` takes the bench's times to include: :class:`dpcompare.prediction.network.Bucket`)."""
+    return 0 if not link_bps else min(burst_bytes(link_bps), int(gap_ms / 1e3 * link_bps / 8))
+
+
 def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
             collectives: Sequence[str] = COLLECTIVES, warmup: int = 1, iters: int = 5,
-            timeout: float = 600, gap_ms: float | None = None, repeats: int = 2) -> dict:
+            timeout: float = 600, gap_ms: float | None = None, repeats: int = 2, logs: Path | None = None) -> dict:
     """Run the sweep across ``lab`` (one rank per host) ``repeats`` times and return the results document (see
     :func:`analyse`; every repeat's times per size together); ``gap_ms``: idle time before each timed operation
-    (None: :func:`idle_gap_ms` of the lab's link)."""
+    (None: :func:`idle_gap_ms` of the lab's link); ``logs``: the folder for each job's logs (default: the lab's
+    own, which goes with the lab: give one that outlives it when the lab is a session's)."""
     gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
     collectives = [collective(c) for c in collectives]
     if len(lab.hosts) < 2:
@@ -104,24 +111,25 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
     raw_rows, ranks = [], len(lab.hosts)
     jobs = _jobs(backends, collectives)
     for i, (bk, coll, label, mca) in [(r * len(jobs) + j, job) for r in range(repeats) for j, job in enumerate(jobs)]:
-        logs = lab.directory / f"bench-{i}"  # the job's stdout.log and stderr.log, and what it measured
-        raw = logs / "raw.json"
+        job_logs = (logs or lab.directory) / f"bench-{i}"  # the job's stdout.log and stderr.log, what it measured
+        raw = job_logs / "raw.json"
         raw.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "dpcompare.lab.worker", "--sizes", ",".join(map(str, sizes)),
                 "--backends", ",".join(bk), "--collectives", ",".join(coll), "--mpi-label", label,
                 "--warmup", str(warmup), "--iters", str(iters), "--gap-ms", str(gap), "--out", str(raw)]
         # one rank per host: the link, not shared memory, is measured
-        rc, _ = lab.run(argv, logs, len(lab.hosts), mpi_options=mca, per_host=1, timeout=timeout)
+        rc, _ = lab.run(argv, job_logs, len(lab.hosts), mpi_options=mca, per_host=1, timeout=timeout)
         if rc != 0 or not raw.is_file():
             what = f"exited {rc}" if rc is not None else f"took longer than {timeout:g} s and was stopped"
-            tail = (log_tail(logs, 1) or "no output").strip()
-            raise LaunchError(f"the bench job ({', '.join(bk)}) {what}: {tail} (logs in {logs})")
+            said = [x.strip() for x in log_tail(job_logs, 15).splitlines() if x.strip("-= \t")]  # not mpirun's rules
+            tail = said[-1] if said else "no output"
+            raise LaunchError(f"the bench job ({', '.join(bk)}) {what}: {tail} (logs in {job_logs})")
         data = json.loads(raw.read_text())
         raw_rows += data["rows"]
         ranks = data["ranks"]
     return analyse(_merged(raw_rows), ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
                                                                   "link": lab.link, "link_bps": lab.link_bps},
-                   warmup=warmup, iters=iters, gap_ms=gap, repeats=repeats)
+                   warmup=warmup, iters=iters, gap_ms=gap, repeats=repeats, burst_bytes=found_full(lab.link_bps, gap))
 
 
 def _merged(raw_rows: list[dict]) -> list[dict]:

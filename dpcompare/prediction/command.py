@@ -45,7 +45,14 @@ def source(folder: Path, world_size: int) -> str:
 
 
 def _network(a: argparse.Namespace) -> Any:
-    from dpcompare.prediction.network import Link, Network, load_calibration, load_profiles, parse_duration
+    from dpcompare.prediction.network import (
+        Link,
+        Network,
+        load_burst,
+        load_calibration,
+        load_profiles,
+        parse_duration,
+    )
 
     alpha = parse_duration(a.latency)
     intra = None
@@ -56,7 +63,8 @@ def _network(a: argparse.Namespace) -> Any:
         intra = Link.of(parse_duration(a.intra_latency), a.intra_link)
     calibrated = load_calibration(a.calibration) if a.calibration else {}
     profiles = load_profiles(a.calibration) if a.calibration else {}
-    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles)
+    burst = load_burst(a.calibration) if a.calibration else 0.0
+    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst)
 
 
 def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -> Any:

@@ -5,7 +5,8 @@ Assumptions:
   ``bucket_cap_mb`` (the first one up to ``first_bucket_mb`` when set: torch's 1 MB first bucket, which torch
   2.15 uses only when bucket_cap_mb is not given); a parameter is never split, so a bucket closes at the first
   gradient that brings it to its cap or beyond.
-- A bucket's all-reduce starts when its last gradient is ready and the previous bucket's all-reduce is done;
+- A bucket's all-reduce starts when its last gradient is ready and the previous bucket's all-reduce is done (on
+  a shaped link with a burst, paying for the bytes the link's bucket has not refilled: :class:`.network.Bucket`);
   backward returns when both its compute and the last all-reduce are done (then the optimizer runs).
 - With buffers (BatchNorm statistics) rank 0 broadcasts them at the start of every forward, exposed.
 - Communication does not slow the compute it overlaps (it does on a shared CPU: :mod:`.overlap` corrects the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.profile import Grad
-from dpcompare.prediction.schedule import MB, Schedule, Step, fill, one_at_a_time
+from dpcompare.prediction.schedule import MB, Schedule, Step, fill
 
 
 class DDPSchedule(Schedule):
@@ -38,9 +39,12 @@ class DDPSchedule(Schedule):
         """(end of backward after its start, each bucket's all-reduce seconds, bytes on the wire)."""
         buckets = self.buckets()
         sizes = [sum(g.nbytes for g in b) * self.knobs.wire for b in buckets]
-        costs = [net.cost("allreduce", s, self.backend()) for s in sizes]
-        spans = one_at_a_time((max(g.ready for g in b), c) for b, c in zip(buckets, costs, strict=True))
-        return max([self.profile.backward] + [end for _, end in spans]), costs, sum(sizes)
+        bucket, costs, free = net.bucket(), [], 0.0
+        for b, s in zip(buckets, sizes, strict=True):
+            start = max(max(g.ready for g in b), free)
+            costs.append(bucket.cost("allreduce", s, self.backend(), start))
+            free = start + costs[-1]
+        return max(self.profile.backward, free), costs, sum(sizes)
 
     def predict(self, net: Network) -> Step:
         p = self.profile

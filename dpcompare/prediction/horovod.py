@@ -7,6 +7,8 @@ Assumptions:
   alone); they run one at a time.
 - Each cycle with work first agrees which tensors are ready everywhere: with the response cache warm, a bit-vector
   all-reduce priced 2⌈log2 n⌉·α (latency only).
+- On a shaped link with a burst (:class:`.network.Bucket`) an all-reduce that follows another before the link's
+  bucket refilled waits for the bytes it lacks; the bucket is full when backward starts.
 - ``optimizer.step()`` starts when backward's compute is done and then waits for the last all-reduce; the
   optimizer then runs. Horovod syncs no buffers.
 - No slowdown of compute by the background thread (on a shared CPU there is: :mod:`.overlap`, when measured); weak scaling; fp16 or bf16
@@ -53,6 +55,7 @@ class HorovodSchedule(Schedule):
         negotiate = 2 * math.ceil(math.log2(net.ranks)) * alpha if net.ranks > 1 else 0.0
         costs: list[float] = []
         nbytes, t, free, i, cycles = 0.0, 0.0, 0.0, 0, 0
+        bucket = net.bucket()
         grads = p.grads
         while i < len(grads):
             if grads[i].ready > t:  # asleep until the first cycle tick at or after the next ready gradient
@@ -64,7 +67,7 @@ class HorovodSchedule(Schedule):
             costs.append(negotiate)
             for group in fuse(ready, k.horovod_fusion_mb * MB):
                 size = sum(g.nbytes for g in group) * k.wire
-                cost = net.cost("allreduce", size, self.backend())
+                cost = bucket.cost("allreduce", size, self.backend(), free)
                 free += cost
                 costs.append(cost)
                 nbytes += size

@@ -8,10 +8,16 @@ inter-host link, which its G ranks share (so the cross-host part moves the full 
 all-reduce = reduce-scatter(G, intra) + all-reduce(H, inter) + all-gather(G, intra), and the others the sum
 of their cross-host and in-host parts. A calibration (``lab bench`` JSON) replaces α and B per backend and
 collective: a measured fraction of the link it was measured on, applied to the link asked for.
+
+A shaped link's **burst** (tbf's token bucket, the lab's links): a host's link lets ``burst`` bytes through at once
+after an idle moment and refills at the link's rate. `lab bench` idles before each operation, so its times are
+those of a full bucket; an operation that starts before the bucket refilled (Horovod's fused all-reduces one after
+another, DDP's next bucket) waits for the tokens it lacks (:class:`Bucket`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -77,13 +83,20 @@ class Network:
     floors: dict[str, tuple[float, float, int]] = field(default_factory=dict)
     #: (backend, collective) → the measured share of the link per message size (:func:`load_profiles`)
     profiles: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
+    #: bytes the inter-host link passes at once after an idle moment, found full before every operation the
+    #: calibration timed (a tbf burst: :func:`load_burst`); 0: no bucket to track
+    burst: float = 0.0
 
     @property
     def ranks(self) -> int:
         return self.hosts * self.per_host
 
     def with_hosts(self, hosts: int) -> Network:
-        return Network(hosts, self.inter, self.per_host, self.intra, self.calibrated, self.floors, self.profiles)
+        return dataclasses.replace(self, hosts=hosts)
+
+    def bucket(self) -> Bucket:
+        """The link's token bucket through one step, full at its start."""
+        return Bucket(self, self.burst)
 
     def floor(self, collective: str, nbytes: float, backend: str) -> float:
         """The library's own time for an all-reduce of ``nbytes`` when the link is not the limit: the traced
@@ -105,9 +118,18 @@ class Network:
             alpha, share = self.inter.alpha, share_at(profile, nbytes)
         return Link(alpha, self.inter.bandwidth * share)
 
-    def cost(self, collective: str, nbytes: float, backend: str = "") -> float:
-        """Seconds for one ``collective`` of ``nbytes`` among all ranks (never less than its :meth:`floor`)."""
-        return max(self._wire(collective, nbytes, backend), self.floor(collective, nbytes, backend))
+    def cost(self, collective: str, nbytes: float, backend: str = "", tokens: float | None = None) -> float:
+        """Seconds for one ``collective`` of ``nbytes`` among all ranks (never less than its :meth:`floor`);
+        ``tokens``: the bytes left in the link's bucket when it starts (None: full, as the calibration timed it)."""
+        wire = self._wire(collective, nbytes, backend)
+        if tokens is not None and self.burst > 0 and self.hosts > 1:
+            sent = self.sent(collective, nbytes)
+            wire += (min(sent, self.burst) - min(sent, tokens)) / self.inter.bandwidth
+        return max(wire, self.floor(collective, nbytes, backend))
+
+    def sent(self, collective: str, nbytes: float) -> float:
+        """Bytes one host puts on its inter-host link in ``collective`` of ``nbytes`` (the bus factor's share)."""
+        return _terms(collective, self.hosts)[1] * nbytes if self.hosts > 1 else 0.0
 
     def _wire(self, collective: str, nbytes: float, backend: str) -> float:
         inter, g = self.link(backend, collective, nbytes), self.per_host
@@ -118,6 +140,44 @@ class Network:
             return (intra.reduce_scatter(nbytes, g) + inter.allreduce(nbytes, self.hosts)
                     + intra.allgather(nbytes, g))
         return float(getattr(inter, collective)(nbytes, self.hosts) + getattr(intra, collective)(nbytes, g))
+
+
+@dataclass
+class Bucket:
+    """A shaped link's token bucket through a step: the bytes in it at ``t``; it refills at the link's rate up to
+    the network's ``burst`` while the link is idle."""
+
+    net: Network
+    level: float
+    t: float = 0.0
+
+    def cost(self, collective: str, nbytes: float, backend: str, start: float) -> float:
+        """Seconds of an operation that starts at ``start`` with what the bucket holds then; spends its bytes."""
+        net = self.net
+        if net.burst <= 0 or net.hosts < 2:
+            return net.cost(collective, nbytes, backend)
+        rate = net.inter.bandwidth
+        level = min(net.burst, self.level + max(0.0, start - self.t) * rate)
+        seconds = net.cost(collective, nbytes, backend, tokens=level)
+        self.level = min(net.burst, max(0.0, level - net.sent(collective, nbytes) + rate * seconds))
+        self.t = max(self.t, start + seconds)
+        return seconds
+
+
+def load_burst(path: str | Path) -> float:
+    """The burst a `lab bench` file's operations found full: ``burst_bytes``, or for files written before it was
+    recorded, half its idle gap at the lab's rate (`lab bench` idles twice the time the link takes to refill it);
+    0 without either (an unshaped link, another tool's file)."""
+    try:
+        top = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return 0.0
+    if not isinstance(top, dict):
+        return 0.0
+    if top.get("burst_bytes") is not None:
+        return float(top["burst_bytes"])
+    link_bps, gap = (top.get("lab") or {}).get("link_bps"), top.get("gap_ms")
+    return float(gap) / 2e3 * float(link_bps) / 8 if link_bps and gap else 0.0
 
 
 def floor_from(ops: list[tuple[float, float]], ranks: int) -> tuple[float, float, int] | None:

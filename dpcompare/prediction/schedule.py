@@ -1,4 +1,4 @@
-"""What every strategy's schedule shares: the knobs, the result of one predicted step, and two helpers.
+"""What every strategy's schedule shares: the knobs, the result of one predicted step, and a helper (fill).
 
 A schedule takes a compute :class:`~.profile.Profile` and the :class:`Knobs`, and for a
 :class:`~.network.Network` places the strategy's collectives on the step's timeline (in seconds from the start
@@ -9,7 +9,7 @@ with none; ``hidden`` the rest of the time a collective was in flight.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -124,16 +124,6 @@ class Schedule:
                 "horovod_cycle_ms": f"cycle {k.horovod_cycle_ms:g} ms", "grad_compression": f"{k.grad_compression} on the wire" if k.grad_compression != "none"
                 else "fp32 on the wire"}
         return ", ".join(said[t] for t in self.tunable)
-
-
-def one_at_a_time(ops: Iterable[tuple[float, float]], free: float = 0.0) -> list[tuple[float, float]]:
-    """(start, end) of operations given as (ready, duration), run in the given order on one channel."""
-    out = []
-    for ready, cost in ops:
-        start = max(ready, free)
-        free = start + cost
-        out.append((start, free))
-    return out
 
 
 def fill(grads: Sequence[Grad], caps: Sequence[float]) -> list[list[Grad]]:
