@@ -102,7 +102,8 @@ def test_both_elastic_arms_survive_a_lost_host_and_lose_nothing(tmp_path: Path) 
 @needs_horovod
 def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tmp_path: Path) -> None:
     """``compare --script elastic_mnist.py --strategies horovod-elastic,native-elastic``, two hosts, host 1 lost
-    right after the commit at step 20 (or a later one, when the steps outrun the host's death): real Horovod Elastic rolls back in its survivor, the layer's worker is
+    right after the commit at step 20 (or a later one, when the steps outrun the host's death; three epochs, 132
+    steps of ~10 ms, so that the job is still running when it dies: at one epoch it once ended first): real Horovod Elastic rolls back in its survivor, the layer's worker is
     restarted by torchrun and restores the commit from disk; both finish alone. Without the fault the two arms
     end with the same weights, bit for bit."""
     import torch
@@ -114,7 +115,7 @@ def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tm
     p = dpcompare("compare", "--script", str(script), "--strategies", "horovod-elastic,native-elastic", "--lab",
                   f"hosts=2,name={name}", "--np", "2", "--fault", "host=1,at-step=20", "--repeats", "1",
                   "--timeout", "5", "--min-steps", "0", "--metric", "val_accuracy", "--progress", "none",
-                  "--out", str(out), "--", "--epochs", "1", "--batches-per-commit", "5", check=False, timeout=1200)
+                  "--out", str(out), "--", "--epochs", "3", "--batches-per-commit", "5", check=False, timeout=1200)
     assert not _ns_left(name)
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
     runs = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
