@@ -284,6 +284,23 @@ def test_explicit_groups_split_as_horovods() -> None:
         _explicit_groups([[params[0]], [params[0]]], params)
 
 
+def test_grouped_calls_refuse_tensors_on_two_devices_and_int16_travels_as_fp16_bytes() -> None:
+    """What Horovod's test_torch.py checks on a GPU (bench/horovod_conformance.sh ran it on one H100), in the
+    parts a CPU can show: a grouped call on two devices is refused before anything is sent, and int16 (which
+    neither gloo nor NCCL carries) goes on the wire as fp16's bytes."""
+    import torch
+
+    from dpcompare.native.collectives import as_wire, grouped_allreduce, one_device, scale_
+
+    mixed = [torch.zeros(2), torch.zeros(2, device="meta")]
+    with pytest.raises(RuntimeError, match="Tensors in list must be on same device."):
+        grouped_allreduce(mixed)
+    assert one_device([torch.zeros(1), torch.ones(3)])
+    short = torch.tensor([1, -2, 300], dtype=torch.int16)
+    assert as_wire(short).dtype is torch.float16 and as_wire(short).view(torch.int16).equal(short)
+    assert scale_(torch.tensor([7, -7], dtype=torch.int32), 0.5).tolist() == [3, -3]   # in double, toward zero
+
+
 # -- dpcompare migrate -----------------------------------------------------------------------------------------------
 def _migrate_json(path: Path) -> dict:
     return json.loads(in_process(["migrate", str(path), "--json", "--no-port"]).stdout)

@@ -53,20 +53,29 @@ def resolve_op(op: int | None, average: bool | None, call: str = "hvd.allreduce"
     return op
 
 
-#: dtypes gloo lacks: what an all-reduce sums them in, what an all-gather or a broadcast moves their bytes as
+#: dtypes gloo and NCCL lack: what an all-reduce sums them in, what an all-gather or a broadcast moves their bytes as
 _WIDER = {torch.int16: torch.int32}
 _SAME_BYTES = {torch.int16: torch.float16}
 
 
 def as_wire(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s storage as a dtype gloo moves (``t`` itself when gloo has its dtype)."""
-    return t.view(_SAME_BYTES[t.dtype]) if t.dtype in _SAME_BYTES and not t.is_cuda else t
+    """``t``'s storage as a dtype gloo and NCCL move (``t`` itself when they have its dtype)."""
+    return t.view(_SAME_BYTES[t.dtype]) if t.dtype in _SAME_BYTES else t
+
+
+def one_device(tensors: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+    """``tensors``, refused as Horovod refuses a grouped call whose tensors are on more than one device."""
+    if len({t.device for t in tensors}) > 1:
+        raise RuntimeError("Tensors in list must be on same device.")
+    return tensors
 
 
 def scale_(t: torch.Tensor, factor: float) -> torch.Tensor:
     """``t *= factor`` as Horovod's ScaleBuffer does it: in the tensor's precision, integers in double then
-    truncated toward zero."""
+    truncated toward zero; on a GPU, fp16 times the factor rounded to fp16 (its CUDA kernel's ``__hmul``)."""
     if t.is_floating_point() or t.is_complex():
+        if t.is_cuda and t.dtype is torch.float16:
+            factor = torch.tensor(factor, dtype=torch.float16).item()
         return t.mul_(factor)
     return t.copy_(t.double().mul_(factor))
 
@@ -176,7 +185,7 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
         raise ValueError("Tensor is required to be contiguous.")
     if output is not tensor:
         output.copy_(tensor)
-    wire = output.to(_WIDER[output.dtype]) if output.dtype in _WIDER and not output.is_cuda else output
+    wire = output.to(_WIDER[output.dtype]) if output.dtype in _WIDER else output
     if prescale != 1.0:
         scale_(wire, prescale)
     if op == Adasum:  # Horovod's CPU Adasum, per tensor of a fused buffer (``counts``)
@@ -309,6 +318,7 @@ def start_fused_allreduce(tensors: Sequence[torch.Tensor], op: int, prescale: fl
 def _grouped(tensors: Sequence[torch.Tensor], op: int, prescale: float, postscale: float,
              outputs: Sequence[torch.Tensor], name: str | None, ps: ProcessSet = global_process_set) -> Deferred:
     """Horovod's grouped all-reduce: one request per tensor (``NAME.i``), agreed on and waited for together."""
+    one_device(tensors)
     base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
     reqs = [allreduce_request(t, o, op, prescale, postscale, f"{base}.{i}", ps)
             for i, (t, o) in enumerate(zip(tensors, outputs, strict=True))]
@@ -336,7 +346,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       compression: Any = None, op: int | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    if any(t.requires_grad for t in tensors):  # with gradients: one autograd all-reduce each (same numbers)
+    if any(t.requires_grad for t in one_device(tensors)):  # with gradients: one autograd all-reduce each (same numbers)
         base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
         return [allreduce(t, average, f"{base}.{i}", compression, op, prescale_factor, postscale_factor,
                           process_set) for i, t in enumerate(tensors)]
@@ -423,6 +433,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
     ps = check_process_set(process_set, "hvd.grouped_allgather_async")
+    one_device(tensors)
     base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
     reqs = [allgather_request(t, f"{base}.{i}", None, ps) for i, t in enumerate(tensors)]
     return register(Deferred(unnamed(reqs, name), list))
@@ -431,7 +442,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     check_process_set(process_set, "hvd.grouped_allgather")
-    if not any(t.requires_grad for t in tensors):
+    if not any(t.requires_grad for t in one_device(tensors)):
         return synchronize(grouped_allgather_async(tensors, name, process_set))
     base = name if name is not None else negotiator().auto_name("grouped_allgather", None)
     return [allgather(t, f"{base}.{i}", process_set) for i, t in enumerate(tensors)]

@@ -34,7 +34,9 @@ from dpcompare.native.collectives import (
     HorovodInternalError,
     Pending,
     Sum,
+    as_wire,
     grouped_allgather,
+    one_device,
     register,
     run,
     scale_,
@@ -141,7 +143,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     ps = check_process_set(process_set, "hvd.grouped_reducescatter_async")
-    return register(_negotiated(list(tensors), op, prescale_factor, postscale_factor, ps, name))
+    return register(_negotiated(list(one_device(tensors)), op, prescale_factor, postscale_factor, ps, name))
 
 
 def _grad_scale(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
@@ -175,6 +177,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
     from dpcompare.native.compression import Compression
 
     ps = check_process_set(process_set, "hvd.grouped_reducescatter")
+    one_device(tensors)
     compression = compression or Compression.none
     packed = [compression.compress(t) for t in tensors]
     out = _Reducescatter.apply(op, ps, prescale_factor, postscale_factor, name, *[c for c, _ in packed])
@@ -265,7 +268,7 @@ def _start_alltoall(tensor: torch.Tensor, send: list[int], ps: ProcessSet) -> Pe
     dist.all_to_all_single(got, mine, group=ps.group)
     received = [int(v) for v in got.tolist()]
     src = tensor.narrow(0, 0, sum(send)).contiguous()
-    src = src.view(torch.float16) if tensor.dtype is torch.int16 else src  # gloo moves int16's bytes as fp16's
+    src = as_wire(src)  # gloo and NCCL move int16's bytes as fp16's
     out = src.new_empty((sum(received), *tensor.shape[1:]))
     work = dist.all_to_all_single(out, src, received, send, group=ps.group, async_op=True)
     return Pending([work], lambda: (out.view(tensor.dtype), received), (src, out, mine, got))
