@@ -110,6 +110,9 @@ class DpcompareJob:
 
         def stop_then_submitit(signum: int, frame: Any) -> None:
             self.stop()  # every task: its child first; then submitit's handler checkpoints (task 0) and requeues
+            # a preemption's SIGTERM may reach the job after this USR2: ignored here, and so in the `scontrol
+            # requeue` that submitit starts (an ignored signal stays ignored across exec), it cannot kill that
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             if callable(previous):
                 previous(signum, frame)
 
