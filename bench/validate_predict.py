@@ -62,8 +62,6 @@ CHOOSING = "mlp"
 COMMON = ("--samples", "4096", "--epochs", "0", "--threads", "1", "--no-tensorboard", "--progress", "none",
           "--overwrite")
 RESULTS = "results.json"
-#: Open MPI's session folders apart from other jobs' on this machine (they clashed once in /tmp/ompi.*)
-OWN_TMP = ("--mca", "orte_tmpdir_base", "/tmp/dpcompare-validate-ompi")
 #: candidate calibrations: name → (bench: none / the same H and rate / the 2-host bench at the first rate,
 #: --floor-from-trace, --overlap-from)
 CALIBRATIONS: dict[str, tuple[str, bool, bool]] = {
@@ -88,10 +86,7 @@ def train_argv(strategy: str, workload: str, out: Path, steps: int, warmup: int,
 def run_train(lab: Lab, argv: list[str], timeout: float) -> float:
     """One run across the lab; its step_ms_median (the slowest rank's median timed step)."""
     out = Path(argv[argv.index("--out") + 1])
-    for _ in range(2):  # once more when Open MPI's start-up fails (a session folder clash with another job)
-        rc, _ = lab.run(argv, out, per_host=1, mpi_options=OWN_TMP, timeout=timeout)
-        if rc == 0 or "orte" not in log_tail(out, 200).lower():
-            break
+    rc, _ = lab.run(argv, out, per_host=1, timeout=timeout)
     if rc != 0:
         raise SystemExit(f"{' '.join(argv[-12:])}: exit {rc}\n{log_tail(out, 40)}")
     return float(json.loads((out / "summary.json").read_text())["timing"]["step_ms_median"])

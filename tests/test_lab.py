@@ -162,6 +162,36 @@ def test_link_down_and_reshape(lab: Lab) -> None:
     assert f"lab {lab.name}: up" in p.stdout and lab.hosts[1].address in p.stdout
 
 
+SHARED_MEMORY_JOB = """
+import sys
+import numpy as np
+from mpi4py import MPI
+
+c = MPI.COMM_WORLD
+got = np.empty(1 << 18)
+c.Allreduce(np.full(1 << 18, float(c.rank)), got)  # two ranks per host: through shared memory, then the link
+sys.exit(0 if (got == sum(range(c.size))).all() else f"rank {c.rank}: wrong sum {got[:3]}")
+"""
+
+
+@pytest.mark.netns
+@needs_mpi
+def test_two_ranks_per_host_keep_each_hosts_shared_memory_and_session_folder_apart(lab: Lab, tmp_path: Path) -> None:
+    """The hosts share the machine's name, which Open MPI names its session folder and shared-memory segments
+    after: without a folder per host, rank 0 of host 0 and rank 0 of host 1 mapped one segment ("unlink(2)
+    /dev/shm/vader_segment...: No such file"), and one job's daemons removed each other's files (PMIx's
+    NO-PERMISSIONS, a 4-host bench's segfault)."""
+    script = tmp_path / "allreduce.py"
+    script.write_text(SHARED_MEMORY_JOB)
+    import sys
+
+    rc, _ = lab.run([sys.executable, str(script)], tmp_path / "logs", 4, per_host=2, mpi_options=("--oversubscribe",),
+                    timeout=120)
+    assert rc == 0, log_tail(tmp_path / "logs", 30)
+    assert "system call failed" not in log_tail(tmp_path / "logs", 200).lower()
+    assert (lab.directory / "ompi" / lab.hosts[1].namespace).is_dir()
+
+
 @pytest.mark.netns
 def test_a_link_given_as_1Gbit_reaches_tc_as_1000000000_bits(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--lab hosts=2,link=1Gbit``: parsed once into the spec, then the same integer to every tbf (both ways)."""

@@ -6,6 +6,7 @@ Layout of lab ``NAME`` (every name starts with :data:`PREFIX`)::
     namespace dplab-NAME-hI      interface dplab0 = 10.250.X.(I+1)/24 (egress shaped: host → switch), lo;
                                  an sshd on that address only (when installed: horovodrun's way in)
     /run/dpcompare-lab/NAME/     state.json, hostfile, agent.sh (Open MPI's remote agent in place of ssh),
+                                 ompi/NAMESPACE/ (each host's Open MPI session folder and shared memory),
                                  ssh/ (keys, configurations), bin/ssh, live-hosts and discover.sh (:mod:`.remote`)
     /etc/netns/dplab-NAME-hI/    hosts: the machine's name is the host's address inside the host
 
@@ -242,7 +243,7 @@ class Lab:
     def _write_launch_files(self) -> None:
         atomic_write_text(self.hostfile, "".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
         cases = "".join(f"  {h.address}|{h.namespace}) ns={h.namespace} ;;\n" for h in self.hosts)
-        atomic_write_text(self.agent, AGENT.format(name=self.name, cases=cases))
+        atomic_write_text(self.agent, AGENT.format(name=self.name, cases=cases, ompi=self.directory / "ompi"))
         self.agent.chmod(0o755)
 
     @property
@@ -406,6 +407,12 @@ host=$1; shift
 case "$host" in
 {cases}  *) echo "dpcompare lab {name}: unknown host $host" >&2; exit 1 ;;
 esac
+# Open MPI names its session folder and shared-memory files after the machine's name, which every host shares:
+# without a folder per host, one job's daemons share one session folder (the first to end removes the others'
+# files in use: PMIx's NO-PERMISSIONS, segfaults) and its ranks on two hosts map one shared-memory segment.
+export OMPI_MCA_orte_tmpdir_base={ompi}/$ns
+export OMPI_MCA_btl_vader_backing_directory=$OMPI_MCA_orte_tmpdir_base
+mkdir -p "$OMPI_MCA_orte_tmpdir_base"
 exec ip netns exec "$ns" /bin/sh -c "$*"
 """
 
