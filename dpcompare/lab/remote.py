@@ -108,11 +108,15 @@ def prepare(directory: Path, addresses: Sequence[str]) -> None:
 
 
 def start_sshd(directory: Path, namespace: str, address: str) -> None:
-    """Start sshd inside ``namespace``, listening on ``address`` only (its pid in ``ssh/sshd-NAMESPACE.pid``)."""
+    """Start sshd inside ``namespace``, listening on ``address`` only (its pid in ``ssh/sshd-NAMESPACE.pid``); what
+    it starts gets the host's own Open MPI folder, as the lab's remote agent gives it (``hosts.AGENT``)."""
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation folder
     d = directory / "ssh"
+    ompi = directory / "ompi" / namespace
+    ompi.mkdir(parents=True, exist_ok=True)
     _run(["ip", "netns", "exec", namespace, SSHD, "-f", str(d / "sshd_config"), "-o", f"ListenAddress={address}",
-          "-o", f"PidFile={d / f'sshd-{namespace}.pid'}"])
+          "-o", f"PidFile={d / f'sshd-{namespace}.pid'}",
+          "-o", f"SetEnv=OMPI_MCA_orte_tmpdir_base={ompi} OMPI_MCA_btl_vader_backing_directory={ompi}"])
 
 
 def stop_sshd(directory: Path, namespace: str) -> None:
