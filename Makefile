@@ -33,6 +33,8 @@ lab-demo: setup
 
 test: setup-dev
 	$(VENV)/bin/ruff check dpcompare tests bench examples
+	@# bytecode written once: where PYTHONDONTWRITEBYTECODE is set, every rank the tests start would compile again
+	$(VENV)/bin/python -m compileall -q dpcompare tests bench examples
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m 'not solitary' tests
 	$(VENV)/bin/python -m pytest -q -m solitary tests
 

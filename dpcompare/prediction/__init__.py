@@ -9,8 +9,9 @@ collectives where the library runs them and says how much of them the step waits
 what a slow-link trace measured, or states the assumption. :mod:`.sweep` evaluates them over host counts (step
 time, exposed and hidden communication, throughput, scaling efficiency against one host, the crossover, the knob
 that would help), each figure with a bootstrap band from the traced steps' and the bench repeats' own noise and,
-where Open MPI showed two speeds, the step in each; :mod:`.output` prints, plots and writes it. docs/predict.md
-states the model and its limits.
+where Open MPI showed two speeds, the step in each, and a 90 % interval: the band widened by the model's own
+error as a validation measured it (:mod:`.interval`); :mod:`.output` prints, plots and writes it.
+docs/predict.md states the model and its limits.
 
 May import: the top-level modules and report. Never a strategy, torch or training: a prediction reads
 trace.json and summary.json as data.
