@@ -38,7 +38,7 @@ def test_the_job_words_resume_and_checkpoint_and_refuse_what_cannot_be_requeued(
     assert words[-4:] == ["--resume", "auto", "--checkpoint-every", "1"]
     assert job_words(["train", "--out", "a", "--checkpoint-steps", "5"])[-2:] == ["--resume", "auto"]
     assert resumed_words(words) == words
-    assert resumed_words(["compare", "--np", "2", "--out=runs/ab"]) == ["compare", "--resume", "runs/ab"]
+    assert resumed_words(["compare", "--np", "2", "--out=runs/ab"]) == ["compare", "--continue", "runs/ab"]
     for bad, said in ((["predict"], "runs train or compare"), (["train", "--strategy", "ddp"], "--out folder")):
         with pytest.raises(ConfigError, match=said):
             job_words(bad)

@@ -107,7 +107,7 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
     gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
     collectives = [collective(c) for c in collectives]
     if len(lab.hosts) < 2:
-        raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --hosts 2)")
+        raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --host-count 2)")
     raw_rows, ranks = [], len(lab.hosts)
     jobs = _jobs(backends, collectives)
     for i, (bk, coll, label, mca) in [(r * len(jobs) + j, job) for r in range(repeats) for j, job in enumerate(jobs)]:

@@ -21,8 +21,8 @@ without netem no latency or loss can be added, and an unshaped veth is CPU-bound
 
 EPILOG = """\
 examples:
-  dpcompare lab up --hosts 2 --link 1gbit          # hosts dplab-default-h0, -h1 on 10.250.200.0/24
-  dpcompare lab bench --out bench.json             # all-reduce/all-gather sweep: gloo, MPI, MPI recursive doubling
+  dpcompare lab up --host-count 2 --link 1gbit     # hosts dplab-default-h0, -h1 on 10.250.200.0/24
+  dpcompare lab bench --out-file bench.json        # all-reduce/all-gather sweep: gloo, MPI, MPI recursive doubling
   dpcompare lab set-link 200mbit                   # reshape every link (or --host I); down/up: a host's link
   dpcompare lab kill --host 2                      # host 2 dies: link down, its processes killed; `revive` it
   dpcompare lab status
@@ -58,7 +58,7 @@ def _status(a: argparse.Namespace) -> int:
     names = hosts.lab_names()
     console = Console()
     if not names:
-        console.print("no lab exists (dpcompare lab up --hosts 2 --link 1gbit)")
+        console.print("no lab exists (dpcompare lab up --host-count 2 --link 1gbit)")
         return 0
     for name in names:
         try:

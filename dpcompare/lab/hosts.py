@@ -126,7 +126,7 @@ class Lab:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"no lab named {name!r} is up (no {path}); start one with "
-                              f"`dpcompare lab up --hosts 2 --link 1gbit{_named(name)}`") from None
+                              f"`dpcompare lab up --host-count 2 --link 1gbit{_named(name)}`") from None
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"{path} is unreadable ({e}); `dpcompare lab down{_named(name)}` clears it") from None
         data["hosts"] = [Host(**h) for h in data.get("hosts", [])]

@@ -11,7 +11,7 @@ Preemption and time-outs follow submitit's ``Checkpointable`` pattern. Slurm (or
 the job; in every task this module stops its child (whose checkpoints are written atomically, so the newest one
 is whole), and submitit calls :meth:`DpcompareJob.checkpoint` on task 0, which hands back the job to run when
 requeued: the same ``train`` with ``--resume auto`` (the newest checkpoint in its ``--out``; a train job gets
-``--checkpoint-every 1`` unless it asks for checkpoints itself), or ``compare --resume OUT`` (its finished runs
+``--checkpoint-every 1`` unless it asks for checkpoints itself), or ``compare --continue OUT`` (its finished runs
 are kept). The child ignores SIGTERM and SIGUSR2, so that the task, not a signal's race, decides what happens.
 
 ``compare`` runs as one task on one node and starts its runs with mpirun there (it launches its own jobs; give
@@ -187,9 +187,9 @@ def job_words(words: Sequence[str]) -> list[str]:
 
 
 def resumed_words(words: Sequence[str]) -> list[str]:
-    """The command a requeued job runs: ``train`` as before (``--resume auto``), ``compare --resume OUT``."""
+    """The command a requeued job runs: ``train`` as before (``--resume auto``), ``compare --continue OUT``."""
     if words[0] == "compare":
-        return ["compare", "--resume", str(_flag(words, "--out"))]
+        return ["compare", "--continue", str(_flag(words, "--out"))]
     return list(words)
 
 
@@ -254,7 +254,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         description="Send `dpcompare train ...` or `dpcompare compare ...` to Slurm through submitit: one task per "
                     "process, each running the command (ranks from srun's variables). On preemption or time-out "
                     "the job is requeued and continues: train from the newest checkpoint in its --out "
-                    "(--resume auto; --checkpoint-every 1 unless given), compare with --resume OUT.",
+                    "(--resume auto; --checkpoint-every 1 unless given), compare with --continue OUT.",
         epilog="examples:\n"
                "  dpcompare submit --tasks-per-node 2 --time 00:30:00 --partition cpu -- train --strategy ddp "
                "--out runs/a\n"

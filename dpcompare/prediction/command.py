@@ -196,7 +196,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="intra-host link rate, e.g. 300gbyte (NVLink-class)")
     p.add_argument("--intra-latency", default="1us", help="intra-host latency (default 1us)")
     p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="a `dpcompare lab bench --out FILE` JSON: measured alpha and bandwidth share per backend "
+                   help="a `dpcompare lab bench --out-file FILE` JSON: measured alpha and bandwidth share per backend "
                         "and collective")
     p.add_argument("--floor-from-trace", action="store_true",
                    help="no all-reduce faster than the traced run's own of that size (its library on the traced "

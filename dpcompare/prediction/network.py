@@ -260,7 +260,7 @@ def _rows_as_points(data: Any) -> list[dict[str, Any]]:
 def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, str], tuple[float, float]]:
     """(backend, collective) → (α seconds, measured B as a fraction of the link rate it was measured on).
 
-    Reads the JSON ``dpcompare lab bench --out FILE`` writes (``rows``: the median time per size; ``fits``:
+    Reads the JSON ``dpcompare lab bench --out-file FILE`` writes (``rows``: the median time per size; ``fits``:
     ``backend``, ``collective``, ``alpha_s``, ``busbw_Bps``; ``ranks``; ``lab.link_bps``). With ``fit="range"``
     (the default) α and B are a least-squares line through every size the bench measured, one effective α and B
     over the range training's buckets fall in; ``fit="ends"`` keeps the bench's own fits (α from the smallest
@@ -288,7 +288,7 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
             out[(str(e["backend"]), coll)] = (ab[0], ab[1] / (float(link_bps) / 8))
     if not out:
         raise ConfigError(f"--calibration {path}: no backend+collective fit with the link rate it was measured on; "
-                          "give the JSON `dpcompare lab bench --out FILE` wrote (on a shaped link)")
+                          "give the JSON `dpcompare lab bench --out-file FILE` wrote (on a shaped link)")
     return out
 
 
