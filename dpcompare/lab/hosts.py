@@ -243,7 +243,9 @@ class Lab:
     def _write_launch_files(self) -> None:
         atomic_write_text(self.hostfile, "".join(f"{h.address} slots={self.slots}\n" for h in self.hosts))
         cases = "".join(f"  {h.address}|{h.namespace}) ns={h.namespace} ;;\n" for h in self.hosts)
-        atomic_write_text(self.agent, AGENT.format(name=self.name, cases=cases, ompi=self.directory / "ompi"))
+        ompi = remote.ompi_host_folder(self.directory, "$ns")
+        exports = "".join(f'export {var}="{ompi}"\n' for var in remote.OMPI_HOST_FOLDER_VARS)
+        atomic_write_text(self.agent, AGENT.format(name=self.name, cases=cases, exports=exports, ompi=ompi))
         self.agent.chmod(0o755)
 
     @property
@@ -407,12 +409,8 @@ host=$1; shift
 case "$host" in
 {cases}  *) echo "dpcompare lab {name}: unknown host $host" >&2; exit 1 ;;
 esac
-# Open MPI names its session folder and shared-memory files after the machine's name, which every host shares:
-# without a folder per host, one job's daemons share one session folder (the first to end removes the others'
-# files in use: PMIx's NO-PERMISSIONS, segfaults) and its ranks on two hosts map one shared-memory segment.
-export OMPI_MCA_orte_tmpdir_base={ompi}/$ns
-export OMPI_MCA_btl_vader_backing_directory=$OMPI_MCA_orte_tmpdir_base
-mkdir -p "$OMPI_MCA_orte_tmpdir_base"
+# each host its own Open MPI folder (remote.OMPI_HOST_FOLDER_VARS says why)
+{exports}mkdir -p "{ompi}"
 exec ip netns exec "$ns" /bin/sh -c "$*"
 """
 

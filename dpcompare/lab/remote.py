@@ -107,16 +107,27 @@ def prepare(directory: Path, addresses: Sequence[str]) -> None:
     wrapper.chmod(0o755)
 
 
+# Open MPI names its session folder and shared-memory files after the machine's name, which every lab host shares:
+# without a folder per host, one job's daemons share one session folder (the first to end removes the others'
+# files in use: PMIx's NO-PERMISSIONS, segfaults) and its ranks on two hosts map one shared-memory segment.
+OMPI_HOST_FOLDER_VARS = ("OMPI_MCA_orte_tmpdir_base", "OMPI_MCA_btl_vader_backing_directory")
+
+
+def ompi_host_folder(directory: Path, namespace: str) -> Path:
+    """The folder a lab host's Open MPI session and shared-memory files go to (gone with the lab's folder)."""
+    return directory / "ompi" / namespace
+
+
 def start_sshd(directory: Path, namespace: str, address: str) -> None:
     """Start sshd inside ``namespace``, listening on ``address`` only (its pid in ``ssh/sshd-NAMESPACE.pid``); what
     it starts gets the host's own Open MPI folder, as the lab's remote agent gives it (``hosts.AGENT``)."""
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation folder
     d = directory / "ssh"
-    ompi = directory / "ompi" / namespace
+    ompi = ompi_host_folder(directory, namespace)
     ompi.mkdir(parents=True, exist_ok=True)
     _run(["ip", "netns", "exec", namespace, SSHD, "-f", str(d / "sshd_config"), "-o", f"ListenAddress={address}",
           "-o", f"PidFile={d / f'sshd-{namespace}.pid'}",
-          "-o", f"SetEnv=OMPI_MCA_orte_tmpdir_base={ompi} OMPI_MCA_btl_vader_backing_directory={ompi}"])
+          "-o", "SetEnv=" + " ".join(f"{var}={ompi}" for var in OMPI_HOST_FOLDER_VARS)])
 
 
 def stop_sshd(directory: Path, namespace: str) -> None:
