@@ -1,10 +1,13 @@
 """Shared names of what dpcompare writes, and the one atomic writer every file goes through (text, JSON and
-figures through their helpers here; checkpoints through :func:`dpcompare.checkpoint.atomic_save`)."""
+figures through their helpers here; checkpoints through :func:`dpcompare.checkpoint.atomic_save`); also the one
+way a user's Python file (a plug-in workload or strategy) is imported, :func:`import_file`."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -97,3 +100,20 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def import_file(path: Path, prefix: str) -> Any:
+    """The module in the Python file ``path``, imported once per process under a name made of ``prefix`` and its
+    resolved path (dataclasses and pickle look a module up by that name); a failed import leaves no trace."""
+    name = prefix + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module

@@ -13,7 +13,6 @@ Imports :mod:`~dpcompare.backends.base` only inside functions, as base reads the
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 from dpcompare.backends.catalog import STRATEGIES, Entry, check_name, is_plugin
 from dpcompare.backends.catalog import names as names
 from dpcompare.errors import ConfigError
+from dpcompare.files import import_file
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy
@@ -131,18 +131,7 @@ def _import_file(path: Path) -> object:
     """The module in the file ``path`` (imported once per process, under a name made from its path)."""
     if not path.is_file():
         raise ConfigError(f"--strategy {path}:...: no file {path}; give an existing path/to/file.py")
-    name = "dpcompare_strategy_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[name] = module  # pickle and dataclasses look a module up by name
-    try:
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return import_file(path, "dpcompare_strategy_")
 
 
 def _one_line(e: BaseException) -> str:

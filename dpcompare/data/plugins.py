@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import importlib.util
 import inspect
 import os
 import sys
@@ -33,6 +32,7 @@ from dpcompare import models
 from dpcompare.data.catalog import TEXT_DATASETS
 from dpcompare.data.workload import ModelTraits, Workload
 from dpcompare.errors import ConfigError
+from dpcompare.files import import_file
 
 #: ``--workload lightning:MODULE:ATTR``: a LightningModule (:mod:`dpcompare.data.lightning`)
 LIGHTNING = "lightning:"
@@ -53,18 +53,7 @@ def is_plugin(name: str | None) -> bool:
 def _import_file(path: Path, flag: str, spec: str) -> Any:
     if not path.is_file():
         raise ConfigError(f"{flag} {spec}: no file {path}")
-    name = "dpcompare_plugin_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
-    if name in sys.modules:
-        return sys.modules[name]
-    mod_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
-    sys.modules[name] = module  # dataclasses and pickle look a module up by name
-    try:
-        mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    return module
+    return import_file(path, "dpcompare_plugin_")
 
 
 def load_attr(spec: str, flag: str = "--workload") -> Any:
