@@ -73,7 +73,8 @@ def test_both_elastic_arms_survive_a_lost_host_and_lose_nothing(tmp_path: Path) 
     out = tmp_path / "cmp"
     p = dpcompare("compare", "--lab", f"hosts=3,name={name}", "--np", "3", "--fault", "host=2,at-step=20",
                   "--replay", "--strategies", "ddp-elastic,horovod-elastic", "--repeats", "1", "--model", "mlp",
-                  "--epochs", "0", "--max-steps", "120", "--keep-last", "0", "--timeout", "5", "--warmup-steps", "2", "--min-steps", "0",
+                  "--epochs", "0", "--max-steps", "120", "--keep-last", "0", "--timeout", "5", "--warmup-steps", "2",
+                  "--min-steps", "0",
                   "--threads", "1", "--progress", "none", "--out", str(out), check=False, timeout=1200)
     assert not _ns_left(name)
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
