@@ -9,7 +9,8 @@ measured step time.
 ``measure`` runs the whole procedure a user follows, ``--rounds`` times from the start (each round its own traces,
 benches and measurements), per host count H (one lab of H hosts, one rank per host):
 
-1. **compute**: a traced run of every strategy and workload on the UNSHAPED lab (``train --trace K``);
+1. **compute**: a traced run of every strategy and workload on the UNSHAPED lab (``train --trace K``; with
+   ``--trace-launches L``, L such runs, pooled as ``predict`` pools a comparison's traced repeats);
 2. **overlap**: a short traced run of each on a link slow enough for communication to matter (``--overlap-link``,
    not one of the validated rates), for ``predict --overlap-from``;
 3. per link rate: ``lab bench`` (gloo and/or Open MPI, ``--bench-repeats`` mpirun jobs: both of Open MPI's speeds)
@@ -47,6 +48,7 @@ from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
+from dpcompare.prediction.profile import pooled
 
 ROOT = Path(__file__).resolve().parents[1]
 #: workload → (family, its flags). mlp is the choosing set; every other family is held out.
@@ -117,7 +119,8 @@ def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, A
     """Round ``rnd`` at ``h`` hosts, from the traces to the measurements, appended to ``log`` (saved after each)."""
     with session(LabSpec(hosts=h, name=f"val{h}{secrets.token_hex(2)}")) as lab:
         base = a.out / f"round{rnd}" / f"h{h}"
-        traced = traced_runs(lab, a, base, "unshaped", a.trace)
+        launches = [traced_runs(lab, a, base, "unshaped" + (f"-{k}" if k else ""), a.trace)
+                    for k in range(a.trace_launches)]  # each its own launch: pooled by predict (profile.pooled)
         lab.set_link(link_bps(a.overlap_link))
         slow = traced_runs(lab, a, base, f"overlap-{a.overlap_link}", a.overlap_steps)
         for link in a.links:
@@ -127,7 +130,7 @@ def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, A
             for s in a.strategies:
                 for w in a.workloads:
                     rec = {"round": rnd, "hosts": h, "link": link, "strategy": s, "workload": w,
-                           "family": WORKLOADS[w][0], "trace": traced[s, w], "overlap_trace": slow[s, w],
+                           "family": WORKLOADS[w][0], "trace": [t[s, w] for t in launches], "overlap_trace": slow[s, w],
                            "bench": str(cal), "measured_ms": [], "load": []}
                     for r in range(a.repeats):
                         rec["load"].append(round(load(), 2))
@@ -153,7 +156,8 @@ def merged(folders: list[Path]) -> list[dict[str, Any]]:
 def predict(rec: dict[str, Any], how: str, one: str, replicates: int) -> dict[str, Any]:
     """The configuration as `dpcompare predict` sees it under calibration ``how``: point, band, modes (ms)."""
     which, floor, with_overlap = CALIBRATIONS[how]
-    p = strategies.profile(Path(rec["trace"]))
+    traces = rec["trace"] if isinstance(rec["trace"], list) else [rec["trace"]]  # runs before --trace-launches
+    p = pooled([strategies.profile(Path(t)) for t in traces])
     knobs = sweep.knobs_of(p, {})
     cal = {"none": None, "same": rec["bench"], "one": one}[which]
     net = Network(1, Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, load_calibration(cal) if cal else {},
@@ -323,6 +327,8 @@ def parse() -> argparse.Namespace:
     m.add_argument("--steps", type=int, default=6, help="timed steps per measured run")
     m.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     m.add_argument("--trace", type=int, default=8, help="traced steps of the unshaped runs")
+    m.add_argument("--trace-launches", type=int, default=1, help="traced runs (launches) of each strategy and "
+                   "workload on the unshaped lab, pooled as predict pools a comparison's traced repeats")
     m.add_argument("--overlap-steps", type=int, default=4, help="traced steps of the overlap runs")
     m.add_argument("--repeats", type=int, default=2, help="untraced runs per configuration")
     m.add_argument("--bench-sizes", default="64K,256K,1M,2M,4M,8M,16M,32M")

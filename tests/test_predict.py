@@ -191,14 +191,15 @@ def test_advice_names_a_bucket_that_helps():
 
 
 # -- reading traces, the command ----------------------------------------------------------------------------
-def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3):
-    """A trace.json + summary.json as `train --trace` writes them: per rank and step, phases, 3 gradient ticks."""
+def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3, slower=1.0):
+    """A trace.json + summary.json as `train --trace` writes them: per rank and step, phases, 3 gradient ticks
+    (``slower``: every phase that many times longer)."""
     events = [{"name": "model_buffers", "ph": "M", "pid": 0, "args": {"bytes": 1024}}]
     sizes = {"fc2.bias": 40, "fc2.weight": 4 * MB, "fc1.weight": 8 * MB}
     for rank in range(world_size):
         for k in range(steps):
             t0 = k * 30_000.0 + rank * 10
-            phases = [("data", 1000), ("forward", 4000), ("backward", 12_000), ("optimizer", 3000)]
+            phases = [(n, d * slower) for n, d in (("data", 1000), ("forward", 4000), ("backward", 12_000), ("optimizer", 3000))]
             events.append({"name": f"step {k}", "cat": "step", "ph": "X", "ts": t0, "dur": 20_000, "pid": rank,
                            "tid": 0, "args": {"step": k}})
             t = t0
@@ -236,7 +237,7 @@ def test_profile_reads_phases_ticks_and_bytes(tmp_path):
 
 def test_predict_command_on_a_compare_folder(tmp_path):
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r0")
-    fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1")  # a repeat: the same curve, shown once
+    fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1")  # a repeat: the same curve, both runs' steps pooled
     p = dpcompare("predict", str(tmp_path / "cmp"), "--host-counts", "2,4,...,64", "--link", "1gbit",
                   "--strategies", "ddp,horovod,zero,fsdp")
     out = json.loads((tmp_path / "cmp" / "prediction.json").read_text())
@@ -248,7 +249,7 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     # every figure with its band (the hand-made steps are identical: a band of no width), the overlap's source
     first = out["curves"][0]["steps"][0]
     assert first["step_ms_low"] == first["step_ms"] == first["step_ms_high"] and "95 % band" in p.stdout
-    assert out["curves"][0]["band"]["traced_steps"] == 6 and first["no_overlap_ms"] >= first["step_ms"]
+    assert out["curves"][0]["band"]["traced_steps"] == 12 and first["no_overlap_ms"] >= first["step_ms"]
     assert out["overlap"][0].startswith("assumed, nothing measured") and "overlap of communication" in p.stdout
     # and its interval: the band widened on each side by the validated model error's share of the step
     w = out["curves"][0]["model_error"]["widen"]
@@ -368,6 +369,24 @@ def test_labels_keep_arms_apart_and_repeats_together(tmp_path):
     assert source(tmp_path / "ddp-np2-r0", 2) == source(tmp_path / "ddp-np2-r3-s7", 2) == "ddp-np2"
     assert source(tmp_path / "ddp-bucket5-np2-r0", 2) == "ddp-bucket5-np2"
     assert source(tmp_path / "mine", 4) == "mine, np=4"
+
+
+def test_the_traced_repeats_of_an_arm_are_pooled_into_one_curve(tmp_path):
+    """A comparison traced with --repeats 2: one curve per arm, from both repeats' steps; the other arm alone."""
+    from dpcompare import cli
+
+    fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r0", steps=6)
+    fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1", steps=6, slower=1.3)
+    fake_run(tmp_path / "cmp" / "runs" / "horovod-np2-r0", strategy="horovod", steps=6)
+    assert cli.main(["predict", str(tmp_path / "cmp"), "--host-counts", "2,4", "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    curves = {c["strategy"]: c for c in json.loads((tmp_path / "p" / "prediction.json").read_text())["curves"]}
+    assert set(curves) == {"ddp", "horovod"}
+    ddp, hvd = curves["ddp"], curves["horovod"]
+    assert any("2 traced runs of this arm pooled (24 rank-steps)" in n for n in ddp["notes"])
+    assert not any("pooled" in n for n in hvd["notes"])
+    assert ddp["traced_run"]["pooled_runs"][1].endswith("ddp-np2-r1")
+    assert (ddp["band"]["traced_steps"], ddp["band"]["traced_runs"], hvd["band"]["traced_runs"]) == (24, 2, 1)
+    assert "runs drawn first" in ddp["band"]["method"] and hvd["band"]["traced_steps"] == 12
 
 
 def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):

@@ -12,7 +12,7 @@ from dpcompare.errors import ConfigError
 from dpcompare.lab.bench import analyse, mode_lines, two_modes
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_profiles
-from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples
+from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples, pooled
 from dpcompare.prediction.schedule import MB, Knobs
 
 MS = 1e-3
@@ -66,6 +66,23 @@ def test_a_hand_made_profile_has_a_point_band_and_no_band_when_asked_for_none():
     p = noisy(10, 4)
     none = sweep.curve(p, "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=0))
     assert none.bands == [] and "step_ms_low" not in none.step_dict(0) and none.band(0) == (none.steps[0].step,) * 2
+
+
+def test_pooled_launches_put_what_moved_between_them_in_the_band():
+    """Two traced runs of one arm whose compute moved between launches (backward 10 and 13 ms, steps steady
+    within each): each alone gives a band that misses the other; pooled, the band holds both."""
+    a, b = noisy(30, 6, spread=0.01), noisy(30, 7, spread=0.01, backward=13 * MS)
+    one = [sweep.curve(p, "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=200)) for p in (a, b)]
+    assert one[0].band(0)[1] < one[1].band(0)[0]  # the launches' bands miss each other
+    both = pooled([a, b])
+    assert len(both.samples) == 60 and list(np.unique(both.samples.launch)) == [0, 1]
+    assert a.backward < both.backward < b.backward and "2 traced runs of this arm pooled" in both.notes[-1]
+    c = sweep.curve(both, "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=200))
+    lo, hi = c.band(0)
+    assert lo <= one[0].steps[0].step and one[1].steps[0].step <= hi, (lo, hi)
+    assert pooled([a]) is a  # one run: itself, drawn as before
+    rng1, rng2 = np.random.default_rng(0), np.random.default_rng(0)
+    assert a.samples.drawn(rng1).tolist() == rng2.integers(0, 30, 30).tolist()
 
 
 def test_who_wins_says_when_the_bands_overlap():

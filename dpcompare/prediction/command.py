@@ -83,6 +83,22 @@ def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -
     return overlap.measure(shaped, ref, cls, sweep.knobs_of(ref, over))
 
 
+def _arms(folders: list[Path]) -> tuple[list[Path], list[Any]]:
+    """One profile per arm: the traced repeats of an arm in one comparison (``runs/ARM-npN-r0``, ``-r1``, ...)
+    pooled (:func:`.profile.pooled`), so that the band holds what moved between their launches."""
+    from dpcompare.prediction import strategies
+    from dpcompare.prediction.profile import pooled
+
+    groups: dict[tuple[Path, str, str], list[Any]] = {}
+    first: dict[tuple[Path, str, str], Path] = {}
+    for f in folders:
+        p = strategies.profile(f)
+        key = (f.resolve().parent, source(f, p.world_size), p.strategy)
+        groups.setdefault(key, []).append(p)
+        first.setdefault(key, f)
+    return list(first.values()), [pooled(ps) for ps in groups.values()]
+
+
 def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     from dpcompare.prediction import interval, strategies, sweep
     from dpcompare.prediction.network import Bench
@@ -96,8 +112,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
             "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     model_error = interval.load(a.model_error)
-    folders = strategies.profile_runs(a.run_dirs)
-    profiles = [strategies.profile(f) for f in folders]
+    folders, profiles = _arms(strategies.profile_runs(a.run_dirs))
     ov = _overlap(a, profiles, over)
     curves, seen = [], set()
     for folder, p in zip(folders, profiles, strict=True):
@@ -106,7 +121,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
             label = f"{name} ({source(folder, p.world_size)})" if name == p.strategy else \
                 f"{name} (on {source(folder, p.world_size)})"
             if label in seen:
-                continue  # another repeat of the same arm
+                continue  # the same name from another folder: shown once
             seen.add(label)
             c = sweep.curve(p, name, sweep.knobs_of(p, over), net_p, hosts, label, noise, ov, model_error)
             c.advice = sweep.advise(c, p, net_p, a.threshold)

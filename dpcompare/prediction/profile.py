@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,9 +52,20 @@ class Samples:
     ready: np.ndarray
     comm: np.ndarray
     overlapped: np.ndarray
+    launch: np.ndarray | None = None  # the traced run (launch) of each row, when several are pooled (:func:`pooled`)
 
     def __len__(self) -> int:
         return len(self.phases)
+
+    def drawn(self, rng: np.random.Generator) -> np.ndarray:
+        """One bootstrap replicate's rows: drawn again with replacement; with several launches, the launches are
+        drawn again first and then each drawn launch's own rows (so that the band holds what moves between
+        launches — where the processes landed, the machine's state — and not only the steps of one)."""
+        if self.launch is None or len(np.unique(self.launch)) < 2:
+            return rng.integers(0, len(self), len(self))
+        runs = [np.flatnonzero(self.launch == k) for k in np.unique(self.launch)]
+        picked = rng.integers(0, len(runs), len(runs))
+        return np.concatenate([rng.choice(runs[k], len(runs[k])) for k in picked])
 
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -95,7 +106,15 @@ class Profile:
         s = self.samples
         if s is None or len(s) < 2:
             return self
-        rows = rng.integers(0, len(s), len(s))
+        rows = s.drawn(rng)
+        ops = self.measured.get("allreduces") or []
+        return self.from_rows(rows, [ops[i] for i in rng.integers(0, len(ops), len(ops))] if ops else None)
+
+    def from_rows(self, rows: np.ndarray, allreduces: list[tuple[float, float]] | None = None) -> Profile:
+        """This profile with every median taken over ``rows`` of its samples (and ``allreduces``, when given, as
+        its traced all-reduces)."""
+        s = self.samples
+        assert s is not None
         data, forward, backward, optimizer = (float(x) for x in np.median(s.phases[rows], axis=0))
         ready = s.ready[rows]
         have = ~np.all(np.isnan(ready), axis=0)
@@ -104,11 +123,34 @@ class Profile:
         at = dict(zip(s.names, med, strict=True))
         grads = sorted((Grad(g.name, float(at[g.name]) if not np.isnan(at.get(g.name, np.nan)) else g.ready,
                              g.nbytes) for g in self.grads), key=lambda g: (g.ready, g.name))
-        ops = self.measured.get("allreduces") or []
-        measured = {**self.measured, "allreduces": [ops[i] for i in rng.integers(0, len(ops), len(ops))]} if ops \
-            else self.measured
+        measured = {**self.measured, "allreduces": allreduces} if allreduces is not None else self.measured
         return dataclasses.replace(self, data=data, forward=forward, backward=backward, optimizer=optimizer,
                                    grads=grads, measured=measured)
+
+
+def pooled(profiles: Sequence[Profile]) -> Profile:
+    """Several traced runs of one arm (a comparison's repeats, each its own launch) as one profile: every traced
+    row of each, the medians over all of them, their all-reduces together, and a bootstrap that draws the launches
+    again before their rows (:meth:`Samples.drawn`). One run, or a hand-made profile among them: the first alone."""
+    first = profiles[0]
+    if len(profiles) < 2 or any(p.samples is None for p in profiles):
+        return first
+    names = tuple(sorted({n for p in profiles for n in p.samples.names}))  # type: ignore[union-attr]
+
+    def ready(s: Samples) -> np.ndarray:
+        col = {n: i for i, n in enumerate(s.names)}
+        return np.array([[r[col[n]] if n in col else np.nan for n in names] for r in s.ready], dtype=float)
+
+    parts = [p.samples for p in profiles]
+    samples = Samples(np.concatenate([x.phases for x in parts]), names, np.concatenate([ready(x) for x in parts]),
+                      np.concatenate([x.comm for x in parts]), np.concatenate([x.overlapped for x in parts]),
+                      np.concatenate([np.full(len(x), k) for k, x in enumerate(parts)]))
+    measured = {**first.measured, "pooled_runs": [p.run for p in profiles],
+                "step_ms_median": _median([float(p.measured.get("step_ms_median") or 0.0) for p in profiles])}
+    note = (f"{len(profiles)} traced runs of this arm pooled ({len(samples)} rank-steps): the band draws the runs "
+            "again, then the steps within each")
+    one = dataclasses.replace(first, samples=samples, measured=measured, notes=[*first.notes, note])
+    return one.from_rows(np.arange(len(samples)), [op for p in profiles for op in p.measured.get("allreduces") or []])
 
 
 def _median(xs: list[float], default: float = 0.0) -> float:

@@ -148,7 +148,8 @@ def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int
     (``noise``), the band widened by ``model_error`` and, where the bench saw two speeds, the step in each."""
     sched, ov, noise = schedule(name)(p, knobs), overlap or Overlap(), noise or Noise()
     traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
-              **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched)}
+              **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched),
+              **{k: p.measured[k] for k in ("pooled_runs",) if k in p.measured}}
     counts = [1, *hosts]
     points = [ov.apply(sched.run(net.with_hosts(h))) for h in counts]
     c = Curve(label, name, p.run, knobs, points[0], points[1:], knob_text=sched.describe_knobs(), notes=list(p.notes),
@@ -192,9 +193,11 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     c.bands = [(float(a), float(b)) for a, b in zip(lo, hi, strict=True)]
     c.eff_bands = [(float(a), float(b)) for a, b in zip(elo, ehi, strict=True)]
     traced = len(p.samples) if p.samples is not None else 0
+    runs = len(np.unique(p.samples.launch)) if p.samples is not None and p.samples.launch is not None else 1
     repeats = noise.bench.repeats if noise.bench is not None else None
-    c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced,
+    c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced, "traced_runs": runs,
                    "bench_repeats_per_size": repeats, "method": "percentile bootstrap over the traced (rank, step) rows"
+                   + (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
                    + (" and each bench size's repeats" if repeats else "")}
     points = [c.base, *c.steps]
     half = [(b - a) / 2 / s.step if s.step > 0 else 0.0 for (a, b), s in zip(c.bands, points, strict=True)]
