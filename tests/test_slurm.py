@@ -62,7 +62,12 @@ def _run_batch_job(script: Path, cwd: Path) -> str:
     """
     p = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=mpi_env(),
                        cwd=cwd, check=True)
-    job_id = p.stdout.strip().split(";")[0]
+    return _ended_state(p.stdout.strip().split(";")[0], cwd)
+
+
+def _ended_state(job_id: str, cwd: Path) -> str:
+    """``scontrol show job`` once the job has left PENDING, RUNNING and COMPLETING (its epilogue: ``sbatch --wait``
+    can return while the job is still COMPLETING)."""
     deadline = time.monotonic() + JOB_LIMIT_S
     while re.search(r"JobState=(PENDING|CONFIGURING|RUNNING|COMPLETING)\b", state := _job_state(job_id)):
         if time.monotonic() > deadline:
@@ -135,7 +140,7 @@ def test_killed_task_ends_the_job_non_zero_naming_the_task(slurm_cluster: None, 
             subprocess.run(["scancel", job_id], capture_output=True)
             job.kill()
     assert rc != 0
-    state = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    state = _ended_state(job_id, tmp_path)
     assert re.search(r"JobState=(FAILED|CANCELLED|NODE_FAIL)", state), state
     assert re.search(r"task 1: Killed", _log(tmp_path)), _log(tmp_path)[-3000:]
 
