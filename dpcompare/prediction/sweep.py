@@ -126,7 +126,7 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
 
 
 MEASURED = ("step_ms", "step_ms_median", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step", "allreduce_ops_per_step",
-            "allreduce_bytes_per_step")
+            "allreduce_bytes_per_step", "pooled_runs")
 
 
 def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
@@ -148,8 +148,7 @@ def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int
     (``noise``), the band widened by ``model_error`` and, where the bench saw two speeds, the step in each."""
     sched, ov, noise = schedule(name)(p, knobs), overlap or Overlap(), noise or Noise()
     traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
-              **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched),
-              **{k: p.measured[k] for k in ("pooled_runs",) if k in p.measured}}
+              **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched)}
     counts = [1, *hosts]
     points = [ov.apply(sched.run(net.with_hosts(h))) for h in counts]
     c = Curve(label, name, p.run, knobs, points[0], points[1:], knob_text=sched.describe_knobs(), notes=list(p.notes),
