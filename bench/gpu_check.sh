@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command for a machine with one or more NVIDIA GPUs: set up what is missing, then check everything a GPU
 # makes possible (DDP on NCCL, gloo on CUDA tensors, Horovod's NCCL operations, FSDP and ZeRO on CUDA, parity on
-# GPU, a short compare with --trace). Every step runs whatever happened before it (no fail-fast); the summary
-# (GPU_OUT/summary.txt and summary.json) gives each step's outcome, seconds and, if it failed, its error.
+# GPU, a short compare with --trace, predict from its GPU traces). Every step runs whatever happened before it
+# (no fail-fast); the summary (GPU_OUT/summary.txt and summary.json) gives each step's outcome, seconds and, if it
+# failed, its error.
 # On a machine without a GPU it says "no GPU" and exits 0.
 #
 #   bash bench/gpu_check.sh                  # results in runs/gpu-check
@@ -130,6 +131,13 @@ else
     --dataset synthetic --samples 512 --device cuda --out "$OUT/parity" --overwrite
   step compare-trace "${DPC[@]}" compare --np 1 --strategies ddp,horovod --repeats 2 --epochs 1 --max-steps 40 \
     --model convnet --dataset synthetic --samples 512 --device cuda --trace 5 --out "$OUT/compare" --overwrite
+fi
+
+# predict from the GPU's traces (compare-trace's folder): the compute phases timed on CUDA, the network modelled
+if [ -f "$OUT/compare/results.json" ]; then
+  step predict-gpu-trace "${DPC[@]}" predict "$OUT/compare" --host-counts 2,4 --link 100gbit --out "$OUT/predict"
+else
+  skip predict-gpu-trace "compare-trace left no comparison to predict from"
 fi
 
 # -- 3. the summary ------------------------------------------------------------------------------------------
