@@ -48,7 +48,7 @@ from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
-from dpcompare.prediction.profile import pooled
+from dpcompare.prediction.profile import Profile, pooled, with_spread
 
 ROOT = Path(__file__).resolve().parents[1]
 #: workload → (family, its flags). mlp is the choosing set; every other family is held out.
@@ -153,11 +153,25 @@ def merged(folders: list[Path]) -> list[dict[str, Any]]:
     return log
 
 
-def predict(rec: dict[str, Any], how: str, one: str, replicates: int) -> dict[str, Any]:
-    """The configuration as `dpcompare predict` sees it under calibration ``how``: point, band, modes (ms)."""
+def traces(rec: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(rec["trace"] if isinstance(rec["trace"], list) else [rec["trace"]])  # runs before --trace-launches
+
+
+def arms(log: list[dict[str, Any]]) -> dict[tuple[str, ...], Profile]:
+    """Every traced arm's pooled profile, each with the launches' spread of its round and host count's arms
+    together, as `dpcompare predict` estimates it from the arms of one comparison (:func:`.profile.with_spread`)."""
+    out: dict[tuple[str, ...], Profile] = {}
+    for key in sorted({(r["round"], r["hosts"]) for r in log}):
+        mine = list(dict.fromkeys(traces(r) for r in log if (r["round"], r["hosts"]) == key))
+        out.update(zip(mine, with_spread([pooled([strategies.profile(Path(t)) for t in ts]) for ts in mine]),
+                       strict=True))
+    return out
+
+
+def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile) -> dict[str, Any]:
+    """The configuration, traced as ``p``, as `dpcompare predict` sees it under calibration ``how``: point, band,
+    modes (ms)."""
     which, floor, with_overlap = CALIBRATIONS[how]
-    traces = rec["trace"] if isinstance(rec["trace"], list) else [rec["trace"]]  # runs before --trace-launches
-    p = pooled([strategies.profile(Path(t)) for t in traces])
     knobs = sweep.knobs_of(p, {})
     cal = {"none": None, "same": rec["bench"], "one": one}[which]
     net = Network(1, Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, load_calibration(cal) if cal else {},
@@ -178,10 +192,10 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int) -> dict[st
 def rows(log: list[dict[str, Any]], how: str, replicates: int) -> list[dict[str, Any]]:
     """Predicted against measured per configuration, the error in % of the measured, whether the band held it."""
     first = min(log, key=lambda r: (r["round"], r["hosts"], log.index(r)))
-    out = []
+    profiles, out = arms(log), []
     for rec in log:
         measured = statistics.median(rec["measured_ms"])
-        pred = predict(rec, how, first["bench"], replicates)
+        pred = predict(rec, how, first["bench"], replicates, profiles[traces(rec)])
         out.append({**{k: rec[k] for k in ("round", "hosts", "link", "strategy", "workload", "family")}, **pred,
                     "measured_ms": measured, "measured_runs_ms": rec["measured_ms"], "load": rec.get("load"),
                     "error_pct": 100 * (pred["predicted_ms"] / measured - 1),

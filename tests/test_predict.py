@@ -386,7 +386,14 @@ def test_the_traced_repeats_of_an_arm_are_pooled_into_one_curve(tmp_path):
     assert not any("pooled" in n for n in hvd["notes"])
     assert ddp["traced_run"]["pooled_runs"][1].endswith("ddp-np2-r1")
     assert (ddp["band"]["traced_steps"], ddp["band"]["traced_runs"], hvd["band"]["traced_runs"]) == (24, 2, 1)
-    assert "runs drawn first" in ddp["band"]["method"] and hvd["band"]["traced_steps"] == 12
+    assert "within each of 2 traced runs" in ddp["band"]["method"] and hvd["band"]["traced_steps"] == 12
+    # the launches' spread comes from the arm traced twice (one degree of freedom; computes of 18.0 and 16.5 ms,
+    # the second's backward ending at the same gradient ticks: sd of the logs |ln(16.5/18)|/√2 = 6.2 %) and
+    # widens every arm's band, the arm traced once included
+    spread = ddp["band"]["launch_spread"]
+    assert spread == hvd["band"]["launch_spread"] and (spread["df"], spread["arms"], spread["launches"]) == (1, 1, 2)
+    assert spread["sd_pct"] == pytest.approx(6.15, abs=0.01)
+    assert any("launch to launch the compute moved" in n for n in hvd["notes"])
 
 
 def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):

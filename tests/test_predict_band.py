@@ -12,18 +12,20 @@ from dpcompare.errors import ConfigError
 from dpcompare.lab.bench import analyse, mode_lines, two_modes
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_profiles
-from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples, pooled
+from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples, launch_spread, pooled, with_spread
 from dpcompare.prediction.schedule import MB, Knobs
 
 MS = 1e-3
 NAMES = ("fc2.weight", "fc1.weight")
 
 
-def noisy(n: int, seed: int, spread: float = 0.05, backward: float = 10 * MS, strategy: str = "ddp") -> Profile:
-    """A profile of ``n`` traced rows drawn around 1 ms data, 4 ms forward, ``backward``, 3 ms optimizer (each ×
-    a normal factor of sd ``spread``); two gradients of 4 and 8 MiB, ready at 40 % and at the end of backward."""
+def noisy(n: int, seed: int, spread: float = 0.05, backward: float = 10 * MS, strategy: str = "ddp",
+          scale: float = 1.0) -> Profile:
+    """A profile of ``n`` traced rows drawn around 1 ms data, 4 ms forward, ``backward``, 3 ms optimizer (all ×
+    ``scale``, each row × a normal factor of sd ``spread``); two gradients of 4 and 8 MiB, ready at 40 % and at the
+    end of backward."""
     rng = np.random.default_rng(seed)
-    base = np.array([1 * MS, 4 * MS, backward, 3 * MS])
+    base = np.array([1 * MS, 4 * MS, backward, 3 * MS]) * scale
     phases = base * rng.normal(1, spread, (n, 4))
     ready = np.stack([0.4 * phases[:, 2], phases[:, 2]], axis=1)
     samples = Samples(phases, NAMES, ready, np.zeros(n), np.zeros(n))
@@ -83,6 +85,32 @@ def test_pooled_launches_put_what_moved_between_them_in_the_band():
     assert pooled([a]) is a  # one run: itself, drawn as before
     rng1, rng2 = np.random.default_rng(0), np.random.default_rng(0)
     assert a.samples.drawn(rng1).tolist() == rng2.integers(0, 30, 30).tolist()
+
+
+def test_the_launches_spread_pooled_over_arms_holds_a_launch_the_bootstrap_of_two_misses():
+    """Eight arms, each traced in three launches whose compute moves by a lognormal factor (sd 0.15) from launch to
+    launch, steady within one. Pooled over the first two launches of each arm, the spread is estimated with 8
+    degrees of freedom, and the band (Student's t over it) holds the third launch's own step in more arms than a
+    bootstrap that draws the two launches again."""
+    rng = np.random.default_rng(3)
+    arms = [[noisy(20, 100 * a + k, spread=0.01, scale=float(np.exp(rng.normal(0, 0.15)))) for k in range(3)]
+            for a in range(8)]
+    two = [pooled(launches[:2]) for launches in arms]
+    spread = launch_spread(two)
+    assert (spread.df, spread.arms, spread.launches) == (8, 8, 16) and 0.07 < spread.sd < 0.3, spread
+    assert launch_spread([a[0] for a in arms]).df == 0  # one launch per arm: nothing to estimate it from
+
+    def held(profiles: list[Profile]) -> int:
+        """Arms whose band at two hosts holds their third launch's own step."""
+        out = 0
+        for p, launches in zip(profiles, arms, strict=True):
+            lo, hi = sweep.curve(p, "ddp", Knobs(), link_net(), [2], "ddp", sweep.Noise(replicates=200)).band(0)
+            out += lo <= sweep.curve(launches[2], "ddp", Knobs(), link_net(), [2], "ddp").steps[0].step <= hi
+        return out
+
+    spread_held, bootstrap_held = held(with_spread(two)), held(two)
+    assert spread_held >= 7 and bootstrap_held < spread_held, (spread_held, bootstrap_held)
+    assert all(p.spread == spread and "launch to launch the compute moved" in p.notes[-1] for p in with_spread(two))
 
 
 def test_who_wins_says_when_the_bands_overlap():

@@ -85,9 +85,10 @@ def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -
 
 def _arms(folders: list[Path]) -> tuple[list[Path], list[Any]]:
     """One profile per arm: the traced repeats of an arm in one comparison (``runs/ARM-npN-r0``, ``-r1``, ...)
-    pooled (:func:`.profile.pooled`), so that the band holds what moved between their launches."""
+    pooled (:func:`.profile.pooled`), each carrying the launches' spread estimated from all arms together
+    (:func:`.profile.with_spread`), so that the band holds what moves between launches."""
     from dpcompare.prediction import strategies
-    from dpcompare.prediction.profile import pooled
+    from dpcompare.prediction.profile import pooled, with_spread
 
     groups: dict[tuple[Path, str, str], list[Any]] = {}
     first: dict[tuple[Path, str, str], Path] = {}
@@ -96,7 +97,7 @@ def _arms(folders: list[Path]) -> tuple[list[Path], list[Any]]:
         key = (f.resolve().parent, source(f, p.world_size), p.strategy)
         groups.setdefault(key, []).append(p)
         first.setdefault(key, f)
-    return list(first.values()), [pooled(ps) for ps in groups.values()]
+    return list(first.values()), with_spread([pooled(ps) for ps in groups.values()])
 
 
 def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:

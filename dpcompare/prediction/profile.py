@@ -10,6 +10,12 @@ bytes come from its tick (``bytes``, traces from this version on), else from the
 bucket's or fused operation's bytes shared equally among its tensors), else from the parameters' total in
 summary.json shared equally.
 
+Several traced launches of an arm are pooled (:func:`pooled`). What moves between launches (where the processes
+landed, the machine's state) is larger on a shared machine than the steps of one launch show, and a bootstrap over
+two or three launches cannot see how large: :func:`launch_spread` estimates it from every arm's launches together
+(a random-effects model: one spread for the machine, Student's t over its degrees of freedom), and each replicate
+scales the compute by a draw of it (:class:`LaunchSpread`).
+
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
 reduce-scatter before each gradient lands on its shard (trace ddp or single and predict with ``--strategies``).
@@ -67,6 +73,58 @@ class Samples:
         picked = rng.integers(0, len(runs), len(runs))
         return np.concatenate([rng.choice(runs[k], len(runs[k])) for k in picked])
 
+    def within(self, rng: np.random.Generator) -> np.ndarray:
+        """Each launch's own rows drawn again, every launch kept (the launches' spread is drawn apart:
+        :class:`LaunchSpread`)."""
+        if self.launch is None:
+            return rng.integers(0, len(self), len(self))
+        return np.concatenate([rng.choice(idx, len(idx)) for idx in
+                               (np.flatnonzero(self.launch == k) for k in np.unique(self.launch))])
+
+    @property
+    def launches(self) -> int:
+        return 1 if self.launch is None else len(np.unique(self.launch))
+
+    def launch_computes(self) -> np.ndarray:
+        """Each launch's compute per step (s): the sum of its phases' medians over its own rows."""
+        keys = np.zeros(len(self)) if self.launch is None else self.launch
+        return np.array([float(np.median(self.phases[keys == k], axis=0).sum()) for k in np.unique(keys)])
+
+
+@dataclass(frozen=True)
+class LaunchSpread:
+    """How much a launch's compute per step moves from launch to launch: ``sd``, the standard deviation of its log
+    (≈ a relative spread), pooled over ``arms`` arms' ``launches`` launches with ``df`` degrees of freedom. A
+    replicate scales an arm's compute by exp(sd / √L · t), t drawn from Student's t with ``df`` degrees of freedom and
+    L the arm's own launches: the random-effects interval for a mean of L launches, which a bootstrap over two
+    launches understates."""
+
+    sd: float = 0.0
+    df: int = 0
+    arms: int = 0
+    launches: int = 0
+
+    def factor(self, rng: np.random.Generator, launches: int) -> float:
+        return float(np.exp(self.sd / np.sqrt(max(launches, 1)) * rng.standard_t(self.df))) if self.df > 0 else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"sd_pct": round(100 * self.sd, 2), "df": self.df, "arms": self.arms, "launches": self.launches}
+
+
+def launch_spread(profiles: Sequence[Profile]) -> LaunchSpread:
+    """The launch-to-launch spread of the compute, pooled over every profile traced in two or more launches (the
+    log of each launch's compute against its arm's mean); ``df`` 0 when none was."""
+    ss, df, arms, launches = 0.0, 0, 0, 0
+    for p in profiles:
+        if p.samples is None or p.samples.launches < 2:
+            continue
+        logs = np.log(np.maximum(p.samples.launch_computes(), 1e-12))
+        ss += float(np.sum((logs - logs.mean()) ** 2))
+        df += len(logs) - 1
+        arms += 1
+        launches += len(logs)
+    return LaunchSpread(float(np.sqrt(ss / df)) if df else 0.0, df, arms, launches)
+
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -91,6 +149,7 @@ class Profile:
     measured: dict[str, Any] = field(default_factory=dict)  # the run's own figures, for comparison
     notes: list[str] = field(default_factory=list)
     samples: Samples | None = None  # None: a hand-made profile, nothing to resample
+    spread: LaunchSpread | None = None  # the launches' spread (:func:`launch_spread`); None: not estimated
 
     @property
     def compute(self) -> float:
@@ -100,15 +159,26 @@ class Profile:
     def grad_bytes(self) -> float:
         return sum(g.nbytes for g in self.grads)
 
-    def resampled(self, rng: np.random.Generator) -> Profile:
+    def resampled(self, rng: np.random.Generator, rows: bool = True, launches: bool = True) -> Profile:
         """The same run with its traced (rank, step) rows drawn again with replacement (one bootstrap replicate:
-        every median recomputed); itself without samples. Its all-reduces (the floor) are drawn again too."""
+        every median recomputed) and, with a launches' spread, its compute scaled by a draw of it; itself without
+        samples. Its all-reduces (the floor) are drawn again too. ``rows``/``launches`` False: that part held."""
         s = self.samples
         if s is None or len(s) < 2:
             return self
-        rows = s.drawn(rng)
-        ops = self.measured.get("allreduces") or []
-        return self.from_rows(rows, [ops[i] for i in rng.integers(0, len(ops), len(ops))] if ops else None)
+        spread = self.spread if self.spread is not None and self.spread.df > 0 else None
+        one = self
+        if rows:
+            ops = self.measured.get("allreduces") or []
+            one = self.from_rows(s.within(rng) if spread else s.drawn(rng),
+                                 [ops[i] for i in rng.integers(0, len(ops), len(ops))] if ops else None)
+        return one.scaled(spread.factor(rng, s.launches)) if spread and launches else one
+
+    def scaled(self, f: float) -> Profile:
+        """The compute (every phase, every gradient's ready moment) ``f`` times as long."""
+        return dataclasses.replace(self, data=self.data * f, forward=self.forward * f, backward=self.backward * f,
+                                   optimizer=self.optimizer * f,
+                                   grads=[dataclasses.replace(g, ready=g.ready * f) for g in self.grads])
 
     def from_rows(self, rows: np.ndarray, allreduces: list[tuple[float, float]] | None = None) -> Profile:
         """This profile with every median taken over ``rows`` of its samples (and ``allreduces``, when given, as
@@ -147,10 +217,24 @@ def pooled(profiles: Sequence[Profile]) -> Profile:
                       np.concatenate([np.full(len(x), k) for k, x in enumerate(parts)]))
     measured = {**first.measured, "pooled_runs": [p.run for p in profiles],
                 "step_ms_median": _median([float(p.measured.get("step_ms_median") or 0.0) for p in profiles])}
-    note = (f"{len(profiles)} traced runs of this arm pooled ({len(samples)} rank-steps): the band draws the runs "
-            "again, then the steps within each")
+    note = f"{len(profiles)} traced runs of this arm pooled ({len(samples)} rank-steps)"
     one = dataclasses.replace(first, samples=samples, measured=measured, notes=[*first.notes, note])
     return one.from_rows(np.arange(len(samples)), [op for p in profiles for op in p.measured.get("allreduces") or []])
+
+
+def with_spread(profiles: Sequence[Profile]) -> list[Profile]:
+    """Every profile with the launches' spread of them all (:func:`launch_spread`) and a note saying what it is;
+    unchanged, with a note, when no arm was traced in two or more launches."""
+    spread = launch_spread(profiles)
+    if spread.df == 0:
+        note = ("one traced launch per arm: the band holds the noise of its steps, not what moves between launches "
+                "(on a shared machine often more); trace two or more (compare --repeats 2 --trace N)")
+        return [dataclasses.replace(p, notes=[*p.notes, note]) if p.samples is not None else p for p in profiles]
+    note = (f"launch to launch the compute moved by ±{100 * spread.sd:.1f} % (sd, {spread.launches} launches of "
+            f"{spread.arms} arm{'s' * (spread.arms > 1)}, {spread.df} degrees of freedom): the band draws it "
+            "(Student's t)")
+    return [dataclasses.replace(p, spread=spread, notes=[*p.notes, note]) if p.samples is not None else p
+            for p in profiles]
 
 
 def _median(xs: list[float], default: float = 0.0) -> float:

@@ -167,13 +167,13 @@ def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int
 
 
 def _replicates(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Noise, n: int, trace: bool = True,
-                bench: bool = True) -> np.ndarray:
-    """``n`` bootstrap replicates (rows) of the step at each of ``counts``: the traced rows and/or the bench's
-    repeats drawn again with replacement (numpy's Generator, seeded: the same replicates every run)."""
+                bench: bool = True, launches: bool = True) -> np.ndarray:
+    """``n`` bootstrap replicates (rows) of the step at each of ``counts``: the traced rows, the launches' spread
+    and/or the bench's repeats drawn again (numpy's Generator, seeded: the same replicates every run)."""
     rng = np.random.default_rng(noise.seed)
     out = np.empty((n, len(counts)))
     for k in range(n):
-        pk, nk = p.resampled(rng) if trace else p, net
+        pk, nk = p.resampled(rng, trace, launches) if trace or launches else p, net
         if bench and noise.bench is not None:
             nk = dataclasses.replace(nk, profiles={**net.profiles, **noise.bench.profiles("expected", rng)})
         if trace and noise.floor_from_trace:
@@ -192,11 +192,14 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     c.bands = [(float(a), float(b)) for a, b in zip(lo, hi, strict=True)]
     c.eff_bands = [(float(a), float(b)) for a, b in zip(elo, ehi, strict=True)]
     traced = len(p.samples) if p.samples is not None else 0
-    runs = len(np.unique(p.samples.launch)) if p.samples is not None and p.samples.launch is not None else 1
+    runs = p.samples.launches if p.samples is not None else 1
+    spread = p.spread if p.spread is not None and p.spread.df > 0 else None
     repeats = noise.bench.repeats if noise.bench is not None else None
+    how = (f" within each of {runs} traced runs" if runs > 1 else "") + ", the compute scaled by the launches' spread " \
+        "(Student's t)" if spread else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
     c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced, "traced_runs": runs,
-                   "bench_repeats_per_size": repeats, "method": "percentile bootstrap over the traced (rank, step) rows"
-                   + (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
+                   "launch_spread": spread.as_dict() if spread else None, "bench_repeats_per_size": repeats,
+                   "method": "percentile bootstrap over the traced (rank, step) rows" + how
                    + (" and each bench size's repeats" if repeats else "")}
     points = [c.base, *c.steps]
     half = [(b - a) / 2 / s.step if s.step > 0 else 0.0 for (a, b), s in zip(c.bands, points, strict=True)]
@@ -206,15 +209,20 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     at = f"{c.label}: band ±{100 * half[worst]:.0f} % at {counts[worst]} host{'s' * (counts[worst] > 1)}, wider than " \
          f"±{100 * BAND_WIDE:.0f} %"
     n = max(noise.replicates // 2, 20)
-    from_trace = float(np.ptp(np.percentile(_replicates(c, p, net, counts[worst:worst + 1], noise, n, bench=False),
-                                            q)))
-    from_bench = float(np.ptp(np.percentile(_replicates(c, p, net, counts[worst:worst + 1], noise, n, trace=False),
-                                            q))) if repeats else 0.0
+
+    def width(**held: bool) -> float:
+        return float(np.ptp(np.percentile(_replicates(c, p, net, counts[worst:worst + 1], noise, n, **held), q)))
+
+    parts = {"trace": width(bench=False, launches=False), "bench": width(trace=False, launches=False) if repeats
+             else 0.0, "launches": width(trace=False, bench=False) if spread else 0.0}
     more = max(2 * traced, 10)
-    c.band_advice = (f"{at}: mostly the bench's repeats ({repeats} times per size): bench again with twice as many "
-                     "(`lab bench --repeats 4` or more)" if from_bench > from_trace else
-                     f"{at}: mostly the traced steps ({traced} rank-steps): trace more (--trace with {more} or more "
-                     "rank-steps)")
+    c.band_advice = f"{at}: " + {
+        "bench": f"mostly the bench's repeats ({repeats} times per size): bench again with twice as many "
+                 "(`lab bench --repeats 4` or more)",
+        "trace": f"mostly the traced steps ({traced} rank-steps): trace more (--trace with {more} or more rank-steps)",
+        "launches": f"mostly what moves between launches (±{100 * spread.sd:.0f} % from one to the next, {runs} "
+                    f"traced launch{'es' * (runs > 1)} of this arm): trace more launches (compare --repeats "
+                    f"{2 * runs} --trace N)" if spread else ""}[max(parts, key=parts.__getitem__)]
 
 
 def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
