@@ -246,8 +246,9 @@ def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
         tried = ", ".join(TRIES[k][1] for k in cls.tunable) or "no knob"
         return f"{where}: none of {tried} shortens the step by {pct(MIN_GAIN)} or more"
     s = best[2]
+    moved = abs(s.hidden - at.hidden)  # said when it shows at the two decimals printed
     hidden = (f", hides {s.hidden * 1e3:.2f} ms instead of {at.hidden * 1e3:.2f}" if at.hidden > 0 and
-              abs(s.hidden - at.hidden) > 0.01 * at.hidden else "")
+              moved > 0.01 * at.hidden and moved >= 5e-6 else "")
     return (f"{where}: {best[1]} would cut exposed communication from {at.exposed * 1e3:.2f} to "
             f"{s.exposed * 1e3:.2f} ms (step {100 * (s.step / at.step - 1):+.0f} %, efficiency "
             f"{pct(c.efficiency(at))} → {pct(c.base.step / s.step)}{hidden})")
