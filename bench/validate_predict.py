@@ -204,6 +204,35 @@ def rows(log: list[dict[str, Any]], how: str, replicates: int) -> list[dict[str,
     return out
 
 
+def measured_forward_ms(rec: dict[str, Any]) -> float | None:
+    """The forward phase (ms, median over ranks and runs) of the configuration's own measured runs, which record
+    their phases untraced (summary.json ``timing.phases_ms``); forward carries no gradient communication."""
+    base = Path(rec["bench"]).parent / rec["link"]
+    found = []
+    for k in range(len(rec["measured_ms"])):
+        path = base / f"{rec['strategy']}-{rec['workload']}-r{k}" / "summary.json"
+        if path.is_file():
+            found.append(json.loads(path.read_text()).get("timing", {}).get("phases_ms", {}).get("forward"))
+    found = [x for x in found if x]
+    return statistics.median(found) if found else None
+
+
+def compute_matched(table: list[dict[str, Any]], log: list[dict[str, Any]], how: str) -> None:
+    """A diagnostic beside every row: the prediction with the traced compute scaled to the measured runs' own
+    forward (``matched_ms``, ``matched_error_pct``, ``forward_ratio``): the network model judged on the compute that
+    really ran, apart from a machine whose speed moved between the traces and the measurements."""
+    first = min(log, key=lambda r: (r["round"], r["hosts"], log.index(r)))
+    profiles = arms(log)
+    for r, rec in zip(table, log, strict=True):
+        p, fwd = profiles[traces(rec)], measured_forward_ms(rec)
+        if not fwd or p.forward <= 0:
+            continue
+        r["forward_ratio"] = fwd / (p.forward * 1e3)
+        pred = predict(rec, how, first["bench"], 0, p.scaled(r["forward_ratio"]))
+        r["matched_ms"] = pred["predicted_ms"]
+        r["matched_error_pct"] = 100 * (pred["predicted_ms"] / r["measured_ms"] - 1)
+
+
 def stats(table: list[dict[str, Any]]) -> dict[str, Any]:
     errs = [r["error_pct"] for r in table]
     if not errs:
@@ -273,7 +302,7 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
     agree, many = rounds_agree(t)
     wide, _ = rounds_agree(t, "interval_low_ms", "interval_high_ms")
     out += ["", f"Rounds: the bands of every round overlap in {agree} of {many} configurations measured twice or more; "
-            f"the intervals in {wide} of {many}.",
+            f"the intervals in {wide} of {many}.", *_matched_lines(t, fams),
             "", f"Every candidate on the choosing set ({CHOOSING}):", "",
             "| calibration | median \\|error\\| | worst | signed mean | inside the band |", "|---|---:|---:|---:|---:|"]
     for how, rows_ in tables.items():
@@ -288,6 +317,26 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
             f"{r['interval_low_ms']:.0f}–{r['interval_high_ms']:.0f} | {r['measured_ms']:.0f} | {r['error_pct']:+.1f} % "
             f"| {'yes' if r['in_band'] else 'no'} | {'yes' if r['in_interval'] else 'no'} |" for r in t]
     return "\n".join(out) + "\n\n\\* the choosing set\n"
+
+
+def _matched_lines(t: list[dict[str, Any]], fams: list[str]) -> list[str]:
+    """The compute-matched diagnostic (:func:`compute_matched`) per family: not a prediction, it reads the measured
+    runs' own forward."""
+    have = [r for r in t if "matched_error_pct" in r]
+    if not have:
+        return []
+    out = ["", "Diagnostic, not a prediction: the same rows with the traced compute scaled to the measured runs' own "
+           "forward phase (the network model judged on the compute that ran; `forward_ratio` is measured over traced "
+           "forward):", "", "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | "
+           "forward ratio, median (range) |", "|---|---:|---:|---:|---:|---|"]
+    for name, part in [*((f, [r for r in have if r["family"] == f]) for f in fams),
+                       ("held out, all", [r for r in have if not r["choosing_set"]])]:
+        if part:
+            errs, ratios = [r["matched_error_pct"] for r in part], [r["forward_ratio"] for r in part]
+            out.append(f"| {name} | {len(part)} | {statistics.median(map(abs, errs)):.1f} % | "
+                       f"{max(map(abs, errs)):.1f} % | {statistics.fmean(errs):+.1f} % | "
+                       f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |")
+    return out
 
 
 def plot(table: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -395,6 +444,7 @@ def main() -> None:
     chosen, tables = choose(log, a.bootstrap, a.calibration)
     me = model_error(tables[chosen], a.model_error_from)
     widen(tables[chosen], me)
+    compute_matched(tables[chosen], log, chosen)
     text = report(tables, chosen, me)
     print(text)
     if a.json:

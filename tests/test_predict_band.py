@@ -313,3 +313,14 @@ def test_the_validation_merges_runs_widens_every_row_and_counts_overlapping_inte
     vp.widen(rows, me)
     assert all(r["in_interval"] for r in rows) and vp.rounds_agree(rows) == (0, 1)
     assert vp.rounds_agree(rows, "interval_low_ms", "interval_high_ms") == (1, 1)
+    # the compute-matched diagnostic reads the measured runs' own forward phase beside their bench
+    base = tmp_path / "round1" / "h2"
+    for k, fwd in enumerate((12.0, 14.0)):
+        (base / "1gbit" / f"ddp-mlp2048-r{k}").mkdir(parents=True)
+        (base / "1gbit" / f"ddp-mlp2048-r{k}" / "summary.json").write_text(json.dumps({"timing": {"phases_ms": {
+            "forward": fwd}}}))
+    rec = {**key, "bench": str(base / "bench-1gbit.json"), "measured_ms": [100.0, 101.0]}
+    assert vp.measured_forward_ms(rec) == 13.0 and vp.measured_forward_ms({**rec, "link": "200mbit"}) is None
+    for r, (err, ratio) in zip(rows, ((4.0, 0.9), (-8.0, 1.3)), strict=True):
+        r.update(family="mlp", matched_error_pct=err, forward_ratio=ratio, choosing_set=False)
+    assert vp._matched_lines(rows, ["mlp"])[-1] == "| held out, all | 2 | 6.0 % | 8.0 % | -2.0 % | 1.10 (0.90–1.30) |"
