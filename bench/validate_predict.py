@@ -48,7 +48,7 @@ from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
-from dpcompare.prediction.profile import Profile, pooled, with_spread
+from dpcompare.prediction.profile import Profile, launch_spread, pooled, with_spread
 
 ROOT = Path(__file__).resolve().parents[1]
 #: workload → (family, its flags). mlp is the choosing set; every other family is held out.
@@ -115,12 +115,24 @@ def traced_runs(lab: Lab, a: argparse.Namespace, base: Path, what: str, steps: i
     return out
 
 
+def traced_now(lab: Lab, a: argparse.Namespace, folder: Path, s: str, w: str, bps: int | None) -> list[str]:
+    """``--interleave``: the configuration's own traced launches on the unshaped lab, right before its measured runs
+    (the link put back to ``bps`` after them)."""
+    lab.set_link(None)
+    out = []
+    for k in range(a.trace_launches):
+        run_train(lab, train_argv(s, w, folder / f"traced-{k}", a.trace, a.warmup, trace=a.trace), a.timeout)
+        out.append(str(folder / f"traced-{k}"))
+    lab.set_link(bps)
+    return out
+
+
 def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, Any]]) -> None:
     """Round ``rnd`` at ``h`` hosts, from the traces to the measurements, appended to ``log`` (saved after each)."""
     with session(LabSpec(hosts=h, name=f"val{h}{secrets.token_hex(2)}")) as lab:
         base = a.out / f"round{rnd}" / f"h{h}"
-        launches = [traced_runs(lab, a, base, "unshaped" + (f"-{k}" if k else ""), a.trace)
-                    for k in range(a.trace_launches)]  # each its own launch: pooled by predict (profile.pooled)
+        launches = [] if a.interleave else [traced_runs(lab, a, base, "unshaped" + (f"-{k}" if k else ""), a.trace)
+                                            for k in range(a.trace_launches)]  # each its own launch: pooled
         lab.set_link(link_bps(a.overlap_link))
         slow = traced_runs(lab, a, base, f"overlap-{a.overlap_link}", a.overlap_steps)
         for link in a.links:
@@ -129,8 +141,10 @@ def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, A
             bench(lab, cal, a)
             for s in a.strategies:
                 for w in a.workloads:
+                    traced = (traced_now(lab, a, base / link / f"{s}-{w}-traced", s, w, link_bps(link))
+                              if a.interleave else [t[s, w] for t in launches])
                     rec = {"round": rnd, "hosts": h, "link": link, "strategy": s, "workload": w,
-                           "family": WORKLOADS[w][0], "trace": [t[s, w] for t in launches], "overlap_trace": slow[s, w],
+                           "family": WORKLOADS[w][0], "trace": traced, "overlap_trace": slow[s, w],
                            "bench": str(cal), "measured_ms": [], "load": []}
                     for r in range(a.repeats):
                         rec["load"].append(round(load(), 2))
@@ -158,13 +172,23 @@ def traces(rec: dict[str, Any]) -> tuple[str, ...]:
 
 
 def arms(log: list[dict[str, Any]]) -> dict[tuple[str, ...], Profile]:
-    """Every traced arm's pooled profile, each with the launches' spread of its round and host count's arms
-    together, as `dpcompare predict` estimates it from the arms of one comparison (:func:`.profile.with_spread`)."""
+    """Every configuration's pooled profile (its traces), with the launches' spread of its round and host count:
+    estimated, as `dpcompare predict` does from the arms of one comparison (:func:`.profile.launch_spread`), from
+    every trace of each arm in that round (with ``--interleave``, one per link)."""
     out: dict[tuple[str, ...], Profile] = {}
+    loaded: dict[str, Profile] = {}
+
+    def one(t: str) -> Profile:
+        return loaded.setdefault(t, strategies.profile(Path(t)))
+
     for key in sorted({(r["round"], r["hosts"]) for r in log}):
-        mine = list(dict.fromkeys(traces(r) for r in log if (r["round"], r["hosts"]) == key))
-        out.update(zip(mine, with_spread([pooled([strategies.profile(Path(t)) for t in ts]) for ts in mine]),
-                       strict=True))
+        mine = [r for r in log if (r["round"], r["hosts"]) == key]
+        by_arm: dict[tuple[str, str], list[str]] = {}
+        for r in mine:
+            by_arm.setdefault((r["strategy"], r["workload"]), []).extend(traces(r))
+        spread = launch_spread([pooled([one(t) for t in dict.fromkeys(ts)]) for ts in by_arm.values()])
+        for ts in dict.fromkeys(traces(r) for r in mine):
+            out[ts] = with_spread([pooled([one(t) for t in ts])], spread)[0]
     return out
 
 
@@ -387,6 +411,9 @@ def parse() -> argparse.Namespace:
     m.add_argument("--strategies", default="ddp,horovod")
     m.add_argument("--workloads", default=",".join(WORKLOADS))
     m.add_argument("--rounds", type=int, default=2, help="times the whole procedure runs, trace to measurement")
+    m.add_argument("--interleave", action="store_true", help="trace each configuration on the unshaped lab right "
+                   "before its measured runs (not all traces first), so that the machine's speed cannot move between "
+                   "them")
     m.add_argument("--steps", type=int, default=6, help="timed steps per measured run")
     m.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     m.add_argument("--trace", type=int, default=8, help="traced steps of the unshaped runs")

@@ -324,3 +324,28 @@ def test_the_validation_merges_runs_widens_every_row_and_counts_overlapping_inte
     for r, (err, ratio) in zip(rows, ((4.0, 0.9), (-8.0, 1.3)), strict=True):
         r.update(family="mlp", matched_error_pct=err, forward_ratio=ratio, choosing_set=False)
     assert vp._matched_lines(rows, ["mlp"])[-1] == "| held out, all | 2 | 6.0 % | 8.0 % | -2.0 % | 1.10 (0.90–1.30) |"
+
+
+def test_interleaved_traces_keep_their_own_compute_and_give_the_spread_together(tmp_path):
+    """bench/validate_predict.py with --interleave: each configuration carries its own trace (taken right before its
+    measurement); its profile is that trace's, and the launches' spread comes from every trace of the arm in the
+    round (one per link: 2 arms × 3 links, 4 degrees of freedom)."""
+    import importlib.util
+    from pathlib import Path
+
+    from test_predict import fake_run
+
+    spec = importlib.util.spec_from_file_location("validate_predict", Path(__file__).parents[1] / "bench" /
+                                                  "validate_predict.py")
+    vp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vp)  # type: ignore[union-attr]
+    log = []
+    for s in ("ddp", "horovod"):
+        for link, slower in (("1gbit", 1.0), ("500mbit", 1.2), ("200mbit", 0.9)):
+            t = fake_run(tmp_path / link / f"{s}-w-traced" / "traced-0", strategy=s, steps=4, slower=slower)
+            log.append({"round": 1, "hosts": 2, "link": link, "strategy": s, "workload": "w", "trace": [str(t)]})
+    profiles = vp.arms(log)
+    assert len(profiles) == 6
+    own = {r["link"]: profiles[vp.traces(r)] for r in log if r["strategy"] == "ddp"}
+    assert own["500mbit"].data == pytest.approx(1.2 * own["1gbit"].data)  # each its own trace, not pooled
+    assert {(p.spread.df, p.spread.arms, p.spread.launches) for p in profiles.values()} == {(4, 2, 6)}

@@ -222,10 +222,11 @@ def pooled(profiles: Sequence[Profile]) -> Profile:
     return one.from_rows(np.arange(len(samples)), [op for p in profiles for op in p.measured.get("allreduces") or []])
 
 
-def with_spread(profiles: Sequence[Profile]) -> list[Profile]:
-    """Every profile with the launches' spread of them all (:func:`launch_spread`) and a note saying what it is;
-    unchanged, with a note, when no arm was traced in two or more launches."""
-    spread = launch_spread(profiles)
+def with_spread(profiles: Sequence[Profile], spread: LaunchSpread | None = None) -> list[Profile]:
+    """Every profile with the launches' spread of them all (:func:`launch_spread`; or ``spread``, estimated
+    elsewhere) and a note saying what it is; unchanged, with a note, when no arm was traced in two or more
+    launches."""
+    spread = spread if spread is not None else launch_spread(profiles)
     if spread.df == 0:
         note = ("one traced launch per arm: the band holds the noise of its steps, not what moves between launches "
                 "(on a shared machine often more); trace two or more (compare --repeats 2 --trace N)")
