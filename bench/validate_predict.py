@@ -115,6 +115,11 @@ def traced_runs(lab: Lab, a: argparse.Namespace, base: Path, what: str, steps: i
     return out
 
 
+def measured_dir(bench: Path, link: str, strategy: str, workload: str, k: int) -> Path:
+    """The folder of a configuration's k-th measured run, beside its link's bench file."""
+    return bench.parent / link / f"{strategy}-{workload}-r{k}"
+
+
 def traced_now(lab: Lab, a: argparse.Namespace, folder: Path, s: str, w: str, bps: int | None) -> list[str]:
     """``--interleave``: the configuration's own traced launches on the unshaped lab, right before its measured runs
     (the link put back to ``bps`` after them)."""
@@ -148,7 +153,7 @@ def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, A
                            "bench": str(cal), "measured_ms": [], "load": []}
                     for r in range(a.repeats):
                         rec["load"].append(round(load(), 2))
-                        folder = base / link / f"{s}-{w}-r{r}"
+                        folder = measured_dir(cal, link, s, w, r)
                         rec["measured_ms"].append(run_train(lab, train_argv(s, w, folder, a.steps, a.warmup),
                                                             a.timeout))
                     print(f"round {rnd} h={h} {link} {s} {w}: {rec['measured_ms']} ms (load {rec['load']})",
@@ -213,13 +218,19 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
             "overlap": ov.as_dict(), "band_advice": c.band_advice}
 
 
-def rows(log: list[dict[str, Any]], how: str, replicates: int) -> list[dict[str, Any]]:
-    """Predicted against measured per configuration, the error in % of the measured, whether the band held it."""
-    first = min(log, key=lambda r: (r["round"], r["hosts"], log.index(r)))
-    profiles, out = arms(log), []
+def first_bench(log: list[dict[str, Any]]) -> str:
+    """The first round's first bench (calibration ``one``)."""
+    return min(log, key=lambda r: (r["round"], r["hosts"], log.index(r)))["bench"]
+
+
+def rows(log: list[dict[str, Any]], how: str, replicates: int, profiles: dict[tuple[str, ...], Profile]
+         ) -> list[dict[str, Any]]:
+    """Predicted against measured per configuration (traced as ``profiles``: :func:`arms`), the error in % of the
+    measured, whether the band held it."""
+    one, out = first_bench(log), []
     for rec in log:
         measured = statistics.median(rec["measured_ms"])
-        pred = predict(rec, how, first["bench"], replicates, profiles[traces(rec)])
+        pred = predict(rec, how, one, replicates, profiles[traces(rec)])
         out.append({**{k: rec[k] for k in ("round", "hosts", "link", "strategy", "workload", "family")}, **pred,
                     "measured_ms": measured, "measured_runs_ms": rec["measured_ms"], "load": rec.get("load"),
                     "error_pct": 100 * (pred["predicted_ms"] / measured - 1),
@@ -231,28 +242,27 @@ def rows(log: list[dict[str, Any]], how: str, replicates: int) -> list[dict[str,
 def measured_forward_ms(rec: dict[str, Any]) -> float | None:
     """The forward phase (ms, median over ranks and runs) of the configuration's own measured runs, which record
     their phases untraced (summary.json ``timing.phases_ms``); forward carries no gradient communication."""
-    base = Path(rec["bench"]).parent / rec["link"]
     found = []
     for k in range(len(rec["measured_ms"])):
-        path = base / f"{rec['strategy']}-{rec['workload']}-r{k}" / "summary.json"
+        path = measured_dir(Path(rec["bench"]), rec["link"], rec["strategy"], rec["workload"], k) / "summary.json"
         if path.is_file():
             found.append(json.loads(path.read_text()).get("timing", {}).get("phases_ms", {}).get("forward"))
     found = [x for x in found if x]
     return statistics.median(found) if found else None
 
 
-def compute_matched(table: list[dict[str, Any]], log: list[dict[str, Any]], how: str) -> None:
+def compute_matched(table: list[dict[str, Any]], log: list[dict[str, Any]], how: str,
+                    profiles: dict[tuple[str, ...], Profile]) -> None:
     """A diagnostic beside every row: the prediction with the traced compute scaled to the measured runs' own
     forward (``matched_ms``, ``matched_error_pct``, ``forward_ratio``): the network model judged on the compute that
     really ran, apart from a machine whose speed moved between the traces and the measurements."""
-    first = min(log, key=lambda r: (r["round"], r["hosts"], log.index(r)))
-    profiles = arms(log)
+    one = first_bench(log)
     for r, rec in zip(table, log, strict=True):
         p, fwd = profiles[traces(rec)], measured_forward_ms(rec)
         if not fwd or p.forward <= 0:
             continue
         r["forward_ratio"] = fwd / (p.forward * 1e3)
-        pred = predict(rec, how, first["bench"], 0, p.scaled(r["forward_ratio"]))
+        pred = predict(rec, how, one, 0, p.scaled(r["forward_ratio"]))
         r["matched_ms"] = pred["predicted_ms"]
         r["matched_error_pct"] = 100 * (pred["predicted_ms"] / r["measured_ms"] - 1)
 
@@ -293,10 +303,11 @@ def widen(table: list[dict[str, Any]], me: interval.ModelError) -> None:
         r["in_interval"] = r["interval_low_ms"] <= r["measured_ms"] <= r["interval_high_ms"]
 
 
-def choose(log: list[dict[str, Any]], replicates: int, only: str | None = None) -> tuple[str, dict[str, list[dict[str, Any]]]]:
+def choose(log: list[dict[str, Any]], replicates: int, profiles: dict[tuple[str, ...], Profile], only: str | None = None
+           ) -> tuple[str, dict[str, list[dict[str, Any]]]]:
     """Every calibration's rows, and the one with the lowest median |error| on the choosing set alone (``only``:
     that calibration's rows alone, chosen before)."""
-    tables = {how: rows(log, how, replicates) for how in ([only] if only else CALIBRATIONS)}
+    tables = {how: rows(log, how, replicates, profiles) for how in ([only] if only else CALIBRATIONS)}
     scored = {how: stats([r for r in t if r["choosing_set"]]) for how, t in tables.items()}
     best = min((h for h in scored if scored[h]["n"]), key=lambda h: (scored[h]["median_abs_pct"],
                                                                     scored[h]["worst_abs_pct"]))
@@ -468,10 +479,11 @@ def main() -> None:
               flush=True)
         return
     log = merged(a.out)
-    chosen, tables = choose(log, a.bootstrap, a.calibration)
+    profiles = arms(log)
+    chosen, tables = choose(log, a.bootstrap, profiles, a.calibration)
     me = model_error(tables[chosen], a.model_error_from)
     widen(tables[chosen], me)
-    compute_matched(tables[chosen], log, chosen)
+    compute_matched(tables[chosen], log, chosen, profiles)
     text = report(tables, chosen, me)
     print(text)
     if a.json:
