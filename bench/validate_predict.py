@@ -17,6 +17,9 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
    and every strategy and workload run untraced ``--repeats`` times (the measured step: the median of the runs'
    ``step_ms_median``). The load average is recorded before every run.
 
+Step 1 is interleaved with step 3 by default: each configuration traced right before its own measured runs
+(``--no-interleave``: all traces first, as docs/predict.md's runs 1-7).
+
 ``analyse`` predicts every configuration in the code ``dpcompare predict`` runs (``sweep.curve``: the point, its
 95 % bootstrap band, both modes), under each candidate calibration. The calibration is **chosen on the mlp family
 alone** (the lowest median |error|); the other families (convnet, resnet18 with BatchNorm, gpt-tiny, the
@@ -422,9 +425,10 @@ def parse() -> argparse.Namespace:
     m.add_argument("--strategies", default="ddp,horovod")
     m.add_argument("--workloads", default=",".join(WORKLOADS))
     m.add_argument("--rounds", type=int, default=2, help="times the whole procedure runs, trace to measurement")
-    m.add_argument("--interleave", action="store_true", help="trace each configuration on the unshaped lab right "
-                   "before its measured runs (not all traces first), so that the machine's speed cannot move between "
-                   "them")
+    m.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
+                   help="trace each configuration on the unshaped lab right before its measured runs, so that the "
+                   "machine's speed cannot move between them (the procedure of runs 8-10 in docs/predict.md); "
+                   "--no-interleave: all traces first, as runs 1-7")
     m.add_argument("--steps", type=int, default=6, help="timed steps per measured run")
     m.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     m.add_argument("--trace", type=int, default=8, help="traced steps of the unshaped runs")

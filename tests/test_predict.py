@@ -479,3 +479,22 @@ def test_the_burst_comes_from_the_bench_file(tmp_path):
     assert load_burst(tmp_path / "new.json") == 262144
     assert load_burst(tmp_path / "old.json") == pytest.approx(262500)  # half of 21 ms at 200 Mbit/s
     assert load_burst(tmp_path / "other.json") == 0 == load_burst(tmp_path / "missing.json")
+
+
+def test_a_narrow_terminal_leaves_out_columns_and_never_cuts_a_cell():
+    from rich.console import Console
+
+    from dpcompare.prediction import interval, output
+
+    p = profile([("w", 5 * MS, 40 * MB)], backward=10 * MS)
+    c = sweep.curve(p, "ddp", Knobs(), net(), [2, 64, 1024], "ddp (a long label for a run folder)",
+                    model_error=interval.VALIDATED)
+    for width, must_drop in ((200, []), (90, ["hidden", "no overlap"])):
+        console = Console(width=width, record=True, highlight=False)
+        output.show(console, [c], {}, 0.8)
+        text = console.export_text()
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        assert "…" not in text and all(len(ln) <= width for ln in lines), text
+        assert "1024" in text and "90 % interval" in text  # the host count and the interval always stay
+        dropped = re.search(r"left out to fit \d+ columns: (.+) \(all in prediction.json\)", text)
+        assert (dropped[1].split(", ")[:len(must_drop)] if dropped else []) == must_drop, text

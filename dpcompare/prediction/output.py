@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +17,63 @@ JSON_FILE, PNG_FILE = "prediction.json", "prediction.png"
 COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46")
 
 
-def table(c: Curve, threshold: float) -> Table:
+#: columns left out, in this order, until a curve's table fits the console (every figure stays in prediction.json)
+DROP_ORDER = ("hidden", "no overlap", "samples/s", "exposed", "compute", "fast/slow mode")
+
+
+def _columns(c: Curve, threshold: float) -> list[tuple[str, Callable[[int], str]]]:
+    """(heading, cell of the i-th host count) for every column the curve has."""
+    ms = lambda lo_hi: f"{lo_hi[0] * 1e3:.1f}–{lo_hi[1] * 1e3:.1f}"  # noqa: E731
+
+    def eff(i: int) -> str:
+        e = c.efficiency(c.steps[i])
+        band = f" ({100 * c.eff_bands[i + 1][0]:.0f}–{100 * c.eff_bands[i + 1][1]:.0f})" if c.bands else ""
+        return (f"[red]{pct(e)}[/red]" if e < threshold else pct(e)) + band
+
+    st = c.steps
+    level = f"{100 * c.model_error.level:.0f} % interval" if c.model_error else ""
+    cols: list[tuple[str, Callable[[int], str]] | None] = [
+        ("hosts", lambda i: f"{st[i].hosts}"),
+        ("ranks", lambda i: f"{st[i].ranks}") if any(s.ranks != s.hosts for s in st) else None,
+        ("step ms", lambda i: f"{st[i].step * 1e3:.2f}"),
+        ("95 % band", lambda i: ms(c.bands[i + 1])) if c.bands else None,
+        (level, lambda i: ms(c.intervals[i + 1])) if c.intervals else None,
+        ("fast/slow mode", lambda i: f"{c.modes[i + 1][0] * 1e3:.1f} / {c.modes[i + 1][1] * 1e3:.1f}")
+        if c.modes else None,
+        ("no overlap", lambda i: f"{st[i].no_overlap * 1e3:.2f}"),
+        ("compute", lambda i: f"{st[i].compute * 1e3:.2f}"),
+        ("exposed", lambda i: f"{st[i].exposed * 1e3:.2f}"),
+        ("hidden", lambda i: f"{st[i].hidden * 1e3:.2f}"),
+        ("samples/s", lambda i: f"{st[i].throughput:,.0f}"),
+        ("efficiency", eff)]
+    return [col for col in cols if col is not None]
+
+
+def table(c: Curve, threshold: float, leave_out: Sequence[str] = ()) -> Table:
     t = Table(title=f"{c.label}  ·  one host: {c.base.step * 1e3:.2f} ms/step  ·  {c.knob_text}  ·  times in ms",
               title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    ranks = any(s.ranks != s.hosts for s in c.steps)
-    level = f"{100 * c.model_error.level:.0f} % interval" if c.model_error else ""
-    heads = ["hosts", *(["ranks"] if ranks else []), "step ms", *(["95 % band"] if c.bands else []),
-             *([level] if c.intervals else []),
-             *(["fast/slow mode"] if c.modes else []), "no overlap", "compute", "exposed", "hidden", "samples/s",
-             "efficiency"]
-    for head in heads:
+    cols = [col for col in _columns(c, threshold) if col[0] not in leave_out]
+    for head, _ in cols:
         t.add_column(head, justify="right", no_wrap=True)
-    for i, s in enumerate(c.steps):
-        eff = c.efficiency(s)
-        band = [f"{c.bands[i + 1][0] * 1e3:.1f}–{c.bands[i + 1][1] * 1e3:.1f}"] if c.bands else []
-        modes = [f"{c.modes[i + 1][0] * 1e3:.1f} / {c.modes[i + 1][1] * 1e3:.1f}"] if c.modes else []
-        inter = [f"{c.intervals[i + 1][0] * 1e3:.1f}–{c.intervals[i + 1][1] * 1e3:.1f}"] if c.intervals else []
-        ebands = [f" ({100 * c.eff_bands[i + 1][0]:.0f}–{100 * c.eff_bands[i + 1][1]:.0f})"] if c.bands else [""]
-        t.add_row(f"{s.hosts}", *([f"{s.ranks}"] if ranks else []), f"{s.step * 1e3:.2f}", *band, *inter, *modes, f"{s.no_overlap * 1e3:.2f}",
-                  f"{s.compute * 1e3:.2f}", f"{s.exposed * 1e3:.2f}", f"{s.hidden * 1e3:.2f}", f"{s.throughput:,.0f}",
-                  (f"[red]{pct(eff)}[/red]" if eff < threshold else pct(eff)) + ebands[0])
+    for i in range(len(c.steps)):
+        t.add_row(*(cell(i) for _, cell in cols))
     return t
+
+
+def fitted(console: Console, c: Curve, threshold: float) -> tuple[Table, list[str]]:
+    """The curve's table no wider than the console, leaving out columns in :data:`DROP_ORDER` until it fits (a
+    cell is never cut); the headings left out."""
+    present = {head for head, _ in _columns(c, threshold)}
+    unbounded = console.options.update_width(10_000)  # the table's natural width, not the console's
+    dropped: list[str] = []
+    t = table(c, threshold)
+    for name in DROP_ORDER:
+        if console.measure(t, options=unbounded).maximum <= console.width:
+            break
+        if name in present:
+            dropped.append(name)
+            t = table(c, threshold, dropped)
+    return t, dropped
 
 
 def answers(curves: Sequence[Curve], threshold: float, link: str) -> list[str]:
@@ -60,7 +96,11 @@ def make_console() -> Console:
 
 def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]], threshold: float) -> None:
     for c in curves:
-        console.print(table(c, threshold))
+        t, dropped = fitted(console, c, threshold)
+        console.print(t)
+        if dropped:
+            console.print(f"  left out to fit {console.width} columns: {', '.join(dropped)} (all in {JSON_FILE})",
+                          style="dim")
         if chk := c.measured.get("self_check"):
             console.print(f"  self-check at the traced size (np={c.measured['world_size']}, all-reduces at "
                           f"{chk['busbw_gbit']:g} Gbit/s as traced): model {chk['model_step_ms']:.2f} ms per step, "
