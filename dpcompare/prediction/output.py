@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dpcompare.files import atomic_write_figure, atomic_write_json
 from dpcompare.prediction.sweep import Curve, pct
+from dpcompare.report.table import fit_columns
 
 JSON_FILE, PNG_FILE = "prediction.json", "prediction.png"
 COLORS = ("#3b6fb6", "#e07b39", "#3a9a5b", "#c0404a", "#8a63b8", "#8c6d46")
@@ -64,16 +65,7 @@ def fitted(console: Console, c: Curve, threshold: float) -> tuple[Table, list[st
     """The curve's table no wider than the console, leaving out columns in :data:`DROP_ORDER` until it fits (a
     cell is never cut); the headings left out."""
     present = {head for head, _ in _columns(c, threshold)}
-    unbounded = console.options.update_width(10_000)  # the table's natural width, not the console's
-    dropped: list[str] = []
-    t = table(c, threshold)
-    for name in DROP_ORDER:
-        if console.measure(t, options=unbounded).maximum <= console.width:
-            break
-        if name in present:
-            dropped.append(name)
-            t = table(c, threshold, dropped)
-    return t, dropped
+    return fit_columns(console, lambda left_out: table(c, threshold, left_out), present, DROP_ORDER, console.width)
 
 
 def answers(curves: Sequence[Curve], threshold: float, link: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich import box
@@ -110,24 +110,32 @@ def build_table(groups: Sequence[Group], title: str | None = None,
     return t
 
 
+def fit_columns(console: Console, build: Callable[[list[str]], Table], present: set[str], order: Sequence[str],
+                width: int) -> tuple[Table, list[str]]:
+    """``build(left_out)`` at most ``width`` (and the console's) columns wide: the columns named in ``order`` that
+    are ``present`` left out one by one until it fits; the table and the names left out. A cell is never cut."""
+    limit = min(width, console.width)
+    dropped: list[str] = []
+    table = build(dropped)
+    unbounded = console.options.update_width(10_000)  # its natural width, not the console's
+    for name in order:
+        if console.measure(table, options=unbounded).maximum <= limit:
+            break
+        if name in present:
+            dropped.append(name)
+            table = build(dropped)
+    return table, dropped
+
+
 def fitted_table(console: Console, groups: Sequence[Group], title: str | None = None,
                  others: dict[tuple[str, int], float] | None = None,
                  cpu: dict[tuple[str, int], dict[str, Any] | None] | None = None,
                  width: int = TABLE_COLUMNS) -> tuple[Table, list[str]]:
     """The table at most ``width`` (and the console's) columns wide, leaving out columns in :data:`DROP_ORDER`
     until it fits; the names of those left out."""
-    limit = min(width, console.width)
     present = {c[0] for c in _columns(groups, others, cpu)}
-    dropped: list[str] = []
-    table = build_table(groups, title, others, cpu)
-    unbounded = console.options.update_width(10_000)  # its natural width, not the console's
-    for name in DROP_ORDER:
-        if console.measure(table, options=unbounded).maximum <= limit:
-            break
-        if name in present:
-            dropped.append(name)
-            table = build_table(groups, title, others, cpu, dropped)
-    return table, dropped
+    return fit_columns(console, lambda left_out: build_table(groups, title, others, cpu, left_out), present,
+                       DROP_ORDER, width)
 
 
 def print_report(console: Console, results: dict[str, Any], groups: Sequence[Group], verdicts: Sequence[Verdict],
