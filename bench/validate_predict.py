@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import statistics
@@ -75,7 +76,7 @@ CALIBRATIONS: dict[str, tuple[str, bool, bool]] = {
     "profile+overlap": ("same", False, True), "profilefloor+overlap": ("same", True, True)}
 QUICK = {"hosts": [2], "links": ["200mbit"], "strategies": ["ddp"], "workloads": ["mlp512", "convnet"], "rounds": 2,
          "repeats": 2, "steps": 4, "warmup": 2, "trace": 4, "overlap_steps": 3, "bench_sizes": "256K,1M,4M",
-         "bench_repeats": 2}
+         "bench_repeats": 2, "min_seconds": 0}
 
 
 def load() -> float:
@@ -106,14 +107,26 @@ def bench(lab: Lab, path: Path, a: argparse.Namespace) -> None:
         print(f"  bench: {line}", flush=True)
 
 
-def traced_runs(lab: Lab, a: argparse.Namespace, base: Path, what: str, steps: int) -> dict[tuple[str, str], str]:
-    """A traced run of every strategy and workload on the lab's current link: (strategy, workload) → its folder."""
+def sized(steps: int, step_ms: float | None, min_seconds: float) -> int:
+    """``steps``, or more where that few would time less than ``min_seconds`` at ``step_ms`` (at most 64): a 40 ms
+    step timed 6 times is 0.24 s, too short for its median to hold on a shared machine."""
+    if not step_ms or min_seconds <= 0:
+        return steps
+    return max(steps, min(64, math.ceil(min_seconds * 1e3 / step_ms)))
+
+
+def traced_runs(lab: Lab, a: argparse.Namespace, base: Path, what: str, steps: int,
+                step_ms: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], str]:
+    """A traced run of every strategy and workload on the lab's current link: (strategy, workload) → its folder
+    (and its step in ``step_ms``)."""
     out = {}
     for s in a.strategies:
         for w in a.workloads:
             folder = base / what / f"{s}-{w}"
             ms = run_train(lab, train_argv(s, w, folder, steps, a.warmup, trace=steps), a.timeout)
             out[s, w] = str(folder)
+            if step_ms is not None:
+                step_ms[s, w] = ms
             print(f"{base.name} {what} {s} {w}: traced step {ms:.1f} ms (load {load():.2f})", flush=True)
     return out
 
@@ -123,16 +136,19 @@ def measured_dir(bench: Path, link: str, strategy: str, workload: str, k: int) -
     return bench.parent / link / f"{strategy}-{workload}-r{k}"
 
 
-def traced_now(lab: Lab, a: argparse.Namespace, folder: Path, s: str, w: str, bps: int | None) -> list[str]:
+def traced_now(lab: Lab, a: argparse.Namespace, folder: Path, s: str, w: str, bps: int | None,
+               slow_ms: float | None) -> tuple[list[str], float]:
     """``--interleave``: the configuration's own traced launches on the unshaped lab, right before its measured runs
-    (the link put back to ``bps`` after them)."""
+    (the link put back to ``bps`` after them), ``--trace`` steps or more to last ``--min-seconds`` at the overlap
+    run's step ``slow_ms``; their folders and median step."""
     lab.set_link(None)
-    out = []
+    out, ms = [], []
+    steps = sized(a.trace, slow_ms, a.min_seconds)
     for k in range(a.trace_launches):
-        run_train(lab, train_argv(s, w, folder / f"traced-{k}", a.trace, a.warmup, trace=a.trace), a.timeout)
+        ms.append(run_train(lab, train_argv(s, w, folder / f"traced-{k}", steps, a.warmup, trace=steps), a.timeout))
         out.append(str(folder / f"traced-{k}"))
     lab.set_link(bps)
-    return out
+    return out, statistics.median(ms)
 
 
 def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, Any]]) -> None:
@@ -142,22 +158,25 @@ def measure_hosts(rnd: int, h: int, a: argparse.Namespace, log: list[dict[str, A
         launches = [] if a.interleave else [traced_runs(lab, a, base, "unshaped" + (f"-{k}" if k else ""), a.trace)
                                             for k in range(a.trace_launches)]  # each its own launch: pooled
         lab.set_link(link_bps(a.overlap_link))
-        slow = traced_runs(lab, a, base, f"overlap-{a.overlap_link}", a.overlap_steps)
+        slow_ms: dict[tuple[str, str], float] = {}
+        slow = traced_runs(lab, a, base, f"overlap-{a.overlap_link}", a.overlap_steps, slow_ms)
         for link in a.links:
             lab.set_link(link_bps(link))
             cal = base / f"bench-{link}.json"
             bench(lab, cal, a)
             for s in a.strategies:
                 for w in a.workloads:
-                    traced = (traced_now(lab, a, base / link / f"{s}-{w}-traced", s, w, link_bps(link))
-                              if a.interleave else [t[s, w] for t in launches])
+                    traced, traced_ms = (traced_now(lab, a, base / link / f"{s}-{w}-traced", s, w, link_bps(link),
+                                                    slow_ms.get((s, w))) if a.interleave
+                                         else ([t[s, w] for t in launches], None))
                     rec = {"round": rnd, "hosts": h, "link": link, "strategy": s, "workload": w,
                            "family": WORKLOADS[w][0], "trace": traced, "overlap_trace": slow[s, w],
                            "bench": str(cal), "measured_ms": [], "load": []}
                     for r in range(a.repeats):
                         rec["load"].append(round(load(), 2))
                         folder = measured_dir(cal, link, s, w, r)
-                        rec["measured_ms"].append(run_train(lab, train_argv(s, w, folder, a.steps, a.warmup),
+                        steps = sized(a.steps, traced_ms, a.min_seconds)
+                        rec["measured_ms"].append(run_train(lab, train_argv(s, w, folder, steps, a.warmup),
                                                             a.timeout))
                     print(f"round {rnd} h={h} {link} {s} {w}: {rec['measured_ms']} ms (load {rec['load']})",
                           flush=True)
@@ -434,6 +453,9 @@ def parse() -> argparse.Namespace:
     m.add_argument("--trace", type=int, default=8, help="traced steps of the unshaped runs")
     m.add_argument("--trace-launches", type=int, default=1, help="traced runs (launches) of each strategy and "
                    "workload on the unshaped lab, pooled as predict pools a comparison's traced repeats")
+    m.add_argument("--min-seconds", type=float, default=2.0, help="with --interleave, more traced and timed steps "
+                   "than --trace and --steps where those would last less than this (a short step's median needs "
+                   "more of them; at most 64); 0: exactly --trace and --steps (runs 1-10)")
     m.add_argument("--overlap-steps", type=int, default=4, help="traced steps of the overlap runs")
     m.add_argument("--repeats", type=int, default=2, help="untraced runs per configuration")
     m.add_argument("--bench-sizes", default="64K,256K,1M,2M,4M,8M,16M,32M")

@@ -181,23 +181,41 @@ def load_burst(path: str | Path) -> float:
 
 
 def floor_from(ops: list[tuple[float, float]], ranks: int) -> tuple[float, float, int] | None:
-    """(a seconds, b seconds per byte, ranks) of a traced run's all-reduces given as (bytes, seconds): a
-    least-squares line (scipy.stats.linregress), or the median time when they all had one size; None without
-    any or at one rank. On an unlimited link (a lab host's unshaped veth, shared memory) this is what the
-    library itself costs on those CPUs: copies, the reduction, progress threads competing for the cores."""
+    """(a seconds, b seconds per byte, ranks) of a traced run's all-reduces given as (bytes, seconds): the
+    Theil-Sen line (scipy.stats.theilslopes: the median of the pairwise slopes), or the median time when they all
+    had one size; None without any or at one rank. On an unlimited link (a lab host's unshaped veth, shared
+    memory) this is what the library itself costs on those CPUs: copies, the reduction, progress threads. A
+    median line, not least squares: a traced operation that waited for a late peer or for a core that backward
+    held is slower by that wait only, never faster, and the operation a step waits for at its end runs with
+    backward's compute done."""
     import statistics
 
-    from scipy.stats import linregress
+    from scipy.stats import theilslopes
 
     if ranks < 2 or not ops:
         return None
     xs, ys = zip(*ops, strict=True)
     if len(set(xs)) < 2:
         return statistics.median(ys), 0.0, ranks
-    fit = linregress(xs, ys)
-    if fit.slope <= 0:
+    slope, intercept, _, _ = theilslopes(ys, xs)
+    if slope <= 0:
         return statistics.median(ys), 0.0, ranks
-    return float(max(fit.intercept, 0.0)), float(fit.slope), ranks
+    return float(max(intercept, 0.0)), float(slope), ranks
+
+
+def trace_link(ops: list[tuple[float, float]], ranks: int) -> Link | None:
+    """The link a traced run's all-reduces (bytes, seconds) ran on: α and B read off their :func:`floor_from`
+    line (a small operation pays its fixed cost, not a bandwidth it never reached), or their median bus
+    bandwidth with no latency when the line has no slope (one size); None without any or at one rank."""
+    import statistics
+
+    line = floor_from(ops, ranks)
+    if line is None:
+        return None
+    a, b, n = line
+    if b > 0:
+        return Link(a / (2 * (n - 1)), 2 * (n - 1) / n / b)
+    return Link(0.0, statistics.median(2 * (n - 1) / n * nb / t for nb, t in ops))
 
 
 # -- calibration ------------------------------------------------------------------------------------------
@@ -293,12 +311,17 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
 
 
 def share_at(profile: tuple[tuple[float, ...], tuple[float, ...]], nbytes: float) -> float:
-    """The measured share of the link at ``nbytes``: linear in log(size) between the sizes measured, the
-    nearest end's share outside them (numpy.interp)."""
+    """The measured share of the link at ``nbytes``: between two sizes measured, the one whose time lies on the
+    straight line between their times (numpy.interp over bytes: the α-β law is linear in bytes, and so is a
+    shaped link's burst, free up to its size and at the link's rate beyond); the nearest end's share outside
+    them. Interpolating the share itself would carry a burst-sized message's speed (many times the link's) into
+    the sizes past it."""
     import numpy as np
 
     sizes, shares = profile
-    return float(np.interp(math.log(nbytes), [math.log(x) for x in sizes], shares))
+    if nbytes <= sizes[0] or nbytes >= sizes[-1]:
+        return shares[0] if nbytes <= sizes[0] else shares[-1]
+    return nbytes / float(np.interp(nbytes, sizes, [b / s for b, s in zip(sizes, shares, strict=True)]))
 
 
 #: which of a bench's speeds a profile follows: the mixture's expectation, or one of Open MPI's two modes

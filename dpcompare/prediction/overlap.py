@@ -28,7 +28,7 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 
-from dpcompare.prediction.network import Link, Network
+from dpcompare.prediction.network import Network, trace_link
 from dpcompare.prediction.profile import Profile
 from dpcompare.prediction.schedule import Knobs, Schedule, Step
 
@@ -55,19 +55,11 @@ class Overlap:
                 "source": self.source}
 
 
-def _trace_link(p: Profile) -> Link | None:
-    """The speed the run's own all-reduces ran at (their median bus bandwidth), no latency; None without any."""
-    n, ops = p.world_size, p.measured.get("allreduces") or []
-    if n < 2 or not ops:
-        return None
-    return Link(0.0, statistics.median(2 * (n - 1) / n * b / t for b, t in ops))
-
-
 def measure(shaped: Profile, reference: Profile, schedule: type[Schedule], knobs: Knobs) -> Overlap:
     """``hide`` and ``slow`` from ``shaped`` (a traced run on a slow link) against ``reference`` (the compute of the
     same workload and strategy traced on a fast one); the assumption, saying why, when they cannot be read."""
     s = shaped.samples
-    link = _trace_link(shaped)
+    link = trace_link(shaped.measured.get("allreduces") or [], shaped.world_size)
     where = f"{shaped.run} (np={shaped.world_size})"
     if s is None or link is None or not len(s):
         return Overlap(source=f"{BASIS}: --overlap-from {where} traced no collective to learn from")

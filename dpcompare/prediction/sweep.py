@@ -15,7 +15,6 @@ own error as a validation measured it (:mod:`.interval`).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dpcompare.prediction.interval import ModelError
-from dpcompare.prediction.network import Bench, Link, Network
+from dpcompare.prediction.network import Bench, Network, trace_link
 from dpcompare.prediction.overlap import Overlap
 from dpcompare.prediction.profile import Profile
 from dpcompare.prediction.schedule import Knobs, Schedule, Step
@@ -130,15 +129,15 @@ MEASURED = ("step_ms", "step_ms_median", "backward_ms", "comm_ms_per_step", "ove
 
 
 def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
-    """The model at the traced run's own size, on the all-reduce speed the trace itself shows (the median
-    bus bandwidth of its all-reduces, no latency), against the traced steps' median; None without both."""
+    """The model at the traced run's own size, on the link its all-reduces themselves ran on
+    (:func:`.network.trace_link`), against the traced steps' median; None without both."""
     n, measured = p.world_size, p.measured.get("step_ms_median")
-    ops = p.measured.get("allreduces") or []
-    if sched.name != p.strategy or n < 2 or not ops or not measured:
+    link = trace_link(p.measured.get("allreduces") or [], n)
+    if sched.name != p.strategy or link is None or not measured:
         return None
-    busbw = statistics.median(2 * (n - 1) / n * b / t for b, t in ops)
-    model = sched.run(Network(n, Link(0.0, busbw))).step * 1e3
-    return {"busbw_gbit": round(busbw * 8 / 1e9, 4), "model_step_ms": round(model, 4),
+    model = sched.run(Network(n, link)).step * 1e3
+    return {"busbw_gbit": round(link.bandwidth * 8 / 1e9, 4), "alpha_us": round(link.alpha * 1e6, 1),
+            "model_step_ms": round(model, 4),
             "traced_step_ms": round(measured, 4), "error_pct": round(100 * (model / measured - 1), 1)}
 
 
