@@ -7,6 +7,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 
 from dpcompare.argtypes import parse_rate_bits
@@ -286,6 +287,22 @@ def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_
         steps[bool(flag)] = out["curves"][0]["steps"][0]["step_ms"]
     assert out["inputs"]["floor_from_trace"] is True
     assert steps[True] == pytest.approx(19.0, abs=0.01) and steps[False] == pytest.approx(18.2, abs=0.1)
+
+
+def test_the_floor_line_holds_against_operations_that_waited_and_a_trace_link_has_latency():
+    """A traced all-reduce that waited for a late peer is slower by the wait, never faster: the floor's median line
+    stays on the library's own cost where least squares followed the waits; the link read off it pays α."""
+    from dpcompare.prediction.network import floor_from, trace_link
+
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1_000, 2_000_000, 300).astype(float)
+    own = 1e-3 + sizes * 2e-9  # 1 ms + 2 ns/byte
+    waited = own + np.where(rng.random(300) < 0.3, rng.uniform(5e-3, 30e-3, 300), 0.0)
+    a, b, n = floor_from(list(zip(sizes, waited, strict=True)), 2)
+    assert n == 2 and a == pytest.approx(1e-3, rel=0.25) and b == pytest.approx(2e-9, rel=0.25)
+    link = trace_link(list(zip(sizes, waited, strict=True)), 2)
+    assert link.allreduce(1_000, 2) == pytest.approx(1e-3, rel=0.3)  # a small one pays the fixed cost
+    assert trace_link([(1e6, 0.01)] * 3, 2).alpha == 0.0  # one size: a bandwidth, no latency
 
 
 def test_predict_refusals_are_one_line(tmp_path):
