@@ -18,7 +18,8 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
    ``step_ms_median``). The load average is recorded before every run.
 
 Step 1 is interleaved with step 3 by default: each configuration traced right before its own measured runs
-(``--no-interleave``: all traces first, as docs/predict.md's runs 1-7).
+(``--no-interleave``: all traces first, as docs/predict.md's runs 1-7); then a short step is traced and timed for
+``--min-seconds`` at least (more steps than ``--trace`` and ``--steps``; since run 11).
 
 ``analyse`` predicts every configuration in the code ``dpcompare predict`` runs (``sweep.curve``: the point, its
 95 % bootstrap band, both modes), under each candidate calibration. The calibration is **chosen on the mlp family

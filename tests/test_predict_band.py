@@ -339,6 +339,8 @@ def test_interleaved_traces_keep_their_own_compute_and_give_the_spread_together(
                                                   "validate_predict.py")
     vp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(vp)  # type: ignore[union-attr]
+    # --min-seconds: a 40 ms step is traced and timed 50 times for 2 s, a 500 ms one its 6, none more than 64
+    assert [vp.sized(6, ms, 2.0) for ms in (40.0, 500.0, 1.0, None)] == [50, 6, 64, 6] and vp.sized(6, 40.0, 0) == 6
     log = []
     for s in ("ddp", "horovod"):
         for link, slower in (("1gbit", 1.0), ("500mbit", 1.2), ("200mbit", 0.9)):
