@@ -127,11 +127,31 @@ def missing(reason: str) -> None:
 _REQUIREMENTS = {"horovod": horovod_problem, "mpi": mpi_problem}
 
 
+# torchrun's agents (a log folder each) and wandb's offline runs leave folders in the temporary directory that
+# nothing reads after the run: the suite removes the ones that appeared while it ran (controller only, at its end).
+_LITTER = ("torchelastic_*", "tmp*wandb")
+_BEFORE = pytest.StashKey[set[Path]]()
+
+
+def _litter() -> set[Path]:
+    import tempfile
+
+    return {p for pattern in _LITTER for p in Path(tempfile.gettempdir()).glob(pattern)}
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _litter()
     if STRICT:
         problems = [p for check in _REQUIREMENTS.values() if (p := check())]
         if problems:
             pytest.exit("CI needs the whole stack: " + "; ".join(problems), returncode=1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller cleans up once every worker is done
+    for p in _litter() - session.config.stash.get(_BEFORE, set()):
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

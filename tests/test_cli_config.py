@@ -38,10 +38,12 @@ def _compare(argv: list[str]) -> tuple[dict, list[list[str]]]:
 def test_compare_reruns_from_its_config_toml(tmp_path: Path) -> None:
     first, calls = _compare(["--variants", "base=ddp", "fp16=ddp:grad_compression=fp16", "--np", "1,2",
                              "--sweep", "batch_size=16,32", "--repeats", "1", "--lr", "0.01", "--epochs", "1",
-                             "--equivalence", "3", "--out", str(tmp_path / "a")])
+                             "--equivalence", "3", "--project-link", "10gbit", "--out", str(tmp_path / "a")])
     written = (tmp_path / "a" / CONFIG_FILE).read_text()
     assert "lr = 0.01" in written and "equivalence = 3" in written and "out =" not in written
+    assert 'project-link = "10gbit"' in written  # a run option that changes the report: rerun it too
     again, calls_again = _compare(["--config", str(tmp_path / "a" / CONFIG_FILE), "--out", str(tmp_path / "b")])
+    assert "--project-link" in again["cli"]
     for key in ("arms", "np", "repeats", "equivalence", "train", "train_flags", "cli"):
         assert again[key] == first[key] if key != "train" else \
             {**again[key], "out": None} == {**first[key], "out": None}, key

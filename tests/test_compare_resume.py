@@ -144,14 +144,14 @@ def test_all_train_settings_at_once_and_old_no_tensorboard_read_back() -> None:
     Comparison(TrainConfig(), (Arm("base", "ddp"), Arm("fp16", "horovod", (("grad_compression", "fp16"),
                                                                           ("batch_size", 16)))), (2,),
                StoppingRule(repeats=2, seeds=(4,), accuracy_equivalence=0.01),
-               sweeps=(("optimizer", ("sgd", "adam")),)),
+               sweeps=(("optimizer", ("sgd", "adam")),), options=RunOptions(project_link=None)),
 ], ids=["strategies", "a-a-auto-persistent", "variants-sweep-seed"])
 def test_plan_flags_read_back_as_the_same_plan(c: Comparison, tmp_path: Path) -> None:
     merged, _ = cmdline.stored_args(cmdline.plan_flags(c))
     merged.out, merged.resume_dir, merged.overwrite, merged.progress = str(tmp_path), None, False, "none"
     back = compare.comparison_of(merged)
-    assert (back.arms, back.nps, back.schedule, back.sweeps, back.options.workers) == (
-        c.arms, c.nps, c.schedule, c.sweeps, c.options.workers)
+    assert (back.arms, back.nps, back.schedule, back.sweeps, back.options.workers, back.options.project_link) == (
+        c.arms, c.nps, c.schedule, c.sweeps, c.options.workers, c.options.project_link)
     assert [a.label for a in back.all_arms] == [a.label for a in c.all_arms]
 
 

@@ -428,6 +428,7 @@ def test_a_traced_comparison_is_projected_and_the_report_shows_it(tmp_path):
     assert "Projected to a cluster" in text and "data:image/png;base64," in text and "10gbit link" in text
     assert "95 % band" in text and "overlap: assumed" in text
     assert text.count("<tr><td>") == 2 and "1024 hosts" in text and "a model, not a measurement" in text.lower()
+    assert "<th>1024 hosts</th>" in text  # short headings (the legend says what a cell holds): the table fits its card
 
 
 def test_a_bench_profile_gives_back_every_measured_size_and_follows_the_curve_between(tmp_path):

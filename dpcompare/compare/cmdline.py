@@ -11,11 +11,12 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from dpcompare.argtypes import nonneg_float, parse_rate_bits, positive_float, positive_int
+from dpcompare.argtypes import format_rate_bits, nonneg_float, parse_rate_bits, positive_float, positive_int
 from dpcompare.compare.axes import AXES, TWIN
 from dpcompare.compare.plan import (
     Arm,
     Comparison,
+    RunOptions,
     parse_arm_strategies,
     parse_np,
     parse_repeats,
@@ -180,6 +181,9 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--replay"]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
+    if c.options.project_link != RunOptions().project_link:
+        link = c.options.project_link
+        flags += ["--project-link", "none" if link is None else format_rate_bits(link)]
     if c.script is not None:
         flags += c.script.flags()
     return flags

@@ -42,27 +42,33 @@ def section(folder: str | Path) -> str:
 
 
 def _table(curves: list[dict[str, Any]]) -> str:
-    """Per curve: predicted step and efficiency at a few host counts, and where it drops below the threshold."""
+    """Per curve: predicted step and efficiency at a few host counts, and where it drops below the threshold.
+    Headings stay short (the legend under the table says what a cell holds) so the table fits its card."""
     hosts = sorted({s["hosts"] for c in curves for s in c["steps"]})
     shown = [h for h in hosts if h in SHOWN] or hosts[:4]
     interval = any("interval_ms_low" in s for c in curves for s in c["steps"])
-    what = "step ms (95 % band; 90 % interval)" if interval else "step ms (95 % band)"
-    head = "".join(f"<th>{h} hosts<br>{what} · efficiency</th>" for h in shown)
+    band = any("step_ms_low" in s for c in curves for s in c["steps"])
+    head = "".join(f"<th>{h} hosts</th>" for h in shown)
     rows = []
     for c in curves:
         at = {s["hosts"]: s for s in c["steps"]}
-        cells = "".join(f"<td>{_step(at[h])} · {100 * at[h]['efficiency']:.0f} %</td>" if h in at else "<td>–</td>"
-                        for h in shown)
+        cells = "".join(f"<td>{_step(at[h])}</td>" if h in at else "<td>–</td>" for h in shown)
         below = c.get("below_threshold_at_hosts")
         rows.append(f"<tr><td>{html.escape(str(c['label']))}</td>{cells}<td>{'never' if below is None else below}"
                     "</td></tr>")
-    threshold = curves[0].get("threshold", 0.8)
-    return (f'<div class="scroll"><table><thead><tr><th>strategy (traced run)</th>{head}<th>below '
-            f"{100 * threshold:.0f} % from<br>hosts</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+    threshold = f"{100 * curves[0].get('threshold', 0.8):.0f} %"
+    legend = ("Each cell: predicted step in ms · efficiency"
+              + (", then the 95 % band from the inputs' own noise" if band else "")
+              + ("; the 90 % interval with the model's error" if interval else "")
+              + f". Last column: the first host count whose efficiency falls below {threshold}.")
+    return (f'<div class="scroll"><table><thead><tr><th>strategy (traced run)</th>{head}<th>below {threshold} '
+            f"from</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            f'<p class="muted" style="font-size:13px;margin:8px 0 0">{html.escape(legend)}</p>')
 
 
 def _step(s: dict[str, Any]) -> str:
-    """A predicted step and, when the prediction has them, its band from the inputs' own noise and its interval
-    with the model's error."""
+    """A predicted step and its efficiency; under them, when the prediction has them, its band from the inputs' own
+    noise and its interval with the model's error."""
     parts = [f"{s[k + '_low']:.1f}–{s[k + '_high']:.1f}" for k in ("step_ms", "interval_ms") if k + "_low" in s]
-    return f"{s['step_ms']:.1f}" + (f" ({'; '.join(parts)})" if parts else "")
+    first = f"{s['step_ms']:.1f} · {100 * s['efficiency']:.0f} %"
+    return first + (f'<br><span class="muted">{"; ".join(parts)}</span>' if parts else "")
