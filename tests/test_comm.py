@@ -8,10 +8,12 @@ skips with the reason locally and fails under CI when they are missing).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from dpcompare import trace as tr
+from dpcompare.backends import horovod_watch as hw
 from dpcompare.backends.horovod_watch import HandleWatcher
 
 from conftest import lab_of, needs_horovod, needs_mpi
@@ -122,6 +124,28 @@ def test_handle_watcher_stamps_completions_from_its_thread():
     w.stop()
     assert sorted(t for t, *_ in w.done) == ["fc.bias", "fc.weight"]
     assert all(t1 >= t0 for _, _, t0, t1, _ in w.done)
+
+
+def test_handle_watcher_keeps_out_of_the_computes_way():
+    """The poll thread sleeps on an event while nothing is pending; while something is, it polls at a tenth of the
+    time since it last saw a handle start or complete (0.2-2 ms), and every 0.2 ms while step() waits."""
+    done: set[int] = set()
+    w = HandleWatcher(tr.TraceRecorder(0), poll=lambda h: h in done)
+    assert not w._busy.is_set()
+    w.enqueued(1, "fc.weight", 4000)
+    assert w._busy.is_set()
+    w._since = time.perf_counter() - 0.005
+    assert 4e-4 < w._interval() < 7e-4
+    w._since = time.perf_counter() - 5.0
+    assert w._interval() == hw.POLL_MAX_S
+    w._hurry.set()
+    assert w._interval() == hw.POLL_S
+    w._hurry.clear()
+    done.add(1)
+    w.wait_idle(10)
+    assert not w._busy.is_set() and not w._hurry.is_set()
+    w.stop()
+    assert [t for t, *_ in w.done] == ["fc.weight"]
 
 
 # -- a 2-host lab at 200 Mbit/s -----------------------------------------------------------------------
