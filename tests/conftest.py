@@ -129,7 +129,7 @@ _REQUIREMENTS = {"horovod": horovod_problem, "mpi": mpi_problem}
 
 # torchrun's agents (a log folder each) and wandb's offline runs leave folders in the temporary directory that
 # nothing reads after the run: the suite removes the ones that appeared while it ran (controller only, at its end).
-_LITTER = ("torchelastic_*", "tmp*wandb")
+_LITTER = ("torchelastic_*", "tmp*wandb*")  # wandb: tmp…wandb-media, tmp…wandb-artifacts
 _BEFORE = pytest.StashKey[set[Path]]()
 
 
