@@ -70,11 +70,12 @@ COMMON = ("--samples", "4096", "--epochs", "0", "--threads", "1", "--no-tensorbo
           "--overwrite")
 RESULTS = "results.json"
 #: candidate calibrations: name → (bench: none / the same H and rate / the 2-host bench at the first rate,
-#: --floor-from-trace, --overlap-from)
-CALIBRATIONS: dict[str, tuple[str, bool, bool]] = {
-    "plain": ("none", False, False), "plainfloor": ("none", True, False), "profile": ("same", False, False),
-    "profilefloor": ("same", True, False), "oneprofile": ("one", False, False),
-    "profile+overlap": ("same", False, True), "profilefloor+overlap": ("same", True, True)}
+#: --floor-from-trace, --overlap-from, --straggler-from-trace)
+CALIBRATIONS: dict[str, tuple[str, bool, bool, bool]] = {
+    "plain": ("none", False, False, False), "plainfloor": ("none", True, False, False),
+    "profile": ("same", False, False, False), "profilefloor": ("same", True, False, False),
+    "oneprofile": ("one", False, False, False), "profile+overlap": ("same", False, True, False),
+    "profilefloor+overlap": ("same", True, True, False), "profilefloor+overlap+straggler": ("same", True, True, True)}
 QUICK = {"hosts": [2], "links": ["200mbit"], "strategies": ["ddp"], "workloads": ["mlp512", "convnet"], "rounds": 2,
          "repeats": 2, "steps": 4, "warmup": 2, "trace": 4, "overlap_steps": 3, "bench_sizes": "256K,1M,4M",
          "bench_repeats": 2, "min_seconds": 0}
@@ -223,12 +224,12 @@ def arms(log: list[dict[str, Any]]) -> dict[tuple[str, ...], Profile]:
 def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile) -> dict[str, Any]:
     """The configuration, traced as ``p``, as `dpcompare predict` sees it under calibration ``how``: point, band,
     modes (ms)."""
-    which, floor, with_overlap = CALIBRATIONS[how]
+    which, floor, with_overlap, straggler = CALIBRATIONS[how]
     knobs = sweep.knobs_of(p, {})
     cal = {"none": None, "same": rec["bench"], "one": one}[which]
     net = Network(1, Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, load_calibration(cal) if cal else {},
                   strategies.trace_floors(p) if floor else {}, load_profiles(cal) if cal else {},
-                  load_burst(cal) if cal else 0.0)
+                  load_burst(cal) if cal else 0.0, strategies.trace_waits(p) if straggler else {})
     ov = overlap.Overlap()
     if with_overlap:
         shaped = strategies.profile(Path(rec["overlap_trace"]))

@@ -3,6 +3,7 @@ the command on a hand-made trace (no torch, no MPI)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -378,6 +379,44 @@ def test_floor_from_the_trace_bounds_an_all_reduce_from_below():
                 measured={"allreduces": [(MB, 0.110), (4 * MB, 0.140)]})
     p.world_size = 2
     assert set(strategies.trace_floors(p)) == {"mpi"}
+
+
+def test_the_wait_for_the_last_rank_delays_ddp_s_bucket_on_a_slow_link_and_stays_in_the_floor_on_a_fast_one():
+    """Three ranks traced one 1 MiB all-reduce per step, issued at 0, 4 and 6 ms and ending together at 10 ms:
+    waits 6, 2 and 0 ms (median 2). With the wait placed before the bucket and taken out of its floor, a link
+    faster than the floor prices the step as the floor alone did; on a slow link the wait comes on top of the wire,
+    where the floor's max() hid it."""
+    from dpcompare import trace as tr
+    from dpcompare.prediction.profile import _allreduce_wait
+
+    events = []
+    for step in (1, 2):
+        t0 = step * 100_000.0
+        for rank, issued in ((0, 0.0), (1, 4_000.0), (2, 6_000.0)):
+            events.append({"name": "step", "cat": tr.CAT_STEP, "ph": "X", "ts": t0, "dur": 20_000.0, "pid": rank,
+                           "tid": 0, "args": {"step": step}})
+            events.append({"name": "all-reduce bucket 0", "cat": tr.CAT_COMM, "ph": "X", "ts": t0 + issued,
+                           "dur": 10_000.0 - issued, "pid": rank, "tid": 100, "args": {"bytes": MB}})
+    assert _allreduce_wait(events) == pytest.approx(0.002)
+    assert _allreduce_wait([e for e in events if e["pid"] == 0]) is None  # nothing matched across ranks
+
+    p = profile([("w", 5 * MS, MB)], 5 * MS)
+    p.world_size = 3
+    floor = {"gloo": (0.006, 0.0, 3)}  # the traced spans' median: own 4 ms + the median wait 2 ms
+    for mib_ms, hidden in ((0.1, True), (20.0, False)):
+        plain = Network(3, Link(0.0, MB / (mib_ms * MS)), floors=floor)
+        waited = dataclasses.replace(plain, waits={"gloo": 0.002})
+        before, after = (strategies.schedule("ddp")(p, Knobs()).run(n).step for n in (plain, waited))
+        assert after == pytest.approx(before if hidden else before + 0.002)
+    p.measured["allreduce_wait_s"] = 0.002
+    assert strategies.trace_waits(p) == {"gloo": 0.002}
+
+
+def test_straggler_from_trace_needs_the_floor(tmp_path):
+    run = fake_run(tmp_path / "r")
+    p = dpcompare("predict", str(run), "--host-counts", "2", "--link", "1gbit", "--straggler-from-trace", "--quiet",
+                  check=False)
+    assert p.returncode == 2 and "add --floor-from-trace" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 def test_labels_keep_arms_apart_and_repeats_together(tmp_path):

@@ -104,6 +104,8 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     from dpcompare.prediction import interval, strategies, sweep
     from dpcompare.prediction.network import Bench
 
+    if a.straggler_from_trace and not a.floor_from_trace:
+        raise ConfigError("--straggler-from-trace takes its wait out of the trace's floor: add --floor-from-trace")
     if not a.run_dirs:
         raise ConfigError("name a traced run folder or a compare --out folder (RUN_DIR), or give run_dirs in --config")
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
@@ -117,7 +119,8 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     ov = _overlap(a, profiles, over)
     curves, seen = [], set()
     for folder, p in zip(folders, profiles, strict=True):
-        net_p = dataclasses.replace(net, floors=strategies.trace_floors(p)) if a.floor_from_trace else net
+        net_p = dataclasses.replace(net, floors=strategies.trace_floors(p), waits=strategies.trace_waits(p)
+                                    if a.straggler_from_trace else {}) if a.floor_from_trace else net
         for name in strategies.modelled_as(p, asked):
             label = f"{name} ({source(folder, p.world_size)})" if name == p.strategy else \
                 f"{name} (on {source(folder, p.world_size)})"
@@ -151,6 +154,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     inputs = {"runs": a.run_dirs, "hosts": hosts, "link": inter_link, "latency": a.latency,
               "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
               "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","), "floor_from_trace": a.floor_from_trace,
+              "straggler_from_trace": a.straggler_from_trace,
               "bootstrap": a.bootstrap, "overlap_from": a.overlap_from, "model_error": a.model_error}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
     _write_config(a, out)
@@ -217,6 +221,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     p.add_argument("--floor-from-trace", action="store_true",
                    help="no all-reduce faster than the traced run's own of that size (its library on the traced "
                         "machine's CPUs, unlimited link): for a slower link on the same machine, e.g. the lab")
+    p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
+                   "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
     p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
                    "each run's own; ddp,horovod for single)")
     p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "

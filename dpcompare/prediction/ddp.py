@@ -7,6 +7,8 @@ Assumptions:
   gradient that brings it to its cap or beyond.
 - A bucket's all-reduce starts when its last gradient is ready and the previous bucket's all-reduce is done (on
   a shaped link with a burst, paying for the bytes the link's bucket has not refilled: :class:`.network.Bucket`);
+  with the traced wait for the last rank (``--straggler-from-trace``: :meth:`.network.Network.wait`), that much
+  later, priced without it: the wait then delays the wire instead of hiding under it;
   backward returns when both its compute and the last all-reduce are done (then the optimizer runs).
 - With buffers (BatchNorm statistics) rank 0 broadcasts them at the start of every forward, exposed.
 - Communication does not slow the compute it overlaps (it does on a shared CPU: :mod:`.overlap` corrects the
@@ -39,10 +41,10 @@ class DDPSchedule(Schedule):
         """(end of backward after its start, each bucket's all-reduce seconds, bytes on the wire)."""
         buckets = self.buckets()
         sizes = [sum(g.nbytes for g in b) * self.knobs.wire for b in buckets]
-        bucket, costs, free = net.bucket(), [], 0.0
+        bucket, costs, free, wait = net.bucket(), [], 0.0, net.wait(self.backend())
         for b, s in zip(buckets, sizes, strict=True):
-            start = max(max(g.ready for g in b), free)
-            costs.append(bucket.cost("allreduce", s, self.backend(), start))
+            start = max(max(g.ready for g in b) + wait, free)
+            costs.append(bucket.cost("allreduce", s, self.backend(), start, own=wait > 0))
             free = start + costs[-1]
         return max(self.profile.backward, free), costs, sum(sizes)
 

@@ -72,7 +72,8 @@ class Network:
     ``calibrated`` maps (backend, collective) to a measured (α, fraction of the link's B) that replaces the
     plain link for that backend and collective across hosts. ``floors`` maps a backend to the time its
     all-reduce took on the traced run's own, unlimited link (:func:`floor_from`): an all-reduce then costs at
-    least that, rescaled to these ranks (see :meth:`floor`).
+    least that, rescaled to these ranks (see :meth:`floor`). ``waits`` maps a backend to the part of that floor a
+    rank spent waiting for the last rank to arrive (:meth:`wait`), for a schedule that places the wait itself.
     """
 
     hosts: int
@@ -86,6 +87,8 @@ class Network:
     #: bytes the inter-host link passes at once after an idle moment, found full before every operation the
     #: calibration timed (a tbf burst: :func:`load_burst`); 0: no bucket to track
     burst: float = 0.0
+    #: backend → seconds a traced all-reduce waited for its last rank (``--straggler-from-trace``); empty: none
+    waits: dict[str, float] = field(default_factory=dict)
 
     @property
     def ranks(self) -> int:
@@ -108,6 +111,11 @@ class Network:
         a, b, n0 = f
         return a * (n - 1) / (n0 - 1) + b * nbytes * ((n - 1) / n) / ((n0 - 1) / n0)
 
+    def wait(self, backend: str) -> float:
+        """Seconds an all-reduce's ranks wait for the last one to arrive (the traced median; 0 without ``waits``):
+        a schedule that delays its all-reduces by this prices them with ``own=True`` (:meth:`cost`)."""
+        return self.waits.get(backend, 0.0)
+
     def link(self, backend: str, collective: str, nbytes: float | None = None) -> Link:
         """The inter-host link as ``backend``'s ``collective`` sees it: calibrated α and share of the link,
         the share read off the measured profile at ``nbytes`` when there is one (a library whose speed per
@@ -118,14 +126,17 @@ class Network:
             alpha, share = self.inter.alpha, share_at(profile, nbytes)
         return Link(alpha, self.inter.bandwidth * share)
 
-    def cost(self, collective: str, nbytes: float, backend: str = "", tokens: float | None = None) -> float:
-        """Seconds for one ``collective`` of ``nbytes`` among all ranks (never less than its :meth:`floor`);
+    def cost(self, collective: str, nbytes: float, backend: str = "", tokens: float | None = None,
+             own: bool = False) -> float:
+        """Seconds for one ``collective`` of ``nbytes`` among all ranks (never less than its :meth:`floor`, or with
+        ``own`` the floor less the :meth:`wait` for the last rank, which the caller placed before it);
         ``tokens``: the bytes left in the link's bucket when it starts (None: full, as the calibration timed it)."""
         wire = self._wire(collective, nbytes, backend)
         if tokens is not None and self.burst > 0 and self.hosts > 1:
             sent = self.sent(collective, nbytes)
             wire += (min(sent, self.burst) - min(sent, tokens)) / self.inter.bandwidth
-        return max(wire, self.floor(collective, nbytes, backend))
+        floor = self.floor(collective, nbytes, backend)
+        return max(wire, max(floor - self.wait(backend), 0.0) if own else floor)
 
     def sent(self, collective: str, nbytes: float) -> float:
         """Bytes one host puts on its inter-host link in ``collective`` of ``nbytes`` (the bus factor's share)."""
@@ -151,14 +162,15 @@ class Bucket:
     level: float
     t: float = 0.0
 
-    def cost(self, collective: str, nbytes: float, backend: str, start: float) -> float:
-        """Seconds of an operation that starts at ``start`` with what the bucket holds then; spends its bytes."""
+    def cost(self, collective: str, nbytes: float, backend: str, start: float, own: bool = False) -> float:
+        """Seconds of an operation that starts at ``start`` with what the bucket holds then; spends its bytes
+        (``own``: as :meth:`Network.cost`)."""
         net = self.net
         if net.burst <= 0 or net.hosts < 2:
-            return net.cost(collective, nbytes, backend)
+            return net.cost(collective, nbytes, backend, own=own)
         rate = net.inter.bandwidth
         level = min(net.burst, self.level + max(0.0, start - self.t) * rate)
-        seconds = net.cost(collective, nbytes, backend, tokens=level)
+        seconds = net.cost(collective, nbytes, backend, tokens=level, own=own)
         self.level = min(net.burst, max(0.0, level - net.sent(collective, nbytes) + rate * seconds))
         self.t = max(self.t, start + seconds)
         return seconds

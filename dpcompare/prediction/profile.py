@@ -8,7 +8,8 @@ bootstrap can resample them (:meth:`Profile.resampled`), with the seconds a coll
 of them fell inside backward's compute (what :mod:`.overlap` reads on a run whose link is slow). A gradient's
 bytes come from its tick (``bytes``, traces from this version on), else from the all-reduce that carried it (a
 bucket's or fused operation's bytes shared equally among its tensors), else from the parameters' total in
-summary.json shared equally.
+summary.json shared equally. The traced all-reduces are kept as (bytes, seconds) for the floor, with the median
+time a rank's all-reduce waited for the last rank to issue it (``allreduce_wait_s``, for ``--straggler-from-trace``).
 
 Several traced launches of an arm are pooled (:func:`pooled`). What moves between launches (where the processes
 landed, the machine's state) is larger on a shared machine than the steps of one launch show, and a bootstrap over
@@ -215,7 +216,9 @@ def pooled(profiles: Sequence[Profile]) -> Profile:
     samples = Samples(np.concatenate([x.phases for x in parts]), names, np.concatenate([ready(x) for x in parts]),
                       np.concatenate([x.comm for x in parts]), np.concatenate([x.overlapped for x in parts]),
                       np.concatenate([np.full(len(x), k) for k, x in enumerate(parts)]))
+    waits = [float(w) for p in profiles if (w := p.measured.get("allreduce_wait_s")) is not None]
     measured = {**first.measured, "pooled_runs": [p.run for p in profiles],
+                "allreduce_wait_s": statistics.median(waits) if waits else None,
                 "step_ms_median": _median([float(p.measured.get("step_ms_median") or 0.0) for p in profiles])}
     note = f"{len(profiles)} traced runs of this arm pooled ({len(samples)} rank-steps)"
     one = dataclasses.replace(first, samples=samples, measured=measured, notes=[*first.notes, note])
@@ -259,6 +262,17 @@ def _allreduces(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
     return [(float(e["args"]["bytes"]), e["dur"] / 1e6) for e in events
             if e.get("cat") == tr.CAT_COMM and tr.collective_of(e) == tr.ALL_REDUCE
             and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
+
+
+def _allreduce_wait(events: list[dict[str, Any]]) -> float | None:
+    """The median seconds a rank's traced all-reduce waited for the last rank to issue it (None: no all-reduce
+    matched on every rank): each rank's span less the operation's own (:func:`dpcompare.trace.aligned_starts`). A
+    median over every rank's wait, as the floor's line is a median over every rank's span: the floor less this is
+    the operation's own time."""
+    starts = tr.aligned_starts(events)
+    waits = [(starts[id(e)] - e["ts"]) / 1e6 for e in events if id(e) in starts and e.get("cat") == tr.CAT_COMM
+             and tr.collective_of(e) == tr.ALL_REDUCE and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
+    return statistics.median(waits) if waits else None
 
 
 def _in_flight(comm: list[dict[str, Any]], lo: float, hi: float) -> tuple[float, float]:
@@ -348,7 +362,8 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
         batch=int(other.get("batch_size") or summary.get("batch_size") or 1), buffer_bytes=buffers,
         device=str(summary.get("device", "cpu")), config=dict(summary.get("config") or {}),
         measured={**tr.communication_figures(events), "comm": summary.get("comm") or {},
-                  "allreduces": _allreduces(events), "step_ms_median": _median(
+                  "allreduces": _allreduces(events), "allreduce_wait_s": _allreduce_wait(events),
+                  "step_ms_median": _median(
                       [st["dur"] / 1e3 for steps in tr.steps_by_rank(events).values() for st in steps])}, notes=notes)
 
 

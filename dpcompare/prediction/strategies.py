@@ -59,6 +59,17 @@ def trace_floors(p: Profile) -> dict[str, tuple[float, float, int]]:
     return {schedule(p.strategy)(p, Knobs()).backend(): f} if f else {}
 
 
+def trace_waits(p: Profile) -> dict[str, float]:
+    """{backend: seconds} a traced all-reduce of ``p`` waited for its last rank (:attr:`.network.Network.waits`);
+    empty when its strategy has no schedule or no all-reduce was matched across its ranks."""
+    from dpcompare.prediction.schedule import Knobs
+
+    w = p.measured.get("allreduce_wait_s")
+    if p.strategy not in schedules() or w is None:
+        return {}
+    return {schedule(p.strategy)(p, Knobs()).backend(): float(w)}
+
+
 def profile_runs(paths: list[str]) -> list[Path]:
     """The traced run folders among ``paths`` (run folders, or compare folders with runs/*/trace.json)."""
     return find_runs(paths)

@@ -125,7 +125,7 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
 
 
 MEASURED = ("step_ms", "step_ms_median", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step", "allreduce_ops_per_step",
-            "allreduce_bytes_per_step", "pooled_runs")
+            "allreduce_bytes_per_step", "allreduce_wait_s", "pooled_runs")
 
 
 def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
