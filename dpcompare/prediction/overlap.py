@@ -15,8 +15,7 @@ They are learnt (:func:`measure`) from a traced run whose communication is slow 
 a shaped lab link, ``predict --overlap-from RUN``) against the compute of the run being predicted, traced where
 communication was fast: ``slow`` from how much longer its backward compute took per second of communication in
 flight inside it; ``hide`` from the seconds of communication inside backward's compute over what the schedule
-hides for that same slow run, its own compute, at the speed its own collectives ran (a ratio read within one run:
-compute that moved between the two runs is not taken for exposed communication). Both read only intervals: a phase's span and the
+hides for the same run at the speed its own collectives ran. Both read only intervals: a phase's span and the
 spans of the trace's collective events (:func:`.profile._in_flight`), so a GPU trace whose collective events come
 from the NCCL stream fits the same mechanism. Only backward's window is read: FSDP's all-gathers prefetched during
 forward count as not hidden (DDP's buffer broadcast at forward's start, which is exposed, would otherwise count
@@ -57,16 +56,15 @@ class Overlap:
 
 
 def measure(shaped: Profile, reference: Profile, schedule: type[Schedule], knobs: Knobs) -> Overlap:
-    """``hide`` from ``shaped`` (a traced run on a slow link) alone, ``slow`` from it against ``reference`` (the
-    compute of the same workload and strategy traced on a fast one); the assumption, saying why, when they cannot
-    be read."""
+    """``hide`` and ``slow`` from ``shaped`` (a traced run on a slow link) against ``reference`` (the compute of the
+    same workload and strategy traced on a fast one); the assumption, saying why, when they cannot be read."""
     s = shaped.samples
     link = trace_link(shaped.measured.get("allreduces") or [], shaped.world_size)
     where = f"{shaped.run} (np={shaped.world_size})"
     if s is None or link is None or not len(s):
         return Overlap(source=f"{BASIS}: --overlap-from {where} traced no collective to learn from")
     overlapped = float(statistics.median(s.overlapped))
-    hideable = schedule(shaped, knobs).run(Network(shaped.world_size, link)).hidden
+    hideable = schedule(reference, knobs).run(Network(shaped.world_size, link)).hidden
     if overlapped <= 0 or hideable <= 0:
         return Overlap(source=f"{BASIS}: in --overlap-from {where} no communication ran during backward's "
                               f"compute ({overlapped * 1e3:.1f} ms; the schedule hides {hideable * 1e3:.1f} ms there)")
@@ -74,6 +72,6 @@ def measure(shaped: Profile, reference: Profile, schedule: type[Schedule], knobs
     slow = max(shaped.backward - reference.backward, 0.0) / overlapped
     return Overlap(hide, slow, measured=True, source=(
         f"measured on {where}: {overlapped * 1e3:.1f} ms of communication during backward's compute against "
-        f"{hideable * 1e3:.1f} ms the schedule hides there for its compute (hide {hide:.2f}); backward took "
+        f"{hideable * 1e3:.1f} ms the schedule hides there (hide {hide:.2f}); backward took "
         f"{(shaped.backward - reference.backward) * 1e3:+.1f} ms against {reference.run} "
         f"(slow {slow:.2f} s of compute per s overlapped)"))

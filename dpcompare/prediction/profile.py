@@ -257,11 +257,15 @@ def _bytes_from_comm(events: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def _is_allreduce(e: dict[str, Any]) -> bool:
+    """A traced all-reduce that says its bytes and lasted (DDP's bucket on one rank, a Horovod fused operation)."""
+    return (e.get("cat") == tr.CAT_COMM and tr.collective_of(e) == tr.ALL_REDUCE
+            and bool((e.get("args") or {}).get("bytes")) and e.get("dur", 0) > 0)
+
+
 def _allreduces(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(bytes, seconds) of every traced all-reduce (DDP's buckets on every rank, Horovod's fused operations)."""
-    return [(float(e["args"]["bytes"]), e["dur"] / 1e6) for e in events
-            if e.get("cat") == tr.CAT_COMM and tr.collective_of(e) == tr.ALL_REDUCE
-            and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
+    """(bytes, seconds) of every traced all-reduce on every rank."""
+    return [(float(e["args"]["bytes"]), e["dur"] / 1e6) for e in events if _is_allreduce(e)]
 
 
 def _allreduce_wait(events: list[dict[str, Any]]) -> float | None:
@@ -270,8 +274,7 @@ def _allreduce_wait(events: list[dict[str, Any]]) -> float | None:
     median over every rank's wait, as the floor's line is a median over every rank's span: the floor less this is
     the operation's own time."""
     starts = tr.aligned_starts(events)
-    waits = [(starts[id(e)] - e["ts"]) / 1e6 for e in events if id(e) in starts and e.get("cat") == tr.CAT_COMM
-             and tr.collective_of(e) == tr.ALL_REDUCE and (e.get("args") or {}).get("bytes") and e.get("dur", 0) > 0]
+    waits = [(starts[id(e)] - e["ts"]) / 1e6 for e in events if id(e) in starts and _is_allreduce(e)]
     return statistics.median(waits) if waits else None
 
 

@@ -47,27 +47,28 @@ def modelled_as(p: Profile, asked: list[str] | None) -> list[str]:
     return [p.strategy] if p.strategy in schedules() else list(DEFAULT_FOR_UNKNOWN)
 
 
+def _traced_backend(p: Profile) -> str | None:
+    """The backend ``p``'s own strategy communicated on (None: its strategy has no schedule)."""
+    from dpcompare.prediction.schedule import Knobs
+
+    return schedule(p.strategy)(p, Knobs()).backend() if p.strategy in schedules() else None
+
+
 def trace_floors(p: Profile) -> dict[str, tuple[float, float, int]]:
     """{backend: floor} from the all-reduces traced in ``p`` (under its own strategy's backend), for
     :attr:`.network.Network.floors`; empty when its strategy has no schedule or it traced none."""
     from dpcompare.prediction.network import floor_from
-    from dpcompare.prediction.schedule import Knobs
 
-    if p.strategy not in schedules():
-        return {}
-    f = floor_from(p.measured.get("allreduces") or [], p.world_size)
-    return {schedule(p.strategy)(p, Knobs()).backend(): f} if f else {}
+    backend = _traced_backend(p)
+    f = floor_from(p.measured.get("allreduces") or [], p.world_size) if backend else None
+    return {backend: f} if backend and f else {}
 
 
 def trace_waits(p: Profile) -> dict[str, float]:
     """{backend: seconds} a traced all-reduce of ``p`` waited for its last rank (:attr:`.network.Network.waits`);
     empty when its strategy has no schedule or no all-reduce was matched across its ranks."""
-    from dpcompare.prediction.schedule import Knobs
-
-    w = p.measured.get("allreduce_wait_s")
-    if p.strategy not in schedules() or w is None:
-        return {}
-    return {schedule(p.strategy)(p, Knobs()).backend(): float(w)}
+    backend, w = _traced_backend(p), p.measured.get("allreduce_wait_s")
+    return {backend: float(w)} if backend and w is not None else {}
 
 
 def profile_runs(paths: list[str]) -> list[Path]:
