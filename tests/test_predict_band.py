@@ -12,7 +12,16 @@ from dpcompare.errors import ConfigError
 from dpcompare.lab.bench import analyse, mode_lines, two_modes
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_profiles
-from dpcompare.prediction.profile import PHASES, Grad, Profile, Samples, launch_spread, pooled, with_spread
+from dpcompare.prediction.profile import (
+    PHASES,
+    Grad,
+    LaunchSpread,
+    Profile,
+    Samples,
+    launch_spread,
+    pooled,
+    with_spread,
+)
 from dpcompare.prediction.schedule import MB, Knobs
 
 MS = 1e-3
@@ -111,6 +120,15 @@ def test_the_launches_spread_pooled_over_arms_holds_a_launch_the_bootstrap_of_tw
     spread_held, bootstrap_held = held(with_spread(two)), held(two)
     assert spread_held >= 7 and bootstrap_held < spread_held, (spread_held, bootstrap_held)
     assert all(p.spread == spread and "launch to launch the compute moved" in p.notes[-1] for p in with_spread(two))
+
+
+def test_the_launches_part_of_the_band_is_for_a_new_launch():
+    """The run a prediction is compared with is a launch of its own: the launches' part of the band spreads by
+    sd·√(1 + 1/L) (a new launch's sd plus the L traced launches' mean's sd/√L), never less than sd."""
+    spread, rng = LaunchSpread(sd=0.1, df=10**6, arms=2, launches=4), np.random.default_rng(0)
+    for launches, want in ((1, 0.1 * np.sqrt(2)), (4, 0.1 * np.sqrt(1.25)), (10**6, 0.1)):
+        logs = np.log([spread.factor(rng, launches) for _ in range(20000)])
+        assert abs(np.std(logs) / want - 1) < 0.03, (launches, np.std(logs), want)
 
 
 def test_who_wins_says_when_the_bands_overlap():

@@ -96,9 +96,10 @@ class Samples:
 class LaunchSpread:
     """How much a launch's compute per step moves from launch to launch: ``sd``, the standard deviation of its log
     (≈ a relative spread), pooled over ``arms`` arms' ``launches`` launches with ``df`` degrees of freedom. A
-    replicate scales an arm's compute by exp(sd / √L · t), t drawn from Student's t with ``df`` degrees of freedom and
-    L the arm's own launches: the random-effects interval for a mean of L launches, which a bootstrap over two
-    launches understates."""
+    replicate scales an arm's compute by exp(sd · √(1 + 1/L) · t), t drawn from Student's t with ``df`` degrees of
+    freedom and L the arm's own launches: the random-effects prediction interval for a *new* launch (the run a
+    prediction is compared with is one: it moves by sd whatever was traced, and the L traced launches' mean by
+    sd/√L), which a bootstrap over two launches understates."""
 
     sd: float = 0.0
     df: int = 0
@@ -106,7 +107,8 @@ class LaunchSpread:
     launches: int = 0
 
     def factor(self, rng: np.random.Generator, launches: int) -> float:
-        return float(np.exp(self.sd / np.sqrt(max(launches, 1)) * rng.standard_t(self.df))) if self.df > 0 else 1.0
+        return float(np.exp(self.sd * np.sqrt(1 + 1 / max(launches, 1)) * rng.standard_t(self.df))) if self.df > 0 \
+            else 1.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"sd_pct": round(100 * self.sd, 2), "df": self.df, "arms": self.arms, "launches": self.launches}

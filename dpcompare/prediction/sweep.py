@@ -219,9 +219,10 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
         "bench": f"mostly the bench's repeats ({repeats} times per size): bench again with twice as many "
                  "(`lab bench --repeats 4` or more)",
         "trace": f"mostly the traced steps ({traced} rank-steps): trace more (--trace with {more} or more rank-steps)",
-        "launches": f"mostly what moves between launches (±{100 * spread.sd:.0f} % from one to the next, {runs} "
-                    f"traced launch{'es' * (runs > 1)} of this arm): trace more launches (compare --repeats "
-                    f"{2 * runs} --trace N)" if spread else ""}[max(parts, key=parts.__getitem__)]
+        "launches": f"mostly what moves between launches (±{100 * spread.sd:.0f} % from one to the next): a run you "
+                    f"launch moves that much whatever was traced; more traced launches narrow only their mean's part "
+                    f"({runs} of this arm; compare --repeats {2 * runs} --trace N), a quieter machine both" if spread
+                    else ""}[max(parts, key=parts.__getitem__)]
 
 
 def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
