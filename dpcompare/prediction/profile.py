@@ -237,8 +237,8 @@ def with_spread(profiles: Sequence[Profile], spread: LaunchSpread | None = None)
                 "(on a shared machine often more); trace two or more (compare --repeats 2 --trace N)")
         return [dataclasses.replace(p, notes=[*p.notes, note]) if p.samples is not None else p for p in profiles]
     note = (f"launch to launch the compute moved by ±{100 * spread.sd:.1f} % (sd, {spread.launches} launches of "
-            f"{spread.arms} arm{'s' * (spread.arms > 1)}, {spread.df} degrees of freedom): the band draws it "
-            "(Student's t)")
+            f"{spread.arms} arm{'s' * (spread.arms > 1)}, {spread.df} degrees of freedom): the band draws it for a new "
+            "launch (Student's t)")
     return [dataclasses.replace(p, spread=spread, notes=[*p.notes, note]) if p.samples is not None else p
             for p in profiles]
 
