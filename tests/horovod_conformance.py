@@ -3,8 +3,8 @@ tests/test_native_conformance.py: every dtype through every collective, ranks th
 difference Horovod's negotiation catches, all-to-all's too), calls issued in different orders, one name twice in
 flight, ``join()`` with uneven work (each rank in turn joining first while the others call unnamed collectives it
 skips), a root rank outside the job, what is "built", the stall inspector (tiny limits, set read at each wait)
-stopping ranks 0 and 1 of a process set waiting for different tensors, and last rank 0 joining after the others
-left the job.
+stopping ranks 0 and 1 of a process set waiting for different tensors (rank 1 first, rank 0 with it), and last
+rank 0 joining after the others left the job.
 
     mpirun -np 3 python -m dpcompare.native tests/horovod_conformance.py OUT.json
 """
@@ -148,8 +148,9 @@ results["objects"] = outcome(lambda: [hvd.broadcast_object({"r": rank}, 1), hvd.
 results["built"] = {"nccl": hvd.nccl_built(), "mpi": hvd.mpi_built(), "gloo": hvd.gloo_built(),
                     "cuda": hvd.cuda_built(), "rocm": hvd.rocm_built(), "gpu": torch.cuda.is_available()}
 
-# -- the stall inspector: ranks 0 and 1 waiting for different tensors, stopped after the shutdown time -------
-os.environ.update(HOROVOD_STALL_CHECK_TIME_SECONDS="1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="2")
+# -- the stall inspector: ranks 0 and 1 waiting for different tensors; rank 1 reaches its shutdown time first
+#    and leaves the job, and rank 0 (a longer limit) stops with it, as Horovod's coordinator stops every rank --
+os.environ.update(HOROVOD_STALL_CHECK_TIME_SECONDS="1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="2" if rank else "60")
 if rank in PAIR.ranks:
     results["stall"] = outcome(lambda: hvd.allreduce(torch.ones(2), name=f"only_rank{rank}", process_set=PAIR))
 # -- the others leave the job (their script ends): rank 0's join fails instead of waiting forever ------------

@@ -7,7 +7,8 @@ each rank sent, and the job goes on; calls issued in different orders meet by na
 ValueError at the second call; ``join()`` answers the other ranks' all-reduces with zeros, fails their all-gathers
 and all-to-alls, and returns the last rank to join on every rank, also when each rank in turn joins first and the
 others call unnamed collectives it skips; a root outside the job raises; the build queries answer as a CPU build of
-Horovod; two ranks waiting for different tensors are named by the stall inspector, then stopped with its message;
+Horovod; two ranks waiting for different tensors are named by the stall inspector, then stopped with its message
+(the rank with the shorter limit first, the other with it, never with the shutdown error of a rank that left);
 and a rank that joins after the others left the job fails with Horovod's shutdown error instead of waiting.
 The bench against Horovod's own test file is bench/horovod_conformance.sh.
 """
@@ -132,3 +133,4 @@ def test_stall_inspector_names_the_tensors_then_stops(job: tuple[dict, str]) -> 
     assert "0: [only_rank1]" in stderr and "1: [only_rank0]" in stderr
     stall = results["stall"]
     assert stall["runtime"] and "only_rank0" in stall["message"] and stall["message"].endswith("Will shutdown.")
+    assert "longer than 2 seconds" in stall["message"]   # rank 1's limit: it stopped first, rank 0 with it

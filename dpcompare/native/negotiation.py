@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -238,8 +238,9 @@ class _Stall:
             due = min(due, self.since + self.shutdown_s)
         return max(due - time.monotonic(), 0.001)
 
-    def tick(self, waiting: list[str]) -> None:
-        """Warn every ``check_s`` of waiting; past ``shutdown_s`` raise with the same message."""
+    def tick(self, waiting: list[str], round_no: int = 0) -> None:
+        """Warn every ``check_s`` of waiting; past ``shutdown_s`` raise with the same message (``round_no``: the
+        set's round this rank waits in, marked for the others: see :meth:`stopped_by_peer`)."""
         if self.disabled:
             return
         now = time.monotonic()
@@ -248,12 +249,32 @@ class _Stall:
         if lag < self.check_s or (now - self.warned < self.check_s and not stop):
             return
         self.warned = now
-        message = self._message(waiting, stop)
         if stop:
-            self.stopped = True
-            raise NegotiationError(message)
-        sys.stderr.write(f"[{state.rank()}]: WARNING: {message}\n")
+            self.stop(waiting, round_no)
+        sys.stderr.write(f"[{state.rank()}]: WARNING: {self._message(waiting, False)}\n")
         sys.stderr.flush()
+
+    def stop(self, waiting: list[str], round_no: int, after: float | None = None) -> NoReturn:
+        """Stop this rank's wait with the inspector's message, the round marked first: Horovod's coordinator
+        stops every rank of the job, so the set's other ranks stop with it instead of finding this one gone
+        (``after``: the stopping rank's limit, which the others' message repeats)."""
+        if after is not None:
+            self.shutdown_s = after
+        message = self._message(waiting, True)
+        self.stopped = True
+        with contextlib.suppress(Exception):  # no store: the others find this rank gone instead
+            _store().set(self._key(-1), json.dumps({"round": round_no, "after": self.shutdown_s}))
+        raise NegotiationError(message)
+
+    def stopped_by_peer(self, round_no: int) -> float | None:
+        """The limit after which another rank of the set stopped its wait for a stall in round ``round_no`` (the
+        one this rank waits in); None if none did."""
+        try:
+            store = _store()
+            mark = json.loads(store.get(self._key(-1))) if store.check([self._key(-1)]) else {}
+        except Exception:  # noqa: BLE001  (no store: nothing marked)
+            return None
+        return mark["after"] if mark.get("round") == round_no else None
 
     def _key(self, rank: int) -> str:
         return _stall_key(self.set_id, rank)
@@ -377,7 +398,7 @@ class Negotiator:
                 else:
                     time.sleep(pause)
                     pause = min(pause * 2, 0.05)
-                    self.stall.tick(self.waiting())
+                    self.stall.tick(self.waiting(), self.rounds + 1)
         finally:
             self.stall.end()
 
@@ -413,11 +434,14 @@ class Negotiator:
                 if "timed out" not in str(e):   # a peer gone (its connection closed): Horovod's error
                     raise HorovodInternalError(str(e)) from e
             try:
+                after = self.stall.stopped_by_peer(self.rounds + 1)
+                if after is not None:
+                    self.stall.stop(self.waiting(), self.rounds + 1, after)
                 gone = self.left()
                 if gone:
                     raise NegotiationError(f"{SHUT_DOWN} (rank{'s' if len(gone) > 1 else ''} "
                                            f"{', '.join(map(str, gone))} left the job)")
-                self.stall.tick(self.waiting())
+                self.stall.tick(self.waiting(), self.rounds + 1)
             except NegotiationError as e:
                 self.broken = str(e)        # the gather is still posted: this group cannot be used again
                 raise
