@@ -278,16 +278,20 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert hvd["self_check"] is None and "self-check at the traced size" in p.stdout
 
 
-def test_floor_from_trace_keeps_the_traced_all_reduce_time_on_a_faster_link(tmp_path):
-    """The hand-made trace's bucket took 1 ms at np=2; on a 1000 Gbit/s link the wire alone would take 0.2 ms."""
+def test_floor_from_trace_keeps_the_traced_all_reduce_time_and_the_traced_step_on_a_faster_link(tmp_path):
+    """The hand-made trace's bucket took 1 ms at np=2; on a 1000 Gbit/s link the wire alone would take 0.1 ms. The
+    model's step with that floor (19 ms) is still below the traced step (20 ms), which the floor then gives."""
     run = fake_run(tmp_path / "r")
     steps = {}
     for flag in ((), ("--floor-from-trace",)):
         dpcompare("predict", str(run), "--host-counts", "2", "--link", "1000gbit", "--latency", "0us", "--quiet", *flag)
         out = json.loads((run / "prediction.json").read_text())
-        steps[bool(flag)] = out["curves"][0]["steps"][0]["step_ms"]
+        steps[bool(flag)] = out["curves"][0]["steps"][0]
     assert out["inputs"]["floor_from_trace"] is True
-    assert steps[True] == pytest.approx(19.0, abs=0.01) and steps[False] == pytest.approx(18.2, abs=0.1)
+    assert steps[True]["comm_ms"] == pytest.approx(1.0, abs=0.01) and steps[False]["comm_ms"] == pytest.approx(0.1, abs=0.02)
+    assert steps[False]["step_ms"] == pytest.approx(18.2, abs=0.1) and "floored_by_traced_step" not in steps[False]
+    assert steps[True]["step_ms"] == pytest.approx(20.0) and steps[True]["floored_by_traced_step"] is True
+    assert any("fell below the traced one (20.0 ms at np=2)" in n for n in out["curves"][0]["notes"])
 
 
 def test_the_floor_line_holds_against_operations_that_waited_and_a_trace_link_has_latency():

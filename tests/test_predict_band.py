@@ -67,6 +67,33 @@ def test_the_band_covers_the_truth_and_two_runs_of_the_procedure_agree_within_th
     assert not c.band_advice  # ±5 % sd per phase over 40 rows: a band well inside ±5 %
 
 
+def test_floor_from_trace_never_predicts_the_own_strategy_below_its_traced_step():
+    """Traced steps of ~30 ms on a fast link; the model alone gives ~22 ms on a link as fast. With the floor the
+    point, every replicate of the band and the advice's alternatives stay at or above the traced step, from the
+    traced host count on, for the run's own strategy only."""
+    import dataclasses
+
+    p = noisy(40, 3)
+    rng = np.random.default_rng(0)
+    steps = 0.030 * rng.normal(1, 0.05, len(p.samples))
+    ranks = np.arange(len(steps)) % 2
+    samples = dataclasses.replace(p.samples, step=steps, rank=ranks)
+    p = dataclasses.replace(p, samples=samples, traced_step=samples.slowest_step(np.arange(len(steps))))
+    assert p.traced_step == max(np.median(steps[ranks == 0]), np.median(steps[ranks == 1]))  # as a run reports it
+    net = link_net(mib_ms=0.1)
+    plain = sweep.curve(p, "ddp", Knobs(), net, [2, 4], "ddp", sweep.Noise(replicates=100))
+    held = sweep.curve(p, "ddp", Knobs(), net, [2, 4], "ddp", sweep.Noise(floor_from_trace=True, replicates=100))
+    other = sweep.curve(p, "horovod", Knobs(), net, [2, 4], "hvd", sweep.Noise(floor_from_trace=True, replicates=0))
+    assert plain.steps[0].step < 0.8 * p.traced_step and plain.band(0)[1] < p.traced_step
+    assert [s.step for s in held.steps] == [p.traced_step, p.traced_step] and held.base.step == plain.base.step
+    lo, hi = held.band(0)
+    assert lo >= 0.9 * p.traced_step and hi > lo  # the traced steps' own noise, drawn again
+    assert held.steps[0].detail["floored_by_traced_step"]
+    assert any("fell below the traced one" in n for n in held.notes) and not any("traced one" in n for n in plain.notes)
+    assert "none of" in sweep.advise(held, p, net, 0.8)  # no knob gains by going under the floor
+    assert other.steps[0].step < p.traced_step and other.floor_step == 0.0
+
+
 def test_a_wide_band_asks_for_more_traced_steps():
     p = noisy(4, 3, spread=0.4)
     c = sweep.curve(p, "ddp", Knobs(), link_net(mib_ms=0.01), [2], "ddp", sweep.Noise(replicates=100))

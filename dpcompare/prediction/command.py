@@ -219,8 +219,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="a `dpcompare lab bench --out-file FILE` JSON: measured alpha and bandwidth share per backend "
                         "and collective")
     p.add_argument("--floor-from-trace", action="store_true",
-                   help="no all-reduce faster than the traced run's own of that size (its library on the traced "
-                        "machine's CPUs, unlimited link): for a slower link on the same machine, e.g. the lab")
+                   help="for a slower link on the same machine (e.g. the lab): no all-reduce faster than the traced "
+                        "run's own of that size, no step of its strategy shorter than its traced step (docs/predict.md)")
     p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
                    "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
     p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "

@@ -60,6 +60,16 @@ class Samples:
     comm: np.ndarray
     overlapped: np.ndarray
     launch: np.ndarray | None = None  # the traced run (launch) of each row, when several are pooled (:func:`pooled`)
+    step: np.ndarray | None = None  # each row's whole traced step (s); None: not recorded
+    rank: np.ndarray | None = None  # each row's rank (with ``step``)
+
+    def slowest_step(self, rows: np.ndarray) -> float:
+        """The traced step as a run reports it (``step_ms_median``): each rank's median over ``rows``, the slowest
+        rank's; 0 without steps recorded."""
+        if self.step is None or self.rank is None or not len(rows):
+            return 0.0
+        step, rank = self.step[rows], self.rank[rows]
+        return float(max(np.median(step[rank == r]) for r in np.unique(rank)))
 
     def __len__(self) -> int:
         return len(self.phases)
@@ -153,6 +163,7 @@ class Profile:
     notes: list[str] = field(default_factory=list)
     samples: Samples | None = None  # None: a hand-made profile, nothing to resample
     spread: LaunchSpread | None = None  # the launches' spread (:func:`launch_spread`); None: not estimated
+    traced_step: float = 0.0  # the slowest rank's median traced step (s), as the run ran it; 0: unknown
 
     @property
     def compute(self) -> float:
@@ -178,9 +189,9 @@ class Profile:
         return one.scaled(spread.factor(rng, s.launches)) if spread and launches else one
 
     def scaled(self, f: float) -> Profile:
-        """The compute (every phase, every gradient's ready moment) ``f`` times as long."""
+        """The compute (every phase, every gradient's ready moment, the traced step) ``f`` times as long."""
         return dataclasses.replace(self, data=self.data * f, forward=self.forward * f, backward=self.backward * f,
-                                   optimizer=self.optimizer * f,
+                                   optimizer=self.optimizer * f, traced_step=self.traced_step * f,
                                    grads=[dataclasses.replace(g, ready=g.ready * f) for g in self.grads])
 
     def from_rows(self, rows: np.ndarray, allreduces: list[tuple[float, float]] | None = None) -> Profile:
@@ -197,8 +208,9 @@ class Profile:
         grads = sorted((Grad(g.name, float(at[g.name]) if not np.isnan(at.get(g.name, np.nan)) else g.ready,
                              g.nbytes) for g in self.grads), key=lambda g: (g.ready, g.name))
         measured = {**self.measured, "allreduces": allreduces} if allreduces is not None else self.measured
+        step = s.slowest_step(rows) if s.step is not None else self.traced_step
         return dataclasses.replace(self, data=data, forward=forward, backward=backward, optimizer=optimizer,
-                                   grads=grads, measured=measured)
+                                   grads=grads, measured=measured, traced_step=step)
 
 
 def pooled(profiles: Sequence[Profile]) -> Profile:
@@ -217,7 +229,9 @@ def pooled(profiles: Sequence[Profile]) -> Profile:
     parts = [p.samples for p in profiles]
     samples = Samples(np.concatenate([x.phases for x in parts]), names, np.concatenate([ready(x) for x in parts]),
                       np.concatenate([x.comm for x in parts]), np.concatenate([x.overlapped for x in parts]),
-                      np.concatenate([np.full(len(x), k) for k, x in enumerate(parts)]))
+                      np.concatenate([np.full(len(x), k) for k, x in enumerate(parts)]),
+                      *((None, None) if any(x.step is None or x.rank is None for x in parts) else
+                        (np.concatenate([x.step for x in parts]), np.concatenate([x.rank for x in parts]))))
     waits = [float(w) for p in profiles if (w := p.measured.get("allreduce_wait_s")) is not None]
     measured = {**first.measured, "pooled_runs": [p.run for p in profiles],
                 "allreduce_wait_s": statistics.median(waits) if waits else None,
@@ -292,7 +306,7 @@ def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
     communication in flight and of those inside backward's compute; and the bytes the ticks carry."""
     rows: list[dict[str, Any]] = []
     tick_bytes: dict[str, float] = {}
-    for steps in tr.steps_by_rank(events).values():
+    for rank, steps in tr.steps_by_rank(events).items():
         for st in steps:
             ph = {e["name"]: e for e in tr.events_in(events, st, tr.CAT_PHASE)}
             bw = ph.get("backward")
@@ -303,7 +317,8 @@ def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
             waits = sum(e["dur"] for e in tr.events_in(events, st, tr.CAT_WAIT))
             opt = ph.get("optimizer")
             comm, overlapped = _in_flight(tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"]))
-            rows.append({"data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0, "forward": ph["forward"]["dur"] / 1e6,
+            rows.append({"step": st["dur"] / 1e6, "rank": rank,
+                         "data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0, "forward": ph["forward"]["dur"] / 1e6,
                          "backward": min(last - bw["ts"], bw["dur"]) / 1e6,
                          "optimizer": max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0,
                          "ready": {e["name"]: (e["ts"] - bw["ts"]) / 1e6 for e in ticks},
@@ -318,7 +333,8 @@ def _samples(rows: list[dict[str, Any]]) -> Samples:
     names = tuple(sorted({n for r in rows for n in r["ready"]}))
     return Samples(phases=np.array([[r[k] for k in PHASES] for r in rows], dtype=float), names=names,
                    ready=np.array([[r["ready"].get(n, np.nan) for n in names] for r in rows], dtype=float),
-                   comm=np.array([r["comm"] for r in rows]), overlapped=np.array([r["overlapped"] for r in rows]))
+                   comm=np.array([r["comm"] for r in rows]), overlapped=np.array([r["overlapped"] for r in rows]),
+                   step=np.array([r["step"] for r in rows]), rank=np.array([r["rank"] for r in rows]))
 
 
 def _summary(folder: Path) -> dict[str, Any]:
@@ -361,9 +377,11 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
                    key=lambda g: (g.ready, g.name))
     buffers = next((float((e.get("args") or {}).get("bytes", 0)) for e in events if e.get("name") == "model_buffers"
                     and e.get("ph") == "M"), None)
+    samples = _samples(rows)
     return Profile(
         run=str(folder), strategy=strategy, sharded=sharded, world_size=int(other.get("world_size") or summary.get("world_size") or 1),
-        **{k: _median([r[k] for r in rows]) for k in PHASES}, grads=grads, samples=_samples(rows),
+        **{k: _median([r[k] for r in rows]) for k in PHASES}, grads=grads, samples=samples,
+        traced_step=samples.slowest_step(np.arange(len(samples))),
         batch=int(other.get("batch_size") or summary.get("batch_size") or 1), buffer_bytes=buffers,
         device=str(summary.get("device", "cpu")), config=dict(summary.get("config") or {}),
         measured={**tr.communication_figures(events), "comm": summary.get("comm") or {},

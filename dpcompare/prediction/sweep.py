@@ -77,6 +77,9 @@ class Curve:
     #: per host count (one host first): the band widened by ``model_error``; empty: no model error given
     intervals: list[tuple[float, float]] = field(default_factory=list)
     model_error: ModelError | None = None
+    #: the traced step (s) no prediction at ``floor_hosts`` hosts or more goes below (:func:`step_floor`); 0: none
+    floor_step: float = 0.0
+    floor_hosts: int = 0
 
     def band(self, i: int) -> tuple[float, float]:
         """The step's band at ``steps[i]`` (the point itself without a band)."""
@@ -141,6 +144,19 @@ def self_check(p: Profile, sched: Schedule) -> dict[str, Any] | None:
             "traced_step_ms": round(measured, 4), "error_pct": round(100 * (model / measured - 1), 1)}
 
 
+def step_floor(p: Profile, name: str, noise: Noise) -> float:
+    """With ``floor_from_trace`` (a slower link than the traced run's, on the same machines), the traced step: at
+    its host count or more a slower link cannot make ``p``'s own strategy faster than it ran. 0: no floor."""
+    return p.traced_step if noise.floor_from_trace and name == p.strategy else 0.0
+
+
+def floored(s: Step, floor: float, hosts: int) -> Step:
+    """``s``, no shorter than ``floor`` where it has ``hosts`` hosts or more (its communication then exposed)."""
+    if s.hosts < hosts or s.step >= floor:
+        return s
+    return dataclasses.replace(s, step=floor, detail={**s.detail, "floored_by_traced_step": True})
+
+
 def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int], label: str,
           noise: Noise | None = None, overlap: Overlap | None = None, model_error: ModelError | None = None) -> Curve:
     """``name``'s schedule on ``p``'s compute at one host and at ``hosts``, corrected by ``overlap``; with its band
@@ -148,13 +164,17 @@ def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int
     sched, ov, noise = schedule(name)(p, knobs), overlap or Overlap(), noise or Noise()
     traced = {"strategy": p.strategy, "world_size": p.world_size, "compute_ms": round(p.compute * 1e3, 4),
               **{k: p.measured.get(k) for k in MEASURED}, "self_check": self_check(p, sched)}
-    counts = [1, *hosts]
-    points = [ov.apply(sched.run(net.with_hosts(h))) for h in counts]
+    counts, floor = [1, *hosts], step_floor(p, name, noise)
+    points = [floored(ov.apply(sched.run(net.with_hosts(h))), floor, p.world_size) for h in counts]
     c = Curve(label, name, p.run, knobs, points[0], points[1:], knob_text=sched.describe_knobs(), notes=list(p.notes),
-              measured=traced, overlap=ov)
+              measured=traced, overlap=ov, floor_step=floor, floor_hosts=p.world_size)
+    if held := [s.hosts for s in points if s.detail.get("floored_by_traced_step")]:
+        c.notes.append(f"at {_counts(held)} host{'s' * (held[-1] > 1)} the model's step fell below the traced one "
+                       f"({floor * 1e3:.1f} ms at np={p.world_size}): the traced step is given (--floor-from-trace: "
+                       "a slower link cannot make it shorter)")
     if noise.bench is not None and noise.bench.bimodal:
-        fast, slow = ([ov.apply(sched.run(dataclasses.replace(net, profiles={**net.profiles, **noise.bench.profiles(
-            m)}).with_hosts(h))).step for h in counts] for m in ("fast", "slow"))
+        fast, slow = ([floored(ov.apply(sched.run(dataclasses.replace(net, profiles={**net.profiles, **noise.bench.profiles(
+            m)}).with_hosts(h))), floor, p.world_size).step for h in counts] for m in ("fast", "slow"))
         c.modes = list(zip(fast, slow, strict=True))
     if noise.replicates > 0:
         _band(c, p, net, counts, noise)
@@ -177,8 +197,8 @@ def _replicates(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise
             nk = dataclasses.replace(nk, profiles={**net.profiles, **noise.bench.profiles("expected", rng)})
         if trace and noise.floor_from_trace:
             nk = dataclasses.replace(nk, floors=trace_floors(pk))
-        sched = schedule(c.strategy)(pk, c.knobs)
-        out[k] = [c.overlap.apply(sched.run(nk.with_hosts(h))).step for h in counts]
+        sched, floor = schedule(c.strategy)(pk, c.knobs), pk.traced_step if c.floor_step else 0.0
+        out[k] = [floored(c.overlap.apply(sched.run(nk.with_hosts(h))), floor, c.floor_hosts).step for h in counts]
     return out
 
 
@@ -237,7 +257,8 @@ def advise(c: Curve, p: Profile, net: Network, threshold: float) -> str:
             if knob == "grad_compression" and c.knobs.grad_compression != "none":
                 continue  # already 2 bytes a value on the wire
             value = f if knob == "grad_compression" else getattr(c.knobs, knob) * f
-            s = c.overlap.apply(cls(p, dataclasses.replace(c.knobs, **{knob: value})).run(net.with_hosts(at.hosts)))
+            s = floored(c.overlap.apply(cls(p, dataclasses.replace(c.knobs, **{knob: value})).run(
+                net.with_hosts(at.hosts))), c.floor_step, c.floor_hosts)
             spelt = f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
             if best is None or s.step < best[0]:
                 best = (s.step, spelt, s)
