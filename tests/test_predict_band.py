@@ -3,6 +3,7 @@ files (no torch, no MPI, no timing)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -71,7 +72,6 @@ def test_floor_from_trace_never_predicts_the_own_strategy_below_its_traced_step(
     """Traced steps of ~30 ms on a fast link; the model alone gives ~22 ms on a link as fast. With the floor the
     point, every replicate of the band and the advice's alternatives stay at or above the traced step, from the
     traced host count on, for the run's own strategy only."""
-    import dataclasses
 
     p = noisy(40, 3)
     rng = np.random.default_rng(0)
@@ -218,6 +218,23 @@ def test_the_bench_says_two_speeds_and_the_model_carries_the_mixture(tmp_path):
                     sweep.Noise(bench, replicates=50))
     fast, slow = c.modes[1]
     assert fast < c.steps[0].step < slow and "slow_mode_step_ms" in c.step_dict(0)
+
+
+def test_horovod_negotiates_at_the_fixed_cost_the_bench_measured(tmp_path):
+    """The bench's smallest all-reduce (1 MiB in ~10.3 ms on 1 Gbit/s at 2 ranks: 8.4 ms of wire) leaves ~1.9 ms
+    that a message of a few bytes pays too: each Horovod cycle's negotiation costs that; without a bench, 2⌈log2 n⌉·α."""
+    path, _ = bench_file(tmp_path, [0.29, 0.3, 0.31] * 2)
+    net = Network(2, Link.of(5e-6, 1e9), profiles=load_profiles(path))
+    wire = net.inter.allreduce(2**20, 2)
+    fixed = net.fixed("mpi", "allreduce")
+    assert wire == pytest.approx(8.39e-3, rel=0.01) and fixed == pytest.approx(0.0103 - wire, abs=2e-4)
+    p = noisy(10, 4, spread=0.0, strategy="horovod")
+    sched = strategies.schedule("horovod")(p, Knobs())
+    assert sched.negotiation(net) == fixed and net.fixed("gloo", "allreduce") is None
+    assert sched.negotiation(Network(2, Link.of(5e-6, 1e9))) == pytest.approx(2 * 5e-6)
+    cycles = sched.run(net).detail["cycles"]
+    plain = sched.run(dataclasses.replace(net, profiles={}))
+    assert cycles >= 1 and sched.run(net).step > plain.step
 
 
 def test_a_single_mode_bench_and_too_few_repeats_are_said(tmp_path):

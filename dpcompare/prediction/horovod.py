@@ -6,7 +6,8 @@ Assumptions:
   and fuses consecutive ones into all-reduces of up to ``HOROVOD_FUSION_THRESHOLD`` bytes (a larger tensor goes
   alone); they run one at a time.
 - Each cycle with work first agrees which tensors are ready everywhere: with the response cache warm, a bit-vector
-  all-reduce priced 2⌈log2 n⌉·α (latency only).
+  all-reduce of a few bytes, priced as the bench's smallest all-reduce less its bytes' wire time (its fixed cost,
+  which the α-β fit leaves out), or 2⌈log2 n⌉·α without a bench.
 - On a shaped link with a burst (:class:`.network.Bucket`) an all-reduce that follows another before the link's
   bucket refilled waits for the bytes it lacks; the bucket is full when backward starts.
 - ``optimizer.step()`` starts when backward's compute is done and then waits for the last all-reduce; the
@@ -48,11 +49,20 @@ class HorovodSchedule(Schedule):
         algorithm = str(cfg.get("mpi_allreduce", "default"))
         return {"default": "mpi", "recursive-doubling": "mpi-rd"}.get(algorithm, f"mpi-{algorithm}")
 
+    def negotiation(self, net: Network) -> float:
+        """One cycle's agreement, a bit-vector all-reduce of a few bytes: what the bench's smallest all-reduce paid
+        beyond its bytes' wire time (:meth:`.network.Network.fixed`), else 2⌈log2 n⌉·α."""
+        if net.ranks < 2:
+            return 0.0
+        fixed = net.fixed(self.backend(), "allreduce")
+        if fixed is not None:
+            return fixed
+        return 2 * math.ceil(math.log2(net.ranks)) * net.link(self.backend(), "allreduce", nbytes=1.0).alpha
+
     def predict(self, net: Network) -> Step:
         p, k = self.profile, self.knobs
         c = k.horovod_cycle_ms / 1e3
-        alpha = net.link(self.backend(), "allreduce", nbytes=1.0).alpha  # negotiation: messages of a few bytes
-        negotiate = 2 * math.ceil(math.log2(net.ranks)) * alpha if net.ranks > 1 else 0.0
+        negotiate = self.negotiation(net)
         costs: list[float] = []
         nbytes, t, free, i, cycles = 0.0, 0.0, 0.0, 0, 0
         bucket = net.bucket()
