@@ -72,7 +72,6 @@ def test_floor_from_trace_never_predicts_the_own_strategy_below_its_traced_step(
     """Traced steps of ~30 ms on a fast link; the model alone gives ~22 ms on a link as fast. With the floor the
     point, every replicate of the band and the advice's alternatives stay at or above the traced step, from the
     traced host count on, for the run's own strategy only."""
-
     p = noisy(40, 3)
     rng = np.random.default_rng(0)
     steps = 0.030 * rng.normal(1, 0.05, len(p.samples))

@@ -146,8 +146,8 @@ class Network:
         if not profile or self.hosts < 2:
             return None
         smallest = profile[0][0]
-        return max(self.cost(collective, smallest, backend) - float(getattr(self.inter, collective)(smallest, self.hosts)),
-                   0.0)
+        wire = float(getattr(self.inter, collective)(smallest, self.hosts))
+        return max(self.cost(collective, smallest, backend) - wire, 0.0)
 
     def sent(self, collective: str, nbytes: float) -> float:
         """Bytes one host puts on its inter-host link in ``collective`` of ``nbytes`` (the bus factor's share)."""

@@ -227,11 +227,12 @@ def pooled(profiles: Sequence[Profile]) -> Profile:
         return np.array([[r[col[n]] if n in col else np.nan for n in names] for r in s.ready], dtype=float)
 
     parts = [p.samples for p in profiles]
+    steps = all(x.step is not None and x.rank is not None for x in parts)
     samples = Samples(np.concatenate([x.phases for x in parts]), names, np.concatenate([ready(x) for x in parts]),
                       np.concatenate([x.comm for x in parts]), np.concatenate([x.overlapped for x in parts]),
                       np.concatenate([np.full(len(x), k) for k, x in enumerate(parts)]),
-                      *((None, None) if any(x.step is None or x.rank is None for x in parts) else
-                        (np.concatenate([x.step for x in parts]), np.concatenate([x.rank for x in parts]))))
+                      step=np.concatenate([x.step for x in parts]) if steps else None,
+                      rank=np.concatenate([x.rank for x in parts]) if steps else None)
     waits = [float(w) for p in profiles if (w := p.measured.get("allreduce_wait_s")) is not None]
     measured = {**first.measured, "pooled_runs": [p.run for p in profiles],
                 "allreduce_wait_s": statistics.median(waits) if waits else None,
