@@ -236,23 +236,6 @@ def test_horovod_negotiates_at_the_fixed_cost_the_bench_measured(tmp_path):
     assert cycles >= 1 and sched.run(net).step > plain.step
 
 
-def test_a_replicate_draws_one_bench_launch_as_a_run_you_launch_is_one(tmp_path):
-    """Open MPI's 1 MiB all-reduce at 9–17 ms in one bench job and 28–32 ms in the next (run 20's bench, 3 hosts at
-    500 Mbit/s): each replicate takes one job's times, never a median across both."""
-    one, two = [0.0088, 0.0166, 0.0167], [0.0323, 0.0283, 0.0302]
-    path, _ = bench_file(tmp_path, [0.29, 0.3, 0.31] * 2)
-    doc = json.loads(path.read_text())
-    doc["rows"][0]["times_s"], doc["repeats"] = one + two, 2
-    path.write_text(json.dumps(doc))
-    bench = Bench.load(path)
-    assert bench.launches == 2
-    rng = np.random.default_rng(0)
-    drawn = [Network(2, Link(0.0, 1e9 / 8), profiles=bench.profiles(rng=rng)).cost("allreduce", 2**20, "mpi")
-             for _ in range(60)]
-    assert all(t <= max(one) + 1e-9 or t >= min(two) - 1e-9 for t in drawn)
-    assert min(drawn) <= max(one) and max(drawn) >= min(two)
-
-
 def test_a_single_mode_bench_and_too_few_repeats_are_said(tmp_path):
     path, doc = bench_file(tmp_path, [0.30, 0.31, 0.30, 0.29, 0.30, 0.31])
     assert not Bench.load(path).bimodal and not [line for line in mode_lines(doc) if "two speeds" in line]

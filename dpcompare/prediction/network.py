@@ -376,14 +376,11 @@ def _mode_time(times: Any, labels: Any, mode: str) -> float:
 @dataclass(frozen=True)
 class Bench:
     """A `lab bench` file's measured rows: (backend, collective) → per size (bytes, every repeat's seconds, each
-    repeat's mode label or None). Its profiles per mode, and drawn again for a bootstrap: one of its ``launches``
-    (the bench's mpirun jobs, each ``--iters`` times of every size, in order) and that launch's times, as a run
-    you launch is one launch: Open MPI's small all-reduces took 9–17 ms in one job and 28–32 ms in the next."""
+    repeat's mode label or None). Its profiles per mode, and drawn again for a bootstrap."""
 
     link_bps: float
     ranks: int
     rows: dict[Key, list[tuple[float, Any, Any]]]
-    launches: int = 1
 
     @classmethod
     def load(cls, path: str | Path) -> Bench | None:
@@ -403,10 +400,7 @@ class Bench:
             rows.setdefault(key, []).append((float(r["bytes"]), times, None if labels is None or len(labels) != len(
                 times) else np.array(labels, dtype=int)))
         rows = {k: sorted(v, key=lambda x: x[0]) for k, v in rows.items() if len(v) >= 2}
-        launches = int(top.get("repeats") or 1)
-        if any(len(t) % launches for v in rows.values() for _, t, _ in v):
-            launches = 1  # the times do not split into the jobs' iterations: drawn as one launch's
-        return cls(float(link_bps), n, rows, launches) if link_bps and rows else None
+        return cls(float(link_bps), n, rows) if link_bps and rows else None
 
     @property
     def bimodal(self) -> bool:
@@ -420,14 +414,12 @@ class Bench:
     def profiles(self, mode: str = "expected", rng: Any = None) -> dict[Key, Curve]:
         """(backend, collective) → (sizes, share of the link at each) in ``mode``; with ``rng`` each size's repeats
         drawn again with replacement (a bootstrap replicate)."""
-        launch = int(rng.integers(self.launches)) if rng is not None else 0
         out = {}
         for key, sizes in self.rows.items():
             factor, shares = _terms(key[1], self.ranks)[1], []
             for b, times, labels in sizes:
                 if rng is not None:
-                    per = len(times) // self.launches
-                    i = launch * per + rng.integers(0, per, per)
+                    i = rng.integers(0, len(times), len(times))
                     times, labels = times[i], None if labels is None else labels[i]
                 shares.append(factor * b / (self.link_bps / 8) / _mode_time(times, labels, mode))
             out[key] = (tuple(b for b, _, _ in sizes), tuple(shares))

@@ -5,8 +5,8 @@ throughput of one host, which is one host's step over H hosts' step (one host of
 
 Every figure has a band (:class:`Noise`): a percentile bootstrap over the inputs' own noise. Each replicate
 draws the traced (rank, step) rows again with replacement (:meth:`.profile.Profile.resampled`: the compute, the
-gradients' ready times, the traced all-reduces of the floor) and one of the bench's launches, that launch's
-repeats of each size drawn again (:meth:`.network.Bench.profiles`), and runs the schedule again; the band is the replicates' 2.5th to 97.5th
+gradients' ready times, the traced all-reduces of the floor) and each bench size's repeats
+(:meth:`.network.Bench.profiles`), and runs the schedule again; the band is the replicates' 2.5th to 97.5th
 percentile (numpy). Where the bench saw two speeds the step is the mixture's expectation and both modes' steps are
 given. A band wider than ±5 % says which input to measure more of. The **interval** widens the band by the model's
 own error as a validation measured it (:mod:`.interval`).
@@ -219,8 +219,7 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced, "traced_runs": runs,
                    "launch_spread": spread.as_dict() if spread else None, "bench_repeats_per_size": repeats,
                    "method": "percentile bootstrap over the traced (rank, step) rows" + how
-                   + ((f" and one of the bench's {noise.bench.launches} launches, each size's repeats in it"
-                       if noise.bench.launches > 1 else " and each bench size's repeats") if repeats else "")}
+                   + (" and each bench size's repeats" if repeats else "")}
     points = [c.base, *c.steps]
     half = [(b - a) / 2 / s.step if s.step > 0 else 0.0 for (a, b), s in zip(c.bands, points, strict=True)]
     worst = int(np.argmax(half))
@@ -237,9 +236,8 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
              else 0.0, "launches": width(trace=False, bench=False) if spread else 0.0}
     more = max(2 * traced, 10)
     c.band_advice = f"{at}: " + {
-        "bench": f"mostly the bench's repeats ({repeats} times per size from {noise.bench.launches} launches, one "
-                 "drawn per replicate: what a collective does from one launch to the next, a run you launch does "
-                 "too): bench again with more (`lab bench --repeats 4` or more)" if repeats else "",
+        "bench": f"mostly the bench's repeats ({repeats} times per size): bench again with twice as many "
+                 "(`lab bench --repeats 4` or more)",
         "trace": f"mostly the traced steps ({traced} rank-steps): trace more (--trace with {more} or more rank-steps)",
         "launches": f"mostly what moves between launches (±{100 * spread.sd:.0f} % from one to the next): a run you "
                     f"launch moves that much whatever was traced; more traced launches narrow only their mean's part "
