@@ -157,6 +157,31 @@ def test_the_launches_part_of_the_band_is_for_a_new_launch():
         assert abs(np.std(logs) / want - 1) < 0.03, (launches, np.std(logs), want)
 
 
+def test_what_moves_between_launches_moves_all_but_the_bytes_time_on_the_link():
+    """A launch on a slower machine runs its compute and its collectives' own costs slower, not the link: the
+    launches' factor scales the step less its link-bound part (a ring all-reduce's 2(n−1)/n of the bytes at the
+    link's rate; half that for FSDP's all-gathers and reduce-scatters), so a step the link sets gets a narrower
+    launches' band than one the compute or the collectives' fixed costs set."""
+    p = noisy(20, 5, spread=0.01)
+    slow, fast = link_net(mib_ms=20.0), link_net(mib_ms=0.01)
+    s = strategies.schedule("ddp")(p, Knobs()).run(slow)
+    assert s.link_bound == pytest.approx(12 * 20 * MS) and s.link_bound < s.step  # 12 MiB, 2 ranks: 2·½ × 12 MiB
+    moved = s.moved(1.5)
+    assert moved.step == pytest.approx(s.link_bound + 1.5 * (s.step - s.link_bound))
+    assert moved.compute == pytest.approx(1.5 * s.compute)
+    # FSDP: two all-gathers of the parameters and a reduce-scatter of the gradients, each ½ × 12 MiB on the link
+    assert strategies.schedule("fsdp")(p, Knobs()).run(slow).link_bound == pytest.approx(3 * 6 * 20 * MS)
+    spread = with_spread([p], LaunchSpread(sd=0.1, df=20, arms=4, launches=8))[0]
+
+    def half(net: Network) -> float:
+        c = sweep.curve(spread, "ddp", Knobs(), net, [2], "ddp", sweep.Noise(replicates=200))
+        lo, hi = c.band(0)
+        return (hi - lo) / 2 / c.steps[0].step
+
+    latency = Network(2, Link(0.1, MB / (0.01 * MS)))  # 0.1 s per message step: the library's cost, not the link's
+    assert half(slow) < 0.6 * half(fast) < 0.6 * half(latency), (half(slow), half(fast), half(latency))
+
+
 def test_who_wins_says_when_the_bands_overlap():
     p = noisy(6, 5, spread=0.3)
     # ddp and horovod on the same compute: their steps differ by less than the band

@@ -26,6 +26,10 @@ class FSDPSchedule(Schedule):
     tunable = ("grad_compression",)
     shards_optimizer = True
 
+    def link_bound(self, net: Network, nbytes: float) -> float:
+        """All-gathers and reduce-scatters: each moves (n−1)/n of its bytes, half an all-reduce's."""
+        return super().link_bound(net, nbytes) / 2
+
     def units(self) -> list[tuple[str, float, float]]:
         """(unit, bytes, backward compute seconds) in backward order."""
         order: list[str] = []

@@ -106,8 +106,8 @@ class Samples:
 class LaunchSpread:
     """How much a launch's compute per step moves from launch to launch: ``sd``, the standard deviation of its log
     (≈ a relative spread), pooled over ``arms`` arms' ``launches`` launches with ``df`` degrees of freedom. A
-    replicate scales an arm's compute by exp(sd · √(1 + 1/L) · t), t drawn from Student's t with ``df`` degrees of
-    freedom and L the arm's own launches: the random-effects prediction interval for a *new* launch (the run a
+    replicate scales an arm's step, all but its bytes' time on the link (:meth:`.schedule.Step.moved`), by
+    exp(sd · √(1 + 1/L) · t), t drawn from Student's t with ``df`` degrees of freedom and L the arm's own launches: the random-effects prediction interval for a *new* launch (the run a
     prediction is compared with is one: it moves by sd whatever was traced, and the L traced launches' mean by
     sd/√L), which a bootstrap over two launches understates."""
 
@@ -173,20 +173,24 @@ class Profile:
     def grad_bytes(self) -> float:
         return sum(g.nbytes for g in self.grads)
 
-    def resampled(self, rng: np.random.Generator, rows: bool = True, launches: bool = True) -> Profile:
+    def resampled(self, rng: np.random.Generator) -> Profile:
         """The same run with its traced (rank, step) rows drawn again with replacement (one bootstrap replicate:
-        every median recomputed) and, with a launches' spread, its compute scaled by a draw of it; itself without
-        samples. Its all-reduces (the floor) are drawn again too. ``rows``/``launches`` False: that part held."""
+        every median recomputed; within each launch when a launches' spread is known, else the launches drawn
+        first); itself without samples. Its all-reduces (the floor) are drawn again too."""
         s = self.samples
         if s is None or len(s) < 2:
             return self
-        spread = self.spread if self.spread is not None and self.spread.df > 0 else None
-        one = self
-        if rows:
-            ops = self.measured.get("allreduces") or []
-            one = self.from_rows(s.within(rng) if spread else s.drawn(rng),
-                                 [ops[i] for i in rng.integers(0, len(ops), len(ops))] if ops else None)
-        return one.scaled(spread.factor(rng, s.launches)) if spread and launches else one
+        ops = self.measured.get("allreduces") or []
+        within = self.spread is not None and self.spread.df > 0
+        return self.from_rows(s.within(rng) if within else s.drawn(rng),
+                              [ops[i] for i in rng.integers(0, len(ops), len(ops))] if ops else None)
+
+    def moved(self, rng: np.random.Generator) -> float:
+        """A draw of how much longer a new launch runs than the traced one(s): the launches' spread's factor
+        (:meth:`LaunchSpread.factor`), 1 without one."""
+        if self.spread is None or self.spread.df <= 0 or self.samples is None or len(self.samples) < 2:
+            return 1.0
+        return self.spread.factor(rng, self.samples.launches)
 
     def scaled(self, f: float) -> Profile:
         """The compute (every phase, every gradient's ready moment, the traced step) ``f`` times as long."""

@@ -9,6 +9,7 @@ with none; ``hidden`` the rest of the time a collective was in flight.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -53,6 +54,9 @@ class Step:
     wire_bytes: float  # bytes each rank sends into its collectives per step (the messages' sizes)
     batch: int  # samples per rank per step
     detail: dict[str, Any] = field(default_factory=dict)
+    #: the time its bytes need on the link at the link's rate alone (no latency, no library's own cost): the part
+    #: of the step the machine's state does not move (:meth:`moved`)
+    link_bound: float = 0.0
 
     @property
     def exposed(self) -> float:
@@ -66,6 +70,12 @@ class Step:
     def no_overlap(self) -> float:
         """The upper bound: the compute and then every collective in a row, none overlapping."""
         return self.compute + self.comm
+
+    def moved(self, f: float) -> Step:
+        """The step in a launch whose machine ran ``f`` times as long: every part but its bytes' time on the link
+        (:attr:`link_bound`, which the link's rate sets) scaled by ``f``; the compute too."""
+        fixed = min(self.link_bound, self.step)
+        return dataclasses.replace(self, step=fixed + (self.step - fixed) * f, compute=self.compute * f)
 
     @property
     def throughput(self) -> float:
@@ -104,9 +114,16 @@ class Schedule:
         p = self.profile
         return p.data + p.forward + p.backward + self.optimizer(ranks)
 
+    def link_bound(self, net: Network, nbytes: float) -> float:
+        """The time ``nbytes`` of all-reduce messages need on the link at its rate alone: each moves 2(n−1)/n of its
+        bytes (a ring's bus factor) over the links between hosts (one host: the link inside it)."""
+        n = net.ranks
+        link = net.inter if net.hosts > 1 or net.intra is None else net.intra
+        return 2 * (n - 1) / n * nbytes / link.bandwidth if n > 1 and link.bandwidth > 0 else 0.0
+
     def step(self, net: Network, step: float, comm: Sequence[float], nbytes: float, **detail: Any) -> Step:
         return Step(self.name, net.hosts, net.ranks, step, self.compute(net.ranks), sum(comm), len(comm), nbytes,
-                    self.profile.batch, detail)
+                    self.profile.batch, detail, link_bound=self.link_bound(net, nbytes))
 
     def predict(self, net: Network) -> Step:
         raise NotImplementedError

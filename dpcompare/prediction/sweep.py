@@ -192,13 +192,15 @@ def _replicates(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise
     rng = np.random.default_rng(noise.seed)
     out = np.empty((n, len(counts)))
     for k in range(n):
-        pk, nk = p.resampled(rng, trace, launches) if trace or launches else p, net
+        pk, nk = p.resampled(rng) if trace else p, net
+        f = p.moved(rng) if launches else 1.0
         if bench and noise.bench is not None:
             nk = dataclasses.replace(nk, profiles={**net.profiles, **noise.bench.profiles("expected", rng)})
         if trace and noise.floor_from_trace:
             nk = dataclasses.replace(nk, floors=trace_floors(pk))
         sched, floor = schedule(c.strategy)(pk, c.knobs), pk.traced_step if c.floor_step else 0.0
-        out[k] = [floored(c.overlap.apply(sched.run(nk.with_hosts(h))), floor, c.floor_hosts).step for h in counts]
+        out[k] = [floored(c.overlap.apply(sched.run(nk.with_hosts(h))), floor, c.floor_hosts).moved(f).step
+                  for h in counts]
     return out
 
 
@@ -214,8 +216,8 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     runs = p.samples.launches if p.samples is not None else 1
     spread = p.spread if p.spread is not None and p.spread.df > 0 else None
     repeats = noise.bench.repeats if noise.bench is not None else None
-    how = (f" within each of {runs} traced runs" if runs > 1 else "") + ", the compute scaled by the launches' spread " \
-        "(Student's t)" if spread else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
+    how = (f" within each of {runs} traced runs" if runs > 1 else "") + ", the step less its bytes' time on the link " \
+        "scaled by the launches' spread (Student's t)" if spread else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
     c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced, "traced_runs": runs,
                    "launch_spread": spread.as_dict() if spread else None, "bench_repeats_per_size": repeats,
                    "method": "percentile bootstrap over the traced (rank, step) rows" + how

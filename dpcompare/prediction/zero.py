@@ -20,6 +20,12 @@ class ZeroSchedule(DDPSchedule):
     name = "zero"
     shards_optimizer = True
 
+    def link_bound(self, net: Network, nbytes: float) -> float:
+        """DDP's all-reduces, and the parameters' all-gather (the last ``grad_bytes`` of ``nbytes``) at half an
+        all-reduce's bus factor."""
+        params = self.profile.grad_bytes
+        return super().link_bound(net, nbytes - params) + super().link_bound(net, params) / 2
+
     def predict(self, net: Network) -> Step:
         p = self.profile
         bcast = self.buffers_broadcast(net)
