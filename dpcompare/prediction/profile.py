@@ -185,7 +185,7 @@ class Profile:
         return self.from_rows(s.within(rng) if within else s.drawn(rng),
                               [ops[i] for i in rng.integers(0, len(ops), len(ops))] if ops else None)
 
-    def moved(self, rng: np.random.Generator) -> float:
+    def launch_factor(self, rng: np.random.Generator) -> float:
         """A draw of how much longer a new launch runs than the traced one(s): the launches' spread's factor
         (:meth:`LaunchSpread.factor`), 1 without one."""
         if self.spread is None or self.spread.df <= 0 or self.samples is None or len(self.samples) < 2:

@@ -193,7 +193,7 @@ def _replicates(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise
     out = np.empty((n, len(counts)))
     for k in range(n):
         pk, nk = p.resampled(rng) if trace else p, net
-        f = p.moved(rng) if launches else 1.0
+        f = p.launch_factor(rng) if launches else 1.0
         if bench and noise.bench is not None:
             nk = dataclasses.replace(nk, profiles={**net.profiles, **noise.bench.profiles("expected", rng)})
         if trace and noise.floor_from_trace:
