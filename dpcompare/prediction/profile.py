@@ -107,9 +107,10 @@ class LaunchSpread:
     """How much a launch's compute per step moves from launch to launch: ``sd``, the standard deviation of its log
     (≈ a relative spread), pooled over ``arms`` arms' ``launches`` launches with ``df`` degrees of freedom. A
     replicate scales an arm's step, all but its bytes' time on the link (:meth:`.schedule.Step.moved`), by
-    exp(sd · √(1 + 1/L) · t), t drawn from Student's t with ``df`` degrees of freedom and L the arm's own launches: the random-effects prediction interval for a *new* launch (the run a
-    prediction is compared with is one: it moves by sd whatever was traced, and the L traced launches' mean by
-    sd/√L), which a bootstrap over two launches understates."""
+    exp(sd · √(1 + 1/L) · t), t drawn from Student's t with ``df`` degrees of freedom and L the arm's own launches:
+    the random-effects prediction interval for a *new* launch (the run a prediction is compared with is one: it
+    moves by sd whatever was traced, and the L traced launches' mean by sd/√L), which a bootstrap over two launches
+    understates."""
 
     sd: float = 0.0
     df: int = 0
