@@ -27,8 +27,8 @@ class FSDPSchedule(Schedule):
     shards_optimizer = True
 
     def link_bound(self, net: Network, nbytes: float) -> float:
-        """All-gathers and reduce-scatters: each moves (n−1)/n of its bytes, half an all-reduce's."""
-        return super().link_bound(net, nbytes) / 2
+        """All-gathers and reduce-scatters (a reduce-scatter moves what an all-gather does)."""
+        return net.bytes_time("allgather", nbytes)
 
     def units(self) -> list[tuple[str, float, float]]:
         """(unit, bytes, backward compute seconds) in backward order."""

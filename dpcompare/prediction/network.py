@@ -153,6 +153,11 @@ class Network:
         """Bytes one host puts on its inter-host link in ``collective`` of ``nbytes`` (the bus factor's share)."""
         return _terms(collective, self.hosts)[1] * nbytes if self.hosts > 1 else 0.0
 
+    def bytes_time(self, collective: str, nbytes: float) -> float:
+        """The time ``collective`` of ``nbytes`` needs on the inter-host link at its rate alone (:meth:`sent` over
+        the bandwidth: no latency, no library's own cost); 0 at one host."""
+        return self.sent(collective, nbytes) / self.inter.bandwidth if self.inter.bandwidth > 0 else 0.0
+
     def _wire(self, collective: str, nbytes: float, backend: str) -> float:
         inter, g = self.link(backend, collective, nbytes), self.per_host
         if g == 1 or self.intra is None:

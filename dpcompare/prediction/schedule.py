@@ -115,11 +115,8 @@ class Schedule:
         return p.data + p.forward + p.backward + self.optimizer(ranks)
 
     def link_bound(self, net: Network, nbytes: float) -> float:
-        """The time ``nbytes`` of all-reduce messages need on the link at its rate alone: each moves 2(n−1)/n of its
-        bytes (a ring's bus factor) over the links between hosts (one host: the link inside it)."""
-        n = net.ranks
-        link = net.inter if net.hosts > 1 or net.intra is None else net.intra
-        return 2 * (n - 1) / n * nbytes / link.bandwidth if n > 1 and link.bandwidth > 0 else 0.0
+        """The time the step's ``nbytes`` of all-reduce messages need on the link at its rate alone."""
+        return net.bytes_time("allreduce", nbytes)
 
     def step(self, net: Network, step: float, comm: Sequence[float], nbytes: float, **detail: Any) -> Step:
         return Step(self.name, net.hosts, net.ranks, step, self.compute(net.ranks), sum(comm), len(comm), nbytes,

@@ -21,10 +21,9 @@ class ZeroSchedule(DDPSchedule):
     shards_optimizer = True
 
     def link_bound(self, net: Network, nbytes: float) -> float:
-        """DDP's all-reduces, and the parameters' all-gather (the last ``grad_bytes`` of ``nbytes``) at half an
-        all-reduce's bus factor."""
+        """DDP's all-reduces, and the parameters' all-gather (the last ``grad_bytes`` of ``nbytes``)."""
         params = self.profile.grad_bytes
-        return super().link_bound(net, nbytes - params) + super().link_bound(net, params) / 2
+        return net.bytes_time("allreduce", nbytes - params) + net.bytes_time("allgather", params)
 
     def predict(self, net: Network) -> Step:
         p = self.profile
