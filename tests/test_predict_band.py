@@ -157,6 +157,17 @@ def test_the_launches_part_of_the_band_is_for_a_new_launch():
         assert abs(np.std(logs) / want - 1) < 0.03, (launches, np.std(logs), want)
 
 
+def test_the_bytes_time_at_one_host_is_on_the_link_inside_it():
+    """One host of G ranks moves its collectives' bytes over the link inside it: the band keeps that part still,
+    as it keeps the inter-host link's at many hosts."""
+    intra = Link.of(0.0, 8e9)  # 1e9 bytes/s
+    one = Network(1, Link.of(0.0, 8e8), per_host=4, intra=intra)
+    assert one.bytes_time("allreduce", 1e9) == pytest.approx(2 * 3 / 4)
+    assert one.bytes_time("allgather", 1e9) == pytest.approx(3 / 4)
+    assert Network(1, Link.of(0.0, 8e8)).bytes_time("allreduce", 1e9) == 0.0
+    assert Network(2, Link.of(0.0, 8e8), per_host=4, intra=intra).bytes_time("allreduce", 1e9) == pytest.approx(10.0)
+
+
 def test_what_moves_between_launches_moves_all_but_the_bytes_time_on_the_link():
     """A launch on a slower machine runs its compute and its collectives' own costs slower, not the link: the
     launches' factor scales the step less its link-bound part (a ring all-reduce's 2(n−1)/n of the bytes at the

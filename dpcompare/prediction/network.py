@@ -154,9 +154,14 @@ class Network:
         return _terms(collective, self.hosts)[1] * nbytes if self.hosts > 1 else 0.0
 
     def bytes_time(self, collective: str, nbytes: float) -> float:
-        """The time ``collective`` of ``nbytes`` needs on the inter-host link at its rate alone (:meth:`sent` over
-        the bandwidth: no latency, no library's own cost); 0 at one host."""
-        return self.sent(collective, nbytes) / self.inter.bandwidth if self.inter.bandwidth > 0 else 0.0
+        """The time ``collective`` of ``nbytes`` needs on the link at its rate alone (no latency, no library's own
+        cost): :meth:`sent` over the inter-host link; at one host, the bus factor among its ranks over the link
+        inside it (0 without one)."""
+        if self.hosts > 1:
+            return self.sent(collective, nbytes) / self.inter.bandwidth if self.inter.bandwidth > 0 else 0.0
+        if self.intra is None or self.per_host < 2 or self.intra.bandwidth <= 0:
+            return 0.0
+        return _terms(collective, self.per_host)[1] * nbytes / self.intra.bandwidth
 
     def _wire(self, collective: str, nbytes: float, backend: str) -> float:
         inter, g = self.link(backend, collective, nbytes), self.per_host
