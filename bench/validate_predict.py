@@ -69,13 +69,14 @@ CHOOSING = "mlp"
 COMMON = ("--samples", "4096", "--epochs", "0", "--threads", "1", "--no-tensorboard", "--progress", "none",
           "--overwrite")
 RESULTS = "results.json"
-#: candidate calibrations: name → (bench: none / the same H and rate / the 2-host bench at the first rate,
-#: --floor-from-trace, --overlap-from, --straggler-from-trace)
+#: candidate calibrations: name → (bench: none / the same H and rate / the same without its back-to-back sizes /
+#: the 2-host bench at the first rate, --floor-from-trace, --overlap-from, --straggler-from-trace)
 CALIBRATIONS: dict[str, tuple[str, bool, bool, bool]] = {
     "plain": ("none", False, False, False), "plainfloor": ("none", True, False, False),
     "profile": ("same", False, False, False), "profilefloor": ("same", True, False, False),
     "oneprofile": ("one", False, False, False), "profile+overlap": ("same", False, True, False),
-    "profilefloor+overlap": ("same", True, True, False), "profilefloor+overlap+straggler": ("same", True, True, True)}
+    "profilefloor+overlap": ("same", True, True, False), "profilefloor+overlap+straggler": ("same", True, True, True),
+    "idleprofilefloor+overlap+straggler": ("idle", True, True, True)}
 QUICK = {"hosts": [2], "links": ["200mbit"], "strategies": ["ddp"], "workloads": ["mlp512", "convnet"], "rounds": 2,
          "repeats": 2, "steps": 4, "warmup": 2, "trace": 4, "overlap_steps": 3, "bench_sizes": "256K,1M,4M",
          "bench_repeats": 2, "min_seconds": 0}
@@ -226,15 +227,16 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
     modes (ms)."""
     which, floor, with_overlap, straggler = CALIBRATIONS[how]
     knobs = sweep.knobs_of(p, {})
-    cal = {"none": None, "same": rec["bench"], "one": one}[which]
+    cal = {"none": None, "same": rec["bench"], "idle": rec["bench"], "one": one}[which]
+    b2b = which != "idle"  # "idle": the bench's sizes timed back to back left out
     net = Network(1, Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, load_calibration(cal) if cal else {},
-                  strategies.trace_floors(p) if floor else {}, load_profiles(cal) if cal else {},
+                  strategies.trace_floors(p) if floor else {}, load_profiles(cal, back_to_back=b2b) if cal else {},
                   load_burst(cal) if cal else 0.0, strategies.trace_waits(p) if straggler else {})
     ov = overlap.Overlap()
     if with_overlap:
         shaped = strategies.profile(Path(rec["overlap_trace"]))
         ov = overlap.measure(shaped, p, strategies.schedule(rec["strategy"]), knobs)
-    noise = sweep.Noise(Bench.load(cal) if cal else None, floor, replicates)
+    noise = sweep.Noise(Bench.load(cal, b2b) if cal else None, floor, replicates)
     c = sweep.curve(p, rec["strategy"], knobs, net, [rec["hosts"]], rec["workload"], noise, ov)
     lo, hi = c.band(0)
     return {"predicted_ms": c.steps[0].step * 1e3, "low_ms": lo * 1e3, "high_ms": hi * 1e3,

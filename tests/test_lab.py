@@ -256,6 +256,9 @@ def test_bench_gloo_all_reduce_reaches_the_link(lab: Lab, tmp_path: Path) -> Non
     gloo = max((r for r in doc["rows"] if r["backend"] == "gloo"), key=lambda r: r["bytes"])
     assert gloo["bytes"] == 4 * 2**20 and 75 <= gloo["busbw_pct_of_link"] <= 125, gloo
     assert {(f["backend"], f["collective"]) for f in doc["fits"]} == {("gloo", "all_reduce"), ("mpi", "all_reduce")}
+    # on the shaped link the sweep ran again back to back (predict prices a collective that follows another so)
+    assert {(r["backend"], r["bytes"]) for r in doc["rows"] if r.get("back_to_back")} == {
+        (b, s) for b in ("gloo", "mpi") for s in (2**20, 4 * 2**20)}
     # the traffic crossed host 0's link: at least the all-reduces' bytes (4 × (1+4) MiB, 2 warm-up/timed rounds)
     assert lab.host_rows()[0]["tx_bytes"] - before > 4 * 5 * 2**20
 

@@ -534,6 +534,41 @@ def test_back_to_back_all_reduces_pay_for_the_burst_they_find_empty():
     assert ddp(together, k).predict(burst_net(MB)).comm > ddp(together, k).predict(burst_net(0)).comm + 1.5 * MS
 
 
+def test_an_all_reduce_that_follows_another_is_priced_from_the_sizes_timed_back_to_back(tmp_path):
+    """`lab bench` times each size after an idle gap and again back to back; an operation that starts sooner than
+    that gap after the previous one ended costs what the bench timed back to back (Open MPI at two hosts: slower),
+    one that starts later what it timed after the gap; a file without those rows prices both alike."""
+    from dpcompare.prediction.network import BACK_TO_BACK, Bench, load_burst, load_profiles
+
+    link, burst = 5e8, 262144
+    rows = [(2**20, 0.0136, 0.0174), (2**22, 0.067, 0.101)]
+    doc = {"lab": {"link_bps": link}, "ranks": 2, "gap_ms": 8.4, "burst_bytes": burst,
+           "rows": [{"backend": "mpi", "collective": "allreduce", "bytes": b, "time_s": t} for b, t, _ in rows]
+           + [{"backend": "mpi", "collective": "allreduce", "bytes": b, "time_s": t, "back_to_back": True}
+              for b, _, t in rows]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    assert set(load_profiles(path)) == {("mpi", "allreduce"), ("mpi" + BACK_TO_BACK, "allreduce")}
+    assert set(load_profiles(path, back_to_back=False)) == {("mpi", "allreduce")}
+    assert set(Bench.load(path, back_to_back=False).rows) == {("mpi", "allreduce")}
+
+    def priced(back_to_back: bool) -> float:
+        net = Network(2, Link(0.0, link / 8), profiles=load_profiles(path, back_to_back=back_to_back),
+                      burst=load_burst(path))
+        assert net.gap == pytest.approx(2 * burst / (link / 8))
+        bucket = net.bucket()
+        first = bucket.cost("allreduce", 2**22, "mpi", 0.0)
+        follows = bucket.cost("allreduce", 2**22, "mpi", first)  # at once
+        later = bucket.cost("allreduce", 2**22, "mpi", first + follows + 10 * net.gap)  # refilled, after the gap
+        assert first == pytest.approx(0.067) == pytest.approx(later)
+        return follows
+
+    # back to back: the bench's time, whose bucket was as it found it (no tokens charged again)
+    assert priced(True) == pytest.approx(0.101)
+    # the idle time, and the tokens the first one left lacking (it took about its bytes' time: ~0.1 ms of them)
+    assert priced(False) == pytest.approx(0.067, abs=2e-4)
+
+
 def test_the_burst_comes_from_the_bench_file(tmp_path):
     from dpcompare.prediction.network import load_burst
 

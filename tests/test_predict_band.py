@@ -362,6 +362,22 @@ def test_the_bench_keeps_every_repeats_times_together():
     assert len(doc["rows"]) == 2
 
 
+def test_the_sizes_timed_back_to_back_stay_apart_from_the_fits_and_are_said():
+    from dpcompare.lab.bench import _merged, back_to_back_lines, tables
+
+    one = {"backend": "mpi", "collective": "allreduce"}
+    idle = [{**one, "bytes": b, "times_s": [t] * 3} for b, t in ((2**20, 0.0136), (2**22, 0.067))]
+    raw = idle + [{**r, "times_s": [1.5 * r["times_s"][0]] * 3, "back_to_back": True} for r in idle]
+    doc = analyse(_merged(raw), 2, 5 * 10**8, gap_ms=8.4)
+    assert sum(bool(r.get("back_to_back")) for r in doc["rows"]) == 2 and len(doc["rows"]) == 4
+    fit = doc["fits"][0]
+    assert len(doc["fits"]) == 1 and fit["beta_s_per_byte"] == pytest.approx((0.067 - 0.0136) / (2**22 - 2**20))
+    said = back_to_back_lines(doc)
+    assert said == ["back to back (no idle gap): mpi all_reduce took 1 MiB 1.50×, 4 MiB 1.50× the time after the "
+                    "8.4 ms gap (predict prices a collective that follows another from these)"]
+    assert said[0] in tables(doc)
+
+
 # -- the interval: the band widened by the model's own error -------------------------------------------------------
 def test_the_conformal_widening_is_the_right_order_statistic_and_zero_inside_the_band():
     assert interval.score(100, 90, 110, 105) == 0 and interval.score(100, 90, 110, 130) == pytest.approx(0.2)

@@ -11,6 +11,10 @@ time is kept: Open MPI's all-reduce in the lab runs at one of two speeds (63 % o
 so a size's times are checked for two modes (:func:`two_modes`: two k-means clusters, scipy.cluster.vq.kmeans2,
 kept when Ashman's D between them exceeds 2) and the bench says when it sees two. ``predict`` reads the times,
 the modes and their shares (a two-component mixture) and resamples them for its band.
+
+On a shaped link the sweep runs a second time **back to back** (no idle gap; rows marked ``back_to_back``): a
+training step's collectives follow one another, and Open MPI's all-reduce between two hosts is slower then than
+after an idle moment. ``predict`` prices an operation that follows another from those rows.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import re
 import statistics
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from dpcompare.argtypes import format_rate_bits
@@ -99,19 +104,52 @@ def found_full(link_bps: int | None, gap_ms: float) -> int:
 
 def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
             collectives: Sequence[str] = COLLECTIVES, warmup: int = 1, iters: int = 5,
-            timeout: float = 600, gap_ms: float | None = None, repeats: int = 2, logs: Path | None = None) -> dict:
+            timeout: float = 600, gap_ms: float | None = None, repeats: int = 2, logs: Path | None = None,
+            back_to_back: bool = True) -> dict:
     """Run the sweep across ``lab`` (one rank per host) ``repeats`` times and return the results document (see
     :func:`analyse`; every repeat's times per size together); ``gap_ms``: idle time before each timed operation
-    (None: :func:`idle_gap_ms` of the lab's link); ``logs``: the folder for each job's logs (default: the lab's
-    own, which goes with the lab: give one that outlives it when the lab is a session's)."""
+    (None: :func:`idle_gap_ms` of the lab's link); ``back_to_back``: where that gap is not 0, the sweep again
+    without it (rows marked ``back_to_back``); ``logs``: the folder for each job's logs (default: the lab's own,
+    which goes with the lab: give one that outlives it when the lab is a session's)."""
     gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
     collectives = [collective(c) for c in collectives]
     if len(lab.hosts) < 2:
         raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --host-count 2)")
-    raw_rows, ranks = [], len(lab.hosts)
-    jobs = _jobs(backends, collectives)
-    for i, (bk, coll, label, mca) in [(r * len(jobs) + j, job) for r in range(repeats) for j, job in enumerate(jobs)]:
-        job_logs = (logs or lab.directory) / f"bench-{i}"  # the job's stdout.log and stderr.log, what it measured
+    sweep = _Sweep(lab, sizes, _jobs(backends, collectives), warmup, iters, timeout, logs)
+    raw_rows = sweep.run(gap, repeats)
+    if back_to_back and gap > 0:
+        raw_rows += [{**r, "back_to_back": True} for r in sweep.run(0.0, repeats)]
+    return analyse(_merged(raw_rows), sweep.ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
+                                                                        "link": lab.link, "link_bps": lab.link_bps},
+                   warmup=warmup, iters=iters, gap_ms=gap, repeats=repeats, burst_bytes=found_full(lab.link_bps, gap))
+
+
+@dataclass
+class _Sweep:
+    """The bench's mpirun jobs across a lab, each timing every size with an idle gap before each operation."""
+
+    lab: Lab
+    sizes: Sequence[int]
+    jobs: list[tuple[list[str], list[str], str, tuple]]
+    warmup: int
+    iters: int
+    timeout: float
+    logs: Path | None
+    ranks: int = 0
+    done: int = 0  #: jobs run so far (each job's logs go to its own folder)
+
+    def run(self, gap: float, repeats: int) -> list[dict]:
+        """Every job ``repeats`` times with ``gap`` ms idle before each timed operation: the raw rows."""
+        rows: list[dict] = []
+        for _ in range(repeats):
+            for job in self.jobs:
+                rows += self._one(*job, gap=gap)
+        return rows
+
+    def _one(self, bk: list[str], coll: list[str], label: str, mca: tuple, gap: float) -> list[dict]:
+        lab, timeout, sizes, warmup, iters = self.lab, self.timeout, self.sizes, self.warmup, self.iters
+        job_logs = (self.logs or lab.directory) / f"bench-{self.done}"  # the job's stdout.log, stderr.log
+        self.done += 1
         raw = job_logs / "raw.json"
         raw.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "dpcompare.lab.worker", "--sizes", ",".join(map(str, sizes)),
@@ -125,18 +163,15 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
             tail = said[-1] if said else "no output"
             raise LaunchError(f"the bench job ({', '.join(bk)}) {what}: {tail} (logs in {job_logs})")
         data = json.loads(raw.read_text())
-        raw_rows += data["rows"]
-        ranks = data["ranks"]
-    return analyse(_merged(raw_rows), ranks, lab.link_bps, lab={"name": lab.name, "hosts": len(lab.hosts),
-                                                                  "link": lab.link, "link_bps": lab.link_bps},
-                   warmup=warmup, iters=iters, gap_ms=gap, repeats=repeats, burst_bytes=found_full(lab.link_bps, gap))
+        self.ranks = data["ranks"]
+        return list(data["rows"])
 
 
 def _merged(raw_rows: list[dict]) -> list[dict]:
     """One row per backend, collective and size, with the times of every repeat in order."""
     out: dict[tuple, dict] = {}
     for r in raw_rows:
-        key = (r["backend"], r["collective"], r["bytes"])
+        key = (r["backend"], r["collective"], r["bytes"], bool(r.get("back_to_back")))
         out.setdefault(key, {**r, "times_s": []})["times_s"] += list(r["times_s"])
     return list(out.values())
 
@@ -183,8 +218,10 @@ def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: obj
         rows.append({"backend": r["backend"], "collective": r["collective"], "bytes": r["bytes"], "time_s": t,
                      "algbw_Bps": algbw, "busbw_Bps": busbw,
                      "busbw_pct_of_link": 100 * busbw * 8 / link_bps if link_bps else None,
-                     "times_s": r["times_s"], "modes": modes, "expected_s": expected})
-    return {"schema": SCHEMA, **extra, "ranks": ranks, "rows": rows, "fits": fits(rows, ranks, link_bps)}
+                     "times_s": r["times_s"], "modes": modes, "expected_s": expected,
+                     **({"back_to_back": True} if r.get("back_to_back") else {})})
+    idle = [r for r in rows if not r.get("back_to_back")]
+    return {"schema": SCHEMA, **extra, "ranks": ranks, "rows": rows, "fits": fits(idle, ranks, link_bps)}
 
 
 def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
@@ -226,7 +263,7 @@ def tables(doc: dict) -> list[object]:
     out: list[object] = []
     link = doc.get("lab", {}).get("link_bps")
     for coll in COLLECTIVES:
-        rows = [r for r in doc["rows"] if collective(r["collective"]) == coll]
+        rows = [r for r in doc["rows"] if collective(r["collective"]) == coll and not r.get("back_to_back")]
         if not rows:
             continue
         backends = [b for b in BACKENDS if any(r["backend"] == b for r in rows)]
@@ -248,7 +285,7 @@ def tables(doc: dict) -> list[object]:
                     ([f"{r['busbw_pct_of_link']:.0f}"] if link else [])
             t.add_row(*cells)
         out.append(t)
-    out += mode_lines(doc)
+    out += back_to_back_lines(doc) + mode_lines(doc)
     f = Table(title="α-β fit: time ≈ α + bytes × β (α from small messages, β from large)")
     for c in ("backend", "collective", "α µs", "busbw Gbit/s", "% link", "r² (large)"):
         f.add_column(c, justify="right" if c not in ("backend", "collective") else "left")
@@ -260,6 +297,26 @@ def tables(doc: dict) -> list[object]:
     return out
 
 
+def back_to_back_lines(doc: dict) -> list[str]:
+    """Per backend and collective timed back to back: its time at each size over the time after the idle gap."""
+    idle = {(r["backend"], r["collective"], r["bytes"]): r for r in doc["rows"] if not r.get("back_to_back")}
+    ratios: dict[tuple[str, str], list[str]] = {}
+    for r in doc["rows"]:
+        after = idle.get((r["backend"], r["collective"], r["bytes"])) if r.get("back_to_back") else None
+        if after:
+            ratios.setdefault((r["backend"], r["collective"]), []).append(
+                f"{_size(r['bytes'])} {r['expected_s'] / after['expected_s']:.2f}×")
+    return [f"back to back (no idle gap): {b} {c} took {', '.join(v)} the time after the {doc.get('gap_ms', 0):g} ms "
+            "gap (predict prices a collective that follows another from these)" for (b, c), v in ratios.items()]
+
+
+def _size(nbytes: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= div and nbytes % div == 0:
+            return f"{nbytes // div} {unit}"
+    return f"{nbytes} B"
+
+
 def mode_lines(doc: dict) -> list[str]:
     """What the bench says about two speeds: each size where it saw two, and where it had too few repeats to see."""
     out, few = [], set()
@@ -267,7 +324,8 @@ def mode_lines(doc: dict) -> list[str]:
         m, n = r.get("modes"), len(r.get("times_s") or [])
         if m:
             slow = round(m["slow_share"] * n)
-            out.append(f"two speeds: {r['backend']} {r['collective']} {r['bytes']:,} bytes: {m['fast_s'] * 1e3:.3g} ms "
+            when = " back to back" if r.get("back_to_back") else ""
+            out.append(f"two speeds{when}: {r['backend']} {r['collective']} {r['bytes']:,} bytes: {m['fast_s'] * 1e3:.3g} ms "
                        f"({n - slow} of {n}) and {m['slow_s'] * 1e3:.3g} ms ({slow} of {n}); predict uses the mixture")
         elif n < MIN_FOR_MODES:
             few.add(f"{r['backend']} {r['collective']}")

@@ -91,7 +91,7 @@ def _bench(a: argparse.Namespace) -> int:
         if bad or not x:
             raise ConfigError(f"{flag} {','.join(x)}: choose from {', '.join(allowed)}")
     doc = bench.measure(lab, bench.parse_sizes(a.sizes), backends, collectives, a.warmup, a.iters, a.timeout,
-                        a.gap_ms, a.repeats)
+                        a.gap_ms, a.repeats, back_to_back=not a.no_back_to_back)
     for table in bench.tables(doc):
         Console().print(table)
     if a.out:
@@ -179,6 +179,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="idle time before each timed operation (default: twice the time the link's tbf bucket "
                         "takes to refill, so each starts like a step's first collective after compute; 0 on an "
                         "unshaped link)")
+    b.add_argument("--no-back-to-back", action="store_true",
+                   help="time each size only after the idle gap (by default, on a shaped link, the sweep runs again "
+                        "back to back, as a step's collectives follow one another: predict prices those from it)")
     b.add_argument("--run-timeout", dest="timeout", type=positive_int, default=600, metavar="SECONDS",
                    help="seconds each mpirun job may take (default 600)")
     b.add_argument("--out-file", dest="out", metavar="FILE", help="write the results and α-β fits as JSON")

@@ -12,7 +12,11 @@ collective: a measured fraction of the link it was measured on, applied to the l
 A shaped link's **burst** (tbf's token bucket, the lab's links): a host's link lets ``burst`` bytes through at once
 after an idle moment and refills at the link's rate. `lab bench` idles before each operation, so its times are
 those of a full bucket; an operation that starts before the bucket refilled (Horovod's fused all-reduces one after
-another, DDP's next bucket) waits for the tokens it lacks (:class:`Bucket`).
+another, DDP's next bucket) waits for the tokens it lacks (:class:`Bucket`). `lab bench` also times each size
+**back to back** (no idle moment between operations): in the lab, Open MPI's all-reduce between two hosts runs
+slower then (1 MiB at 1.04-1.25× its bytes' time against 0.80-0.82× after the idle gap, at 200 Mbit/s to
+1 Gbit/s; at three and four hosts alike either way), beyond what the bucket explains. An operation that starts sooner than the bench's idle gap after the previous one ended is priced from
+those times where the file has them (:data:`BACK_TO_BACK`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 from dpcompare.errors import ConfigError
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+#: appended to a backend's name in a profile's key for the sizes `lab bench` timed back to back
+BACK_TO_BACK = "/back-to-back"
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|ms|us|ns)$")
 
@@ -116,23 +122,34 @@ class Network:
         a schedule that delays its all-reduces by this prices them with ``own=True`` (:meth:`cost`)."""
         return self.waits.get(backend, 0.0)
 
-    def link(self, backend: str, collective: str, nbytes: float | None = None) -> Link:
+    @property
+    def gap(self) -> float:
+        """Seconds the calibration idled before each operation it timed after the idle gap: twice the time the
+        burst takes to refill (`lab bench`'s gap); 0 without a burst."""
+        return 2 * self.burst / self.inter.bandwidth if self.burst > 0 and self.inter.bandwidth > 0 else 0.0
+
+    def link(self, backend: str, collective: str, nbytes: float | None = None, back_to_back: bool = False) -> Link:
         """The inter-host link as ``backend``'s ``collective`` sees it: calibrated α and share of the link,
         the share read off the measured profile at ``nbytes`` when there is one (a library whose speed per
-        byte changes with the size, e.g. Open MPI switching algorithms)."""
+        byte changes with the size, e.g. Open MPI switching algorithms); ``back_to_back``: the profile the bench
+        timed without an idle gap, where it has one."""
         alpha, share = self.calibrated.get((backend, collective), (self.inter.alpha, 1.0))
-        profile = self.profiles.get((backend, collective))
+        profile = self.profiles.get((backend + BACK_TO_BACK if back_to_back else backend, collective)) or \
+            self.profiles.get((backend, collective))
         if profile and nbytes:  # the measured times hold the fixed cost at the bench's size: only the link's α
             alpha, share = self.inter.alpha, share_at(profile, nbytes)
         return Link(alpha, self.inter.bandwidth * share)
 
     def cost(self, collective: str, nbytes: float, backend: str = "", tokens: float | None = None,
-             own: bool = False) -> float:
+             own: bool = False, back_to_back: bool = False) -> float:
         """Seconds for one ``collective`` of ``nbytes`` among all ranks (never less than its :meth:`floor`, or with
         ``own`` the floor less the :meth:`wait` for the last rank, which the caller placed before it);
-        ``tokens``: the bytes left in the link's bucket when it starts (None: full, as the calibration timed it)."""
-        wire = self._wire(collective, nbytes, backend)
-        if tokens is not None and self.burst > 0 and self.hosts > 1:
+        ``tokens``: the bytes left in the link's bucket when it starts (None: full, as the calibration timed it);
+        ``back_to_back``: it starts sooner than the calibration's :attr:`gap` after the previous one ended: the
+        times the bench took back to back where it has them (the bucket's state as it was then included)."""
+        back_to_back = back_to_back and (backend + BACK_TO_BACK, collective) in self.profiles
+        wire = self._wire(collective, nbytes, backend, back_to_back)
+        if tokens is not None and self.burst > 0 and self.hosts > 1 and not back_to_back:
             sent = self.sent(collective, nbytes)
             wire += (min(sent, self.burst) - min(sent, tokens)) / self.inter.bandwidth
         floor = self.floor(collective, nbytes, backend)
@@ -163,8 +180,8 @@ class Network:
             return 0.0
         return _terms(collective, self.per_host)[1] * nbytes / self.intra.bandwidth
 
-    def _wire(self, collective: str, nbytes: float, backend: str) -> float:
-        inter, g = self.link(backend, collective, nbytes), self.per_host
+    def _wire(self, collective: str, nbytes: float, backend: str, back_to_back: bool = False) -> float:
+        inter, g = self.link(backend, collective, nbytes, back_to_back), self.per_host
         if g == 1 or self.intra is None:
             return float(getattr(inter, collective)(nbytes, self.hosts))
         intra = self.intra
@@ -177,23 +194,27 @@ class Network:
 @dataclass
 class Bucket:
     """A shaped link's token bucket through a step: the bytes in it at ``t``; it refills at the link's rate up to
-    the network's ``burst`` while the link is idle."""
+    the network's ``burst`` while the link is idle. ``last``: when the previous operation ended (None: none yet)."""
 
     net: Network
     level: float
     t: float = 0.0
+    last: float | None = None
 
     def cost(self, collective: str, nbytes: float, backend: str, start: float, own: bool = False) -> float:
         """Seconds of an operation that starts at ``start`` with what the bucket holds then; spends its bytes
-        (``own``: as :meth:`Network.cost`)."""
+        (``own``: as :meth:`Network.cost`); priced as timed back to back when it starts sooner than the
+        calibration's idle gap after the previous one."""
         net = self.net
         if net.burst <= 0 or net.hosts < 2:
             return net.cost(collective, nbytes, backend, own=own)
         rate = net.inter.bandwidth
         level = min(net.burst, self.level + max(0.0, start - self.t) * rate)
-        seconds = net.cost(collective, nbytes, backend, tokens=level, own=own)
+        back_to_back = self.last is not None and start - self.last < net.gap
+        seconds = net.cost(collective, nbytes, backend, tokens=level, own=own, back_to_back=back_to_back)
         self.level = min(net.burst, max(0.0, level - net.sent(collective, nbytes) + rate * seconds))
         self.t = max(self.t, start + seconds)
+        self.last = start + seconds
         return seconds
 
 
@@ -393,8 +414,9 @@ class Bench:
     rows: dict[Key, list[tuple[float, Any, Any]]]
 
     @classmethod
-    def load(cls, path: str | Path) -> Bench | None:
-        """None for a file without measured rows or its link rate (a ``fits``-only calibration)."""
+    def load(cls, path: str | Path, back_to_back: bool = True) -> Bench | None:
+        """None for a file without measured rows or its link rate (a ``fits``-only calibration); the sizes timed
+        back to back under ``(backend + BACK_TO_BACK, collective)`` (left out with ``back_to_back=False``)."""
         import numpy as np
 
         data = json.loads(Path(path).read_text())
@@ -402,8 +424,11 @@ class Bench:
         link_bps, n = (top.get("lab") or {}).get("link_bps") or top.get("link_bps"), int(top.get("ranks") or 2)
         rows: dict[Key, list[tuple[float, Any, Any]]] = {}
         for r in top.get("rows") or []:
-            key = (str(r.get("backend")), _collective(str(r.get("collective"))))
-            if not (isinstance(r, dict) and r.get("bytes") and r.get("time_s")) or key[1] not in COLLECTIVES:
+            if not isinstance(r, dict) or (r.get("back_to_back") and not back_to_back):
+                continue
+            key = (str(r.get("backend")) + (BACK_TO_BACK if r.get("back_to_back") else ""),
+                   _collective(str(r.get("collective"))))
+            if not (r.get("bytes") and r.get("time_s")) or key[1] not in COLLECTIVES:
                 continue
             times = np.array(r.get("times_s") or [r["time_s"]], dtype=float)
             labels = (r.get("modes") or {}).get("labels")
@@ -440,7 +465,7 @@ def _collective(name: str) -> str:
     return name.replace("-", "_").replace("all_reduce", "allreduce").replace("all_gather", "allgather")
 
 
-def load_profiles(path: str | Path, mode: str = "expected") -> dict[Key, Curve]:
+def load_profiles(path: str | Path, mode: str = "expected", back_to_back: bool = True) -> dict[Key, Curve]:
     """(backend, collective) → (sizes, share of the link at each) from a `lab bench` file's measured rows.
 
     The share at a size is the α-β formula's bandwidth term over the whole time the bench measured (its fixed
@@ -449,6 +474,6 @@ def load_profiles(path: str | Path, mode: str = "expected") -> dict[Key, Curve]:
     long for Open MPI in the lab) would be paid again by every one of Horovod's small fused all-reduces. The
     price: the fixed cost does not grow with the ranks beyond the bench's. A size whose repeats fell into two
     speeds (the bench's ``modes``) counts at the mixture's expectation, or at one ``mode``. Empty for files
-    without rows."""
-    bench = Bench.load(path)
+    without rows; ``back_to_back``: with the sizes timed back to back (:data:`BACK_TO_BACK`)."""
+    bench = Bench.load(path, back_to_back)
     return bench.profiles(mode) if bench else {}
