@@ -12,11 +12,13 @@ collective: a measured fraction of the link it was measured on, applied to the l
 A shaped link's **burst** (tbf's token bucket, the lab's links): a host's link lets ``burst`` bytes through at once
 after an idle moment and refills at the link's rate. `lab bench` idles before each operation, so its times are
 those of a full bucket; an operation that starts before the bucket refilled (Horovod's fused all-reduces one after
-another, DDP's next bucket) waits for the tokens it lacks (:class:`Bucket`). `lab bench` also times each size
-**back to back** (no idle moment between operations): in the lab, Open MPI's all-reduce between two hosts runs
-slower then (1 MiB at 1.04-1.25× its bytes' time against 0.80-0.82× after the idle gap, at 200 Mbit/s to
-1 Gbit/s; at three and four hosts alike either way), beyond what the bucket explains. An operation that starts sooner than the bench's idle gap after the previous one ended is priced from
-those times where the file has them (:data:`BACK_TO_BACK`).
+another, DDP's next bucket) waits for the tokens it lacks (:class:`Bucket`).
+
+`lab bench` also times each size **back to back** (no idle moment between operations): in the lab, Open MPI's
+all-reduce between two hosts runs slower then (1 MiB at 1.04-1.25× its bytes' time against 0.80-0.82× after the
+idle gap, at 200 Mbit/s to 1 Gbit/s; at three and four hosts alike either way), beyond what the bucket explains.
+An operation that starts sooner than the bench's idle gap after the previous one ended is priced from those times
+where the file has them (:data:`BACK_TO_BACK`).
 """
 
 from __future__ import annotations
