@@ -13,8 +13,8 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
    ``--trace-launches L``, L such runs, pooled as ``predict`` pools a comparison's traced repeats);
 2. **overlap**: a short traced run of each on a link slow enough for communication to matter (``--overlap-link``,
    not one of the validated rates), for ``predict --overlap-from``;
-3. per link rate: ``lab bench`` (gloo and/or Open MPI, ``--bench-repeats`` mpirun jobs: both of Open MPI's speeds)
-   and every strategy and workload run untraced ``--repeats`` times (the measured step: the median of the runs'
+3. per link rate: ``lab bench`` (gloo and/or Open MPI, ``--bench-repeats`` mpirun jobs: both of Open MPI's speeds;
+   each size after the idle gap and back to back) and every strategy and workload run untraced ``--repeats`` times (the measured step: the median of the runs'
    ``step_ms_median``). The load average is recorded before every run.
 
 Step 1 is interleaved with step 3 by default: each configuration traced right before its own measured runs
