@@ -53,7 +53,7 @@ from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
-from dpcompare.prediction.profile import Profile, launch_spread, pooled, with_spread
+from dpcompare.prediction.profile import PROBE_MIN_STEPS, Profile, launch_spread, pooled, with_spread
 
 ROOT = Path(__file__).resolve().parents[1]
 #: workload → (family, its flags). mlp is the choosing set; every other family is held out.
@@ -87,8 +87,11 @@ def load() -> float:
 
 
 def train_argv(strategy: str, workload: str, out: Path, steps: int, warmup: int, trace: int = 0) -> list[str]:
+    """A run of ``steps`` timed steps; traced, ``trace`` of them and as many more (8 at least) untraced after them,
+    from which predict takes what the tracing cost (since run 27)."""
+    after = max(trace, PROBE_MIN_STEPS) if trace else 0
     argv = [*dpcompare_argv(), "train", "--strategy", strategy, *WORKLOADS[workload][1], *COMMON,
-            "--warmup-steps", str(warmup), "--max-steps", str(warmup + steps), "--out", str(out)]
+            "--warmup-steps", str(warmup), "--max-steps", str(warmup + max(steps, trace) + after), "--out", str(out)]
     return argv + (["--trace", str(trace)] if trace else [])
 
 
@@ -201,7 +204,7 @@ def traces(rec: dict[str, Any]) -> tuple[str, ...]:
     return tuple(rec["trace"] if isinstance(rec["trace"], list) else [rec["trace"]])  # runs before --trace-launches
 
 
-def arms(log: list[dict[str, Any]]) -> dict[tuple[str, ...], Profile]:
+def arms(log: list[dict[str, Any]], as_traced: bool = False) -> dict[tuple[str, ...], Profile]:
     """Every configuration's pooled profile (its traces), with the launches' spread of its round and host count:
     estimated, as `dpcompare predict` does from the arms of one comparison (:func:`.profile.launch_spread`), from
     every trace of each arm in that round (with ``--interleave``, one per link)."""
@@ -209,7 +212,7 @@ def arms(log: list[dict[str, Any]]) -> dict[tuple[str, ...], Profile]:
     loaded: dict[str, Profile] = {}
 
     def one(t: str) -> Profile:
-        return loaded.setdefault(t, strategies.profile(Path(t)))
+        return loaded.setdefault(t, strategies.profile(Path(t), as_traced))
 
     for key in sorted({(r["round"], r["hosts"]) for r in log}):
         mine = [r for r in log if (r["round"], r["hosts"]) == key]
@@ -234,7 +237,7 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
                   load_burst(cal) if cal else 0.0, strategies.trace_waits(p) if straggler else {})
     ov = overlap.Overlap()
     if with_overlap:
-        shaped = strategies.profile(Path(rec["overlap_trace"]))
+        shaped = strategies.profile(Path(rec["overlap_trace"]), (p.measured.get("probe") or {}).get("applied") is False)
         ov = overlap.measure(shaped, p, strategies.schedule(rec["strategy"]), knobs)
     noise = sweep.Noise(Bench.load(cal, b2b) if cal else None, floor, replicates)
     c = sweep.curve(p, rec["strategy"], knobs, net, [rec["hosts"]], rec["workload"], noise, ov)
@@ -475,6 +478,8 @@ def parse() -> argparse.Namespace:
     n.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="this calibration, chosen before "
                    "(e.g. on an earlier validation), instead of choosing one on this run's choosing set")
+    n.add_argument("--compute-as-traced", action="store_true", help="predict from the traced steps' compute as "
+                   "it ran, the tracing's own cost left in (runs before 27 had no untraced steps to take it out)")
     n.add_argument("--model-error-out", type=Path, default=None, help="write the model error measured on the "
                    "choosing set, for `dpcompare predict --model-error`")
     n.add_argument("--model-error-from", type=Path, default=None, help="judge this model-error file (an earlier "
@@ -509,7 +514,7 @@ def main() -> None:
               flush=True)
         return
     log = merged(a.out)
-    profiles = arms(log)
+    profiles = arms(log, a.compute_as_traced)
     chosen, tables = choose(log, a.bootstrap, profiles, a.calibration)
     me = model_error(tables[chosen], a.model_error_from)
     widen(tables[chosen], me)

@@ -16,7 +16,7 @@ from dpcompare.errors import ConfigError
 from dpcompare.prediction import strategies, sweep
 from dpcompare.prediction.command import parse_hosts
 from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration
-from dpcompare.prediction.profile import Grad, Profile
+from dpcompare.prediction.profile import PROBE_MIN_STEPS, Grad, Profile
 from dpcompare.prediction.schedule import MB, Knobs, fill
 
 from conftest import dpcompare
@@ -193,9 +193,10 @@ def test_advice_names_a_bucket_that_helps():
 
 
 # -- reading traces, the command ----------------------------------------------------------------------------
-def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3, slower=1.0):
+def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3, slower=1.0, untraced=(0, 0.0)):
     """A trace.json + summary.json as `train --trace` writes them: per rank and step, phases, 3 gradient ticks
-    (``slower``: every phase that many times longer)."""
+    (``slower``: every phase that many times longer); ``untraced``: (steps after the traced window, their
+    forward in ms) per rank."""
     events = [{"name": "model_buffers", "ph": "M", "pid": 0, "args": {"bytes": 1024}}]
     sizes = {"fc2.bias": 40, "fc2.weight": 4 * MB, "fc1.weight": 8 * MB}
     for rank in range(world_size):
@@ -221,7 +222,9 @@ def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3, slo
                 t += dur
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "trace.json").write_text(json.dumps({"traceEvents": events, "otherData": {
-        "strategy": strategy, "world_size": world_size, "batch_size": 32}}))
+        "strategy": strategy, "world_size": world_size, "batch_size": 32,
+        "untraced_steps": [{"rank": r, "steps": untraced[0], "phases_ms": {"forward": untraced[1]}}
+                           for r in range(world_size) if untraced[0]]}}))
     (folder / "summary.json").write_text(json.dumps({"strategy": strategy, "world_size": world_size,
                                                      "device": "cpu", "config": {"bucket_mb": 0.0}}))
     return folder
@@ -232,9 +235,27 @@ def test_profile_reads_phases_ticks_and_bytes(tmp_path):
     assert (p.forward, p.backward, p.optimizer, p.data) == pytest.approx((4 * MS, 10 * MS, 3 * MS, 1 * MS))
     assert [(g.name, round(g.ready * 1e3, 3), g.nbytes) for g in p.grads] == [
         ("fc2.bias", 1.0, 40), ("fc2.weight", 5.0, 4 * MB), ("fc1.weight", 10.0, 8 * MB)]
-    assert p.buffer_bytes == 1024 and p.batch == 32 and not p.notes
+    assert p.buffer_bytes == 1024 and p.batch == 32 and p.notes == [
+        "compute as traced: no steps ran after the traced window to tell what the tracing cost (run more than "
+        f"--warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"]
     old = strategies.profile(fake_run(tmp_path / "old", with_bytes=False))  # before ticks carried bytes
     assert [g.nbytes for g in old.grads] == [4 * MB] * 3 and "bucket bytes" in old.notes[0]
+
+
+def test_the_tracing_s_own_cost_is_taken_out_when_steps_ran_after_the_traced_window(tmp_path):
+    """Traced forward 4 ms, the 16 steps after the window 3 ms: every phase, ready moment and bootstrap row is
+    0.75 times as long and the note says so; --compute-as-traced, or too few untraced steps, keep it as traced."""
+    run = fake_run(tmp_path / "r", untraced=(16, 3.0))
+    p = strategies.profile(run)
+    assert (p.data, p.forward, p.backward, p.optimizer) == pytest.approx((0.75 * MS, 3 * MS, 7.5 * MS, 2.25 * MS))
+    assert [round(g.ready * 1e3, 3) for g in p.grads] == [0.75, 3.75, 7.5]
+    assert p.resampled(np.random.default_rng(0)).forward == pytest.approx(3 * MS)
+    assert p.measured["probe"] == {"ratio": pytest.approx(0.75), "applied": True} and "×0.75" in p.notes[-1]
+    kept = strategies.profile(run, as_traced=True)
+    assert kept.forward == pytest.approx(4 * MS) and kept.measured["probe"]["applied"] is False
+    assert "--compute-as-traced" in kept.notes[-1] and "0.75×" in kept.notes[-1]
+    few = strategies.profile(fake_run(tmp_path / "few", untraced=(PROBE_MIN_STEPS - 1, 3.0)))
+    assert few.forward == pytest.approx(4 * MS) and few.notes[-1].startswith("compute as traced")
 
 
 def test_predict_command_on_a_compare_folder(tmp_path):

@@ -71,6 +71,7 @@ def test_single_process_traces_phases_and_gradient_ticks(tmp_path):
     assert {e["name"] for e in data["traceEvents"] if e.get("cat") == tr.CAT_PHASE} == set(tr.PHASES)
     assert any(e.get("cat") == tr.CAT_GRAD for e in data["traceEvents"])
     assert summary(tmp_path)["communication"]["allreduce_ops_per_step"] == 0
+    assert data["otherData"]["untraced_steps"] == []  # the traced steps were the run's last
 
 
 # -- real np=2 runs ------------------------------------------------------------------------------------
@@ -93,6 +94,9 @@ def test_trace_merges_both_ranks_on_one_clock(traced, strategy):
     data = json.loads((out / "trace.json").read_text())  # plain JSON, Chrome-trace object form
     events = data["traceEvents"]
     assert data["otherData"]["traced_steps"] == TRACED and not data["otherData"]["notes"]
+    untraced = data["otherData"]["untraced_steps"]  # the steps after the window: what the tracing cost
+    assert [u["rank"] for u in untraced] == [0, 1] and all(u["steps"] > TRACED for u in untraced)
+    assert all(set(u["phases_ms"]) == set(tr.PHASES) and u["phases_ms"]["forward"] > 0 for u in untraced)
     steps = tr.steps_by_rank(events)
     assert sorted(steps) == [0, 1] and all(len(s) == TRACED for s in steps.values())
     for rank in (0, 1):
