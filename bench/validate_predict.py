@@ -204,7 +204,7 @@ def traces(rec: dict[str, Any]) -> tuple[str, ...]:
     return tuple(rec["trace"] if isinstance(rec["trace"], list) else [rec["trace"]])  # runs before --trace-launches
 
 
-def arms(log: list[dict[str, Any]], as_traced: bool = False) -> dict[tuple[str, ...], Profile]:
+def arms(log: list[dict[str, Any]], untraced: bool = False) -> dict[tuple[str, ...], Profile]:
     """Every configuration's pooled profile (its traces), with the launches' spread of its round and host count:
     estimated, as `dpcompare predict` does from the arms of one comparison (:func:`.profile.launch_spread`), from
     every trace of each arm in that round (with ``--interleave``, one per link)."""
@@ -212,7 +212,7 @@ def arms(log: list[dict[str, Any]], as_traced: bool = False) -> dict[tuple[str, 
     loaded: dict[str, Profile] = {}
 
     def one(t: str) -> Profile:
-        return loaded.setdefault(t, strategies.profile(Path(t), as_traced))
+        return loaded.setdefault(t, strategies.profile(Path(t), untraced))
 
     for key in sorted({(r["round"], r["hosts"]) for r in log}):
         mine = [r for r in log if (r["round"], r["hosts"]) == key]
@@ -237,7 +237,7 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
                   load_burst(cal) if cal else 0.0, strategies.trace_waits(p) if straggler else {})
     ov = overlap.Overlap()
     if with_overlap:
-        shaped = strategies.profile(Path(rec["overlap_trace"]), (p.measured.get("probe") or {}).get("applied") is False)
+        shaped = strategies.profile(Path(rec["overlap_trace"]), bool((p.measured.get("probe") or {}).get("applied")))
         ov = overlap.measure(shaped, p, strategies.schedule(rec["strategy"]), knobs)
     noise = sweep.Noise(Bench.load(cal, b2b) if cal else None, floor, replicates)
     c = sweep.curve(p, rec["strategy"], knobs, net, [rec["hosts"]], rec["workload"], noise, ov)
@@ -478,8 +478,8 @@ def parse() -> argparse.Namespace:
     n.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="this calibration, chosen before "
                    "(e.g. on an earlier validation), instead of choosing one on this run's choosing set")
-    n.add_argument("--compute-as-traced", action="store_true", help="predict from the traced steps' compute as "
-                   "it ran, the tracing's own cost left in (runs before 27 had no untraced steps to take it out)")
+    n.add_argument("--untraced-compute", action="store_true", help="predict as `predict --untraced-compute`: the "
+                   "traced compute scaled to the steps after the traced window (runs 27 on; judged by run 27)")
     n.add_argument("--model-error-out", type=Path, default=None, help="write the model error measured on the "
                    "choosing set, for `dpcompare predict --model-error`")
     n.add_argument("--model-error-from", type=Path, default=None, help="judge this model-error file (an earlier "
@@ -514,7 +514,7 @@ def main() -> None:
               flush=True)
         return
     log = merged(a.out)
-    profiles = arms(log, a.compute_as_traced)
+    profiles = arms(log, a.untraced_compute)
     chosen, tables = choose(log, a.bootstrap, profiles, a.calibration)
     me = model_error(tables[chosen], a.model_error_from)
     widen(tables[chosen], me)

@@ -71,7 +71,7 @@ MOVES = {
     "predict": {"--ranks-per-host": "the network model", "--intra-link": "the network model",
                 "--intra-latency": "the network model", "--calibration": "the network model",
                 "--floor-from-trace": "the network model", "--straggler-from-trace": "the network model",
-                "--compute-as-traced": "the network model",
+                "--untraced-compute": "the network model",
                 "--cycle-ms": WHAT_IF, "--fp16": WHAT_IF, "--quiet": OUTPUT, "--bucket-mb": WHAT_IF, "--fusion-mb": WHAT_IF},
 }
 

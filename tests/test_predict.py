@@ -235,26 +235,27 @@ def test_profile_reads_phases_ticks_and_bytes(tmp_path):
     assert (p.forward, p.backward, p.optimizer, p.data) == pytest.approx((4 * MS, 10 * MS, 3 * MS, 1 * MS))
     assert [(g.name, round(g.ready * 1e3, 3), g.nbytes) for g in p.grads] == [
         ("fc2.bias", 1.0, 40), ("fc2.weight", 5.0, 4 * MB), ("fc1.weight", 10.0, 8 * MB)]
-    assert p.buffer_bytes == 1024 and p.batch == 32 and p.notes == [
-        "compute as traced: no steps ran after the traced window to tell what the tracing cost (run more than "
-        f"--warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"]
+    assert p.buffer_bytes == 1024 and p.batch == 32 and not p.notes
     old = strategies.profile(fake_run(tmp_path / "old", with_bytes=False))  # before ticks carried bytes
     assert [g.nbytes for g in old.grads] == [4 * MB] * 3 and "bucket bytes" in old.notes[0]
 
 
-def test_the_tracing_s_own_cost_is_taken_out_when_steps_ran_after_the_traced_window(tmp_path):
-    """Traced forward 4 ms, the 16 steps after the window 3 ms: every phase, ready moment and bootstrap row is
-    0.75 times as long and the note says so; --compute-as-traced, or too few untraced steps, keep it as traced."""
+def test_the_tracing_s_own_cost_is_taken_out_when_asked_and_steps_ran_after_the_traced_window(tmp_path):
+    """Traced forward 4 ms, the 16 steps after the window 3 ms: asked (--untraced-compute), every phase, ready
+    moment and bootstrap row is 0.75 times as long and the note says so; by default, or with too few untraced
+    steps, the compute stays as traced (a ratio well below 1 said in a note)."""
     run = fake_run(tmp_path / "r", untraced=(16, 3.0))
-    p = strategies.profile(run)
+    p = strategies.profile(run, untraced=True)
     assert (p.data, p.forward, p.backward, p.optimizer) == pytest.approx((0.75 * MS, 3 * MS, 7.5 * MS, 2.25 * MS))
     assert [round(g.ready * 1e3, 3) for g in p.grads] == [0.75, 3.75, 7.5]
     assert p.resampled(np.random.default_rng(0)).forward == pytest.approx(3 * MS)
     assert p.measured["probe"] == {"ratio": pytest.approx(0.75), "applied": True} and "×0.75" in p.notes[-1]
-    kept = strategies.profile(run, as_traced=True)
+    kept = strategies.profile(run)
     assert kept.forward == pytest.approx(4 * MS) and kept.measured["probe"]["applied"] is False
-    assert "--compute-as-traced" in kept.notes[-1] and "0.75×" in kept.notes[-1]
-    few = strategies.profile(fake_run(tmp_path / "few", untraced=(PROBE_MIN_STEPS - 1, 3.0)))
+    assert "0.75×" in kept.notes[-1] and "--untraced-compute" in kept.notes[-1]
+    alike = strategies.profile(fake_run(tmp_path / "alike", untraced=(16, 3.8)))  # 0.95: nothing to say
+    assert not alike.notes
+    few = strategies.profile(fake_run(tmp_path / "few", untraced=(PROBE_MIN_STEPS - 1, 3.0)), untraced=True)
     assert few.forward == pytest.approx(4 * MS) and few.notes[-1].startswith("compute as traced")
 
 

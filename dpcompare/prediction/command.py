@@ -77,13 +77,13 @@ def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -
     (folder, *more) = strategies.profile_runs([a.overlap_from])
     if more:
         raise ConfigError(f"--overlap-from {a.overlap_from}: give one traced run folder, not {1 + len(more)}")
-    shaped = strategies.profile(folder, a.compute_as_traced)
+    shaped = strategies.profile(folder, a.untraced_compute)
     ref = {p.strategy: p for p in reversed(profiles)}.get(shaped.strategy, profiles[0])  # its strategy's run, if any
     cls = strategies.schedule(shaped.strategy if shaped.strategy in strategies.schedules() else ref.strategy)
     return overlap.measure(shaped, ref, cls, sweep.knobs_of(ref, over))
 
 
-def _arms(folders: list[Path], as_traced: bool = False) -> tuple[list[Path], list[Any]]:
+def _arms(folders: list[Path], untraced: bool = False) -> tuple[list[Path], list[Any]]:
     """One profile per arm: the traced repeats of an arm in one comparison (``runs/ARM-npN-r0``, ``-r1``, ...)
     pooled (:func:`.profile.pooled`), each carrying the launches' spread estimated from all arms together
     (:func:`.profile.with_spread`), so that the band holds what moves between launches."""
@@ -93,7 +93,7 @@ def _arms(folders: list[Path], as_traced: bool = False) -> tuple[list[Path], lis
     groups: dict[tuple[Path, str, str], list[Any]] = {}
     first: dict[tuple[Path, str, str], Path] = {}
     for f in folders:
-        p = strategies.profile(f, as_traced)
+        p = strategies.profile(f, untraced)
         key = (f.resolve().parent, source(f, p.world_size), p.strategy)
         groups.setdefault(key, []).append(p)
         first.setdefault(key, f)
@@ -115,7 +115,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
             "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     model_error = interval.load(a.model_error)
-    folders, profiles = _arms(strategies.profile_runs(a.run_dirs), a.compute_as_traced)
+    folders, profiles = _arms(strategies.profile_runs(a.run_dirs), a.untraced_compute)
     ov = _overlap(a, profiles, over)
     curves, seen = [], set()
     for folder, p in zip(folders, profiles, strict=True):
@@ -154,7 +154,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     inputs = {"runs": a.run_dirs, "hosts": hosts, "link": inter_link, "latency": a.latency,
               "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
               "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","), "floor_from_trace": a.floor_from_trace,
-              "straggler_from_trace": a.straggler_from_trace, "compute_as_traced": a.compute_as_traced,
+              "straggler_from_trace": a.straggler_from_trace, "untraced_compute": a.untraced_compute,
               "bootstrap": a.bootstrap, "overlap_from": a.overlap_from, "model_error": a.model_error}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
     _write_config(a, out)
@@ -199,9 +199,9 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
                         "run's own of that size, no step of its strategy shorter than its traced step (docs/predict.md)")
     p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
                    "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
-    p.add_argument("--compute-as-traced", action="store_true",
-                   help="take the traced steps' compute as they ran (default: the tracing's own cost taken out, "
-                        "measured on the steps run after the traced window, when there are 8 or more)")
+    p.add_argument("--untraced-compute", action="store_true",
+                   help="scale the traced compute to the steps the run took after its traced window (8 or more), "
+                        "taking the tracing's own cost out (default: the compute as traced; docs/predict.md, run 27)")
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:

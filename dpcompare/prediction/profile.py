@@ -17,11 +17,12 @@ two or three launches cannot see how large: :func:`launch_spread` estimates it f
 (a random-effects model: one spread for the machine, Student's t over its degrees of freedom), and each replicate
 scales the compute by a draw of it (:class:`LaunchSpread`).
 
-What the tracing itself cost is taken out: the trainer times the steps after the traced window too (their
+What the tracing itself cost can be taken out: the trainer times the steps after the traced window too (their
 phases, ``untraced_steps`` in trace.json), and when there are enough of them (:data:`PROBE_MIN_STEPS`) every traced
 row's compute is scaled by the untraced forward over the traced forward, per rank, the median over ranks
-(:func:`probe_ratio`; the forward carries no gradient communication). Horovod's handle watcher cost a 20 ms step's
-forward 10-35 % on two shared cores; DDP's tracing, next to nothing. ``as_traced`` keeps the compute as traced.
+(:func:`probe_ratio`; the forward carries no gradient communication), when asked (``untraced``, ``predict
+--untraced-compute``): Horovod's handle watcher slowed a 20 ms step by a tenth to a third on two shared cores, but
+run 27 (docs/predict.md) did not keep the scaling as the default.
 
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
@@ -46,6 +47,7 @@ from dpcompare.report.timeline import load_trace
 
 SUMMARY = "summary.json"
 PROBE_MIN_STEPS = 8  #: untraced steps (per rank) needed before the tracing's own cost is taken out
+PROBE_NOTE_BELOW = 0.9  #: below this untraced-over-traced ratio a profile kept as traced says so
 
 
 @dataclass(frozen=True)
@@ -375,10 +377,10 @@ def _scaled_row(r: dict[str, Any], f: float) -> dict[str, Any]:
     return {**r, **{k: r[k] * f for k in (*PHASES, "step")}, "ready": {n: t * f for n, t in r["ready"].items()}}
 
 
-def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dict[str, Any]], as_traced: bool
+def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dict[str, Any]], scale: bool
                    ) -> tuple[list[dict[str, Any]], dict[str, float], list[str], dict[str, Any]]:
-    """The trace's rows with the tracing's own cost taken out (unless ``as_traced``), their ticks' bytes, a note
-    saying which compute was used, and the figures behind it."""
+    """The trace's rows with the tracing's own cost taken out when ``scale``, their ticks' bytes, a note saying
+    which compute was used, and the figures behind it."""
     rows, tick_bytes = _per_step(events)
     if not rows:
         raise ConfigError(f"{folder}: the trace holds no complete traced step; rerun with --trace N (N ≥ 1) "
@@ -386,26 +388,27 @@ def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dic
     ratio = probe_ratio(rows, untraced)
     if ratio is None:
         return rows, tick_bytes, ["compute as traced: no steps ran after the traced window to tell what the tracing "
-                                  f"cost (run more than --warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"], {}
-    probe = {"ratio": ratio, "applied": not as_traced}
-    if as_traced:
-        return rows, tick_bytes, [f"compute as traced (--compute-as-traced); the untraced steps' forward ran "
-                                  f"{ratio:.2f}× the traced one's"], probe
+                                  f"cost (run more than --warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"] * scale, {}
+    probe = {"ratio": ratio, "applied": scale}
+    if not scale:
+        said = [f"the steps after the traced window ran their forward in {ratio:.2f}× the traced steps' time: where "
+                "the tracing slowed a short step, --untraced-compute takes that out"]
+        return rows, tick_bytes, said if ratio < PROBE_NOTE_BELOW else [], probe
     return [_scaled_row(r, ratio) for r in rows], tick_bytes, [
         f"compute ×{ratio:.2f}: the steps after the traced window ran their forward in {ratio:.2f}× the traced "
         "steps' time (the tracing's own cost taken out)"], probe
 
 
 def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda s: False,
-                 as_traced: bool = False) -> Profile:
+                 untraced: bool = False) -> Profile:
     """The compute profile of the traced run in ``folder`` (its trace.json and, when there, summary.json);
     ``is_sharded(strategy)``: whether that strategy shards the optimizer (its memory figures count one shard);
-    ``as_traced``: the compute as the traced steps ran it, the tracing's own cost left in."""
+    ``untraced``: the compute scaled to the steps after the traced window (the tracing's own cost taken out)."""
     folder = Path(folder)
     data = load_trace(folder)
     events, other = data["traceEvents"], data.get("otherData") or {}
     summary = _summary(folder)
-    rows, tick_bytes, said, probe = _compute_rows(folder, events, other.get("untraced_steps") or [], as_traced)
+    rows, tick_bytes, said, probe = _compute_rows(folder, events, other.get("untraced_steps") or [], untraced)
     ready: dict[str, list[float]] = {}
     for r in rows:
         for n, t in r["ready"].items():

@@ -35,10 +35,10 @@ def schedule(name: str) -> type[Schedule]:
     return known[name]
 
 
-def profile(folder: str | Path, as_traced: bool = False) -> Profile:
-    """A run's compute profile, told whether its own strategy sharded the optimizer (``as_traced``: the tracing's
-    own cost left in, :func:`.profile.load_profile`)."""
-    return load_profile(folder, lambda s: s in schedules() and schedules()[s].shards_optimizer, as_traced)
+def profile(folder: str | Path, untraced: bool = False) -> Profile:
+    """A run's compute profile, told whether its own strategy sharded the optimizer (``untraced``: the tracing's
+    own cost taken out, :func:`.profile.load_profile`)."""
+    return load_profile(folder, lambda s: s in schedules() and schedules()[s].shards_optimizer, untraced)
 
 
 def modelled_as(p: Profile, asked: list[str] | None) -> list[str]:
