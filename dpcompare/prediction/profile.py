@@ -387,8 +387,9 @@ def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dic
                           "and more steps than --warmup-steps")
     ratio = probe_ratio(rows, untraced)
     if ratio is None:
-        return rows, tick_bytes, ["compute as traced: no steps ran after the traced window to tell what the tracing "
-                                  f"cost (run more than --warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"] * scale, {}
+        said = [f"compute as traced: no steps ran after the traced window to tell what the tracing cost (run more "
+                f"than --warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"]
+        return rows, tick_bytes, said if scale else [], {}
     probe = {"ratio": ratio, "applied": scale}
     if not scale:
         said = [f"the steps after the traced window ran their forward in {ratio:.2f}× the traced steps' time: where "
