@@ -87,11 +87,11 @@ def load() -> float:
 
 
 def train_argv(strategy: str, workload: str, out: Path, steps: int, warmup: int, trace: int = 0) -> list[str]:
-    """A run of ``steps`` timed steps; traced, ``trace`` of them and as many more (8 at least) untraced after them,
-    from which predict takes what the tracing cost (since run 27)."""
+    """A run of ``steps`` timed steps; traced (``trace`` of them), as many more (8 at least) untraced after them,
+    which tell what the tracing cost (``predict --untraced-compute``; since run 27)."""
     after = max(trace, PROBE_MIN_STEPS) if trace else 0
     argv = [*dpcompare_argv(), "train", "--strategy", strategy, *WORKLOADS[workload][1], *COMMON,
-            "--warmup-steps", str(warmup), "--max-steps", str(warmup + max(steps, trace) + after), "--out", str(out)]
+            "--warmup-steps", str(warmup), "--max-steps", str(warmup + steps + after), "--out", str(out)]
     return argv + (["--trace", str(trace)] if trace else [])
 
 

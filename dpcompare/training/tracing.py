@@ -30,7 +30,8 @@ class TraceSession:
 
     The steps after the traced window are timed too (their phases only): what the tracing itself cost the compute
     (Horovod's handle watcher slowed a 20 ms step's forward by a tenth and more on two shared cores) is the traced
-    steps' forward against theirs, and ``predict`` takes it out (:func:`dpcompare.prediction.profile.load_profile`).
+    steps' forward against theirs, which ``predict --untraced-compute`` takes out
+    (:func:`dpcompare.prediction.profile.load_profile`).
     """
 
     def __init__(self, steps: int, warmup: int, strategy: Strategy, model: nn.Module, optimizer: Optimizer) -> None:
