@@ -53,7 +53,14 @@ from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
 from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
-from dpcompare.prediction.profile import PROBE_MIN_STEPS, Profile, launch_spread, pooled, with_spread
+from dpcompare.prediction.profile import (
+    PROBE_MIN_STEPS,
+    UNTRACED_MODES,
+    Profile,
+    launch_spread,
+    pooled,
+    with_spread,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: workload → (family, its flags). mlp is the choosing set; every other family is held out.
@@ -204,7 +211,7 @@ def traces(rec: dict[str, Any]) -> tuple[str, ...]:
     return tuple(rec["trace"] if isinstance(rec["trace"], list) else [rec["trace"]])  # runs before --trace-launches
 
 
-def arms(log: list[dict[str, Any]], untraced: bool = False) -> dict[tuple[str, ...], Profile]:
+def arms(log: list[dict[str, Any]], untraced: str = "auto") -> dict[tuple[str, ...], Profile]:
     """Every configuration's pooled profile (its traces), with the launches' spread of its round and host count:
     estimated, as `dpcompare predict` does from the arms of one comparison (:func:`.profile.launch_spread`), from
     every trace of each arm in that round (with ``--interleave``, one per link)."""
@@ -237,7 +244,7 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
                   load_burst(cal) if cal else 0.0, strategies.trace_waits(p) if straggler else {})
     ov = overlap.Overlap()
     if with_overlap:
-        shaped = strategies.profile(Path(rec["overlap_trace"]), bool((p.measured.get("probe") or {}).get("applied")))
+        shaped = strategies.profile(Path(rec["overlap_trace"]), p.measured["probe"]["mode"])  # as the traced run
         ov = overlap.measure(shaped, p, strategies.schedule(rec["strategy"]), knobs)
     noise = sweep.Noise(Bench.load(cal, b2b) if cal else None, floor, replicates)
     c = sweep.curve(p, rec["strategy"], knobs, net, [rec["hosts"]], rec["workload"], noise, ov)
@@ -478,8 +485,9 @@ def parse() -> argparse.Namespace:
     n.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="this calibration, chosen before "
                    "(e.g. on an earlier validation), instead of choosing one on this run's choosing set")
-    n.add_argument("--untraced-compute", action="store_true", help="predict as `predict --untraced-compute`: the "
-                   "traced compute scaled to the steps after the traced window (runs 27 on; judged by run 27)")
+    n.add_argument("--untraced-compute", choices=UNTRACED_MODES, nargs="?", const="always", default="auto",
+                   help="predict as `predict --untraced-compute MODE`: the traced compute scaled to the steps after "
+                   "the traced window (recorded from run 27 on): auto where the tracing clearly slowed it (default)")
     n.add_argument("--model-error-out", type=Path, default=None, help="write the model error measured on the "
                    "choosing set, for `dpcompare predict --model-error`")
     n.add_argument("--model-error-from", type=Path, default=None, help="judge this model-error file (an earlier "

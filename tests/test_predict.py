@@ -16,7 +16,7 @@ from dpcompare.errors import ConfigError
 from dpcompare.prediction import strategies, sweep
 from dpcompare.prediction.command import parse_hosts
 from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration
-from dpcompare.prediction.profile import PROBE_MIN_STEPS, Grad, Profile
+from dpcompare.prediction.profile import PROBE_APPLY_BELOW, PROBE_MIN_STEPS, UNTRACED_MODES, Grad, Profile
 from dpcompare.prediction.schedule import MB, Knobs, fill
 
 from conftest import dpcompare
@@ -240,23 +240,37 @@ def test_profile_reads_phases_ticks_and_bytes(tmp_path):
     assert [g.nbytes for g in old.grads] == [4 * MB] * 3 and "bucket bytes" in old.notes[0]
 
 
-def test_the_tracing_s_own_cost_is_taken_out_when_asked_and_steps_ran_after_the_traced_window(tmp_path):
-    """Traced forward 4 ms, the 16 steps after the window 3 ms: asked (--untraced-compute), every phase, ready
-    moment and bootstrap row is 0.75 times as long and the note says so; by default, or with too few untraced
-    steps, the compute stays as traced (a ratio well below 1 said in a note)."""
+def test_the_tracing_s_own_cost_is_taken_out_where_it_slowed_the_run_and_steps_ran_after_the_traced_window(tmp_path):
+    """Traced forward 4 ms, the 16 steps after the window 3 ms (0.75, under 0.9: the tracing slowed the run): by
+    default (auto) every phase, ready moment and bootstrap row is 0.75 times as long and the note says so; never
+    keeps the compute as traced and says the ratio. At 0.95 auto leaves the compute alone and says nothing, always
+    scales it; with too few untraced steps the compute stays as traced."""
     run = fake_run(tmp_path / "r", untraced=(16, 3.0))
-    p = strategies.profile(run, untraced=True)
+    p = strategies.profile(run)
     assert (p.data, p.forward, p.backward, p.optimizer) == pytest.approx((0.75 * MS, 3 * MS, 7.5 * MS, 2.25 * MS))
     assert [round(g.ready * 1e3, 3) for g in p.grads] == [0.75, 3.75, 7.5]
     assert p.resampled(np.random.default_rng(0)).forward == pytest.approx(3 * MS)
-    assert p.measured["probe"] == {"ratio": pytest.approx(0.75), "applied": True} and "×0.75" in p.notes[-1]
-    kept = strategies.profile(run)
+    assert p.measured["probe"] == {"mode": "auto", "ratio": pytest.approx(0.75), "applied": True}
+    assert "×0.75" in p.notes[-1]
+    kept = strategies.profile(run, untraced="never")
     assert kept.forward == pytest.approx(4 * MS) and kept.measured["probe"]["applied"] is False
-    assert "0.75×" in kept.notes[-1] and "--untraced-compute" in kept.notes[-1]
-    alike = strategies.profile(fake_run(tmp_path / "alike", untraced=(16, 3.8)))  # 0.95: nothing to say
-    assert not alike.notes
-    few = strategies.profile(fake_run(tmp_path / "few", untraced=(PROBE_MIN_STEPS - 1, 3.0)), untraced=True)
+    assert "0.75×" in kept.notes[-1] and "--untraced-compute auto" in kept.notes[-1]
+    alike = fake_run(tmp_path / "alike", untraced=(16, 3.8))  # 0.95: noise, as traced unless always
+    assert strategies.profile(alike).forward == pytest.approx(4 * MS) and not strategies.profile(alike).notes
+    assert strategies.profile(alike, untraced="always").forward == pytest.approx(3.8 * MS)
+    few = strategies.profile(fake_run(tmp_path / "few", untraced=(PROBE_MIN_STEPS - 1, 3.0)), untraced="always")
     assert few.forward == pytest.approx(4 * MS) and few.notes[-1].startswith("compute as traced")
+    assert few.measured["probe"] == {"mode": "always", "ratio": None, "applied": False}
+
+
+def test_untraced_compute_flag_names_the_profile_s_modes_and_threshold():
+    """The parser stays numpy-free, so its choices and help spell the profile's modes and threshold: kept alike."""
+    from dpcompare import cli
+
+    act = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["predict"]._actions
+               if a.dest == "untraced_compute")
+    assert tuple(act.choices) == UNTRACED_MODES and act.default == "auto" and act.const == "always"
+    assert f"{PROBE_APPLY_BELOW}×" in act.help
 
 
 def test_predict_command_on_a_compare_folder(tmp_path):

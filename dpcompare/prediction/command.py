@@ -83,7 +83,7 @@ def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -
     return overlap.measure(shaped, ref, cls, sweep.knobs_of(ref, over))
 
 
-def _arms(folders: list[Path], untraced: bool = False) -> tuple[list[Path], list[Any]]:
+def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list[Any]]:
     """One profile per arm: the traced repeats of an arm in one comparison (``runs/ARM-npN-r0``, ``-r1``, ...)
     pooled (:func:`.profile.pooled`), each carrying the launches' spread estimated from all arms together
     (:func:`.profile.with_spread`), so that the band holds what moves between launches."""
@@ -199,9 +199,11 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
                         "run's own of that size, no step of its strategy shorter than its traced step (docs/predict.md)")
     p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
                    "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
-    p.add_argument("--untraced-compute", action="store_true",
+    p.add_argument("--untraced-compute", choices=("auto", "always", "never"), nargs="?", const="always", default="auto",
                    help="scale the traced compute to the steps the run took after its traced window (8 or more), "
-                        "taking the tracing's own cost out (default: the compute as traced; docs/predict.md, run 27)")
+                        "taking the tracing's own cost out: auto where their forward ran under 0.9× the traced "
+                        "one's, always (the flag alone), or never "
+                        "(default: auto; docs/predict.md, run 28)")
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:

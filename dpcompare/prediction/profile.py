@@ -19,10 +19,12 @@ scales the compute by a draw of it (:class:`LaunchSpread`).
 
 What the tracing itself cost can be taken out: the trainer times the steps after the traced window too (their
 phases, ``untraced_steps`` in trace.json), and when there are enough of them (:data:`PROBE_MIN_STEPS`) every traced
-row's compute is scaled by the untraced forward over the traced forward, per rank, the median over ranks
-(:func:`probe_ratio`; the forward carries no gradient communication), when asked (``untraced``, ``predict
---untraced-compute``): Horovod's handle watcher slowed a 20 ms step by a tenth to a third on two shared cores, but
-run 27 (docs/predict.md) did not keep the scaling as the default.
+row's compute can be scaled by the untraced forward over the traced forward, per rank, the median over ranks
+(:func:`probe_ratio`; the forward carries no gradient communication). Horovod's handle watcher slowed a 20 ms step
+by a tenth to a third on two shared cores, some launches and not others, while elsewhere the ratio is noise (0.73 to
+1.14 in run 27, docs/predict.md). So by default (``untraced="auto"``, ``predict --untraced-compute auto``) a
+profile is scaled only where the ratio says the tracing clearly slowed it (below :data:`PROBE_APPLY_BELOW`);
+``always`` scales every profile with enough untraced steps, ``never`` keeps the compute as traced.
 
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
@@ -47,7 +49,8 @@ from dpcompare.report.timeline import load_trace
 
 SUMMARY = "summary.json"
 PROBE_MIN_STEPS = 8  #: untraced steps (per rank) needed before the tracing's own cost is taken out
-PROBE_NOTE_BELOW = 0.9  #: below this untraced-over-traced ratio a profile kept as traced says so
+PROBE_APPLY_BELOW = 0.9  #: below this untraced-over-traced ratio the tracing clearly slowed the run
+UNTRACED_MODES = ("auto", "always", "never")  #: when the compute is scaled to the untraced steps (``--untraced-compute``)
 
 
 @dataclass(frozen=True)
@@ -377,10 +380,10 @@ def _scaled_row(r: dict[str, Any], f: float) -> dict[str, Any]:
     return {**r, **{k: r[k] * f for k in (*PHASES, "step")}, "ready": {n: t * f for n, t in r["ready"].items()}}
 
 
-def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dict[str, Any]], scale: bool
+def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dict[str, Any]], mode: str
                    ) -> tuple[list[dict[str, Any]], dict[str, float], list[str], dict[str, Any]]:
-    """The trace's rows with the tracing's own cost taken out when ``scale``, their ticks' bytes, a note saying
-    which compute was used, and the figures behind it."""
+    """The trace's rows with the tracing's own cost taken out as ``mode`` says (:data:`UNTRACED_MODES`), their
+    ticks' bytes, a note saying which compute was used, and the figures behind it."""
     rows, tick_bytes = _per_step(events)
     if not rows:
         raise ConfigError(f"{folder}: the trace holds no complete traced step; rerun with --trace N (N ≥ 1) "
@@ -389,22 +392,25 @@ def _compute_rows(folder: Path, events: list[dict[str, Any]], untraced: list[dic
     if ratio is None:
         said = [f"compute as traced: no steps ran after the traced window to tell what the tracing cost (run more "
                 f"than --warmup-steps + --trace, {PROBE_MIN_STEPS} or more)"]
-        return rows, tick_bytes, said if scale else [], {}
-    probe = {"ratio": ratio, "applied": scale}
+        return rows, tick_bytes, said if mode == "always" else [], {"mode": mode, "ratio": None, "applied": False}
+    slowed = ratio < PROBE_APPLY_BELOW
+    scale = mode == "always" or (mode == "auto" and slowed)
+    probe = {"mode": mode, "ratio": ratio, "applied": scale}
     if not scale:
-        said = [f"the steps after the traced window ran their forward in {ratio:.2f}× the traced steps' time: where "
-                "the tracing slowed a short step, --untraced-compute takes that out"]
-        return rows, tick_bytes, said if ratio < PROBE_NOTE_BELOW else [], probe
+        said = [f"the steps after the traced window ran their forward in {ratio:.2f}× the traced steps' time: the "
+                "tracing slowed this run, --untraced-compute auto takes that out"]
+        return rows, tick_bytes, said if slowed else [], probe
     return [_scaled_row(r, ratio) for r in rows], tick_bytes, [
         f"compute ×{ratio:.2f}: the steps after the traced window ran their forward in {ratio:.2f}× the traced "
         "steps' time (the tracing's own cost taken out)"], probe
 
 
 def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda s: False,
-                 untraced: bool = False) -> Profile:
+                 untraced: str = "auto") -> Profile:
     """The compute profile of the traced run in ``folder`` (its trace.json and, when there, summary.json);
     ``is_sharded(strategy)``: whether that strategy shards the optimizer (its memory figures count one shard);
-    ``untraced``: the compute scaled to the steps after the traced window (the tracing's own cost taken out)."""
+    ``untraced``: when the compute is scaled to the steps after the traced window, taking the tracing's own cost
+    out (:data:`UNTRACED_MODES`; ``auto``: where it clearly slowed the run)."""
     folder = Path(folder)
     data = load_trace(folder)
     events, other = data["traceEvents"], data.get("otherData") or {}

@@ -35,9 +35,9 @@ def schedule(name: str) -> type[Schedule]:
     return known[name]
 
 
-def profile(folder: str | Path, untraced: bool = False) -> Profile:
-    """A run's compute profile, told whether its own strategy sharded the optimizer (``untraced``: the tracing's
-    own cost taken out, :func:`.profile.load_profile`)."""
+def profile(folder: str | Path, untraced: str = "auto") -> Profile:
+    """A run's compute profile, told whether its own strategy sharded the optimizer (``untraced``: when the
+    tracing's own cost is taken out, :func:`.profile.load_profile`)."""
     return load_profile(folder, lambda s: s in schedules() and schedules()[s].shards_optimizer, untraced)
 
 
