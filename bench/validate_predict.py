@@ -485,7 +485,7 @@ def parse() -> argparse.Namespace:
     n.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     n.add_argument("--calibration", choices=CALIBRATIONS, default=None, help="this calibration, chosen before "
                    "(e.g. on an earlier validation), instead of choosing one on this run's choosing set")
-    n.add_argument("--untraced-compute", choices=UNTRACED_MODES, nargs="?", const="always", default="auto",
+    n.add_argument("--untraced-compute", choices=UNTRACED_MODES, default="auto",
                    help="predict as `predict --untraced-compute MODE`: the traced compute scaled to the steps after "
                    "the traced window (recorded from run 27 on): auto where the tracing clearly slowed it (default)")
     n.add_argument("--model-error-out", type=Path, default=None, help="write the model error measured on the "

@@ -269,7 +269,7 @@ def test_untraced_compute_flag_names_the_profile_s_modes_and_threshold():
 
     act = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["predict"]._actions
                if a.dest == "untraced_compute")
-    assert tuple(act.choices) == UNTRACED_MODES and act.default == "auto" and act.const == "always"
+    assert tuple(act.choices) == UNTRACED_MODES and act.default == "auto"
     assert f"{PROBE_APPLY_BELOW}×" in act.help
 
 

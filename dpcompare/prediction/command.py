@@ -199,10 +199,10 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
                         "run's own of that size, no step of its strategy shorter than its traced step (docs/predict.md)")
     p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
                    "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
-    p.add_argument("--untraced-compute", choices=("auto", "always", "never"), nargs="?", const="always", default="auto",
+    p.add_argument("--untraced-compute", choices=("auto", "always", "never"), default="auto",
                    help="scale the traced compute to the steps the run took after its traced window (8 or more), "
                         "taking the tracing's own cost out: auto where their forward ran under 0.9× the traced "
-                        "one's, always (the flag alone), or never "
+                        "one's, always, or never "
                         "(default: auto; docs/predict.md, run 28)")
 
 
