@@ -267,8 +267,8 @@ def test_untraced_compute_flag_names_the_profile_s_modes_and_threshold():
     """The parser stays numpy-free, so its choices and help spell the profile's modes and threshold: kept alike."""
     from dpcompare import cli
 
-    act = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["predict"]._actions
-               if a.dest == "untraced_compute")
+    predict = cli.build_parser().get_default("commands")["predict"]
+    act = next(a for a in predict._actions if a.dest == "untraced_compute")
     assert tuple(act.choices) == UNTRACED_MODES and act.default == "auto"
     assert f"{PROBE_APPLY_BELOW}×" in act.help
 
