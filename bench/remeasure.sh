@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Measure again every figure the docs quote from this machine, one section after another, print the numbers
 # with the machine's facts, and write each section's output with its date and load into docs/measurements.md
-# (bench/remeasure_doc.py; REMEASURE_DOC=0: print only). Run it on a quiet machine: bench/quiet.sh waits for one first (and stops
+# (bench/remeasure_doc.py) and its figures into bench/figures.json, the file every page quotes (bench/figures.py;
+# REMEASURE_DOC=0: print only). Run it on a quiet machine: bench/quiet.sh waits for one first (and stops
 # the script if none comes; QUIET_STRICT=0 measures anyway, but then the figures are not to be quoted).
-# In the docs each figure waiting for these numbers carries a placeholder «remeasure: SECTION»
-# (grep -rn "«remeasure" README.md docs) naming the section that measures it.
+# A section's figures are its `figure: KEY = VALUE` lines (and, for suite and demo, what pytest and the demo
+# print: bench/figures.py's PATTERNS); a page quotes one as {{ fig.SECTION.KEY }}.
 #
 #   sudo bash bench/remeasure.sh                 # every section (the lab ones need root); about 55 min
 #   bash bench/remeasure.sh setup demo           # only these
@@ -96,6 +97,7 @@ s_tests() {
 s_suite() {
   section suite "the whole test suite, as make test runs it"
   (cd "$ROOT" && /usr/bin/time -f "make test: %e s wall" make test 2>&1 | tail -3)
+  echo "figure: commit = $(git -C "$ROOT" rev-parse --short HEAD)"
 }
 
 for s in "${SECTIONS[@]}"; do
@@ -103,5 +105,6 @@ for s in "${SECTIONS[@]}"; do
 done
 for s in "${SECTIONS[@]}"; do
   "s_$s" 2>&1 | tee "$T/$s.log"
-  [ "${REMEASURE_DOC:-1}" = 0 ] || "$PY" "$ROOT/bench/remeasure_doc.py" "$s" "$T/$s.log"
+  [ "${REMEASURE_DOC:-1}" = 0 ] || { "$PY" "$ROOT/bench/remeasure_doc.py" "$s" "$T/$s.log"
+                                     "$PY" "$ROOT/bench/figures.py" "$s" "$T/$s.log"; }
 done
