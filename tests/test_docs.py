@@ -43,7 +43,8 @@ def test_the_project_files_a_user_looks_for() -> None:
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
     assert "END OF TERMS AND CONDITIONS" in license_text  # the whole text, not a pointer to it
-    assert "## 0.2.0" in (ROOT / "CHANGELOG.md").read_text()
+    changelog = (ROOT / "CHANGELOG.md").read_text()  # Keep a Changelog: Unreleased first, then dated versions
+    assert changelog.index("## [Unreleased]") < changelog.index("## [0.1.2] - 2026-11-24")
     contributing = (ROOT / "CONTRIBUTING.md").read_text()
     assert "bench/quiet.sh" in contributing and "docs/layout.md" in contributing
     gpu_status = "never on two or more"  # one H100 ran bench/gpu_check.sh; multi-GPU never ran
