@@ -127,3 +127,80 @@ def test_gpu_claims_link_the_gpu_page():
     """The GPU path ran on one H100 only: every page that names it says so beside a link to docs/gpu.md."""
     claims = [(page, text[:120]) for page, text in _chunks("gpu.md") if "H100" in text and "gpu.md" not in text]
     assert claims == []
+
+
+# A quoted measurement: a number with a unit of time, share or ratio in a page's prose (code, links, HTML comments
+# and {{ fig... }} expressions taken out first). Settings and limits are not measurements: a size or a link rate,
+# a level ("95 % CI"), a margin ("±5 %"), a flag's value in code, or a number after "at most", "default" and the like.
+_UNIT = r"(?:%|ms|µs|s|min|minutes|seconds|h|hours|×)"  # sizes and link rates are settings, not measurements
+_MEASURE = re.compile(r"(?<![\w.\-/±])[-−+]?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?[-−+]?\d[\d,]*(?:\.\d+)?)?\s?"
+                      + _UNIT + r"(?![\w/])(?! (?:CI|interval|band|confidence|percentile|equivalence))")
+_SETTING = re.compile(r"(?:at most|at least|below|under|above|up to|every|default:?|target|budget|within|"
+                      r"threshold|limit|cap|margin|e\.g\.|≥|≤|<|>)\s*$", re.I)
+_NOT_PROSE = [re.compile(p, re.S) for p in (r"```.*?```", r"`[^`\n]*`", r"\{\{.*?\}\}", r"\{%.*?%\}",
+                                            r"<!--.*?-->", r"\]\([^)]*\)", r"<https?://[^>]*>")]
+#: figures quoted before bench/figures.json existed and not yet moved into it, per page: the count may only fall
+#: (move a figure into the file and lower its count); a page not listed may quote none
+_NOT_YET_SOURCED_FILE = ROOT / "tests" / "claims_not_yet_sourced.json"
+_EXEMPT = {"cli.md", "layout.md", "results-schema.md", "measurements.md"}  # generated; rules; a schema; all from the file
+
+
+def quoted_measurements(text: str) -> list[str]:
+    """The measurements in ``text``'s prose that no ``{{ fig... }}`` expression supplies."""
+    for pattern in _NOT_PROSE:
+        text = pattern.sub(" ", text)
+    return [m.group(0) for m in _MEASURE.finditer(text) if not _SETTING.search(text[max(0, m.start() - 14):m.start()])]
+
+
+def _pages() -> dict[str, str]:
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {p.name: p.read_text() for p in pages if p.name not in _EXEMPT}
+
+
+def test_every_quoted_measurement_comes_from_the_figures_file():
+    allowed = json.loads(_NOT_YET_SOURCED_FILE.read_text())
+    over = {page: (len(found), allowed.get(page, 0)) for page, text in _pages().items()
+            if len(found := quoted_measurements(text)) > allowed.get(page, 0)}
+    assert over == {}, f"(found, allowed) per page; quote {{{{ fig.SECTION.KEY }}}} from bench/figures.json: {over}"
+    stale = {page: (len(quoted_measurements(text)), allowed[page]) for page, text in _pages().items()
+             if page in allowed and len(quoted_measurements(text)) < allowed[page]}
+    assert stale == {}, f"fewer unsourced figures than tests/claims_not_yet_sourced.json allows; lower it: {stale}"
+    for page in ("README.md", "index.md", "install.md", "troubleshooting.md"):  # the front doors quote none
+        assert page not in allowed, f"{page} quotes a measurement; link to Measurements instead"
+
+
+def test_a_planted_figure_fails_the_check():
+    page = (ROOT / "docs" / "measurements.md").read_text()  # every figure on it from the file
+    assert quoted_measurements(page) == []
+    planted = page + "\n\nOn a quiet machine the lab demo took 3 min 12 s and horovod was 38 % slower.\n"
+    assert quoted_measurements(planted) == ["3 min", "12 s", "38 %"]
+    sourced = page + "\n\nThe lab demo took {{ fig.lab_demo.total }}, at most 10 minutes, with `--time-budget 240`.\n"
+    assert quoted_measurements(sourced) == []
+
+
+def test_every_quoted_figure_exists_in_the_figures_file():
+    figures = json.loads((ROOT / "bench" / "figures.json").read_text())
+    used = {m for text in _pages().values() for m in re.findall(r"fig\.(\w+)\.(\w+)", text)}
+    used |= {m for text in [(ROOT / "docs" / "measurements.md").read_text()]
+             for m in re.findall(r"fig\.(\w+)\.(\w+)", text)}
+    assert used and [f"{s}.{k}" for s, k in sorted(used) if k not in figures.get(s, {})] == []
+    for section, entry in figures.items():
+        if not section.startswith("_"):
+            assert {"date", "machine", "load", "command"} <= set(entry), section
+
+
+def test_a_remeasure_writes_its_figures_into_the_file():
+    import datetime
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "bench" / "figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    log = ("[quiet] machine: 2 cores, AMD EPYC 7B13, 23 GiB, 6.18.0\n[quiet] quiet: load average 0.31 0.40 0.52\n"
+           "=== 775 passed in 649.12s (0:10:49) ===\nmake test: 879.4 s wall\nfigure: commit = abc1234\n")
+    when = datetime.datetime(2026, 12, 2, 12, 0)
+    new = figures.record({"suite": {"pytest": "old", "keep": "x"}}, "suite", log, when)
+    assert new["suite"] == {"pytest": "10 min 49 s", "total": "14 min 39 s", "tests": "775", "commit": "abc1234",
+                            "keep": "x", "machine": "2 cores AMD EPYC 7B13, 23 GiB", "load": "0.31 at the start",
+                            "date": "2026-12-02", "command": "bash bench/remeasure.sh suite"}
+    assert figures.record(new, "suite", "[quiet] quiet: load average 0.2\nnothing measured\n", when) is new
