@@ -131,13 +131,14 @@ def test_gpu_claims_link_the_gpu_page():
 
 # A quoted measurement: a number with a unit of time, share or ratio in a page's prose (code, links, HTML comments
 # and {{ fig... }} expressions taken out first). Settings and limits are not measurements: a size or a link rate,
-# a level ("95 % CI"), a margin ("±5 %"), a flag's value in code, or a number after "at most", "default" and the like.
+# a level ("95 % CI"), a margin ("±5 %"), a number after "at most", "default" and the like, and a value written as
+# code (a flag's, a setting's or a test's bound: `--timeout 10`, `75–125 %`).
 _UNIT = r"(?:%|ms|µs|s|min|minutes|seconds|h|hours|×)"  # sizes and link rates are settings, not measurements
 _MEASURE = re.compile(r"(?<![\w.\-/±])[-−+]?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?[-−+]?\d[\d,]*(?:\.\d+)?)?\s?"
                       + _UNIT + r"(?![\w/])(?! (?:CI|interval|band|confidence|percentile|equivalence))")
 _SETTING = re.compile(r"(?:at most|at least|below|under|above|up to|every|default:?|target|budget|within|"
                       r"threshold|limit|cap|margin|e\.g\.|≥|≤|<|>)\s*$", re.I)
-_NOT_PROSE = [re.compile(p, re.S) for p in (r"```.*?```", r"`[^`\n]*`", r"\{\{.*?\}\}", r"\{%.*?%\}",
+_NOT_PROSE = [re.compile(p, re.S) for p in (r"```.*?```", r"`[^`]*`", r"\{\{.*?\}\}", r"\{%.*?%\}",
                                             r"<!--.*?-->", r"\]\([^)]*\)", r"<https?://[^>]*>")]
 #: figures quoted before bench/figures.json existed and not yet moved into it, per page: the count may only fall
 #: (move a figure into the file and lower its count); a page not listed may quote none
