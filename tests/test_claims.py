@@ -136,7 +136,7 @@ def test_gpu_claims_link_the_gpu_page():
 _UNIT = r"(?:%|ms|µs|s|min|minutes|seconds|h|hours|×)"  # sizes and link rates are settings, not measurements
 _MEASURE = re.compile(r"(?<![\w.\-/±])[-−+]?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?[-−+]?\d[\d,]*(?:\.\d+)?)?\s?"
                       + _UNIT + r"(?![\w/])(?! (?:CI|interval|band|confidence|percentile|equivalence))")
-_SETTING = re.compile(r"(?:at most|at least|below|under|above|up to|every|default:?|target|budget|within|"
+_SETTING = re.compile(r"(?:at most|at least|below|under|above|up to|every|default:?|target|budget|"
                       r"threshold|limit|cap|margin|e\.g\.|≥|≤|<|>)\s*$", re.I)
 _NOT_PROSE = [re.compile(p, re.S) for p in (r"```.*?```", r"`[^`]*`", r"\{\{.*?\}\}", r"\{%.*?%\}",
                                             r"<!--.*?-->", r"\]\([^)]*\)", r"<https?://[^>]*>")]
