@@ -96,7 +96,7 @@ s_tests() {
 
 s_suite() {
   section suite "the whole test suite, as make test runs it"
-  (cd "$ROOT" && /usr/bin/time -f "make test: %e s wall" make test 2>&1 | tail -3)
+  (cd "$ROOT" && /usr/bin/time -f "make test: %e s wall" make test 2>&1 | grep -E "^=+ .*(passed|failed)|make test: ")
   echo "figure: commit = $(git -C "$ROOT" rev-parse --short HEAD)"
 }
 

@@ -190,10 +190,12 @@ def test_a_remeasure_writes_its_figures_into_the_file():
     figures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(figures)
     log = ("[quiet] machine: 2 cores, AMD EPYC 7B13, 23 GiB, 6.18.0\n[quiet] quiet: load average 0.31 0.40 0.52\n"
-           "=== 775 passed in 649.12s (0:10:49) ===\nmake test: 879.4 s wall\nfigure: commit = abc1234\n")
+           "=== 775 passed in 649.12s (0:10:49) ===\n=== 3 passed, 775 deselected in 14.2s ===\n"
+           "make test: 879.4 s wall\nfigure: commit = abc1234\n")
     when = datetime.datetime(2026, 12, 2, 12, 0)
     new = figures.record({"suite": {"pytest": "old", "keep": "x"}}, "suite", log, when)
-    assert new["suite"] == {"pytest": "10 min 49 s", "total": "14 min 39 s", "tests": "775", "commit": "abc1234",
+    assert new["suite"] == {"pytest": "10 min 49 s", "solitary": "14 s", "total": "14 min 39 s", "tests": "775",
+                            "commit": "abc1234",
                             "keep": "x", "machine": "2 cores AMD EPYC 7B13, 23 GiB", "load": "0.31 at the start",
                             "date": "2026-12-02", "command": "bash bench/remeasure.sh suite"}
     assert figures.record(new, "suite", "[quiet] quiet: load average 0.2\nnothing measured\n", when) is new
