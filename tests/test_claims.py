@@ -199,3 +199,16 @@ def test_a_remeasure_writes_its_figures_into_the_file():
                             "keep": "x", "machine": "2 cores AMD EPYC 7B13, 23 GiB", "load": "0.31 at the start",
                             "date": "2026-12-02", "command": "bash bench/remeasure.sh suite"}
     assert figures.record(new, "suite", "[quiet] quiet: load average 0.2\nnothing measured\n", when) is new
+
+
+def test_pages_that_advise_sudo_say_how_it_finds_dpcompare():
+    """sudo resets PATH: every page that writes `sudo dpcompare` gives the fix (issue 68, item 5)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    advising = [p for p in pages if p.name != "cli.md" and "sudo dpcompare" in p.read_text()]
+    assert advising and [p.name for p in advising if "sudo -E env PATH=$PATH" not in p.read_text()] == []
+
+
+def test_make_tests_root_side_effects_are_beside_the_command():
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "getting-started.md"):
+        text = page.read_text()
+        assert "make test" in text and all(w in text for w in ("munge", "/etc/slurm", "namespaces")), page.name
