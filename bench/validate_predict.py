@@ -3,7 +3,7 @@
 measured step time.
 
     sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --out /tmp/validate      # root: namespaces
-    .venv/bin/python bench/validate_predict.py analyse /tmp/validate --markdown table.md --plot docs/predict-validation.png
+    .venv/bin/python bench/validate_predict.py analyse /tmp/validate --markdown table.md --plot bench/data/predict-validation.png
     sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --quick --out /tmp/vq     # minutes: the plumbing
 
 ``measure`` runs the whole procedure a user follows, ``--rounds`` times from the start (each round its own traces,
@@ -18,7 +18,7 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
    ``step_ms_median``). The load average is recorded before every run.
 
 Step 1 is interleaved with step 3 by default: each configuration traced right before its own measured runs
-(``--no-interleave``: all traces first, as docs/predict.md's runs 1-7); then a short step is traced and timed for
+(``--no-interleave``: all traces first, as bench/predict-validation.md's runs 1-7); then a short step is traced and timed for
 ``--min-seconds`` at least (more steps than ``--trace`` and ``--steps``; since run 11).
 
 ``analyse`` predicts every configuration in the code ``dpcompare predict`` runs (``sweep.curve``: the point, its
@@ -460,7 +460,7 @@ def parse() -> argparse.Namespace:
     m.add_argument("--rounds", type=int, default=2, help="times the whole procedure runs, trace to measurement")
     m.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
                    help="trace each configuration on the unshaped lab right before its measured runs, so that the "
-                   "machine's speed cannot move between them (the procedure of runs 8-10 in docs/predict.md); "
+                   "machine's speed cannot move between them (the procedure of runs 8-10 in bench/predict-validation.md); "
                    "--no-interleave: all traces first, as runs 1-7")
     m.add_argument("--steps", type=int, default=6, help="timed steps per measured run")
     m.add_argument("--warmup", type=int, default=3, help="untimed steps first")
