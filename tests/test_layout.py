@@ -83,11 +83,21 @@ NOT_ATOMIC = "# not atomic:"
 #: what holds a strategy's or an arm's name: a variable, attribute or subscript key called so (``arm``,
 #: ``spec.strategy``, ``r["strategy"]``, ``base_name``, ``arms``)
 STRATEGY_HOLDER = re.compile(r"(^|_)(strateg(y|ies)|arms?|names?)$")
-#: such comparisons that ask no strategy: (file in the package, the comparison) → why
+#: such comparisons, lookups and dict keys that ask no strategy: (file in the package, as reported) → why
 NOT_STRATEGY_TESTS: dict[tuple[str, str], str] = {
     ("native/hook.py", "name == 'horovod'"): "the module being imported is the horovod package, not a strategy",
     ("native/runner.py", "arm == 'native'"): "the script runner's --as: what `import horovod` means in the script",
     ("native/runner.py", "arm == 'horovod'"): "the script runner's --as: what `import horovod` means in the script",
+    ("versions.py", "{'horovod': ...}"): "the Horovod library's version, among the other libraries'",
+    ("doctor.py", "v['horovod']"): "the Horovod library's version, among the other libraries'",
+    ("native/migrate.py", "{'native': ...}"): "a Horovod call's native PyTorch equivalent (calls.Call.native)",
+    ("native/command.py", "c['native']"): "a Horovod call's native PyTorch equivalent (calls.Call.native)",
+}
+
+
+#: files outside ``backends/`` that declare names :func:`strategy_names` reads, with their facts: file → why
+NAME_TABLES: dict[str, str] = {
+    "native/calls.py": "the script arms (SCRIPT_ARMS): the native layer's facts and each arm's elastic launcher",
 }
 
 
@@ -444,25 +454,45 @@ def _names_a_strategy(node: ast.expr, names: frozenset[str]) -> bool:
     return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(_names_a_strategy(e, names) for e in node.elts)
 
 
+def _asks_a_strategy(node: ast.AST, names: frozenset[str]) -> bool:
+    """``node`` asks which strategy runs: a comparison of what holds a strategy's name, or of what a call returns
+    (``_flag(words, "--strategy") in ("horovod", None)``), with a strategy's name; a lookup keyed by a strategy's
+    name (``CARDS["ddp"]``, ``table.get("horovod")``); a dict literal keyed by one (``{"ddp": ...}``)."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return any((_holds_strategy(a) or isinstance(a, ast.Call)) and _names_a_strategy(b, names)
+                   for a in sides for b in sides if a is not b)
+    if isinstance(node, ast.Subscript):
+        return _names_a_strategy(node.slice, names)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop"):
+        return bool(node.args) and _names_a_strategy(node.args[0], names)
+    return isinstance(node, ast.Dict) and any(k is not None and _names_a_strategy(k, names) for k in node.keys)
+
+
 def strategy_tests(rules: Rules, names: frozenset[str] | None = None,
                    allowed: dict[tuple[str, str], str] | None = None) -> list[str]:
-    """Comparisons outside ``backends/`` of what holds a strategy's name with a strategy's name: ``strategy ==
-    "ddp"``, ``arm.name != "horovod"``, ``"ddp" in arms``, ``r["strategy"] in ("ddp", "zero")`` (on the AST)."""
+    """Outside ``backends/`` and the script arms' table (:data:`NAME_TABLES`), every place that asks which
+    strategy runs (:func:`_asks_a_strategy`): ``strategy == "ddp"``, ``arm.name != "horovod"``, ``"ddp" in
+    arms``, ``r["strategy"] in ("ddp", "zero")``, ``f(x) in ("horovod", None)``, ``CARDS["ddp"]``,
+    ``{"ddp": ...}`` (on the AST)."""
     names = strategy_names(rules.pkg) if names is None else names
     allowed = NOT_STRATEGY_TESTS if allowed is None else allowed
     out = []
     for path in sorted(rules.pkg.rglob("*.py")):
-        if "backends" in path.relative_to(rules.pkg).parts:
+        rel = path.relative_to(rules.pkg).as_posix()
+        if "backends" in path.relative_to(rules.pkg).parts or rel in NAME_TABLES:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            rel = path.relative_to(rules.pkg).as_posix()
-            if (rel, ast.unparse(node)) not in allowed and any(
-                    _holds_strategy(a) and _names_a_strategy(b, names) for a in sides for b in sides if a is not b):
-                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+            if _asks_a_strategy(node, names) and (rel, said := _said(node, names)) not in allowed:
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {said[:80]}")
     return out
+
+
+def _said(node: ast.AST, names: frozenset[str]) -> str:
+    """How a finding reads: the expression, or a dict literal as the key that names a strategy (``{'ddp': ...}``)."""
+    if isinstance(node, ast.Dict):
+        return "{" + next(ast.unparse(k) for k in node.keys if k is not None and _names_a_strategy(k, names)) + ": ...}"
+    return ast.unparse(node)
 
 
 # -- dpcompare ---------------------------------------------------------------------------------------------------
@@ -654,9 +684,13 @@ def test_an_unsafe_load_and_a_strategy_test_are_found(tmp_path: Path) -> None:
     names = frozenset({"ddp", "horovod", "ddp-elastic"})
     assert strategy_tests(rules, names, {}) == ["pkg/low/a.py:4 strategy == 'ddp'"]
     tests = ["arm == 'ddp'", "'ddp' in arms", "spec.strategy != 'horovod'", "r['strategy'] in ('ddp', 'zero')",
-             "a.name == 'ddp-elastic'", "base_strategy is 'ddp'", "names[0] == 'horovod'", "'horovod' == arm"]
-    fine = ["strategy == other", "mode == 'ddp'", "name in TABLE", "arm == 'fsdp2'", "'x' in arms", "n == 2"]
+             "a.name == 'ddp-elastic'", "base_strategy is 'ddp'", "names[0] == 'horovod'", "'horovod' == arm",
+             "_flag(words, '--strategy') in ('horovod', None)", "CARDS['ddp']", "table.get('horovod')",
+             "{'ddp': 1, 'x': 2}"]
+    fine = ["strategy == other", "mode == 'ddp'", "name in TABLE", "arm == 'fsdp2'", "'x' in arms", "n == 2",
+            "CARDS[name]", "f(x) == 'fsdp2'", "{'mode': 1}", "table.get(arm)", "mpi_started(name)"]
     rules = _package(tmp_path / "more", {"high/b.py": "".join(f"x{i} = {t}\n" for i, t in enumerate(tests + fine)),
-                                         "backends/c.py": "ok = strategy == 'ddp'\n"})
-    assert strategy_tests(rules, names, {}) == [f"pkg/high/b.py:{i + 1} {t}" for i, t in enumerate(tests)]
+                                         "backends/c.py": "ok = strategy == 'ddp'\nCARDS = {'ddp': 1}\n"})
+    said = [t.replace(" 1, 'x': 2}", " ...}") for t in tests]
+    assert strategy_tests(rules, names, {}) == [f"pkg/high/b.py:{i + 1} {t}" for i, t in enumerate(said)]
     assert strategy_names(REPO / "dpcompare") >= {"ddp", "horovod", "zero", "fsdp", "single", "native", "ddp-elastic"}
