@@ -146,8 +146,6 @@ class HorovodTracer(Tracer):
 
 class HorovodStrategy(Strategy):
     name = "horovod"
-    sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
-                      "thread fuses; optimizer.step() waits for them (synchronize) before updating")
     tracer_class = HorovodTracer
     elastic_class = HorovodElastic
 

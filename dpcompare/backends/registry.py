@@ -38,8 +38,8 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy {cls.name!r} registered twice")
     entry = STRATEGIES[cls.name]
-    cls.summary, cls.communication, cls.distributed, cls.knobs = (entry.summary, entry.communication,
-                                                                 entry.distributed, entry.knobs)
+    cls.summary, cls.communication, cls.distributed, cls.knobs, cls.sync_mechanism = (
+        entry.summary, entry.communication, entry.distributed, entry.knobs, entry.sync_mechanism)
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -64,7 +64,8 @@ def facts(name: str) -> Entry:
     if name in STRATEGIES:
         return STRATEGIES[name]
     cls = get(name)
-    return Entry(cls.__module__, cls.summary, cls.communication, cls.distributed, cls.knobs)
+    return Entry(cls.__module__, cls.summary, cls.communication, cls.distributed, cls.knobs,
+                 sync_mechanism=cls.sync_mechanism)
 
 
 def check_config(name: str, cfg: TrainConfig, world_size: int) -> None:

@@ -34,11 +34,20 @@ def script_elastic_base(name: str) -> str | None:
     base = name.removesuffix("-elastic")
     return base if name.endswith("-elastic") and base in SCRIPT_ELASTIC else None
 
-#: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are)
+#: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are): the
+#: facts of a catalog :class:`~dpcompare.backends.catalog.Entry`, the report's card and threads wording included
 SCRIPT_ARM_FACTS: dict[str, dict[str, object]] = {
     "native": {"summary": "dpcompare's horovod.torch on torch.distributed (gloo on CPU, nccl on CUDA), the "
                           "script unchanged",
-               "sync_mechanism": _NATIVE_COMMUNICATION["backward"], "communication": _NATIVE_COMMUNICATION},
+               "sync_mechanism": _NATIVE_COMMUNICATION["backward"], "communication": _NATIVE_COMMUNICATION,
+               "card": ("The native layer: Horovod's API on torch.distributed",
+                        "The script's <code>import horovod.torch</code> is dpcompare's layer: "
+                        "<code>DistributedOptimizer</code>'s hooks start torch.distributed all-reduces on fusion "
+                        "groups as gradients are ready, and <code>step()</code> waits for them, so the waiting is "
+                        "counted where Horovod counts it (<strong>optimizer</strong>). There is no background thread "
+                        "negotiating: the groups are fixed after the first steps, and gloo's threads run the "
+                        "collectives."),
+               "threads": "gloo's threads"},
 }
 
 
