@@ -48,7 +48,7 @@ def _network(a: argparse.Namespace) -> Any:
     from dpcompare.prediction.network import (
         Link,
         Network,
-        load_burst,
+        load_bucket,
         load_calibration,
         load_profiles,
         parse_duration,
@@ -63,8 +63,9 @@ def _network(a: argparse.Namespace) -> Any:
         intra = Link.of(parse_duration(a.intra_latency), a.intra_link)
     calibrated = load_calibration(a.calibration) if a.calibration else {}
     profiles = load_profiles(a.calibration) if a.calibration else {}
-    burst = load_burst(a.calibration) if a.calibration else 0.0
-    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst)
+    burst, gap = load_bucket(a.calibration) if a.calibration else (0.0, None)
+    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst,
+                   gap_s=gap)
 
 
 def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -> Any:
