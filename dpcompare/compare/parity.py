@@ -23,7 +23,7 @@ from dpcompare import backends, knobs
 from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.files import atomic_write_json
+from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.calls import LAYER_ARM
@@ -200,7 +200,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
     console.print(f"  done in {seconds:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
             "losses": json.loads((out / "step_losses.json").read_text()),
-            "summary": json.loads((out / "summary.json").read_text())}
+            "summary": json.loads((out / SUMMARY).read_text())}
 
 
 def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str],

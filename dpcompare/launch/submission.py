@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 
 #: the commands a job may run
 COMMANDS = ("train", "compare")
@@ -158,7 +159,7 @@ class DpcompareJob:
             return str(out / "results.json")
         import json
 
-        path = out / "summary.json"
+        path = out / SUMMARY
         return json.loads(path.read_text()) if path.is_file() else None
 
 
