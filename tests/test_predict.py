@@ -14,7 +14,7 @@ import pytest
 from dpcompare.argtypes import parse_rate_bits
 from dpcompare.errors import ConfigError
 from dpcompare.prediction import strategies, sweep
-from dpcompare.prediction.command import parse_hosts
+from dpcompare.prediction.command import parse_host_counts
 from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration
 from dpcompare.prediction.profile import PROBE_APPLY_BELOW, PROBE_MIN_STEPS, UNTRACED_MODES, Grad, Profile
 from dpcompare.prediction.schedule import MB, Knobs, fill
@@ -60,13 +60,13 @@ def test_units():
     assert parse_rate_bits("25gbit") == 25 * 10**9 and parse_rate_bits("200Mbit/s") == 2 * 10**8
     assert parse_rate_bits("300gbyte") == 2400 * 10**9 and Link.of(0.0, 25 * 10**9).bandwidth == 25e9 / 8
     assert parse_duration("5us") == pytest.approx(5e-6) and parse_duration("0.2ms") == pytest.approx(2e-4)
-    assert parse_hosts("2,4,8,...,1024") == [2 ** k for k in range(1, 11)]
-    assert parse_hosts("1,3,...,27") == [1, 3, 9, 27] and parse_hosts("4, 2") == [2, 4]
+    assert parse_host_counts("2,4,8,...,1024") == [2 ** k for k in range(1, 11)]
+    assert parse_host_counts("1,3,...,27") == [1, 3, 9, 27] and parse_host_counts("4, 2") == [2, 4]
     for bad in ("25gbps", "fast", "0gbit"):
         with pytest.raises(ConfigError, match="unit"):
             parse_rate_bits(bad)
     with pytest.raises(ConfigError, match="--host-counts"):
-        parse_hosts("2,...")
+        parse_host_counts("2,...")
 
 
 def test_fill_never_splits_a_gradient_and_closes_at_the_cap():
@@ -173,7 +173,7 @@ def test_fsdp_gathers_twice_and_scatters_once_per_unit():
 
 def test_efficiency_falls_with_hosts_and_the_80_percent_answer():
     p = profile([("b", 2 * MS, 2 * MB), ("a", 10 * MS, 8 * MB)], backward=10 * MS)
-    hosts = parse_hosts("2,4,...,1024")
+    hosts = parse_host_counts("2,4,...,1024")
     c = sweep.curve(p, "ddp", Knobs(), Network(1, Link(5e-6, 25e9 / 8)), hosts, "ddp")
     eff = [c.efficiency(s) for s in c.steps]
     assert all(a >= b for a, b in zip(eff, eff[1:], strict=False)) and eff[-1] < eff[0] <= 1.0

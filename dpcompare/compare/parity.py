@@ -158,7 +158,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
-def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+def parity_diff(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Per-tensor and loss-curve differences between two finished runs (``weights``, ``losses``)."""
     per_tensor = {k: max_abs_diff(v, other["weights"][k]) if k in other["weights"] else float("inf")
                   for k, v in ref["weights"].items()}
@@ -376,7 +376,7 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: {**compare_runs(results[ref], results[s]),
+    diffs = {s: {**parity_diff(results[ref], results[s]),
                  "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}
