@@ -81,8 +81,7 @@ FOLLOWED: dict[str, tuple[str, str, str]] = {
 }
 #: ``import_module(variable)`` that imports the user's code, not dpcompare's: ``module:function`` → why
 USER_CODE: dict[str, str] = {
-    "dpcompare.data.plugins:load_attr": "--workload/--model/--dataset MODULE:ATTR: the user's plug-in module",
-    "dpcompare.backends.registry:_import_module": "--strategy MODULE:CLASS: the user's own strategy module",
+    "dpcompare.files:load_attr": "--strategy/--workload/--model/--dataset MODULE:ATTR: the user's plug-in module",
 }
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__
 MAX_FUNCTION_LINES = 60

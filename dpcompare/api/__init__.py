@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 
 if TYPE_CHECKING:
     from dpcompare.data.workload import Workload
@@ -71,7 +72,7 @@ def compare_runs(runs: list[str | Path]) -> list[dict[str, Any]]:
     rows = []
     for run in map(Path, runs):
         try:
-            s = json.loads((run / "summary.json").read_text())
+            s = json.loads((run / SUMMARY).read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"{run} holds no readable summary.json ({type(e).__name__}); is it a finished run?") from None
         metric = s.get("metric") or {"name": "accuracy", "higher_is_better": True}

@@ -17,6 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from dpcompare.files import is_plugin
+
 #: the ending of a declaration that holds only for models with buffers (the report drops it for models without)
 IF_BUFFERS = ", when the model has buffers"
 
@@ -194,10 +196,6 @@ def mpi_started(name: str) -> bool:
     return bool(entry and entry.mpi_started)
 
 
-def is_plugin(name: str) -> bool:
-    """``MODULE:CLASS`` or ``path/to/file.py:CLASS``: a strategy defined outside the package."""
-    return ":" in name
-
 
 def folder(name: str) -> str:
     """Strategy ``name`` as one folder name (a plug-in's ``path/to/file.py:Class`` → ``path-to-file.py-Class``)."""
@@ -206,7 +204,7 @@ def folder(name: str) -> str:
 
 def check_name(name: str) -> str:
     """``name`` when it is a built-in strategy or a plug-in spec; else ValueError saying what is accepted."""
-    if name in STRATEGIES or (is_plugin(name) and all(name.rpartition(":")[::2])):
+    if name in STRATEGIES or is_plugin(name):
         return name
     raise ValueError(f"unknown strategy {name or '(empty)'}; choose from {', '.join(names())}, or name your own "
                      "Strategy subclass as MODULE:CLASS or path/to/file.py:CLASS")

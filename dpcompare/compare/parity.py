@@ -23,7 +23,7 @@ from dpcompare import backends, knobs
 from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.files import atomic_write_json
+from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.calls import LAYER_ARM
@@ -158,7 +158,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
-def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+def parity_diff(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Per-tensor and loss-curve differences between two finished runs (``weights``, ``losses``)."""
     per_tensor = {k: max_abs_diff(v, other["weights"][k]) if k in other["weights"] else float("inf")
                   for k, v in ref["weights"].items()}
@@ -200,7 +200,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
     console.print(f"  done in {seconds:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
             "losses": json.loads((out / "step_losses.json").read_text()),
-            "summary": json.loads((out / "summary.json").read_text())}
+            "summary": json.loads((out / SUMMARY).read_text())}
 
 
 def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str],
@@ -376,7 +376,7 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: {**compare_runs(results[ref], results[s]),
+    diffs = {s: {**parity_diff(results[ref], results[s]),
                  "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}

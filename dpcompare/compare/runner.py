@@ -20,7 +20,7 @@ from dpcompare.compare.load import LoadWatch
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured
 from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
-from dpcompare.files import RESULTS, atomic_write_json
+from dpcompare.files import METRICS, RESULTS, STEP_LOG, SUMMARY, atomic_write_json
 from dpcompare.lab import Lab, session
 from dpcompare.launch.elastic import ElasticLaunch
 from dpcompare.launch.env import under_launcher
@@ -96,7 +96,7 @@ class _Run:
     def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
         run_dir = self.c.out / "runs" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl", fault_runs.STEP_LOG, *_script_records(run_dir)):
+        for stale in (SUMMARY, METRICS, STEP_LOG, *_script_records(run_dir)):
             (run_dir / stale).unlink(missing_ok=True)  # never read an earlier job's files as this one's
         for kept in ("checkpoints", "commits"):  # nor resume from them (elastic arms; a script's: commits)
             shutil.rmtree(run_dir / kept, ignore_errors=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 from dpcompare.launch.jobs import dpcompare_command
 from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS, SCRIPT_ELASTIC
 
@@ -84,7 +85,7 @@ class ScriptPlan:
         if self.metric:
             summary["metric"] = {"name": self.metric_name, "higher_is_better": not self.metric.endswith(":lower"),
                                  "unit": None}
-        atomic_write_json(run_dir / "summary.json", summary)
+        atomic_write_json(run_dir / SUMMARY, summary)
 
     def to_json(self) -> dict[str, Any]:
         """What results.json keeps about the script (``config.script``; the report's title reads it)."""

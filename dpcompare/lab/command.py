@@ -11,6 +11,7 @@ from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import bench, hosts, netns
 from dpcompare.lab.spec import LabSpec, lab_spec_arg, link_arg
+from dpcompare.trace import collective_name
 
 DESCRIPTION = """\
 An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
@@ -84,7 +85,7 @@ def _bench(a: argparse.Namespace) -> int:
     netns.preflight()
     lab = hosts.Lab.load(a.name)
     backends = [b.strip() for b in a.backends.split(",")]
-    collectives = [bench.collective(c.strip()) for c in a.collectives.split(",")]
+    collectives = [collective_name(c) for c in a.collectives.split(",")]
     for x, allowed, flag in ((backends, bench.BACKENDS, "--backends"), (collectives, bench.COLLECTIVES,
                                                                          "--collectives")):
         bad = [v for v in x if v not in allowed]

@@ -34,6 +34,7 @@ from typing import Any
 from dpcompare.backends.catalog import mpi_started
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 
 #: the commands a job may run
 COMMANDS = ("train", "compare")
@@ -160,7 +161,7 @@ class DpcompareJob:
             return str(out / "results.json")
         import json
 
-        path = out / "summary.json"
+        path = out / SUMMARY
         return json.loads(path.read_text()) if path.is_file() else None
 
 

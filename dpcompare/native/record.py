@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import json
 import threading
 import time
 import types
@@ -31,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpcompare.files import atomic_write, atomic_write_json
+from dpcompare.files import STEP_LOG, append_json_line, atomic_write, atomic_write_json
 from dpcompare.native.summary import DEFAULT_WARMUP
 from dpcompare.trace import NAMED_THREADS, thread_cpu_s, unnamed
 
@@ -40,8 +39,6 @@ OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
 PARAMS = "params.pt"
 #: the folder the layer's ``hvd.elastic`` keeps its commits in under torchrun (``dpcompare script --commit-dir``)
 ELASTIC_DIR_VAR = "DPCOMPARE_ELASTIC_DIR"
-#: the step log (the name dpcompare's training writes, which compare's faults read)
-STEP_LOG = "steps.jsonl"
 
 
 def rank_file(out: Path, rank: int) -> Path:
@@ -92,10 +89,7 @@ class Recorder:
         """One line of the step log, from the rank that is 0 now."""
         if self._now()[0] != 0:
             return
-        line = json.dumps({**fields, "t": round(time.time(), 4)}) + "\n"
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / STEP_LOG, "a") as f:  # not atomic: a log read as it grows, one whole line per write
-            f.write(line)
+        append_json_line(self.out / STEP_LOG, fields)
 
     def restored(self, steps: int) -> None:
         self.total = self.committed = int(steps)

@@ -16,7 +16,7 @@ DEFAULT_HOSTS = "2,4,8,...,1024"
 CONFIG_FILE = "prediction.toml"
 
 
-def parse_hosts(text: str) -> list[int]:
+def parse_host_counts(text: str) -> list[int]:
     """``2,4,8,...,1024`` → 2, 4, …, 1024 (``...`` continues the ratio of the two numbers before it)."""
     parts = [p.strip() for p in text.replace("…", "...").split(",") if p.strip()]
     try:
@@ -48,7 +48,7 @@ def _network(a: argparse.Namespace) -> Any:
     from dpcompare.prediction.network import (
         Link,
         Network,
-        load_burst,
+        load_bucket,
         load_calibration,
         load_profiles,
         parse_duration,
@@ -63,8 +63,9 @@ def _network(a: argparse.Namespace) -> Any:
         intra = Link.of(parse_duration(a.intra_latency), a.intra_link)
     calibrated = load_calibration(a.calibration) if a.calibration else {}
     profiles = load_profiles(a.calibration) if a.calibration else {}
-    burst = load_burst(a.calibration) if a.calibration else 0.0
-    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst)
+    burst, gap = load_bucket(a.calibration) if a.calibration else (0.0, None)
+    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst,
+                   gap_s=gap)
 
 
 def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -> Any:
@@ -138,7 +139,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
 def _cmd_predict(a: argparse.Namespace) -> int:
     from dpcompare.prediction import output, sweep
 
-    hosts = parse_hosts(a.hosts)
+    hosts = parse_host_counts(a.hosts)
     curves = _curves(a, hosts, _network(a))
     inter_link, intra_link = format_rate_bits(a.link), a.intra_link and format_rate_bits(a.intra_link)
     link = inter_link + (f" + {a.ranks_per_host}/host on {intra_link}" if a.ranks_per_host > 1 else "")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpcompare.files import PHASES, atomic_write_text
+from dpcompare.files import ACCURACY_EQUIVALENCE, PHASES, atomic_write_text
 from dpcompare.report import attribution, fmt, mechanisms, regime
 from dpcompare.report.groups import (
     MEMORY_KINDS,
@@ -303,7 +303,7 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
                     + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
                        "the same initial weights and data order. Accuracy: the difference of final test accuracy "
                        "(other − baseline) per seed, with a 95 % Student-t interval over the seeds; <em>equal</em> "
-                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or 0.005):g} points "
+                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or ACCURACY_EQUIVALENCE):g} points "
                        "(--accuracy-equivalence). Arms that differ only in strategy and exact knobs must match "
                        "exactly; the report checks that they do. " if seeds else "")
                     + ("Time to accuracy: training time until the test accuracy first reached "
