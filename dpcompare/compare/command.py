@@ -149,9 +149,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
                "  dpcompare compare --continue runs/ab   # continue an interrupted comparison\n"
                "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
-               "  sudo dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
+               "  # --lab needs root; sudo resets PATH, so: sudo -E env PATH=$PATH dpcompare ...\n"
+               "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
                "--out runs/links\n"
-               "  sudo dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
+               "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_file_option(p)

@@ -27,6 +27,7 @@ from dpcompare.files import atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.calls import LAYER_ARM
+from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +74,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run the distributed runs across an emulated cluster made for this check and removed after "
-                        "it (root, iproute2, tbf; docs/lab.md); the one-process run stays on this host")
+                        f"it (root, iproute2, tbf; {docs_page('lab')}); the one-process run stays on this host")
     p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
                    help="how the distributed runs start. persistent: one job of --np processes runs them one after "
                         "another (Python, torch and MPI start once; each run still builds its data, model and optimizer "

@@ -11,6 +11,7 @@ from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import bench, hosts, netns
 from dpcompare.lab.spec import LabSpec, lab_spec_arg, link_arg
+from dpcompare.versions import docs_page
 
 DESCRIPTION = """\
 An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
@@ -210,7 +211,7 @@ def add_lab_to_launch(sub: argparse._SubParsersAction) -> None:
     launch.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                         help="run the job across an emulated cluster made for it and removed after it: N network "
                              "namespaces on links shaped to RATE, K ranks per host (default 1); needs root, iproute2 "
-                             "and tbf (docs/lab.md)")
+                             f"and tbf ({docs_page('lab')})")
     plain = launch.get_default("func")
     launch.set_defaults(func=lambda a: _launch_in_lab(a, sub) if a.lab is not None else plain(a))
 

@@ -37,7 +37,7 @@ from dpcompare.errors import ConfigError
 COMMANDS = ("train", "compare")
 #: the exit status a task ends with when its child was stopped for a requeue
 STOPPED = 143
-INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install 'dpcompare[slurm]')"
+INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install -e '.[slurm]')"
 
 
 def _submitit() -> Any:

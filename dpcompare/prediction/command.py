@@ -10,6 +10,7 @@ from typing import Any
 
 from dpcompare.argtypes import format_rate_bits, fraction, nonneg_int, positive_float, positive_int, rate_bits
 from dpcompare.errors import ConfigError
+from dpcompare.versions import docs_page
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
 #: the configuration a prediction writes beside prediction.json (``--config`` reads it back)
@@ -160,7 +161,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     _write_config(a, out)
     console = output.make_console()
     if not a.quiet:
-        console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement (docs/predict.md)")
+        console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement ({docs_page('predict')})")
         output.show(console, curves, lines, a.threshold)
     console.print(f"wrote {png} and {js}")
     return 0
@@ -196,14 +197,14 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
     """What ``predict`` takes from the traced run beyond its compute, and how it reads the compute."""
     p.add_argument("--floor-from-trace", action="store_true",
                    help="for a slower link on the same machine (e.g. the lab): no all-reduce faster than the traced "
-                        "run's own of that size, no step of its strategy shorter than its traced step (docs/predict.md)")
+                        "run's own of that size, no step of its strategy shorter than its traced step")
     p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
-                   "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
+                   "for the last rank as traced, before the wire instead of hidden under it")
     p.add_argument("--untraced-compute", choices=("auto", "always", "never"), default="auto",
                    help="scale the traced compute to the steps the run took after its traced window (8 or more), "
                         "taking the tracing's own cost out: auto where their forward ran under 0.9× the traced "
                         "one's, always, or never "
-                        "(default: auto; docs/predict.md, run 28)")
+                        "(default: auto)")
 
 
 def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -214,7 +215,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "compute plus each strategy's collectives placed where the library runs them, priced by the "
                     "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
                     "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
-                    "A model, not a measurement: see docs/predict.md for its assumptions.")
+                    f"A model, not a measurement: {docs_page('predict')} states its assumptions.")
     from dpcompare.options import add_config_file_option, deprecate
 
     add_config_file_option(p)
@@ -255,8 +256,8 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "(default: assumed fully hidden where the schedule allows, slowing nothing)")
     p.add_argument("--model-error", default=None, metavar="FILE|none",
                    help="widen each band by the model's own error as a validation measured it, into a 90 %% "
-                        "interval: a file from `bench/validate_predict.py analyse --model-error-out` (default: the "
-                        "validation in docs/predict.md; none: the band alone)")
+                        "interval: a model-error file a validation wrote (default: the latest validation's, see "
+                        f"{docs_page('predict')}; none: the band alone)")
     p.add_argument("--threshold", type=fraction, default=0.8, help="efficiency to report falling below (default 0.8)")
     p.add_argument("--out", default=None, help="folder for prediction.png and prediction.json (default: the first "
                    "RUN_DIR)")
