@@ -135,10 +135,11 @@ class TrainConfig:
                                      "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
                               resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int,
-                      group=WHERE)
+                      group=WHERE, metavar="N")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
-                         type=t.nonneg_int, group=HOW_LONG)
-    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int, group=HOW_LONG)
+                         type=t.nonneg_int, group=HOW_LONG, metavar="N")
+    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int, group=HOW_LONG,
+                            metavar="N")
     min_timed_steps: int = opt(0, "time at least N steps after warm-up: when the epochs give fewer, keep stepping "
                                   "through further batches after the last epoch, for timing only (accuracy and "
                                   "loss stay those of the epochs)", flag="--min-steps", type=t.nonneg_int,

@@ -3,6 +3,7 @@ trackers, torchvision, GPUs) and, for whatever is missing, the line that install
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import shutil
 from importlib import metadata
@@ -180,7 +181,13 @@ def _cmd_doctor(a: Any) -> int:
 
 
 def register(sub: Any, parser_class: type) -> None:
-    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs")
+    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs",
+                       description="Show what this Python and this machine can run: the versions of torch, MPI, "
+                                   "mpi4py and Horovod (and what Horovod was built with), the GPUs, the strategies "
+                                   "and trackers that work here, and for each missing piece the line that brings it.",
+                       epilog="examples:\n  dpcompare doctor\n  dpcompare doctor --short   # one line, for a log\n"
+                              "  dpcompare doctor --json > machine.json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("--json", action="store_true", help="print machine-readable JSON")
     d.add_argument("--short", action="store_true", help="one line of versions")
     d.set_defaults(func=_cmd_doctor)

@@ -96,3 +96,13 @@ def test_the_docs_address_is_the_sites_and_every_page_it_names_exists() -> None:
                        "Programming Language :: Python :: 3.10", "Development Status ::"):
         assert classifier in meta["classifiers"]
 
+
+
+def test_help_points_at_pages_that_ship_nowhere_but_the_site() -> None:
+    from dpcompare import cli
+
+    parser = cli.build_parser()
+    texts = [parser.format_help()] + [sp.format_help() for sp in cli.subcommands(parser)]
+    for text in texts:
+        assert not re.search(r"docs/[\w-]+\.md|bench/\w+\.py", text), text[:200]
+        assert "pip install 'dpcompare[" not in text

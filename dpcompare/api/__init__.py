@@ -140,8 +140,11 @@ def _cmd_workloads(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("workloads", help="list the built-in models, datasets and workloads, and explain plug-ins",
                        description="List the built-in workloads, models and datasets, and show how to bring your own "
-                                   "(--workload, --model and --dataset plug-ins, or dpcompare.train from Python).")
+                                   "(--workload, --model and --dataset plug-ins, or dpcompare.train from Python).",
+                       epilog="examples:\n  dpcompare workloads\n"
+                              "  mpirun -np 2 dpcompare train --strategy ddp --workload path/to/bench.py:workload   # your own",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=_cmd_workloads)

@@ -244,7 +244,7 @@ def _cmd_submit(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_int, positive_int
     from dpcompare.launch.slurm import parse_time
 
