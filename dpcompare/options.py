@@ -18,7 +18,8 @@ from typing import Any, NoReturn
 
 from dpcompare.config import TrainConfig
 
-_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+#: TrainConfig's fields by name, each with its command-line description (config.opt)
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 # -- the parser: argparse's public API only, with the options, sections and sub-commands it was given ------------
 
@@ -167,13 +168,25 @@ def deprecate(p: Parser, old: str, new: str, const: Any = None) -> argparse.Acti
 
 
 def flag_of(name: str) -> str:
-    return _FIELDS[name].metadata.get("flag") or "--" + name.replace("_", "-")
+    return FIELDS[name].metadata.get("flag") or "--" + name.replace("_", "-")
+
+
+def setting_name(word: str) -> str | None:
+    """The TrainConfig field a user's word names: the field itself (``batch_size``), its flag without the dashes
+    (``batch-size``, ``min-steps``, ``trackers``) or an old spelling of that flag (``log``); None: no setting."""
+    if word in FIELDS:
+        return word
+    for name, f in FIELDS.items():
+        flags = [flag_of(name), *f.metadata.get("renamed_from", ())]  # not --no-x: x=true would mean the opposite
+        if "--" + word in flags and not word.startswith("no-") or word.replace("-", "_") == name:
+            return name
+    return None
 
 
 def bool_flag(name: str, default: bool) -> tuple[str, str]:
     """The flag that moves boolean field ``name`` away from ``default`` (the parser's, which may differ from
     the field's own), and its argparse action: ``--x`` (store_true) from False, ``--no-x`` (store_false) from True."""
-    f = _FIELDS[name]
+    f = FIELDS[name]
     if default == f.default:
         return flag_of(name), "store_false" if default else "store_true"
     dashed = name.replace("_", "-")
@@ -196,7 +209,7 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
     """
     defaults, helps = defaults or {}, helps or {}
     groups: dict[str, Any] = {}
-    for name, f in _FIELDS.items():
+    for name, f in FIELDS.items():
         if name in exclude:
             continue
         md = f.metadata
@@ -225,7 +238,7 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
 
 
 def config_from_args(a: argparse.Namespace, **override: Any) -> TrainConfig:
-    kw = {name: getattr(a, name) for name in _FIELDS if hasattr(a, name)}
+    kw = {name: getattr(a, name) for name in FIELDS if hasattr(a, name)}
     kw.update(override)
     return TrainConfig(**kw)
 
@@ -237,7 +250,7 @@ def train_argv(cfg: TrainConfig, skip: Sequence[str] = (), defaults: Mapping[str
     (as given to :func:`add_config_options`).
     """
     argv: list[str] = []
-    for name, f in _FIELDS.items():
+    for name, f in FIELDS.items():
         value = getattr(cfg, name)
         default = (defaults or {}).get(name, f.default)
         if name in skip or value == default:

@@ -72,3 +72,14 @@ def test_slurm_out_still_writes_the_script(tmp_path) -> None:
     assert "train --strategy ddp" in script.read_text()
     p = subprocess.run([*argv, "--", "train"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "needs --out-file FILE" in p.stderr
+
+
+def test_sweep_and_variants_take_the_flag_names_users_type() -> None:
+    a = cli.parse(["compare", "--sweep", "min-steps=10,20", "--sweep", "threads=0,2",
+                   "--variants", "a=ddp:trackers=csv", "b=ddp:batch-size=8,log=none", "c=ddp:batch_size=16"])
+    assert a.sweep == [("min_timed_steps", [10, 20]), ("threads", [0, 2])]
+    assert [v.knobs for v in a.variants] == [(("log", "csv"),), (("batch_size", 8), ("log", "none")),
+                                             (("batch_size", 16),)]
+    for bad in (["--sweep", "no-tensorboard=true"], ["--sweep", "nope=1"], ["--variants", "a=ddp:min-step=3"]):
+        with pytest.raises(SystemExit):
+            cli.parse(["compare", *bad])

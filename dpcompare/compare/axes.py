@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dpcompare.argtypes import format_rate_bits, positive_int
+from dpcompare.argtypes import format_rate_bits, nonneg_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.files import FAULT, LINK
 from dpcompare.versions import docs_page
@@ -167,8 +167,9 @@ def _threads(cfg: TrainConfig, n: int) -> TrainConfig:
 
 
 def parse_threads(text: str) -> int:
+    """A thread count as ``--threads`` takes it: 0 is its default, cores ÷ processes on the host."""
     try:
-        return positive_int(text)
+        return nonneg_int(text)
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"threads={text!r}: {e}") from None
 
@@ -191,7 +192,7 @@ AXES: dict[str, Axis] = {a.name: a for a in (
          f"({docs_page('elastic')})", metavar="host=I,at-step=S[,back-at-step=B]", tag=lambda f: f.tag,
          check=_check_fault),
     Axis("threads", parse_threads, WITHIN, "torch's intra-op threads per rank: every arm runs at every count, "
-         "with verdicts per count (a --script run too)", metavar="N1,N2", words="at {value} thread(s) per rank",
+         "with verdicts per count (a --script run too); 0: --threads' own default, cores ÷ processes", metavar="N1,N2", words="at {value} thread(s) per rank",
          title="intra-op threads per rank", order=int, configure=_threads),
 )}
 

@@ -58,11 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
                    help="arms with their own train settings instead of --strategies, e.g. base=ddp "
-                        "fp16=horovod:grad_compression=fp16 (knobs are TrainConfig field names)")
+                        "fp16=horovod:grad-compression=fp16 (knobs: train's flags without their dashes, e.g. batch-size, "
+                        "min-steps, trackers; TrainConfig's field names work too)")
     swept = "; ".join(f"{a.name}={a.metavar}: {a.help}" for a in AXES.values() if a.pairs != TWIN)
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
-                        f"repeat the flag to cross several. Or of an axis: {swept}".replace("%", "%%"))
+                        f"repeat the flag to cross several (KNOB: a train flag without its dashes, e.g. min-steps, or "
+                        f"TrainConfig's field name). Or of an axis: {swept}".replace("%", "%%"))
     _add_stopping_rule(g)
     g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
                    help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
