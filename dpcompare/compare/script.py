@@ -104,7 +104,7 @@ class ScriptPlan:
         return [*flags, *(f"--script-arg={x}" for x in self.args)]
 
 
-def add_script_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, compare: bool) -> None:
+def add_script_arguments(p: Any, compare: bool) -> None:
     """``--script FILE [...] -- ARGS``: the options of a script comparison (compare's and parity's)."""
     from dpcompare.argtypes import positive_int
 

@@ -40,7 +40,7 @@ from dpcompare.files import SUMMARY
 COMMANDS = ("train", "compare")
 #: the exit status a task ends with when its child was stopped for a requeue
 STOPPED = 143
-INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install 'dpcompare[slurm]')"
+INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install -e '.[slurm]')"
 
 
 def _submitit() -> Any:
@@ -254,7 +254,7 @@ def _cmd_submit(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_int, positive_int
     from dpcompare.launch.slurm import parse_time
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpcompare.errors import DpcompareError
+from dpcompare.versions import docs_page
 
 #: the Horovod release whose semantics the layer reproduces (and the one scripts/setup.sh builds)
 HOROVOD_VERSION = "0.28.1"
@@ -165,7 +166,7 @@ CALLS: dict[str, Call] = {
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
                     note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
-                         "restarted workers, which resume from it (docs/elastic.md)"),
+                         f"restarted workers, which resume from it ({docs_page('elastic')})"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),
     "optimizer.skip_synchronize": Call("nothing: call optimizer.step() directly"),

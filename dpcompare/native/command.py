@@ -120,7 +120,7 @@ def _cmd_script(a: argparse.Namespace) -> int:
     return code
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
     from dpcompare.native.runner import add_run_arguments
     from dpcompare.native.summary import DEFAULT_WARMUP
@@ -188,7 +188,7 @@ def _cmd_migrate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _register_migrate(sub: argparse._SubParsersAction) -> None:
+def _register_migrate(sub: Any) -> None:
     p = sub.add_parser(
         "migrate", help="list a Horovod script's calls with their native PyTorch equivalents; write a DDP port",
         description="Read a Horovod PyTorch script (without running it) and list every `import horovod...` and "
