@@ -69,18 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "once), so the same time buys about three times the blocks, and the verdict's interval "
                         "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
                         "ends its job and the next run starts a new one (default: fresh)")
-    g.add_argument("--bind", choices=BINDINGS, default="none", metavar="|".join(BINDINGS),
-                   help="where the ranks run. none: wherever the scheduler puts them and their threads, launch by "
-                        "launch (mpirun --bind-to none, Horovod's advice for its background thread); core: each rank "
-                        "bound to its own cores, as many as --threads (mpirun --bind-to core --map-by core or "
-                        "slot:PE=N; srun --cpu-bind=cores). Recorded in results.json and shown in the report; "
-                        "--sweep bind=none,core compares both. Horovod's background thread: set "
-                        "HOROVOD_THREAD_AFFINITY (forwarded to every rank, recorded) (default: none)")
-    g.add_argument("--rerun-disturbed", type=nonneg_float, default=0.0, metavar="PCT",
-                   help="run a block again, not counting it, when during one of its runs other processes took more "
-                        "than PCT %% of the cores or the hypervisor stole more than PCT/4 %% of them (/proc/stat); "
-                        "at most 3 tries, after which it is counted and said so; the report says how many blocks "
-                        "were run again and why (default: 0, never)")
+    _add_placement(g)
     g.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run every job across an emulated cluster made for this comparison and removed after it: N "
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
@@ -112,6 +101,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     deprecate(p, "--resume", "--continue")
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
+
+
+def _add_placement(g: argparse._ArgumentGroup) -> None:
+    """Where the ranks run (--bind), and what happens to a block that other work disturbed."""
+    g.add_argument("--bind", choices=BINDINGS, default="none", metavar="|".join(BINDINGS),
+                   help="where the ranks run. none: wherever the scheduler puts them and their threads, launch by "
+                        "launch (mpirun --bind-to none, Horovod's advice for its background thread); core: each rank "
+                        "bound to its own cores, as many as --threads (mpirun --bind-to core --map-by core or "
+                        "slot:PE=N; srun --cpu-bind=cores). Recorded in results.json and shown in the report; "
+                        "--sweep bind=none,core compares both. Horovod's background thread: set "
+                        "HOROVOD_THREAD_AFFINITY (forwarded to every rank, recorded) (default: none)")
+    g.add_argument("--rerun-disturbed", type=nonneg_float, default=0.0, metavar="PCT",
+                   help="run a block again, not counting it, when during one of its runs other processes took more "
+                        "than PCT %% of the cores or the hypervisor stole more than PCT/4 %% of them (/proc/stat); "
+                        "at most 3 tries, after which it is counted and said so; the report says how many blocks "
+                        "were run again and why (default: 0, never)")
 
 
 def _add_stopping_rule(g: argparse._ArgumentGroup) -> None:
