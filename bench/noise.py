@@ -11,7 +11,9 @@ own worker job, so its own placement of the ranks and their threads) of ``--bloc
 its step log. For each pair it reports:
 
 - the per-block spread: the standard deviation of the per-block log ratio over every block of every launch, and
-  the blocks (and minutes, at the blocks' own pace) a 95 % interval within ±2 % and ±5 % would take at it;
+  the blocks (and minutes, at the median block's pace) a 95 % interval within ±2 % and ±5 % would take at it, as
+  if the blocks were independent (compare's units of two neighbouring blocks, with persistent workers, need as
+  many blocks when they are);
 - where the variance sits, per arm (Kalibera & Jones' levels, :func:`dpcompare.report.noise.variance_components`
   on the log step times): between launches, between the runs of one launch, between the steps of one run;
 - every launch's verdict, and for the A/A pair how many intervals contain equality (``--honest N``: N A/A
@@ -19,7 +21,7 @@ its step log. For each pair it reports:
   their promise, with its 95 % binomial interval).
 
 Writes OUT/noise.json (everything above, plus each launch's results.json folder) and prints a summary. It waits
-for a quiet machine first (bench/quiet.sh), except with --quick: a tiny run (2 launches × 2 blocks of 12-step
+for a quiet machine first (bench/quiet.sh), except with --quick: a tiny run (2 launches × 4 blocks of 12-step
 runs, A/A only) whose figures mean nothing, for the tests to check the output's structure.
 """
 
@@ -64,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.pairs, a.launches = "aa", a.honest
         a.blocks = a.blocks if "--blocks" in (argv or sys.argv[1:]) else "auto"
     if a.quick:
-        a.launches, a.blocks = (a.honest or 2), "2"
+        a.launches, a.blocks = (a.honest or 2), "4"  # 4 blocks: 2 units of 2 with persistent workers, an interval
         a.pairs = "aa" if "--pairs" not in (argv or sys.argv[1:]) else a.pairs
     return a
 
@@ -159,7 +161,7 @@ def pair_summary(pair: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
     d = [x for launch in launches for x in launch["log_ratios"]]
     sd = noise.block_spread(d)
     block_s = [s for launch in launches for s in launch["block_seconds"]]
-    per_block = statistics.fmean(block_s) if block_s else None
+    per_block = statistics.median(block_s) if block_s else None  # the median: a launch's first block starts its job
     to = {p: None if sd is None else noise.units_to(p / 100, sd) for p in (2, 5)}
     return {
         "arms": list(PAIRS[pair]), "launches": len(launches), "blocks": len(d),

@@ -217,21 +217,21 @@ def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path) -> None:
 # -- the bench ---------------------------------------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_the_noise_bench_quick_writes_every_figure(tmp_path: Path) -> None:
-    """bench/noise.py --quick for real (2 launches × 2 blocks of ddp vs ddp, np=2, persistent workers): the
+    """bench/noise.py --quick for real (2 launches × 4 blocks of ddp vs ddp, np=2, persistent workers): the
     structure of noise.json; the figures of so tiny a run mean nothing."""
     from conftest import ROOT, mpi_env, run
 
-    p = run([sys.executable, str(ROOT / "bench" / "noise.py"), "--quick", "--out", str(tmp_path)], timeout=300,
+    p = run([sys.executable, str(ROOT / "bench" / "noise.py"), "--quick", "--out", str(tmp_path)], timeout=900,
             env=mpi_env())
     summary = json.loads((tmp_path / "noise.json").read_text())
     aa = summary["pairs"]["aa"]
     assert set(summary["pairs"]) == {"aa"} and summary["settings"]["quick"]
-    assert (aa["launches"], aa["blocks"], aa["arms"]) == (2, 4, ["ddp", "ddp"])
+    assert (aa["launches"], aa["blocks"], aa["arms"]) == (2, 8, ["ddp", "ddp"])
     assert aa["block_sd"] is not None and aa["blocks_to_2pct"] >= aa["blocks_to_5pct"] >= 2
     assert aa["minutes_to_2pct"] > 0 and aa["block_seconds"] > 0
     for arm in ("ddp#1", "ddp#2"):
         c = aa["components"][arm]
-        assert c["counts"] == {"launches": 2, "runs": 4, "steps": c["counts"]["steps"]} and c["counts"]["steps"] > 20
+        assert c["counts"] == {"launches": 2, "runs": 8, "steps": c["counts"]["steps"]} and c["counts"]["steps"] > 40
         assert sum(c[level]["share"] for level in noise.LEVELS) == pytest.approx(1.0, abs=1e-3)
     cov = aa["coverage"]
     assert cov["intervals"] == 2 and 0 <= cov["contain_equality"] <= 2 and len(cov["share_ci95"]) == 2

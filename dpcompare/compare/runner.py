@@ -292,9 +292,10 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
-    results["verdicts"] = [v.to_json() for v in stats.verdicts(
-        results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
-    results["noise"] = noise.floors(stats.throughput_verdicts(results, equivalence=c.schedule.equivalence))
+    verdicts = stats.verdicts(results, equivalence=c.schedule.equivalence,
+                              accuracy_equivalence=c.schedule.accuracy_equivalence)
+    results["verdicts"] = [v.to_json() for v in verdicts]
+    results["noise"] = noise.floors(verdicts)  # what each throughput verdict could resolve
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
     fault = faults.summary(results)  # --fault: what the lost host cost each arm, the wall-time verdicts
     if fault is not None:
