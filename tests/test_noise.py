@@ -221,8 +221,9 @@ def test_the_noise_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     structure of noise.json; the figures of so tiny a run mean nothing."""
     from conftest import ROOT, mpi_env, run
 
-    p = run([sys.executable, str(ROOT / "bench" / "noise.py"), "--quick", "--out", str(tmp_path)], timeout=900,
-            env=mpi_env())
+    bind = "core" if (os.cpu_count() or 1) >= 2 else "none"  # a core per rank
+    p = run([sys.executable, str(ROOT / "bench" / "noise.py"), "--quick", "--bind", bind, "--out", str(tmp_path)],
+            timeout=900, env=mpi_env())
     summary = json.loads((tmp_path / "noise.json").read_text())
     aa = summary["pairs"]["aa"]
     assert set(summary["pairs"]) == {"aa"} and summary["settings"]["quick"]
@@ -236,5 +237,10 @@ def test_the_noise_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     cov = aa["coverage"]
     assert cov["intervals"] == 2 and 0 <= cov["contain_equality"] <= 2 and len(cov["share_ci95"]) == 2
     assert "intervals containing equality" in p.stdout and "ddp#1: launches" in p.stdout
+    launch0 = tmp_path / "aa" / "launch0"
+    assert json.loads((launch0 / "results.json").read_text())["config"]["binding"]["bind"] == bind
+    (log,) = (launch0 / "runs").glob("worker-np2-*.log")  # one worker job ran every run of the launch
+    line = log.read_text().splitlines()[0].split()
+    assert line[line.index("--bind-to") + 1] == bind
     assert run([sys.executable, str(ROOT / "bench" / "noise.py"), "--pairs", "xy", "--out", str(tmp_path)],
                check=False).returncode == 2
