@@ -2,7 +2,7 @@
 """Where the run-to-run noise of a comparison comes from, and how long a ±2 % verdict takes (issue 67).
 
     python bench/noise.py [--pairs aa,dh] [--launches 4] [--blocks 10] [--bind none|core] [--threads N]
-                          [--rerun-disturbed PCT] [--out runs/noise] [--quick]
+                          [--hvd-affinity CORES] [--rerun-disturbed PCT] [--out runs/noise] [--quick]
     python bench/noise.py --honest 20 [--blocks auto] [--out runs/noise-honest]
 
 Runs ``dpcompare compare`` on convnet/digits at np=2 with persistent workers, for the A/A pair (``aa``: ddp
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "given): how many intervals contain equality")
     p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
+    p.add_argument("--hvd-affinity", metavar="CORES",
+                   help="HOROVOD_THREAD_AFFINITY for every rank (e.g. 0,1: rank i's background thread on core i)")
     p.add_argument("--rerun-disturbed", type=float, default=0.0, metavar="PCT", help="compare --rerun-disturbed")
     p.add_argument("--out", default="runs/noise", help="folder for the comparisons and noise.json")
     p.add_argument("--quick", action="store_true", help="tiny settings, no wait for a quiet machine (tests)")
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/noise.py: --pairs {a.pairs!r} --launches {a.launches}: give pairs from {', '.join(PAIRS)} and "
               "at least 1 launch", file=sys.stderr)
         return 2
+    if a.hvd_affinity:
+        os.environ["HOROVOD_THREAD_AFFINITY"] = a.hvd_affinity  # forwarded to the ranks, recorded in config.binding
     if not a.quick:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from quiet import wait_for_quiet
@@ -210,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     warmup = train_config(a).warmup_steps
     pairs = {pair: pair_summary(pair, [launch_data(launch(a, pair, i), warmup) for i in range(a.launches)])
              for pair in names}
-    summary = {"settings": {k: getattr(a, k) for k in ("launches", "blocks", "bind", "threads", "rerun_disturbed",
-                                                        "quick", "honest")}, "pairs": pairs}
+    summary = {"settings": {k: getattr(a, k) for k in ("launches", "blocks", "bind", "threads", "hvd_affinity",
+                                                        "rerun_disturbed", "quick", "honest")}, "pairs": pairs}
     atomic_write_json(Path(a.out) / "noise.json", summary)
     print_summary(summary)
     print(f"written: {Path(a.out) / 'noise.json'}")
