@@ -61,6 +61,8 @@ class Axis:
     check: Callable[[Any, Sequence[Any]], None] = _accept  #: (comparison, values): refuse in one line
     configure: Callable[[TrainConfig, Any], TrainConfig] | None = None  #: the run's train settings at a value
     before_run: Callable[[Any, Any], None] | None = None  #: (lab or None, value): before a run at the value
+    #: what it does to the run's launch line at a value: options of :func:`dpcompare.launch.mpirun.job_command`
+    launch: Callable[[Any], dict[str, Any]] | None = None
 
     def flags(self, values: Sequence[Any]) -> list[str]:
         """The values as compare's command line gives them (written back for --continue)."""
@@ -174,6 +176,20 @@ def parse_threads(text: str) -> int:
         raise argparse.ArgumentTypeError(f"threads={text!r}: {e}") from None
 
 
+# -- bind: where the ranks run ----------------------------------------------------------------------------------------
+def parse_bind(text: str) -> str:
+    from dpcompare.launch.mpirun import BINDINGS
+
+    if text not in BINDINGS:
+        raise argparse.ArgumentTypeError(f"bind={text!r}: choose from {', '.join(BINDINGS)}")
+    return text
+
+
+def _check_bind(c: Any, values: Sequence[Any]) -> None:
+    if c.lab is not None and any(v != "none" for v in values):
+        raise ConfigError("bind=core places the ranks on this machine's cores; leave it out with --lab")
+
+
 #: every axis, by name; results.json, the plan, compare's command line and the runner read them here
 AXES: dict[str, Axis] = {a.name: a for a in (
     Axis(LINK, parse_link, WITHIN, "the lab's link rate (1gbit, 200mbit, unlimited): every arm runs on every link, "
@@ -194,6 +210,10 @@ AXES: dict[str, Axis] = {a.name: a for a in (
     Axis("threads", parse_threads, WITHIN, "torch's intra-op threads per rank: every arm runs at every count, "
          "with verdicts per count (a --script run too); 0: --threads' own default, cores ÷ processes", metavar="N1,N2", words="at {value} thread(s) per rank",
          title="intra-op threads per rank", order=int, configure=_threads),
+    Axis("bind", parse_bind, WITHIN, "where the ranks run: none (the scheduler's choice, mpirun --bind-to none) or "
+         "core (each rank bound to its own cores, as many as its threads): every arm runs at every binding, with "
+         "verdicts per binding", metavar="none,core", words="with ranks bound to {value}",
+         title="binding of the ranks", check=_check_bind, launch=lambda v: {"bind": v}),
 )}
 
 

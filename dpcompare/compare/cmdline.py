@@ -29,6 +29,7 @@ from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
+from dpcompare.launch.mpirun import BINDINGS
 from dpcompare.options import Parser, Warned, add_config_options, deprecate, train_argv
 from dpcompare.versions import docs_page
 
@@ -74,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "once), so the same time buys about three times the blocks, and the verdict's interval "
                         "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
                         "ends its job and the next run starts a new one (default: fresh)")
+    _add_placement(g)
     g.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run every job across an emulated cluster made for this comparison and removed after it: N "
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
@@ -104,6 +106,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     deprecate(p, "--resume", "--continue")
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
     p.add_argument("--no-tensorboard", dest="tensorboard", action=Warned, nargs=0, const=False, new="--trackers none")
+
+
+def _add_placement(g: Any) -> None:
+    """Where the ranks run (--bind), and what happens to a block that other work disturbed."""
+    g.add_argument("--bind", choices=BINDINGS, default="none", metavar="|".join(BINDINGS),
+                   help="where the ranks run. none: wherever the scheduler puts them and their threads, launch by "
+                        "launch (mpirun --bind-to none, Horovod's advice for its background thread); core: each rank "
+                        "bound to its own cores, as many as --threads (mpirun --bind-to core --map-by core or "
+                        "slot:PE=N; srun --cpu-bind=cores). Recorded in results.json and shown in the report; "
+                        "--sweep bind=none,core compares both. Horovod's background thread: set "
+                        "HOROVOD_THREAD_AFFINITY (forwarded to every rank, recorded) (default: none)")
+    g.add_argument("--rerun-disturbed", type=nonneg_float, default=0.0, metavar="PCT",
+                   help="run a block again, not counting it, when during one of its runs other processes took more "
+                        "than PCT %% of the cores or the hypervisor stole more than PCT/4 %% of them (/proc/stat); "
+                        "at most 3 tries, after which it is counted and said so; the report says how many blocks "
+                        "were run again and why (default: 0, never)")
 
 
 def _add_stopping_rule(g: Any) -> None:
@@ -186,6 +204,10 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--replay"]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
+    if c.options.bind != RunOptions().bind:
+        flags += ["--bind", c.options.bind]
+    if c.options.disturbed:
+        flags += ["--rerun-disturbed", f"{100 * c.options.disturbed:g}"]
     if c.options.project_link != RunOptions().project_link:
         link = c.options.project_link
         flags += ["--project-link", "none" if link is None else format_rate_bits(link)]

@@ -77,7 +77,7 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     options = RunOptions(overwrite=a.overwrite, progress=a.progress, run_timeout=a.run_timeout or None,
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
-                         project_link=a.project_link)
+                         project_link=a.project_link, bind=a.bind, disturbed=a.rerun_disturbed / 100.0)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
                    lab=getattr(a, "lab", None), axes=axes_of(a.sweep or (), a), replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)

@@ -328,6 +328,22 @@ def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool 
     return configured(child, arm)
 
 
+def launch_options(cfg: TrainConfig, arm: Arm, bind: str = "none", np: int = 1) -> dict[str, Any]:
+    """How the run's job is launched (:func:`dpcompare.launch.mpirun.job_command`'s options): the comparison's
+    ``bind``, or the arm's ``bind`` axis; a bound rank gets as many cores as it runs threads (``cfg``: the run's own
+    settings; ``--threads 0``: the cores ÷ ``np``, as the run itself counts them)."""
+    from dpcompare.launch.mpirun import local_cores
+
+    options: dict[str, Any] = {"bind": bind}
+    for name, value in arm.axes:
+        if AXES[name].launch is not None:
+            options.update(AXES[name].launch(value))
+    threads = cfg.threads or max(1, local_cores() // max(np, 1))
+    if options["bind"] != "none" and threads > 1:
+        options["cores_per_rank"] = threads
+    return options
+
+
 def configured(cfg: TrainConfig, arm: Arm) -> TrainConfig:
     """``cfg`` with what the arm's axes set in a run's train settings (``threads``: its thread count)."""
     for name, value in arm.axes:
@@ -386,6 +402,9 @@ class RunOptions:
     resume: bool = False  # continue the comparison in ``out``: its ok runs are kept
     workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
     project_link: int | None = 25 * 10**9  # traced runs: predict them onto a cluster on this link, bits/s (None: do not)
+    bind: str = "none"  # where the ranks run (launch.mpirun.BINDINGS); an arm's ``bind`` axis overrides it
+    disturbed: float = 0.0  # others' CPU or steal share above which a block is run again (0: never)
+    disturbed_tries: int = 3  # tries of a block before a disturbed one is counted anyway
 
 
 @dataclass(frozen=True)
@@ -421,6 +440,8 @@ class Comparison:
 
     def _check_lab(self) -> None:
         """Refuse, in one line, what a lab cannot run (before anything starts); each axis checks its own values."""
+        if self.lab is not None and self.options.bind != "none":
+            raise ConfigError("--bind core places the ranks on this machine's cores; leave --bind out with --lab")
         if self.lab is None:
             what = next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
             what = what or ("--replay" if self.replay else None)

@@ -157,9 +157,19 @@ def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli:
                    "order": [], "workers": c.options.workers, "train": c.config.to_dict(),
                    "train_flags": train_flags, "cli": cli, **_lab_json(c),
                    "axes": {name: AXES[name].record(values) for name, values in c.axes},
+                   "binding": binding(c), "rerun_disturbed": c.options.disturbed or None,
                    **({"script": c.script.to_json()} if c.script is not None else {})},
         "environment": environment(list(dict.fromkeys(a.strategy for a in arms))), "runs": [], "verdicts": [],
     }
+
+
+def binding(c: Comparison) -> dict[str, Any]:
+    """results.json's ``config.binding``: where the ranks ran (``bind``: --bind, or ``by arm`` with a ``bind``
+    axis, each arm's in ``arms[].axes``), the intra-op threads per rank (0: torch's default) and Horovod's
+    ``HOROVOD_THREAD_AFFINITY`` as forwarded to the ranks (None: unset)."""
+    swept = bool(c.values("bind"))
+    return {"bind": "by arm" if swept else c.options.bind, "threads": c.config.threads,
+            "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY") or None}
 
 
 def read_run(spec: RunSpec, run_dir: Path, rel_dir: str, returncode: int | None, wall_seconds: float,

@@ -51,11 +51,13 @@ class ScriptPlan:
         return self.path
 
     def command(self, arm: str, np: int, run_dir: Path, cfg: TrainConfig, lab: Lab | None = None,
-                elastic: ElasticLaunch | None = None, step_log: bool = False) -> list[str]:
+                elastic: ElasticLaunch | None = None, step_log: bool = False,
+                launch: dict[str, Any] | None = None) -> list[str]:
         """The job that runs the script in ``arm`` at ``np`` ranks with its records in ``run_dir``; ``elastic``:
         as an elastic job (``horovod-elastic``: horovodrun's elastic mode; ``native-elastic``: torchrun's agents,
         the layer's commits in RUN/commits), every collective bounded by ``--timeout``; ``step_log``: writing
-        RUN/steps.jsonl from its first step (an elastic script writes it anyway)."""
+        RUN/steps.jsonl from its first step (an elastic script writes it anyway); ``launch``: mpirun's options (the
+        binding: :func:`~dpcompare.compare.plan.launch_options`)."""
         words = ["script", "--as", arm, "--out", str(run_dir), "--overwrite", "--seed", str(cfg.seed),
                  "--threads", str(cfg.threads)]
         if step_log:
@@ -63,7 +65,7 @@ class ScriptPlan:
         if elastic is not None:
             words += ["--timeout", f"{cfg.timeout:g}", "--commit-dir", str(run_dir / "commits")]
         words += ["--", "python", str(self.script_for(arm)), *self.args]
-        return dpcompare_command(np, words, lab, **({"elastic": elastic} if elastic else {}))
+        return dpcompare_command(np, words, lab, **(launch or {}), **({"elastic": elastic} if elastic else {}))
 
     @property
     def metric_name(self) -> str | None:
