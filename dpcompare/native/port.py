@@ -71,7 +71,7 @@ def imports(tree: cst.Module) -> tuple[cst.Module, list[str]]:
                 [s.with_changes(leading_lines=u.leading_lines) if i == 0 else s for i, s in enumerate(statements(needed))])
             first = False
         elif stmt not in edits.replace:
-            edits.remove(stmt, "Horovod import")
+            edits.remove(stmt)  # its comments stay
     tree = edits.apply()
     if first and needed:
         at = after_imports(tree)

@@ -170,9 +170,34 @@ def _guard_idioms(loc: Located, edits: Edits, notes: list[str]) -> None:
                 continue
             guarded.add(condition)
             flag = _flag(loc, ifexp.test) if when_true else f"not {test}"
-            edits.insert_before(loc.statement(ifexp), _guard(condition, f"{flag}: {why}; run the port without it"))
-            notes.append(f"{flag} ({use.text.splitlines()[0]}): {why}; the port keeps `{loc.code(kept)}` and "
-                         f"stops at start with one line when {flag} is given")
+            guard = _guard(condition, f"{flag}: {why}; run the port without it")
+            parsed = _parsed_at(loc, ifexp.test)
+            if parsed is not None:
+                edits.insert_after(parsed, guard)
+            else:
+                edits.insert_before(loc.statement(ifexp), guard)
+            notes.append(f"{flag} ({use.text.splitlines()[0]}): {why}; the port keeps the default path "
+                         f"(`{loc.code(kept)}`) and stops at start with one line when {flag} is given")
+
+
+def _root_name(expr: cst.CSTNode) -> str | None:
+    while isinstance(expr, (cst.Attribute, cst.UnaryOperation)):
+        expr = expr.value if isinstance(expr, cst.Attribute) else expr.expression
+    return expr.value if isinstance(expr, cst.Name) else None
+
+
+def _parsed_at(loc: Located, test: cst.BaseExpression) -> cst.CSTNode | None:
+    """The top-level ``args = parser.parse_args()`` that binds the name the flag's test reads (the guard goes
+    right after it, before anything starts), if there is one."""
+    name = _root_name(test)
+    for stmt in loc.positions:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign) \
+                and [loc.code(t.target) for t in stmt.body[0].targets] == [name] \
+                and isinstance(call := stmt.body[0].value, cst.Call) and isinstance(call.func, cst.Attribute) \
+                and call.func.attr.value == "parse_args" \
+                and not any(isinstance(a, cst.FunctionDef) for a in loc.ancestors(stmt)):
+            return stmt
+    return None
 
 
 def flag_guards(tree: cst.Module) -> tuple[cst.Module, list[str]]:

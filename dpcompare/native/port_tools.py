@@ -138,8 +138,8 @@ class Edits(cst.CSTTransformer):
     def insert_after(self, stmt: cst.CSTNode, code: str) -> None:
         self.after.setdefault(stmt, []).extend(statements(code))
 
-    def remove(self, stmt: cst.CSTNode, why: str) -> None:
-        """Drop ``stmt``, leaving its comments and ``# why (was: FIRST LINE)`` in its place."""
+    def remove(self, stmt: cst.CSTNode, why: str = "") -> None:
+        """Drop ``stmt``, leaving its comments and ``# why (was: FIRST LINE)`` (when there is a why) in its place."""
         self.drop[stmt] = why
 
     def apply(self) -> cst.Module:
@@ -165,7 +165,8 @@ class Edits(cst.CSTTransformer):
     def _dropped(self, original: cst.CSTNode) -> cst.RemovalSentinel:
         was = self.located.code(original.with_changes(leading_lines=[])).splitlines()  # type: ignore[attr-defined]
         lines = list(getattr(original, "leading_lines", []))
-        lines.append(comment(f"{self.drop[original]} (was: {was[0].strip()}{' ...' if len(was) > 1 else ''})"))
+        if self.drop[original]:
+            lines.append(comment(f"{self.drop[original]} (was: {was[0].strip()}{' ...' if len(was) > 1 else ''})"))
         self._pending.setdefault(self.parents_of(original), []).extend(lines)  # type: ignore[arg-type]
         return cst.RemovalSentinel.REMOVE
 
