@@ -105,7 +105,9 @@ def test_the_port_translates_every_idiom_and_keeps_the_comments(tmp_path: Path) 
     assert "return allreduce(torch.tensor(value), name=name).item()" in text
     assert "compression = default_hooks.fp16_compress_hook if args.fp16_allreduce else None" in text
     assert "model = DDP(model)" in text and "model.register_comm_hook(None, compression)" in text
-    assert "with accumulate(model):\n                loss.backward()  # gradients of the passes add up" in text
+    assert ("            x, y = next(batches)\n            with accumulate(model):\n"
+            "                loss = F.mse_loss(model(x), y) / args.accumulate\n"
+            "                loss.backward()  # gradients of the passes add up\n") in text
     assert "finish_passes(model)\n        optimizer.step()" in text and "set_backward_passes(args.accumulate)" in text
     # only what must change changed: the lines without Horovod are the script's, in its order
     untouched = [ln for ln in IDIOMS.splitlines() if "hvd" not in ln and "horovod" not in ln and ln.strip()]

@@ -110,7 +110,7 @@ def set_backward_passes(per_step):
 
 
 def accumulate(model):
-    """Around one backward(): ``model.no_sync()`` (the gradient accumulates here) but on every N-th."""
+    """Around a forward and its backward(): ``model.no_sync()`` (the gradient accumulates) but on every N-th."""
     BACKWARD_PASSES["since_step"] += 1
     if BACKWARD_PASSES["since_step"] % BACKWARD_PASSES["per_step"] == 0:
         return contextlib.nullcontext()
@@ -273,19 +273,37 @@ def _after_synchronize(loc: Located, stmt: cst.CSTNode) -> bool:
     return any(isinstance(a, cst.With) and "skip_synchronize" in loc.code(a.items[0]) for a in loc.ancestors(stmt))
 
 
+def _forward_to_backward(tree: cst.Module, model: str) -> cst.Module:
+    """Each ``X.backward()`` and the statements from ``model``'s forward up to it under ``with accumulate(model):``
+    (DDP decides at the forward whether the backward all-reduces)."""
+    loc = locate(tree)
+    edits = Edits(loc)
+    for stmt in list(loc.positions):
+        call = _method_call(stmt)
+        block = loc.parents.get(stmt)
+        if call is None or call.func.attr.value != "backward" or block in edits.replace \
+                or not isinstance(block, (cst.IndentedBlock, cst.Module)):  # type: ignore[attr-defined]
+            continue
+        end = list(block.body).index(stmt)
+        start = next((i for i in range(end + 1) if f"{model}(" in loc.code(block.body[i])), None)
+        if start is None:
+            raise NoPort(f"backward_passes_per_step: `{loc.code(stmt)}` is not in the block that runs {model}'s "
+                         f"forward; put both under `with {model}.no_sync():` (all but every N-th pass) by hand")
+        edits.replace[block] = lambda u, a=start, b=end: u.with_changes(body=[*u.body[:a], cst.With(
+            items=[cst.WithItem(cst.parse_expression(f"accumulate({model})"))], leading_lines=u.body[a].leading_lines,
+            body=cst.IndentedBlock([u.body[a].with_changes(leading_lines=[]), *u.body[a + 1:b + 1]])),
+            *u.body[b + 1:]])
+    return edits.apply()
+
+
 def _accumulation_edits(loc: Located, edits: Edits, target: str, model: str) -> None:
-    """Every ``X.backward()`` under ``accumulate(model)``; ``finish_passes(model)`` before each step and in place
-    of ``optimizer.synchronize()``."""
+    """``finish_passes(model)`` before each step and in place of ``optimizer.synchronize()``."""
     for stmt in list(loc.positions):
         call = _method_call(stmt)
         if call is None:
             continue
         method, owner = call.func.attr.value, loc.code(call.func.value)  # type: ignore[attr-defined]
-        if method == "backward":
-            edits.replace[stmt] = lambda u: cst.With(
-                items=[cst.WithItem(cst.parse_expression(f"accumulate({model})"))],
-                body=cst.IndentedBlock([u.with_changes(leading_lines=[])]), leading_lines=u.leading_lines)
-        elif method == "step" and (owner == target or (call.args and loc.code(call.args[0].value) == target)) \
+        if method == "step" and (owner == target or (call.args and loc.code(call.args[0].value) == target)) \
                 and not _after_synchronize(loc, stmt):
             edits.insert_before(stmt, f"finish_passes({model})\n")
         elif method == "synchronize" and owner == target:
@@ -310,10 +328,10 @@ def accumulation(tree: cst.Module) -> tuple[cst.Module, list[str]]:
         a for a in u.args if not (a.keyword and a.keyword.value == "backward_passes_per_step")])
     edits.insert_after(loc.statement(node), f"set_backward_passes({ast.unparse(passes)})\n")
     _accumulation_edits(loc, edits, ast.unparse(assign.targets[0]), model)
-    tree = add_helpers(edits.apply(), ACCUMULATE, "Horovod's backward_passes_per_step on DDP (written by dpcompare "
+    tree = add_helpers(_forward_to_backward(edits.apply(), model), ACCUMULATE, "Horovod's backward_passes_per_step on DDP (written by dpcompare "
                        "migrate): the gradients are all-reduced once per N backward() calls, summed over them")
-    return tree, [f"backward_passes_per_step={ast.unparse(passes)}: the port wraps all but every N-th backward() "
-                  f"in {model}.no_sync(), so DDP all-reduces once per N passes (summed over the passes, averaged "
+    return tree, [f"backward_passes_per_step={ast.unparse(passes)}: the port runs all but every N-th forward and "
+                  f"backward() under {model}.no_sync(), so DDP all-reduces once per N passes (summed over the passes, averaged "
                   "over the ranks) as Horovod does; a step after fewer passes averages what accumulated in full "
                   "precision"]
 
