@@ -158,6 +158,11 @@ def scan_script(path: Path) -> Scan:
         source = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    return scan_source(path, source)
+
+
+def scan_source(path: Path, source: str) -> Scan:
+    """Every Horovod import and use in ``source`` (read from ``path``, or a port being written)."""
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as e:
