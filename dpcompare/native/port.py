@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.files import atomic_write_text
-from dpcompare.native.migrate import Scan, Use
+from dpcompare.native.migrate import Scan, Use, scan_source
 
 #: whole calls replaced by an expression (their arguments do not matter)
 CALL_TEXT = {
@@ -319,8 +319,9 @@ def _import_edits(scan: Scan, helpers: set[str]) -> list[Edit]:
     return edits
 
 
-def port_source(scan: Scan, opt: _Optimizer, port_name: str) -> str:
-    """The DDP port's text."""
+def port_source(scan: Scan, opt: _Optimizer, port_name: str, elastic: bool = False) -> str:
+    """The DDP port's text (``elastic``: the elastic pass has rewritten the script; it runs under torchrun's
+    elastic agent)."""
     helpers: set[str] = set()
     inside = {id(n) for n in ast.walk(opt.stmt)}
     edits = _optimizer_edits(scan, opt)
@@ -335,6 +336,9 @@ def port_source(scan: Scan, opt: _Optimizer, port_name: str) -> str:
     header = (f"# DDP port of {scan.path.name}, written by `dpcompare migrate`: review it before use.\n"
               f"# Run: torchrun --nproc-per-node N {port_name} ARGS  "
               f"(or: dpcompare script --np N --as ddp -- python {port_name} ARGS)\n")
+    if elastic:
+        header += (f"# Elastic: torchrun --nnodes MIN:MAX --nproc-per-node N --max-restarts R --rdzv-backend c10d "
+                   f"--rdzv-endpoint HOST:PORT --rdzv-id ID {port_name} ARGS\n")
     first_line = 2 if scan.source.startswith("#!") else 1
     edits.append(Edit((first_line, 0), (first_line, 0), header))
     return apply_edits(scan.source, edits)
@@ -350,9 +354,19 @@ def _overlapping(scan: Scan, opt: _Optimizer) -> list[str]:
     return out
 
 
+def _elastic_first(scan: Scan) -> Scan:
+    """The scan of the script as the elastic pass rewrites it (:mod:`.port_elastic`)."""
+    from dpcompare.native.port_elastic import port_elastic_source
+
+    return scan_source(scan.path, port_elastic_source(scan.source)[0])
+
+
 def write_port(scan: Scan, dest: Path | None, dry_run: bool = False) -> dict[str, Any]:
     """Write the DDP port when the script is simple enough; what happened, as a message and its reasons."""
     reasons: list[str] = []
+    elastic = bool(scan.named("elastic"))
+    if elastic:  # issue 65 part B: the elastic pass (libcst) rewrites the script first; the rest ports its output
+        scan = _elastic_first(scan)
     opt = _find_optimizer(scan, reasons)
     reasons += reasons_not_simple(scan, opt)
     if opt is not None:
@@ -361,7 +375,7 @@ def write_port(scan: Scan, dest: Path | None, dry_run: bool = False) -> dict[str
     if reasons or opt is None:
         return {"written": None, "reasons": reasons,
                 "message": "No DDP port written: " + "; ".join(reasons) + "."}
-    text = port_source(scan, opt, dest.name)
+    text = port_source(scan, opt, dest.name, elastic)
     try:
         ast.parse(text)
     except SyntaxError as e:  # a translation this module got wrong: say so rather than write it
