@@ -49,7 +49,7 @@ def elastic_commit_path():
 
 
 class TorchState:
-    """hvd.elastic.TorchState: the model, the optimizer and the values given by name, saved by commit() and
+    """Horovod's TorchState: the model, the optimizer and the values given by name, saved by commit() and
     restored from the last commit when torchrun has restarted the workers."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
@@ -98,7 +98,7 @@ class TorchState:
 
 
 class ElasticSampler(torch.utils.data.Sampler):
-    """hvd.elastic.ElasticSampler: this rank's share of the epoch's indices not yet processed (record_batch
+    """Horovod's ElasticSampler: this rank's share of the epoch's indices not yet processed (record_batch
     counts them; set_epoch starts a new epoch), in Horovod's order (shuffled with seed + epoch)."""
 
     def __init__(self, dataset, shuffle=True, seed=0):
@@ -140,7 +140,7 @@ class ElasticSampler(torch.utils.data.Sampler):
 
 
 def elastic_run(func):
-    """hvd.elastic.run: call func; torchrun, not this wrapper, restarts the workers after a failure. The last
+    """Horovod's elastic.run: call func; torchrun, not this wrapper, restarts the workers after a failure. The last
     commit is removed when func returns, so that the next run starts afresh."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -213,7 +213,13 @@ def _with_helpers(tree: cst.Module) -> cst.Module:
     block = cst.parse_module("".join(f"import {m}\n" for m in missing) + HELPERS).body
     body = list(tree.body)
     last = max((i for i, stmt in enumerate(body) if _is_import(stmt)), default=-1)
-    return tree.with_changes(body=[*body[: last + 1], *block, *body[last + 1:]])
+    after = body[last + 1:]
+    if after:  # two blank lines between the helpers and the script's next statement
+        lines = list(after[0].leading_lines)
+        while lines and lines[0].comment is None:
+            lines.pop(0)
+        after[0] = after[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *lines])
+    return tree.with_changes(body=[*body[: last + 1], *block, *after])
 
 
 def elastic_pass(tree: cst.Module) -> tuple[cst.Module, list[str]]:
