@@ -132,6 +132,24 @@ def test_pass_renames_elastic_names_and_leaves_the_rest():
     ast.parse(code)
 
 
+def test_pass_drops_the_names_it_stands_for_from_elastic_imports():
+    source = textwrap.dedent('''\
+        from horovod.torch.elastic import TorchState, run
+        from horovod.torch.elastic import ElasticSampler as ES, ObjectState  # kept: ObjectState
+
+
+        @run
+        def train(state):
+            pass
+
+
+        state = TorchState(sampler=ES(range(4)), epoch=0)
+        ''')
+    code = elastic_pass(cst.parse_module(source))[0].code
+    assert "import TorchState" not in code and "from horovod.torch.elastic import ObjectState  # kept" in code
+    assert "@elastic_run" in code and "state = TorchState(sampler=ElasticSampler(range(4)), epoch=0)" in code
+
+
 def test_pass_leaves_a_script_without_elastic_alone():
     tree = cst.parse_module("import horovod.torch as hvd\nhvd.init()  # start\n")
     out, notes = elastic_pass(tree)

@@ -156,7 +156,8 @@ CALLS: dict[str, Call] = {
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
                     note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
-                         "restarted workers, which resume from it (docs/elastic.md)"),
+                         "restarted workers, which resume from it (docs/elastic.md); migrate's port does the same "
+                         "with helpers it writes (TorchState, ElasticSampler, elastic_run)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),
     "optimizer.skip_synchronize": Call("nothing: call optimizer.step() directly"),

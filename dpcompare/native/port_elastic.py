@@ -171,6 +171,19 @@ class _Rename(cst.CSTTransformer):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         return False
 
+    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom
+                         ) -> cst.ImportFrom | cst.RemovalSentinel:
+        """``from horovod.torch.elastic import TorchState, X`` keeps X only (the helper stands for TorchState)."""
+        module = get_full_name_for_node(original.module) if original.module else None
+        if module != ELASTIC or isinstance(original.names, cst.ImportStar):
+            return updated
+        kept = [a for a in original.names if f"{ELASTIC}.{get_full_name_for_node(a.name)}" not in NAMES]
+        if len(kept) == len(original.names):
+            return updated
+        if not kept:
+            return cst.RemoveFromParent()
+        return updated.with_changes(names=[*kept[:-1], kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+
     def _helper(self, node: cst.CSTNode) -> str | None:
         names = {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
         return next((NAMES[n] for n in sorted(names) if n in NAMES), None)
