@@ -6,6 +6,7 @@ that port run for real under torchrun at np=2, once straight through and once wi
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import socket
@@ -21,6 +22,7 @@ from dpcompare.launch.elastic import TORCHRUN_ENV, executable, torchrun_command
 from dpcompare.native.migrate import port_warnings, scan_script
 from dpcompare.native.port import write_port
 from dpcompare.native.port_elastic import DIFFERENCES, elastic_pass
+from dpcompare.native.record import ELASTIC_DIR_VAR, STEP_LOG, resumed_step
 
 HOROVOD_EXAMPLES = Path("/tmp/horovod/examples/elastic/pytorch")
 
@@ -191,12 +193,18 @@ def test_port_is_written_compiles_and_keeps_comments(port):
 
 
 def _torchrun(port: Path, folder: Path, fault_at: int | None) -> subprocess.CompletedProcess[str]:
+    """The port under torchrun at np=2, alone or (with a fault) in the ddp arm of ``dpcompare script``, as
+    ``compare --script ... --strategies ddp-elastic`` runs it: its records and step log in FOLDER/run."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         endpoint = f"127.0.0.1:{s.getsockname()[1]}"
-    cmd = torchrun_command([sys.executable, str(port)], nnodes=(1, 1), nproc_per_node=2, endpoint=endpoint,
-                           run_id=folder.name, max_restarts=1, torchrun=executable("torchrun"))
-    env = {**os.environ, **TORCHRUN_ENV, "DPCOMPARE_ELASTIC_DIR": str(folder / "commits"), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, str(port)]
+    if fault_at is not None:
+        argv = [sys.executable, "-m", "dpcompare.native", "--as", "ddp", "--out", str(folder / "run"),
+                "--overwrite", "--", *argv]
+    cmd = torchrun_command(argv, nnodes=(1, 1), nproc_per_node=2, endpoint=endpoint, run_id=folder.name,
+                           max_restarts=1, torchrun=executable("torchrun"))
+    env = {**os.environ, **TORCHRUN_ENV, ELASTIC_DIR_VAR: str(folder / "commits"), "OMP_NUM_THREADS": "1"}
     if fault_at is not None:
         env.update(FAULT_MARKER=str(folder / "died"), FAULT_AT_BATCH=str(fault_at))
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -217,3 +225,46 @@ def test_port_runs_under_torchrun_and_survives_a_lost_worker(port, tmp_path):
     assert (tmp_path / "fault" / "died").exists()
     assert re.findall(r"reset: epoch 1 batch 3 steps 11", faulty.stdout)  # 8 of epoch 0, 3 of epoch 1
     assert re.findall(r"final steps (\d+) weights (\w+)", faulty.stdout) == final
+    # the ddp arm's step log: a start at step 0, a start at the commit's step after the restart, 16 steps in all
+    rows = [json.loads(line) for line in (tmp_path / "fault" / "run" / STEP_LOG).read_text().splitlines()]
+    assert [(r["step"], r["world_size"]) for r in rows if r.get("event") == "start"] == [(0, 2), (11, 2)]
+    assert [r["step"] for r in rows if "event" not in r][-1] == 16
+
+
+def test_resumed_step_is_the_last_step_logged_before_the_commit_was_written(tmp_path):
+    log, commit = tmp_path / STEP_LOG, tmp_path / "commit.pt"
+    assert resumed_step(log, commit) == 0  # no commit: from the start
+    commit.write_bytes(b"")
+    os.utime(commit, (100.0, 100.0))
+    rows = [{"event": "start", "step": 0, "t": 1.0}, {"step": 1, "t": 2.0}, {"step": 2, "t": 99.5},
+            {"step": 3, "t": 100.5}, {"event": "start", "step": 2, "t": 101.0}, {"step": 3, "t": 102.0}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "t"')  # a half-written last line
+    assert resumed_step(log, commit) == 2
+    os.utime(commit, (101.5, 101.5))  # committed again after the restart, before a step: from the start's step
+    assert resumed_step(log, commit) == 2
+    os.utime(commit, (102.5, 102.5))  # and after a step of the restarted world
+    assert resumed_step(log, commit) == 3
+
+
+# -- compare's ddp-elastic arm: the port on torchrun's agents ---------------------------------------------------
+def test_compare_runs_the_port_of_an_elastic_script_in_its_ddp_elastic_arm(tmp_path):
+    from dpcompare import cli
+    from dpcompare.compare.command import comparison_of
+    from dpcompare.compare.plan import RunSpec
+    from dpcompare.compare.runner import child_command
+    from dpcompare.lab.hosts import Host, Lab
+
+    example = Path(__file__).parents[1] / "examples" / "horovod" / "elastic_mnist.py"
+    out = tmp_path / "o"
+    c = comparison_of(cli.build_parser().parse_args([
+        "compare", "--script", str(example), "--lab", "hosts=3", "--np", "3", "--fault", "host=2,at-step=20",
+        "--timeout", "7", "--strategies", "native-elastic,ddp-elastic", "--out", str(out)]))
+    arm = c.all_arms[-1]
+    assert (arm.label, arm.strategy, arm.elastic) == ("ddp-elastic/fault=host2@20", "ddp", True)
+    port = out / "elastic_mnist_ddp.py"
+    assert "@elastic_run" in port.read_text()  # migrate's port, written into the comparison's folder
+    lab = Lab("x", "sw", "10.9.9.0/24", 1, 10**9, [Host(i, f"ns{i}", f"10.9.9.{i + 1}", f"p{i}") for i in range(3)])
+    run = tmp_path / "run"
+    line = " ".join(child_command(c.config, RunSpec(arm, 3, 0), run, lab, step_log=True, script=c.script))
+    assert line.count("torchrun --nnodes=2:3") == 3 and "--as ddp" in line  # an agent per host
+    assert f"--step-log --timeout 7 --commit-dir {run}/commits -- python {port}" in line

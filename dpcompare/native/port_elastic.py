@@ -45,7 +45,7 @@ def elastic_commit_path():
     folder = os.environ.get("DPCOMPARE_ELASTIC_DIR") or os.path.join(
         tempfile.gettempdir(), f"port-elastic-{os.environ.get('USER') or os.getuid()}",
         os.environ.get("TORCHELASTIC_RUN_ID", "none"))
-    return os.path.join(folder, "commit.pt")
+    return os.path.join(folder, "commit.pt")  # the name dpcompare's recorder reads
 
 
 class TorchState:

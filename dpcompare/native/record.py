@@ -15,7 +15,9 @@ log ``compare --fault`` watches, in the format of dpcompare's own runs (``traini
 optimizer step from the rank that is 0 now, ``start`` when the wrapped function first runs in a process (after a
 torchrun restart: at the restored commit's step), ``commit`` at each commit and ``reset`` after Horovod Elastic
 rolled back. Its step count is the job's: rolled back to the commit's at a reset, and kept in the layer's commit
-on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker.
+on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker. A DDP port on torchrun's elastic agent
+(the ``ddp`` arm with a commit folder: ``ddp-elastic``) logs ``start`` as it starts, at the step its commit was
+written after (:func:`resumed_step`: the port's helpers know nothing of the recorder).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import threading
 import time
 import types
@@ -46,6 +49,25 @@ STEP_LOG = "steps.jsonl"
 
 def rank_file(out: Path, rank: int) -> Path:
     return out / f"rank{rank}.json"
+
+
+def resumed_step(log: Path, commit: Path) -> int:
+    """The step a restarted DDP port resumes from: the last step ``log`` (a step log) shows done, or started
+    from, when ``commit`` (the commit it restores) was written; 0 without a commit."""
+    try:
+        written = commit.stat().st_mtime
+        lines = log.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    step = 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a half-written last line, as a killed process leaves it
+        if row.get("event", "start") == "start" and "step" in row and row["t"] <= written:
+            step = int(row["step"])
+    return step
 
 
 class Recorder:
@@ -153,6 +175,9 @@ class Recorder:
         """The ``ddp`` arm: torch's global step hooks time every optimizer's ``step()``."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+        if os.environ.get(ELASTIC_DIR_VAR) and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            self._port_started()
+
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             self._pre = time.perf_counter()
 
@@ -164,6 +189,14 @@ class Recorder:
 
         register_optimizer_step_pre_hook(pre)
         register_optimizer_step_post_hook(post)
+
+    def _port_started(self) -> None:
+        """A DDP port starting on torchrun's elastic agent, before the script runs: ``start`` at the step the
+        commit it will restore was written after (the script may commit again before its first step)."""
+        self.step_log = True
+        commit = Path(os.environ[ELASTIC_DIR_VAR]) / "commit.pt"  # the port's helpers' name, as the layer's
+        self.total = self.committed = resumed_step(self.out / STEP_LOG, commit)
+        self.log(event="start", step=self.total, world_size=self._now()[1])
 
     # -- the horovod.torch module ---------------------------------------------------------------------------
     def _factory(self, factory: Callable[..., Any]) -> Callable[..., Any]:
