@@ -22,7 +22,7 @@ from dpcompare.launch.elastic import TORCHRUN_ENV, executable, torchrun_command
 from dpcompare.native.migrate import port_warnings, scan_script
 from dpcompare.native.port import write_port
 from dpcompare.native.port_elastic import DIFFERENCES, elastic_pass
-from dpcompare.native.record import ELASTIC_DIR_VAR, STEP_LOG, resumed_step
+from dpcompare.native.record import ELASTIC_DIR_VAR, STEP_LOG, commit_key, resumed_step
 
 HOROVOD_EXAMPLES = Path("/tmp/horovod/examples/elastic/pytorch")
 
@@ -234,16 +234,19 @@ def test_port_runs_under_torchrun_and_survives_a_lost_worker(port, tmp_path):
 def test_resumed_step_is_the_last_step_logged_before_the_commit_was_written(tmp_path):
     log, commit = tmp_path / STEP_LOG, tmp_path / "commit.pt"
     assert resumed_step(log, commit) == 0  # no commit: from the start
-    commit.write_bytes(b"")
-    os.utime(commit, (100.0, 100.0))
-    rows = [{"event": "start", "step": 0, "t": 1.0}, {"step": 1, "t": 2.0}, {"step": 2, "t": 99.5},
-            {"step": 3, "t": 100.5}, {"event": "start", "step": 2, "t": 101.0}, {"step": 3, "t": 102.0}]
-    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "t"')  # a half-written last line
-    assert resumed_step(log, commit) == 2
-    os.utime(commit, (101.5, 101.5))  # committed again after the restart, before a step: from the start's step
-    assert resumed_step(log, commit) == 2
-    os.utime(commit, (102.5, 102.5))  # and after a step of the restarted world
-    assert resumed_step(log, commit) == 3
+    commit.write_bytes(b"1")
+    old = commit_key(commit)
+    (tmp_path / "next").write_bytes(b"2")
+    os.replace(tmp_path / "next", commit)  # a newer commit: another file
+    new = commit_key(commit)
+    assert old != new
+    rows = [{"event": "start", "step": 0}, {"step": 1, "commit": None}, {"step": 2, "commit": old},
+            {"step": 3, "commit": new}, {"step": 4, "commit": new}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "c')  # a half-written last line
+    assert resumed_step(log, commit) == 2  # written between steps 2 and 3
+    rows[3:] = [{"event": "start", "step": 2}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert resumed_step(log, commit) == 2  # written after the last line: restarted again before a step
 
 
 # -- compare's ddp-elastic arm: the port on torchrun's agents ---------------------------------------------------

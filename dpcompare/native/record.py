@@ -17,7 +17,8 @@ torchrun restart: at the restored commit's step), ``commit`` at each commit and 
 rolled back. Its step count is the job's: rolled back to the commit's at a reset, and kept in the layer's commit
 on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker. A DDP port on torchrun's elastic agent
 (the ``ddp`` arm with a commit folder: ``ddp-elastic``) logs ``start`` as it starts, at the step its commit was
-written after (:func:`resumed_step`: the port's helpers know nothing of the recorder).
+written after (:func:`resumed_step`: the port's helpers know nothing of the recorder; its step lines name the
+commit on disk as they are written).
 """
 
 from __future__ import annotations
@@ -51,12 +52,22 @@ def rank_file(out: Path, rank: int) -> Path:
     return out / f"rank{rank}.json"
 
 
-def resumed_step(log: Path, commit: Path) -> int:
-    """The step a restarted DDP port resumes from: the last step ``log`` (a step log) shows done, or started
-    from, when ``commit`` (the commit it restores) was written; 0 without a commit."""
+def commit_key(commit: Path) -> str | None:
+    """Which commit is on disk (each is a new file: its inode and modification time), None when none is."""
     try:
-        written = commit.stat().st_mtime
-        lines = log.read_text().splitlines()
+        st = commit.stat()
+    except FileNotFoundError:
+        return None
+    return f"{st.st_ino}:{st.st_mtime_ns}"
+
+
+def resumed_step(log: Path, commit: Path) -> int:
+    """The step a restarted DDP port resumes from: in ``log`` (a step log whose step lines name the commit on
+    disk when they were written), the step done, or started from, before the first line that names ``commit``
+    (the commit it restores); when none does, it was written after the last line. 0 without a commit."""
+    key = commit_key(commit)
+    try:
+        lines = log.read_text().splitlines() if key is not None else []
     except FileNotFoundError:
         return 0
     step = 0
@@ -65,7 +76,9 @@ def resumed_step(log: Path, commit: Path) -> int:
             row = json.loads(line)
         except ValueError:
             continue  # a half-written last line, as a killed process leaves it
-        if row.get("event", "start") == "start" and "step" in row and row["t"] <= written:
+        if row.get("commit") == key:
+            break
+        if row.get("event", "start") == "start" and "step" in row:
             step = int(row["step"])
     return step
 
@@ -77,6 +90,7 @@ class Recorder:
         self.out, self.arm, self.rank, self.world_size = out, arm, rank, world_size
         self.step_log = step_log
         self.hvd: Any = None
+        self._commit: Path | None = None  # a DDP port's commit on torchrun: step lines name the one on disk
         self.total = 0          # the job's optimizer steps (rolled back with the state)
         self.committed = 0      # ... as of the last commit
         self.t0 = time.perf_counter()
@@ -100,7 +114,8 @@ class Recorder:
             self.threads_before = thread_cpu_s()
         self.total += 1
         if self.step_log:
-            self.log(step=self.total, world_size=self._now()[1], samples=1)
+            seen = {} if self._commit is None else {"commit": commit_key(self._commit)}
+            self.log(step=self.total, world_size=self._now()[1], samples=1, **seen)
 
     # -- the step log and elastic runs ------------------------------------------------------------------------
     def _now(self) -> tuple[int, int]:
@@ -194,8 +209,8 @@ class Recorder:
         """A DDP port starting on torchrun's elastic agent, before the script runs: ``start`` at the step the
         commit it will restore was written after (the script may commit again before its first step)."""
         self.step_log = True
-        commit = Path(os.environ[ELASTIC_DIR_VAR]) / "commit.pt"  # the port's helpers' name, as the layer's
-        self.total = self.committed = resumed_step(self.out / STEP_LOG, commit)
+        self._commit = Path(os.environ[ELASTIC_DIR_VAR]) / "commit.pt"  # the port's helpers' name, as the layer's
+        self.total = self.committed = resumed_step(self.out / STEP_LOG, self._commit)
         self.log(event="start", step=self.total, world_size=self._now()[1])
 
     # -- the horovod.torch module ---------------------------------------------------------------------------
