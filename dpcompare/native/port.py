@@ -11,6 +11,8 @@ local rank. It never overwrites a file.
 from __future__ import annotations
 
 import ast
+import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -361,16 +363,26 @@ def _elastic_first(scan: Scan) -> Scan:
     return scan_source(scan.path, port_elastic_source(scan.source)[0])
 
 
+def _script_lines(reasons: list[str], script: str, rewritten: str) -> list[str]:
+    """``reasons`` with their ``line N`` of ``rewritten`` given as the line of ``script`` it was."""
+    where: dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, script.splitlines(), rewritten.splitlines(), autojunk=False)
+    for block in matcher.get_matching_blocks():
+        where.update({block.b + i + 1: block.a + i + 1 for i in range(block.size)})
+    return [re.sub(r"\bline (\d+)", lambda m: f"line {where.get(int(m[1]), m[1])}", r) for r in reasons]
+
+
 def write_port(scan: Scan, dest: Path | None, dry_run: bool = False) -> dict[str, Any]:
     """Write the DDP port when the script is simple enough; what happened, as a message and its reasons."""
     reasons: list[str] = []
-    elastic = bool(scan.named("elastic"))
+    script, elastic = scan.source, bool(scan.named("elastic"))
     if elastic:  # issue 65 part B: the elastic pass (libcst) rewrites the script first; the rest ports its output
         scan = _elastic_first(scan)
     opt = _find_optimizer(scan, reasons)
     reasons += reasons_not_simple(scan, opt)
     if opt is not None:
         reasons += _overlapping(scan, opt)
+    reasons = _script_lines(reasons, script, scan.source) if elastic else reasons
     dest = dest or scan.path.with_name(f"{scan.path.stem}_ddp.py")
     if reasons or opt is None:
         return {"written": None, "reasons": reasons,
