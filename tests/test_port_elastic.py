@@ -226,12 +226,12 @@ def test_port_runs_under_torchrun_and_survives_a_lost_worker(port, tmp_path):
     assert clean.returncode == 0, clean.stderr[-3000:]
     final = re.findall(r"final steps (\d+) weights (\w+)", clean.stdout)
     assert final and final[0][0] == "16"  # 2 epochs of 64 samples, 2 ranks of 4 a batch
-    assert "reset:" not in clean.stdout
+    assert "reset:" not in clean.stdout and "resuming from the last commit" not in clean.stderr
     assert not (tmp_path / "clean" / "commits" / "commit.pt").exists()  # removed when train() returned
 
     faulty = _torchrun(port, tmp_path / "fault", 5)  # the last commit before it: batch 3 of epoch 1
     assert faulty.returncode == 0, faulty.stderr[-3000:]
-    assert (tmp_path / "fault" / "died").exists()
+    assert (tmp_path / "fault" / "died").exists() and "elastic: resuming from the last commit" in faulty.stderr
     assert re.findall(r"reset: epoch 1 batch 3 steps 11", faulty.stdout)  # 8 of epoch 0, 3 of epoch 1
     assert re.findall(r"final steps (\d+) weights (\w+)", faulty.stdout) == final
     # the ddp arm's step log: a start at step 0, a start at the commit's step after the restart, 16 steps in all

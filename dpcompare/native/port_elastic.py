@@ -64,6 +64,8 @@ class TorchState:
         found = [os.path.exists(elastic_commit_path())]
         torch.distributed.broadcast_object_list(found, src=0)  # rank 0 decides for everyone
         if found[0]:
+            if torch.distributed.get_rank() == 0:
+                print(f"elastic: resuming from the last commit, {elastic_commit_path()}", file=sys.stderr)
             saved = torch.load(elastic_commit_path(), weights_only=True)
             for name in self._names:
                 value = getattr(self, name)
@@ -152,7 +154,7 @@ def elastic_run(func):
     return wrapper
 '''
 #: the modules the helpers use, imported after the script's imports when the script does not bind them
-HELPER_MODULES = ("functools", "math", "os", "random", "tempfile", "torch")
+HELPER_MODULES = ("functools", "math", "os", "random", "sys", "tempfile", "torch")
 
 
 class _Rename(cst.CSTTransformer):
