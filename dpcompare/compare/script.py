@@ -11,7 +11,8 @@ the final weights the optimizer held (parity) and the step times between success
 An elastic script (``hvd.elastic.run``) has two elastic arms, started by the launch builders of dpcompare's own
 elastic arms (:meth:`dpcompare.lab.Lab.elastic_command`): ``horovod-elastic``, real Horovod Elastic
 (``horovodrun`` with the lab's host discovery script), and ``native-elastic``, the native layer on torchrun's
-elastic agents, one per host (:mod:`dpcompare.native.elastic`). Their runs write the step log ``--fault`` reads.
+elastic agents, one per host (:mod:`dpcompare.native.elastic`); ``ddp-elastic`` runs the DDP port (its elastic helpers:
+:mod:`dpcompare.native.port_elastic`) on torchrun's agents. Their runs write the step log ``--fault`` reads.
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ def script_plan(a: argparse.Namespace, arms: list[str], out: Path) -> ScriptPlan
 
 
 def check_elastic_arms(arms: list[Arm]) -> None:
-    """A script's elastic arms are horovod-elastic (real Horovod Elastic) and native-elastic (the layer on
-    torchrun); a DDP port has no elastic mode of its own."""
+    """A script's elastic arms are horovod-elastic (real Horovod Elastic), native-elastic (the layer on torchrun)
+    and ddp-elastic (the DDP port on torchrun)."""
     wrong = [a.name for a in arms if a.elastic and a.strategy not in SCRIPT_ELASTIC]
     if wrong:
         raise ConfigError(f"--script runs the elastic arms {', '.join(f'{x}-elastic' for x in SCRIPT_ELASTIC)}; "

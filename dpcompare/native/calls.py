@@ -25,9 +25,9 @@ _NATIVE_COMMUNICATION = {
     "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
 }
 #: the launcher of each script arm's elastic mode (``compare --script ... --strategies horovod-elastic,native-elastic``):
-#: the script under real Horovod Elastic (horovodrun with a host discovery script), or under the layer on
-#: torchrun's elastic agents
-SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun"}
+#: the script under real Horovod Elastic (horovodrun with a host discovery script), under the layer on torchrun's
+#: elastic agents, or its DDP port (``ddp-elastic``: migrate's elastic helpers) on torchrun's elastic agents
+SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun", "ddp": "torchrun"}
 
 
 def script_elastic_base(name: str) -> str | None:
@@ -166,7 +166,8 @@ CALLS: dict[str, Call] = {
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
                     note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
-                         f"restarted workers, which resume from it ({docs_page('elastic')})"),
+                         "restarted workers, which resume from it (" + docs_page("elastic") + "); migrate's port does the same "
+                         "with helpers it writes (TorchState, ElasticSampler, elastic_run)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),
     "optimizer.skip_synchronize": Call("nothing: call optimizer.step() directly"),

@@ -210,6 +210,10 @@ def port_warnings(scan: Scan) -> list[str]:
     if "BatchNorm" in scan.source or "torchvision" in scan.source:
         out.append("BatchNorm buffers: DDP copies rank 0's buffers to every rank before each forward, Horovod "
                    "leaves each rank its own (rank 0's and the weights agree; other ranks' running statistics do not)")
+    if scan.named("elastic"):
+        from dpcompare.native.port_elastic import DIFFERENCES
+
+        out += DIFFERENCES
     if scan.named("DistributedOptimizer"):
         out.append("checkpoints: the DDP model's state_dict() keys start with 'module.' (save "
                    "model.module.state_dict() to keep Horovod's keys)")
