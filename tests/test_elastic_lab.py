@@ -109,7 +109,7 @@ def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tm
     steps of ~10 ms, so that the job is still running when it dies: at one epoch it once ended first): real Horovod Elastic rolls back in its survivor, the layer's worker is
     restarted by torchrun and restores the commit from disk; both finish alone. Compare's own --timeout (300 s): both
     notice the lost host in seconds, Horovod by its ssh session, the layer's survivor by the missed heartbeats
-    (dpcompare/native/liveness.py), so each pause is far below the collective timeout. Without the fault the two
+    (dpcompare/launch/liveness.py), so each pause is far below the collective timeout. Without the fault the two
     arms end with the same weights, bit for bit."""
     import torch
 

@@ -1,4 +1,4 @@
-"""A lost peer noticed in seconds under torchrun (dpcompare/native/liveness.py).
+"""A lost peer noticed in seconds under torchrun (dpcompare/launch/liveness.py).
 
 The monitor's rules on a store and clock of the test's own; then two workers of the native layer as torchrun
 starts them (its variables, no agent: the agent would notice its own worker's end, not a silent peer) where rank
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dpcompare.native import liveness
-from dpcompare.native.liveness import DONE_KEY, RESTART_EXIT, Monitor
+from dpcompare.launch import liveness
+from dpcompare.launch.liveness import DONE_KEY, RESTART_EXIT, Monitor
 
 from conftest import ROOT
 

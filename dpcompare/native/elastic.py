@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 
 from dpcompare.files import atomic_write
+from dpcompare.launch.liveness import RESTART_EXIT
 from dpcompare.native import state as _state
 from dpcompare.native.collectives import HorovodInternalError, broadcast_object
 from dpcompare.native.functions import broadcast_optimizer_state, broadcast_parameters
-from dpcompare.native.liveness import RESTART_EXIT
 from dpcompare.native.record import ELASTIC_DIR_VAR
 
 #: the folder commits are kept in (shared by every host of the job); default: one per torchrun run id

@@ -22,8 +22,8 @@ from pathlib import Path
 from types import ModuleType
 
 from dpcompare.errors import ConfigError, DpcompareError
+from dpcompare.launch import liveness
 from dpcompare.launch.env import detect_launch_env, reporting_rank
-from dpcompare.native import liveness
 from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
 from dpcompare.native.record import ELASTIC_DIR_VAR, OUT_VAR, PARAMS, Recorder, rank_file
 

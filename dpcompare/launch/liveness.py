@@ -1,5 +1,8 @@
 """A lost peer noticed in seconds under torchrun's elastic agent: heartbeats on the job's store.
 
+Used by the elastic arms whose workers torchrun starts: ``native-elastic`` and a port's (the script runner,
+:mod:`dpcompare.native.runner`) and ``ddp-elastic`` (the training loop, :func:`watching`).
+
 A host that dies with its link down sends nothing, not even its sockets' FIN: the survivors' gloo collective
 waits on it until the collective timeout (``--timeout``, minutes), and torchrun's agents restart nothing while
 their own workers are alive. Horovod Elastic notices such a host in seconds (its driver loses the worker's ssh
@@ -23,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -158,3 +161,16 @@ def stop(clean: bool) -> None:
     if clean and monitor.store is not None:
         monitor.finish(3 * BEAT_S)
     monitor.finished.set()
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[bool]:
+    """``with watching():`` the heartbeat of this worker while the block runs (True: started, under torchrun);
+    the block's clean end marks the job done."""
+    started, clean = start(), False
+    try:
+        yield started
+        clean = True
+    finally:
+        if started:
+            stop(clean)
