@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dpcompare.errors import ConfigError, DpcompareError
+from dpcompare.launch import liveness
 from dpcompare.launch.env import detect_launch_env, reporting_rank
 from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
 from dpcompare.native.record import ELASTIC_DIR_VAR, OUT_VAR, PARAMS, Recorder, rank_file
@@ -167,6 +168,7 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     if threads is not None:
         set_threads(threads)
     code = 1
+    liveness.start()  # an elastic job's worker (torchrun): a lost peer noticed in seconds, not at --timeout
     try:
         code = _execute(target)
     except Unsupported:
@@ -176,6 +178,7 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
         if recorder is not None:
             recorder.write(code)
         _leave_group(arm)
+        liveness.stop(clean=code == 0)
     return code
 
 

@@ -38,6 +38,7 @@ from dpcompare.files import (
     atomic_write_text,
     remove_stale_temporaries,
 )
+from dpcompare.launch import liveness
 from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
 from dpcompare.options import CONFIG_FILE, changed_settings, write_train_config
 from dpcompare.progress import ProgressLine
@@ -257,8 +258,11 @@ class Run:
         return epoch <= cfg.epochs
 
     def watching(self) -> contextlib.AbstractContextManager[Any]:
-        """The step watchdog (--timeout) of a run with peers; an elastic run recovers instead."""
-        if self.elastic or self.strategy.world_size < 2:
+        """The step watchdog (--timeout) of a run with peers; an elastic run recovers instead, and under torchrun
+        its workers notice a lost peer by its missed heartbeats (:mod:`dpcompare.launch.liveness`)."""
+        if self.elastic:
+            return liveness.watching()
+        if self.strategy.world_size < 2:
             return contextlib.nullcontext()
         self.watchdog = StepWatchdog(self.cfg.timeout, f"rank {self.strategy.rank} of {self.strategy.world_size}")
         return self.watchdog
