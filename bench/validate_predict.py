@@ -52,7 +52,7 @@ from dpcompare.lab.spec import link_bps
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
 from dpcompare.prediction import interval, overlap, strategies, sweep
-from dpcompare.prediction.network import Bench, Link, Network, load_burst, load_calibration, load_profiles
+from dpcompare.prediction.network import Bench, Link, Network, load_bucket, load_calibration, load_profiles
 from dpcompare.prediction.profile import (
     PROBE_MIN_STEPS,
     UNTRACED_MODES,
@@ -113,7 +113,7 @@ def run_train(lab: Lab, argv: list[str], timeout: float) -> float:
 
 def bench(lab: Lab, path: Path, a: argparse.Namespace) -> None:
     backends = tuple(dict.fromkeys("mpi" if s == "horovod" else "gloo" for s in a.strategies))
-    doc = labbench.measure(lab, labbench.parse_sizes(a.bench_sizes), backends, ("allreduce",), warmup=1, iters=3,
+    doc = labbench.measure(lab, labbench.parse_sizes(a.bench_sizes), backends, ("all_reduce",), warmup=1, iters=3,
                            repeats=a.bench_repeats, logs=path.with_suffix(""))  # kept when the lab goes
     labbench.write(doc, path)
     for line in labbench.mode_lines(doc):
@@ -239,9 +239,10 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
     knobs = sweep.knobs_of(p, {})
     cal = {"none": None, "same": rec["bench"], "idle": rec["bench"], "one": one}[which]
     b2b = which != "idle"  # "idle": the bench's sizes timed back to back left out
+    burst, gap = load_bucket(cal) if cal else (0.0, None)
     net = Network(1, Link.of(0.0, link_bps(rec["link"]) or 0), 1, None, load_calibration(cal) if cal else {},
                   strategies.trace_floors(p) if floor else {}, load_profiles(cal, back_to_back=b2b) if cal else {},
-                  load_burst(cal) if cal else 0.0, strategies.trace_waits(p) if straggler else {})
+                  burst, strategies.trace_waits(p) if straggler else {}, gap)
     ov = overlap.Overlap()
     if with_overlap:
         shaped = strategies.profile(Path(rec["overlap_trace"]), p.measured["probe"]["mode"])  # as the traced run

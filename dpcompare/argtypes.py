@@ -77,7 +77,7 @@ class NameList(list):
     """argparse ``choices`` for a comma-separated list of names: a value is "in" it when each of its names is."""
 
     def __contains__(self, value: object) -> bool:
-        return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n)
+        return isinstance(value, str) and all(list.__contains__(self, n) for n in value.split(",") if n and n != "none")
 
 
 class PluginNames(list):
@@ -108,9 +108,10 @@ TRACKERS: dict[str, tuple[str | None, str | None, str]] = {
 
 
 def install_hint(name: str) -> str:
-    """What brings tracker ``name``'s module: ``pip install 'dpcompare[EXTRA]'`` or ``pip install MODULE``."""
+    """What brings tracker ``name``'s module: ``pip install -e '.[EXTRA]'`` (in a dpcompare checkout) or
+    ``pip install MODULE``."""
     module, extra, _ = TRACKERS[name]
-    return f"pip install 'dpcompare[{extra}]'" if extra else f"pip install {module}"
+    return f"pip install -e '.[{extra}]'" if extra else f"pip install {module}"
 
 
 def tracker_list(text: str) -> str:
@@ -125,7 +126,7 @@ def tracker_list(text: str) -> str:
         module = TRACKERS[n][0]
         if module and importlib.util.find_spec(module) is None:
             raise argparse.ArgumentTypeError(f"{n} is not installed: {install_hint(n)}")
-    return ",".join(names)
+    return ",".join(names) or "none"  # stored as written: an empty value reads as a missing one
 
 
 def model_arg(text: str) -> str:

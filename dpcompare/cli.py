@@ -8,101 +8,40 @@ import re
 import sys
 from collections.abc import Sequence
 
-from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE
 from dpcompare.launch.jobs import leave, run_command
+from dpcompare.options import START, Parser, Renamed
 from dpcompare.versions import __version__
 
-__all__ = ["build_parser", "entry", "leave", "main"]
+__all__ = ["build_parser", "entry", "leave", "main", "subcommands"]
 
 DESCRIPTION = """\
-Run one training job under PyTorch DDP and under Horovod, and compare them honestly.
+Run one training job under PyTorch DDP, Horovod, ZeRO-1 and FSDP2, and compare them honestly.
 
 Launch any command the way clusters do:  mpirun -np 2 dpcompare train --strategy ddp ...
 (srun, torchrun, horovodrun and plain one-process `python` work too).
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line (no usage block), exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        sys.exit(2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="dpcompare", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> Parser:
+    p = Parser(prog="dpcompare", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"dpcompare {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub, _Parser)
-    for name, sp in sub.choices.items():
-        arrange(sp, FIRST.get(name, ()), MOVES.get(name, {}))
-    p.set_defaults(commands=sub.choices)
+        importlib.import_module(name).register(sub, Parser)
+    for sp in p.subcommands.values():
+        if START in sp.sections:  # the full list is below, by section: the usage line names only what must be given
+            sp.shorten_usage()
+    p.set_defaults(commands=p.subcommands)
     return p
 
 
-#: the options a first user needs, shown first in each command's --help (and docs/cli.md)
-START = "start here"
-FIRST = {
-    "train": ("--config", "--strategy", "--model", "--dataset", "--epochs", "--max-steps", "--batch-size", "--lr",
-              "--out", "--overwrite", "--resume", "--trace"),
-    "compare": ("--config", "--strategies", "--np", "--model", "--dataset", "--epochs", "--batch-size", "--repeats",
-                "--target-ci", "--lab", "--out", "--overwrite"),
-    "parity": ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size", "--tolerance",
-               "--script", "--out", "--overwrite"),
-    "predict": ("--config", "--link", "--hosts", "--strategies", "--latency", "--threshold", "--out"),
-}
-WHAT_IF = "communication knobs, what if (each replaces the traced run's own)"
-#: the groups of --help in their order: what to compare, how long, where it runs, the training job, the knobs, output
-GROUPS = (START, "positional arguments", "what to compare", "verdicts", HOW_LONG, WHERE, "a Horovod script", TRAINING, KNOBS,
-          WHAT_IF, "the network model", OUTPUT)
-#: a command's own options, to the group of their concern (the train settings' groups come from TrainConfig)
-MOVES = {
-    "compare": {"--variants": "what to compare", "--sweep": "what to compare", "--seeds": "what to compare",
-                "--fault": "what to compare", "--replay": "what to compare", "--max-repeats": HOW_LONG,
-                "--time-budget": HOW_LONG, "--equivalence": "verdicts", "--accuracy-equivalence": "verdicts",
-                "--run-timeout": HOW_LONG,
-                "--workers": WHERE, "--project-link": OUTPUT, "--continue": OUTPUT},
-    "parity": {"--single-tolerance": "what to compare", "--no-single": "what to compare", "--lab": WHERE,
-               "--run-timeout": HOW_LONG},
-    "predict": {"--ranks-per-host": "the network model", "--intra-link": "the network model",
-                "--intra-latency": "the network model", "--calibration": "the network model",
-                "--floor-from-trace": "the network model", "--straggler-from-trace": "the network model",
-                "--untraced-compute": "the network model",
-                "--cycle-ms": WHAT_IF, "--fp16": WHAT_IF, "--quiet": OUTPUT, "--bucket-mb": WHAT_IF, "--fusion-mb": WHAT_IF},
-}
-
-
-def arrange(p: argparse.ArgumentParser, first: Sequence[str], moves: dict[str, str]) -> None:
-    """``p``'s --help by concern: ``first`` in a group of its own at the top, ``moves`` to their groups, groups
-    of one title merged and in the order of :data:`GROUPS` (any other group after them, as it was)."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for g in list(p._action_groups):
-        title = str(g.title).split(" (")[0] if str(g.title).startswith("a Horovod script") else str(g.title)
-        if title in groups:  # the same concern twice: one group
-            groups[title]._group_actions += g._group_actions
-            p._action_groups.remove(g)
-        else:
-            groups[title] = g
-    wanted = {**moves, **dict.fromkeys(first, START)}
-    for flag, title in wanted.items():
-        act = p._option_string_actions.get(flag)
-        if act is None:
-            continue
-        target = groups.get(title) or groups.setdefault(title, p.add_argument_group(title))
-        for g in groups.values():
-            if act in g._group_actions:
-                g._group_actions.remove(act)
-        target._group_actions.append(act)
-    groups[START]._group_actions.sort(key=lambda a: list(first).index(a.option_strings[0])) if START in groups else None
-    if first:  # the full list is below, by concern: the usage line names only what must be given
-        pos = [a.metavar or a.dest for a in p._actions if not a.option_strings and a.help != argparse.SUPPRESS]
-        p.usage = " ".join(["%(prog)s [options]", *(f"{m} [{m} ...]" for m in pos)])
-    rank = {t: i for i, t in enumerate(GROUPS)}
-    p._action_groups.sort(key=lambda g: rank.get(g.title, rank.get(str(g.title).split(" (")[0], len(GROUPS))))
+def subcommands(p: Parser) -> list[Parser]:
+    """``p``'s sub-commands, depth first (each once: aliases are one parser)."""
+    found: list[Parser] = []
+    for sp in dict.fromkeys(p.subcommands.values()):
+        found += [sp, *subcommands(sp)]
+    return found
 
 
 # Each module defines ``register(subparsers, parser_class)`` adding its sub-command(s).
@@ -125,10 +64,13 @@ COMMAND_MODULES = (
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:  # a bare `dpcompare`: what it does and its commands
+        parser.print_help()
+        return 0
     args = parser.parse_args(argv)
     if getattr(args, "config", None) is None:
         return run_command(args.command, args.func, _given(args, argv))
-    return run_command(args.command, lambda a: (b := configured(parser, argv, a)).func(b), args)
+    return run_command(args.command, lambda a: (b := with_config_file(parser, argv, a)).func(b), args)
 
 
 def _given(a: argparse.Namespace, argv: list[str], raw: dict | None = None) -> argparse.Namespace:
@@ -137,7 +79,7 @@ def _given(a: argparse.Namespace, argv: list[str], raw: dict | None = None) -> a
     return a
 
 
-def configured(parser: argparse.ArgumentParser, argv: list[str], a: argparse.Namespace) -> argparse.Namespace:
+def with_config_file(parser: Parser, argv: list[str], a: argparse.Namespace) -> argparse.Namespace:
     """``--config FILE``: the arguments again, with the file's settings as the command's defaults (flags given win)."""
     from dpcompare.options import read_config
 
@@ -151,7 +93,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     """The arguments ``dpcompare ARGV`` runs its command with (``--config`` applied)."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    return configured(parser, list(argv), args) if getattr(args, "config", None) else _given(args, list(argv))
+    return with_config_file(parser, list(argv), args) if getattr(args, "config", None) else _given(args, list(argv))
 
 
 # -- docs/cli.md, generated from the parsers (scripts/cli_doc.py writes it; tests/test_cli_doc.py checks it) ----
@@ -186,53 +128,62 @@ seeding alone unless given one.
 """
 
 
-def _commands(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    """``p``'s sub-commands, depth first (each once: aliases are one parser)."""
-    found: list[argparse.ArgumentParser] = []
-    for act in p._actions:
-        if isinstance(act, argparse._SubParsersAction):
-            for sp in dict.fromkeys(act.choices.values()):
-                found += [sp, *_commands(sp)]
-    return found
-
-
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _option_row(p: argparse.ArgumentParser, act: argparse.Action) -> str | None:
-    if act.help == argparse.SUPPRESS or isinstance(act, argparse._HelpAction | argparse._SubParsersAction):
+def _metavar(act: argparse.Action) -> str:
+    """How --help names ``act``'s values (argparse's own formatting of them is private)."""
+    if act.nargs == 0:
+        return ""
+    choices = "{" + ",".join(map(str, act.choices)) + "}" if act.choices else None
+    m = str(act.metavar or choices or (act.dest.upper() if act.option_strings else act.dest))
+    if isinstance(act.nargs, int):
+        return " ".join([m] * act.nargs)
+    return {"?": f"[{m}]", "*": f"[{m} ...]", "+": f"{m} [{m} ...]", argparse.REMAINDER: "..."}.get(str(act.nargs), m)
+
+
+def _help_text(p: Parser, act: argparse.Action) -> str:
+    """``act``'s help as --help prints it: its ``%(default)s``-style fields filled in."""
+    params = {k: v for k, v in vars(act).items() if v is not argparse.SUPPRESS}
+    if act.choices is not None:
+        params["choices"] = ", ".join(map(str, act.choices))
+    return str(act.help) % {**params, "prog": p.prog}
+
+
+def _option_row(p: Parser, act: argparse.Action) -> str | None:
+    if act.help == argparse.SUPPRESS or act.dest == "help":
         return None
-    fmt = p._get_formatter()
-    metavar = fmt._format_args(act, act.dest.upper()) if act.nargs != 0 else ""
+    metavar = _metavar(act)
     name = ", ".join(act.option_strings) + (" " if act.option_strings and metavar else "") + metavar
     default = act.default
-    shown = "" if default in (None, False, argparse.SUPPRESS) or act.nargs == 0 or default == [] else \
-        ",".join(map(str, default)) if isinstance(default, list | tuple) else default
-    text = re.sub(r"\s*\(default:? [^()]*\)$", "", fmt._expand_help(act).strip()) if shown != "" else \
-        fmt._expand_help(act)
+    hidden = default is None or default is False or default is argparse.SUPPRESS or act.nargs == 0 or default == []
+    shown = "" if hidden else ",".join(map(str, default)) if isinstance(default, list | tuple) else default
+    text = _help_text(p, act)
+    said = re.search(r"\s*\(default:? ([^()]*)\)$", text.strip())
+    if said and shown != "":  # the help's own words for the default win over a stand-in value (0: unset)
+        text, shown = (re.sub(r"\s*\(default:? [^()]*\)$", "", text.strip()), shown) if said.group(1) == str(shown) \
+            else (text, "")
     return f"| `{_cell(name)}` | {f'`{_cell(shown)}`' if shown != '' else ''} | {_cell(text)} |"
 
 
-def _command_doc(p: argparse.ArgumentParser) -> list[str]:
+def _command_doc(p: Parser) -> list[str]:
     lines = [f"## {p.prog}", "", _cell(p.description or ""), "", f"```text\n{p.format_usage().strip()}\n```", ""]
-    if not p._actions[1:]:
+    if not [a for a in p.options if a.dest != "help"] and not p.subcommands:
         lines[-2:] = []
-    for group in p._action_groups:
-        rows = [r for r in (_option_row(p, a) for a in group._group_actions) if r]
+    for title, actions in p.sections.items():
+        rows = [r for r in (_option_row(p, a) for a in actions) if r]
         if rows:
-            lines += [f"**{group.title}**", "", "| option | default | what it does |", "|---|---|---|", *rows, ""]
+            lines += [f"**{title}**", "", "| option | default | what it does |", "|---|---|---|", *rows, ""]
     if p.epilog:
         lines += [f"```text\n{p.epilog.strip()}\n```", ""]
     return lines
 
 
-def _renamed(p: argparse.ArgumentParser) -> list[str]:
+def _renamed(p: Parser) -> list[str]:
     """The table of old spellings that still work for one release."""
-    from dpcompare.options import Deprecated
-
-    rows = [f"| {sp.prog} | `{a.option_strings[0]}` | `{a.spelt}` |" for sp in _commands(p) for a in sp._actions
-            if isinstance(a, Deprecated)]
+    rows = [f"| {sp.prog} | `{a.option_strings[0]}` | `{a.new}` |" for sp in subcommands(p) for a in sp.options
+            if isinstance(a, Renamed)]
     if not rows:
         return []
     return ["## Renamed flags", "", "These old spellings still work in this release, each with a one-line warning "
@@ -248,7 +199,7 @@ def markdown() -> str:
     try:
         p = build_parser()
         lines = [CLI_DOC_HEAD, *_renamed(p)]
-        for sp in _commands(p):
+        for sp in subcommands(p):
             lines += _command_doc(sp)
     finally:
         if width is None:

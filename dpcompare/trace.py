@@ -28,6 +28,7 @@ for Horovod, one lane per tensor as Horovod's timeline draws it.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -148,15 +149,25 @@ def events_in(events: Sequence[dict[str, Any]], step: dict[str, Any], cat: str) 
     return [e for e in events if e.get("cat") == cat and e["pid"] == step["pid"] and a <= e["ts"] <= b]
 
 
-# -- collectives, nccl-tests style -----------------------------------------------------------------------
-#: the collective a ``CAT_COMM`` event stands for (``args["collective"]``; absent: an all-reduce)
+# -- the network's formulas: one home for the trace's figures, `lab bench` and `predict` --------------------
+#: the collective a ``CAT_COMM`` event stands for (``args["collective"]``; absent: an all-reduce), and the one
+#: spelling of each collective in bench files, calibrations and predictions
 ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER = "all_reduce", "broadcast", "all_gather", "reduce_scatter"
 #: DDP's all-reduce of a sparse gradient: gloo coalesces it, all-gathers every rank's indices and values and sums
 #: them locally, so on the wire it is an all-gather (``bytes``: the gathered indices and values)
 SPARSE_ALL_REDUCE = "sparse_all_reduce"
 COLLECTIVES = (ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, SPARSE_ALL_REDUCE)
+#: spellings read in files and flags written before there was one (``lab bench`` files up to 0.2)
+OLD_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER, "reducescatter": REDUCE_SCATTER}
 #: bits per second of each host's link, set by ``dpcompare lab`` for the ranks it runs (or by the user)
 LINK_ENV = "DPCOMPARE_LINK_BPS"
+
+
+def collective_name(name: str) -> str:
+    """A collective's name as dpcompare spells it (``all_reduce``); older spellings (``allreduce``,
+    ``all-reduce``) read too."""
+    name = name.strip().lower().replace("-", "_")
+    return OLD_NAMES.get(name, name)
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -171,7 +182,42 @@ def bus_factor(collective: str, n: int) -> float:
     raise ValueError(f"unknown collective {collective!r}")
 
 
-def link_bps(environ: dict[str, str] | None = None) -> float | None:
+def latency_steps(collective: str, n: int) -> int:
+    """The message steps that each pay the latency α in ``collective`` over ``n`` ranks: a ring's 2(n−1) for an
+    all-reduce, n−1 for an all-gather or reduce-scatter, a pipelined tree's ⌈log2 n⌉ for a broadcast."""
+    if collective == ALL_REDUCE:
+        return 2 * (n - 1)
+    if collective == BROADCAST:
+        return math.ceil(math.log2(n)) if n > 1 else 0
+    return n - 1
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of times ``ys`` against sizes ``xs``: the α-β fit, wherever dpcompare fits one.
+
+    Theil-Sen (scipy.stats.theilslopes, ``method="joint"``: the median of the pairwise slopes, the intercept the
+    median of what is left), not least squares: a measured collective is only ever slower than its line (it
+    waited for a late peer, for a core that backward held, for tokens a shaped link had not refilled), never
+    faster, and a median ignores those while least squares tilts towards them.
+    """
+    from scipy.stats import theilslopes  # scipy takes ~0.3 s to import; `dpcompare --help` reads this module
+
+    slope, intercept, _, _ = theilslopes(ys, xs, method="joint")
+    return float(intercept), float(slope)
+
+
+def idle_gap_s(burst_bytes: float, rate_Bps: float) -> float:
+    """How long `lab bench` idles a shaped link before each operation it times: twice the time the link's
+    token bucket (tbf's burst of ``burst_bytes``) takes to refill at ``rate_Bps``; 0 without a bucket."""
+    return 2 * burst_bytes / rate_Bps if burst_bytes > 0 and rate_Bps > 0 else 0.0
+
+
+def burst_of_gap(gap_s: float, rate_Bps: float) -> float:
+    """The burst an idle gap of ``gap_s`` refilled at ``rate_Bps`` (:func:`idle_gap_s` the other way round)."""
+    return gap_s / 2 * rate_Bps if gap_s > 0 and rate_Bps > 0 else 0.0
+
+
+def link_from_env(environ: dict[str, str] | None = None) -> float | None:
     """The link rate ``DPCOMPARE_LINK_BPS`` gives (bits/s), or None (unset, empty, not a positive number)."""
     raw = (os.environ if environ is None else environ).get(LINK_ENV, "")
     try:

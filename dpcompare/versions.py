@@ -8,8 +8,17 @@ import shutil
 import subprocess
 from importlib import metadata
 
-#: dpcompare's version (``dpcompare.__version__``, ``dpcompare --version``); setup.cfg repeats it
-__version__ = "0.2.0"
+#: dpcompare's version (``dpcompare.__version__``, ``dpcompare --version``, setup.cfg's ``attr:``); ``.devN`` until
+#: released
+__version__ = "0.3.0.dev0"
+#: where the documentation lives, wherever dpcompare is installed (mkdocs.yml's ``site_url``; tests check they match)
+DOCS_URL = "https://dpcompare.github.io/dpcompare/"
+
+
+def docs_page(page: str, anchor: str = "") -> str:
+    """The address of docs/``page``.md on the documentation site (``anchor``: a heading's id), for help and errors
+    that point a user at a page: ``docs/*.md`` paths do not ship in a wheel."""
+    return f"{DOCS_URL}{page.removesuffix('.md')}/" + (f"#{anchor}" if anchor else "")
 
 
 def _dist(name: str) -> str | None:

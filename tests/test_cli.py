@@ -12,7 +12,7 @@ from conftest import FAST, dpcompare, needs_mpi
 @pytest.mark.parametrize("args, words", [
     (["train", "--strategy", "nope"], "unknown strategy nope; choose from ddp, fsdp, horovod, single, zero, or "
                                       "name your own Strategy subclass as MODULE:CLASS or path/to/file.py:CLASS"),
-    (["train", "--strategy", "no_such_module:Strategy"], "no module 'no_such_module'"),
+    (["train", "--strategy", "no_such_module:Strategy"], "cannot import 'no_such_module'"),
     (["train", "--strategy", "dpcompare.knobs:Knob"], "not a subclass of dpcompare.backends.base.Strategy"),
     (["train", "--strategy", "tests/nonexistent.py:S"], "no file tests/nonexistent.py"),
     (["train", "--model", "nope"], "unknown model 'nope'; choose from convnet, mlp"),

@@ -85,7 +85,7 @@ def test_train_parity_predict_configs_read_back(tmp_path: Path) -> None:
 
 
 def test_old_spellings_warn_once_and_mean_the_new_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    from dpcompare.options import Deprecated
+    from dpcompare.options import Renamed
 
     old_new = [(["train", "--log", "csv"], ["train", "--trackers", "csv"]),
                (["compare", "--resume", "runs/x"], ["compare", "--continue", "runs/x"]),
@@ -102,16 +102,16 @@ def test_old_spellings_warn_once_and_mean_the_new_flag(capsys: pytest.CaptureFix
         assert len(err) == sum(x.startswith("--") and x not in new for x in old) and all("use --" in e for e in err)
     cli.parse(["predict", "r", "--fp16"])
     assert "use --grad-compression fp16" in capsys.readouterr().err
-    for sp in cli._commands(cli.build_parser()):  # every old spelling is hidden, and its new one is shown
-        for act in sp._actions:
-            if isinstance(act, Deprecated):
-                assert act.help == "==SUPPRESS==" and sp._option_string_actions[act.new].help != "==SUPPRESS=="
+    for sp in cli.subcommands(cli.build_parser()):  # every old spelling is hidden, and its new one is shown
+        for act in sp.options:
+            if isinstance(act, Renamed):
+                assert act.help == "==SUPPRESS==" and sp.flags[act.new.split()[0]].help != "==SUPPRESS=="
 
 
 def test_a_flag_name_has_one_meaning() -> None:
     seen: dict[str, set[str]] = {}
-    for sp in cli._commands(cli.build_parser()):
-        for act in sp._actions:
+    for sp in cli.subcommands(cli.build_parser()):
+        for act in sp.options:
             if act.help != "==SUPPRESS==" and act.option_strings:
                 seen.setdefault(act.option_strings[0], set()).add(str(act.metavar))
     assert seen["--out"] <= {"None", "DIR"}  # a folder everywhere: a file is --out-file

@@ -20,7 +20,7 @@ from dpcompare.compare.plan import Arm, Comparison, RunOptions, parse_setting
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.options import _FIELDS, config_from_args
+from dpcompare.options import FIELDS, config_from_args
 
 from conftest import DPCOMPARE, mpi_env, needs_horovod, needs_mpi
 
@@ -92,7 +92,7 @@ CANDIDATES = ("3", "2", "1", "0.25", "0", "7", "auto", "x", "1,2", "3,16,16", "t
 
 def _other_value(name: str, default: Any) -> Any:
     """A value of field ``name`` other than ``default``, parsed with the field's own type and choices."""
-    f = _FIELDS[name]
+    f = FIELDS[name]
     choices = f.metadata.get("choices")
     texts = [*((choices() if callable(choices) else choices) or []), *CANDIDATES]
     for text in texts:
@@ -106,10 +106,10 @@ def _other_value(name: str, default: Any) -> Any:
 
 
 def _compare_default(name: str) -> Any:
-    return cmdline.TRAIN_DEFAULTS.get(name, _FIELDS[name].default)
+    return cmdline.TRAIN_DEFAULTS.get(name, FIELDS[name].default)
 
 
-@pytest.mark.parametrize("name", [n for n in _FIELDS if n not in cmdline.NOT_STORED])
+@pytest.mark.parametrize("name", [n for n in FIELDS if n not in cmdline.NOT_STORED])
 def test_every_train_setting_compare_stores_reads_back_the_same(name: str) -> None:
     """Each train setting, moved off compare's default: written as results.json keeps it, read back by the
     parser --resume uses, the same configuration (the --no-tensorboard bug of issue 27 was one of these)."""
@@ -124,13 +124,13 @@ def test_every_train_setting_compare_stores_reads_back_the_same(name: str) -> No
 
 def test_all_train_settings_at_once_and_old_no_tensorboard_read_back() -> None:
     base = TrainConfig(**cmdline.TRAIN_DEFAULTS)
-    changed = {n: _other_value(n, _compare_default(n)) for n in _FIELDS if n not in cmdline.NOT_STORED}
+    changed = {n: _other_value(n, _compare_default(n)) for n in FIELDS if n not in cmdline.NOT_STORED}
     cfg = dataclasses.replace(base, **changed)
     merged, _ = cmdline.stored_args(cmdline.train_flags(cfg))
     assert config_from_args(merged, out=cfg.out) == cfg
     assert cmdline.train_flags(base) == []  # compare's defaults are not written
     # where compare's default is not train's, train's own default is a setting like any other
-    own = dataclasses.replace(base, **{n: _FIELDS[n].default for n in cmdline.TRAIN_DEFAULTS
+    own = dataclasses.replace(base, **{n: FIELDS[n].default for n in cmdline.TRAIN_DEFAULTS
                                        if n not in cmdline.NOT_STORED})
     assert own != base and config_from_args(cmdline.stored_args(cmdline.train_flags(own))[0], out=own.out) == own
     # comparisons stored before the fix kept --no-tensorboard: still readable

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -70,3 +71,39 @@ def test_remeasure_writes_its_section_into_the_measurements_page() -> None:
     assert doc.update(again, "suite", doc.block("suite", "690 passed", when)).count("<!-- /remeasure:") == 2
     real = (ROOT / "docs" / "measurements.md").read_text()
     assert doc.HEADING in real
+
+
+def test_the_docs_address_is_the_sites_and_every_page_it_names_exists() -> None:
+    import configparser
+
+    from dpcompare import versions
+
+    site_url = re.search(r"^site_url: *(\S+)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert site_url and site_url.group(1) == versions.DOCS_URL
+    assert versions.docs_page("lab.md", "x") == f"{versions.DOCS_URL}lab/#x"
+    named = set()
+    for path in (ROOT / "dpcompare").rglob("*.py"):
+        named |= set(re.findall(r"docs_page\(['\"]([\w-]+)", path.read_text()))
+    assert named and sorted(n for n in named if not (ROOT / "docs" / f"{n}.md").is_file()) == []
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    meta = cfg["metadata"]
+    assert meta["version"] == "attr: dpcompare.versions.__version__"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+)?", versions.__version__)
+    assert versions.DOCS_URL in meta["project_urls"]
+    for strategy in ("DDP", "Horovod", "ZeRO-1", "FSDP2"):
+        assert strategy in meta["description"]
+    for classifier in ("License :: OSI Approved :: Apache Software License", "Operating System :: POSIX :: Linux",
+                       "Programming Language :: Python :: 3.10", "Development Status ::"):
+        assert classifier in meta["classifiers"]
+
+
+
+def test_help_points_at_pages_that_ship_nowhere_but_the_site() -> None:
+    from dpcompare import cli
+
+    parser = cli.build_parser()
+    texts = [parser.format_help()] + [sp.format_help() for sp in cli.subcommands(parser)]
+    for text in texts:
+        assert not re.search(r"docs/[\w-]+\.md|bench/\w+\.py", text), text[:200]
+        assert "pip install 'dpcompare[" not in text

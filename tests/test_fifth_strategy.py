@@ -1,5 +1,7 @@
 """A fifth strategy, defined only here, runs under ``train``, ``compare`` and ``parity`` with no file of dpcompare
-touched: the Strategy interface is enough.
+touched: the Strategy interface is enough. As a built-in it is its class and its catalog ``Entry``, nothing else:
+the registry, results.json's facts, the report's card and threads wording and ``doctor``'s hint all read the entry
+(:func:`test_a_built_in_is_its_class_and_its_catalog_entry`).
 
 :class:`HandAllReduce` is DDP's arithmetic done by hand on the shared torch.distributed base: backward leaves
 each rank's own gradients (summed over the micro-batches), and ``synchronize`` divides them by the number of
@@ -19,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dpcompare.backends.base import StrategyUnavailable
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 
 SPEC = f"{Path(__file__).resolve()}:HandAllReduce"  # the plug-in form: path/to/file.py:Class
@@ -41,6 +44,52 @@ class HandAllReduce(TorchDistributedStrategy):
                     dist.all_reduce(p.grad)
                     self.counters["grad_allreduces"] += 1
                     self.counters["grad_allreduce_elements"] += p.grad.numel()
+
+
+class Fifth(HandAllReduce):
+    """The same strategy as a built-in whose library is missing here (doctor then says how to install it)."""
+
+    name = "fifth"
+
+    @classmethod
+    def check_available(cls) -> None:
+        raise StrategyUnavailable("fifth-lib is not installed")
+
+
+def test_a_built_in_is_its_class_and_its_catalog_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpcompare import doctor
+    from dpcompare.backends import catalog, registry
+    from dpcompare.compare import records
+    from dpcompare.report import attribution, mechanisms
+
+    entry = catalog.Entry(f"{__name__}:Fifth", "a fifth built-in (a test)", HandAllReduce.communication,
+                          elastic="torchrun", sync_mechanism=HandAllReduce.sync_mechanism,
+                          card=("Fifth: reduced by hand", "one <em>blocking</em> all-reduce per gradient"),
+                          elastic_card="restarted from checkpoints", threads="fifth-lib's pollers",
+                          install="pip install fifth-lib 'torch=={torch}'")
+    monkeypatch.setitem(catalog.STRATEGIES, "fifth", entry)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    cls = registry.get("fifth")
+    assert cls.__name__ == "Fifth" and (cls.summary, cls.sync_mechanism) == (entry.summary, entry.sync_mechanism)
+    assert records._strategy_facts("fifth")["sync_mechanism"] == entry.sync_mechanism
+    assert catalog.check_arm_name("fifth-elastic") == "fifth-elastic" and not catalog.mpi_started("fifth")
+
+    results = {"runs": [{"arm": a, "strategy": s, "elastic": e}
+                        for a, s, e in (("ddp", "ddp", False), ("fifth", "fifth", False), ("fe", "fifth", True))]}
+    cards = mechanisms.cards(results, ["ddp", "fifth", "fe"])
+    assert "<h3>Fifth: reduced by hand</h3><p>one <em>blocking</em>" in cards
+    assert "<h3>Fifth: reduced by hand · fifth-elastic</h3>" in cards and "restarted from checkpoints" in cards
+    assert "PyTorch DDP: hooks on the model" in cards  # the built-ins' cards are entries too
+    assert mechanisms.threads_of("fifth") == "fifth-lib's pollers" == mechanisms.threads_of("fifth-elastic")
+    assert attribution.threads_of is mechanisms.threads_of
+
+    info = {"mpi": {"mpirun": "mpirun"}, "mpi4py": {"installed": True}, "torchvision": "0.29", "trackers": {},
+            "transformers": True, "strategies": {"fifth": cls.build_info()}}
+    hint = {m["what"]: m["hint"] for m in doctor.missing(info)}["strategy fifth"]
+    assert hint.startswith("pip install fifth-lib 'torch==") and "{torch}" not in hint
+    info["strategies"] = {"fifth": {"installed": False, "error": "no fifth-lib"}}
+    monkeypatch.setitem(catalog.STRATEGIES, "fifth", entry._replace(install=""))
+    assert doctor.missing(info)[0] == {"what": "strategy fifth", "hint": "no fifth-lib"}  # no hint: its error
 
 
 @pytest.mark.mpi

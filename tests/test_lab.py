@@ -23,6 +23,7 @@ from dpcompare.lab import bench as labbench
 from dpcompare.lab.spec import link_bps
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.mpirun import dpcompare_argv
+from dpcompare.trace import collective_name
 
 from conftest import FAST, dpcompare, lab_of, missing, needs_mpi, summary
 
@@ -76,7 +77,7 @@ def test_sizes_and_bus_factors() -> None:
     with pytest.raises(ConfigError):
         labbench.parse_sizes("64M:4K")
     assert labbench.bus_factor("all_reduce", 4) == 1.5 and labbench.bus_factor("all_gather", 4) == 0.75
-    assert labbench.collective("allreduce") == "all_reduce" and labbench.collective("allgather") == "all_gather"
+    assert collective_name("allreduce") == "all_reduce" and collective_name("allgather") == "all_gather"
     # idle before each timed operation: twice tbf's refill of its 256 KiB bucket; nothing on an unshaped link
     assert labbench.idle_gap_ms(10**9) == 4.2 and labbench.idle_gap_ms(2 * 10**8) == 21.0
     assert labbench.idle_gap_ms(None) == 0.0

@@ -17,12 +17,19 @@
 - At most :data:`MAX_TOP_LEVEL` top-level modules, each listed here.
 - No function over :data:`MAX_FUNCTION_LINES` lines without ``# long because ...`` just above it.
 - Every file is written through ``files.atomic_write*`` (the call sits inside its arguments), or the line says
-  ``# not atomic: why``.
+  ``# not atomic: why``; docs/layout.md lists exactly the files that say so.
+- ``subprocess.Popen`` is called only in the two files docs/layout.md names (``launch/jobs.py``,
+  ``launch/submission.py``).
 - Every ``torch.load`` passes ``weights_only=True``.
-- Outside ``backends/`` no comparison (``==``, ``!=``, ``in``, ``is``; on the AST) of what holds a strategy's or an
-  arm's name (a name, attribute or subscript key called ``strategy``, ``arm``, ``name`` or their plurals) with a
-  strategy's name (:func:`strategy_names`, read from the catalog) or a literal tuple, list or set holding one;
-  the few that ask no strategy say why in :data:`NOT_STRATEGY_TESTS`.
+- Outside ``backends/`` (and the script arms' table, :data:`NAME_TABLES`) no comparison (``==``, ``!=``, ``in``,
+  ``is``; on the AST) of what holds a strategy's or an arm's name (a name, attribute or subscript key called
+  ``strategy``, ``arm``, ``name`` or their plurals), or of what a call returns, with a strategy's name
+  (:func:`strategy_names`, read from the catalog) or a literal tuple, list or set holding one; no lookup keyed
+  by a strategy's name and no dict literal keyed by one; the few that ask no strategy say why in
+  :data:`NOT_STRATEGY_TESTS`.
+- A knob is declared alike in its three files (``config.py``'s knobs group, ``knobs.TABLE``, the catalog's
+  ``knobs``); docs/layout.md names the train settings an axis shadows; nothing imports ``api/`` but ``cli`` and
+  the root package.
 - docs/layout.md says how many methods a new strategy writes and may override: the counts of ``Strategy``'s
   abstract and overridable methods; no strategy overrides a final one; no ``getattr(self, ...)`` probes.
 
@@ -74,8 +81,7 @@ FOLLOWED: dict[str, tuple[str, str, str]] = {
 }
 #: ``import_module(variable)`` that imports the user's code, not dpcompare's: ``module:function`` → why
 USER_CODE: dict[str, str] = {
-    "dpcompare.data.plugins:load_attr": "--workload/--model/--dataset MODULE:ATTR: the user's plug-in module",
-    "dpcompare.backends.registry:_import_module": "--strategy MODULE:CLASS: the user's own strategy module",
+    "dpcompare.files:load_attr": "--strategy/--workload/--model/--dataset MODULE:ATTR: the user's plug-in module",
 }
 MAX_TOP_LEVEL = 12  # modules, not counting __init__ and __main__
 MAX_FUNCTION_LINES = 60
@@ -83,11 +89,21 @@ NOT_ATOMIC = "# not atomic:"
 #: what holds a strategy's or an arm's name: a variable, attribute or subscript key called so (``arm``,
 #: ``spec.strategy``, ``r["strategy"]``, ``base_name``, ``arms``)
 STRATEGY_HOLDER = re.compile(r"(^|_)(strateg(y|ies)|arms?|names?)$")
-#: such comparisons that ask no strategy: (file in the package, the comparison) → why
+#: such comparisons, lookups and dict keys that ask no strategy: (file in the package, as reported) → why
 NOT_STRATEGY_TESTS: dict[tuple[str, str], str] = {
     ("native/hook.py", "name == 'horovod'"): "the module being imported is the horovod package, not a strategy",
     ("native/runner.py", "arm == 'native'"): "the script runner's --as: what `import horovod` means in the script",
     ("native/runner.py", "arm == 'horovod'"): "the script runner's --as: what `import horovod` means in the script",
+    ("versions.py", "{'horovod': ...}"): "the Horovod library's version, among the other libraries'",
+    ("doctor.py", "v['horovod']"): "the Horovod library's version, among the other libraries'",
+    ("native/migrate.py", "{'native': ...}"): "a Horovod call's native PyTorch equivalent (calls.Call.native)",
+    ("native/command.py", "c['native']"): "a Horovod call's native PyTorch equivalent (calls.Call.native)",
+}
+
+
+#: files outside ``backends/`` that declare names :func:`strategy_names` reads, with their facts: file → why
+NAME_TABLES: dict[str, str] = {
+    "native/calls.py": "the script arms (SCRIPT_ARMS): the native layer's facts and each arm's elastic launcher",
 }
 
 
@@ -444,25 +460,45 @@ def _names_a_strategy(node: ast.expr, names: frozenset[str]) -> bool:
     return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(_names_a_strategy(e, names) for e in node.elts)
 
 
+def _asks_a_strategy(node: ast.AST, names: frozenset[str]) -> bool:
+    """``node`` asks which strategy runs: a comparison of what holds a strategy's name, or of what a call returns
+    (``_flag(words, "--strategy") in ("horovod", None)``), with a strategy's name; a lookup keyed by a strategy's
+    name (``CARDS["ddp"]``, ``table.get("horovod")``); a dict literal keyed by one (``{"ddp": ...}``)."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return any((_holds_strategy(a) or isinstance(a, ast.Call)) and _names_a_strategy(b, names)
+                   for a in sides for b in sides if a is not b)
+    if isinstance(node, ast.Subscript):
+        return _names_a_strategy(node.slice, names)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop"):
+        return bool(node.args) and _names_a_strategy(node.args[0], names)
+    return isinstance(node, ast.Dict) and any(k is not None and _names_a_strategy(k, names) for k in node.keys)
+
+
 def strategy_tests(rules: Rules, names: frozenset[str] | None = None,
                    allowed: dict[tuple[str, str], str] | None = None) -> list[str]:
-    """Comparisons outside ``backends/`` of what holds a strategy's name with a strategy's name: ``strategy ==
-    "ddp"``, ``arm.name != "horovod"``, ``"ddp" in arms``, ``r["strategy"] in ("ddp", "zero")`` (on the AST)."""
+    """Outside ``backends/`` and the script arms' table (:data:`NAME_TABLES`), every place that asks which
+    strategy runs (:func:`_asks_a_strategy`): ``strategy == "ddp"``, ``arm.name != "horovod"``, ``"ddp" in
+    arms``, ``r["strategy"] in ("ddp", "zero")``, ``f(x) in ("horovod", None)``, ``CARDS["ddp"]``,
+    ``{"ddp": ...}`` (on the AST)."""
     names = strategy_names(rules.pkg) if names is None else names
     allowed = NOT_STRATEGY_TESTS if allowed is None else allowed
     out = []
     for path in sorted(rules.pkg.rglob("*.py")):
-        if "backends" in path.relative_to(rules.pkg).parts:
+        rel = path.relative_to(rules.pkg).as_posix()
+        if "backends" in path.relative_to(rules.pkg).parts or rel in NAME_TABLES:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            rel = path.relative_to(rules.pkg).as_posix()
-            if (rel, ast.unparse(node)) not in allowed and any(
-                    _holds_strategy(a) and _names_a_strategy(b, names) for a in sides for b in sides if a is not b):
-                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+            if _asks_a_strategy(node, names) and (rel, said := _said(node, names)) not in allowed:
+                out.append(f"{path.relative_to(rules.pkg.parent)}:{node.lineno} {said[:80]}")
     return out
+
+
+def _said(node: ast.AST, names: frozenset[str]) -> str:
+    """How a finding reads: the expression, or a dict literal as the key that names a strategy (``{'ddp': ...}``)."""
+    if isinstance(node, ast.Dict):
+        return "{" + next(ast.unparse(k) for k in node.keys if k is not None and _names_a_strategy(k, names)) + ": ...}"
+    return ast.unparse(node)
 
 
 # -- dpcompare ---------------------------------------------------------------------------------------------------
@@ -524,6 +560,92 @@ def test_every_file_is_written_atomically_or_says_why_not() -> None:
     bad = unatomic_writes(DPCOMPARE)
     assert not bad, (f"files written without files.atomic_write* (use it, or add '{NOT_ATOMIC} why' to the "
                      "line):\n" + "\n".join(bad))
+
+
+def _layout_doc() -> str:
+    return (REPO / "docs" / "layout.md").read_text()
+
+
+def _files_in(text: str) -> set[str]:
+    """The package's files a passage of the docs names (```room/module.py```)."""
+    return set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
+
+
+def test_the_docs_list_every_file_that_writes_in_place() -> None:
+    said = re.search(r"<!-- not-atomic:.*?-->(.*?)<!-- /not-atomic -->", _layout_doc(), re.S)
+    assert said, "docs/layout.md no longer marks its list of the files that write in place"
+    found = {p.relative_to(DPCOMPARE.pkg).as_posix() for p in DPCOMPARE.pkg.rglob("*.py")
+             if NOT_ATOMIC in p.read_text()}
+    assert _files_in(said.group(1)) == found
+
+
+def starts_processes(rules: Rules) -> set[str]:
+    """The files that call ``subprocess.Popen`` (or a bare ``Popen``)."""
+    return {p.relative_to(rules.pkg).as_posix() for p in rules.pkg.rglob("*.py")
+            if any(isinstance(n, ast.Call) and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "Popen"
+                   for n in ast.walk(ast.parse(p.read_text())))}
+
+
+def test_processes_start_only_where_the_docs_say() -> None:
+    said = re.search(r"\*\*Processes are started in two places\*\*(.*?)\n- ", _layout_doc(), re.S)
+    assert said, "docs/layout.md no longer says where processes are started"
+    assert _files_in(said.group(1)) == starts_processes(DPCOMPARE) == {"launch/jobs.py", "launch/submission.py"}
+
+
+def _strings_of(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def declared_knobs(pkg: Path) -> tuple[set[str], set[str], set[str]]:
+    """The knobs as each of their three declarations names them: ``config.py``'s fields with ``group=KNOBS``,
+    ``knobs.py``'s ``TABLE`` keys, and the strings in ``backends/catalog.py``'s ``*_KNOBS`` sets and ``knobs=``."""
+    fields = {n.target.id for n in ast.walk(ast.parse((pkg / "config.py").read_text()))
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and isinstance(n.value, ast.Call)
+              and any(k.arg == "group" and getattr(k.value, "id", "") == "KNOBS" for k in n.value.keywords)}
+    table = {k.value for n in ast.walk(ast.parse((pkg / "knobs.py").read_text()))
+             if isinstance(n, ast.AnnAssign | ast.Assign) and "TABLE" in {getattr(t, "id", "") for t in
+                                                                          getattr(n, "targets", [getattr(n, "target", None)])}
+             for k in getattr(n.value, "keys", []) if isinstance(k, ast.Constant)}
+    honoured: set[str] = set()
+    for n in ast.walk(ast.parse((pkg / "backends" / "catalog.py").read_text())):
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", "").endswith("KNOBS") for t in n.targets):
+            honoured |= _strings_of(n.value)
+        if isinstance(n, ast.keyword) and n.arg == "knobs":
+            honoured |= _strings_of(n.value)
+    return fields, table, honoured
+
+
+def test_a_knob_is_declared_alike_in_its_three_files() -> None:
+    fields, table, honoured = declared_knobs(DPCOMPARE.pkg)
+    assert fields and fields == table, "config.py's knobs group and knobs.TABLE differ"
+    assert fields <= honoured, f"knobs no catalog entry honours: {sorted(fields - honoured)}"
+
+
+def axis_names(pkg: Path) -> set[str]:
+    """The names of ``compare/axes.py``'s axes: the first argument of each ``Axis(...)``, a constant or a name
+    ``files.py`` defines."""
+    constants = {t.id: n.value.value for n in ast.walk(ast.parse((pkg / "files.py").read_text()))
+                 if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) for t in n.targets
+                 if isinstance(t, ast.Name)}
+    firsts = [n.args[0] for n in ast.walk(ast.parse((pkg / "compare" / "axes.py").read_text()))
+              if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Axis" and n.args]
+    return {a.value if isinstance(a, ast.Constant) else constants[getattr(a, "id", "")] for a in firsts}
+
+
+def test_the_docs_name_the_train_settings_an_axis_shadows() -> None:
+    fields = {n.target.id for n in ast.walk(ast.parse((DPCOMPARE.pkg / "config.py").read_text()))
+              if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    said = re.search(r"declares under the\s+same name \(today: ([^)]*)\)", _layout_doc())
+    assert said, "docs/layout.md no longer lists the train settings an axis shadows"
+    assert set(re.findall(r"`(\w+)`", said.group(1))) == fields & axis_names(DPCOMPARE.pkg)
+
+
+def test_nothing_imports_the_api_but_the_entry_points() -> None:
+    """docs/layout.md: ``api/`` stands above every room; only ``cli`` and the root package import it."""
+    edges, _ = graph(DPCOMPARE, typing=True)
+    assert {m for m, to in edges.items() if "dpcompare.api" in to} <= {"dpcompare", "dpcompare.cli"}
+    assert [p.name for p in (DPCOMPARE.pkg / "api").glob("*.py")] == ["__init__.py"]
+    assert "nothing imports it but `cli` and the root package" in " ".join(_layout_doc().split())
 
 
 def test_checkpoints_load_with_weights_only() -> None:
@@ -654,9 +776,13 @@ def test_an_unsafe_load_and_a_strategy_test_are_found(tmp_path: Path) -> None:
     names = frozenset({"ddp", "horovod", "ddp-elastic"})
     assert strategy_tests(rules, names, {}) == ["pkg/low/a.py:4 strategy == 'ddp'"]
     tests = ["arm == 'ddp'", "'ddp' in arms", "spec.strategy != 'horovod'", "r['strategy'] in ('ddp', 'zero')",
-             "a.name == 'ddp-elastic'", "base_strategy is 'ddp'", "names[0] == 'horovod'", "'horovod' == arm"]
-    fine = ["strategy == other", "mode == 'ddp'", "name in TABLE", "arm == 'fsdp2'", "'x' in arms", "n == 2"]
+             "a.name == 'ddp-elastic'", "base_strategy is 'ddp'", "names[0] == 'horovod'", "'horovod' == arm",
+             "_flag(words, '--strategy') in ('horovod', None)", "CARDS['ddp']", "table.get('horovod')",
+             "{'ddp': 1, 'x': 2}"]
+    fine = ["strategy == other", "mode == 'ddp'", "name in TABLE", "arm == 'fsdp2'", "'x' in arms", "n == 2",
+            "CARDS[name]", "f(x) == 'fsdp2'", "{'mode': 1}", "table.get(arm)", "mpi_started(name)"]
     rules = _package(tmp_path / "more", {"high/b.py": "".join(f"x{i} = {t}\n" for i, t in enumerate(tests + fine)),
-                                         "backends/c.py": "ok = strategy == 'ddp'\n"})
-    assert strategy_tests(rules, names, {}) == [f"pkg/high/b.py:{i + 1} {t}" for i, t in enumerate(tests)]
+                                         "backends/c.py": "ok = strategy == 'ddp'\nCARDS = {'ddp': 1}\n"})
+    said = [t.replace(" 1, 'x': 2}", " ...}") for t in tests]
+    assert strategy_tests(rules, names, {}) == [f"pkg/high/b.py:{i + 1} {t}" for i, t in enumerate(said)]
     assert strategy_names(REPO / "dpcompare") >= {"ddp", "horovod", "zero", "fsdp", "single", "native", "ddp-elastic"}

@@ -347,8 +347,10 @@ def test_migrate_writes_a_ddp_port_once_and_only_for_simple_scripts(tmp_path: Pa
     p = in_process(["migrate", str(tmp_path / "synthetic_benchmark.py")], env=mpi_env({"COLUMNS": "200"}))
     assert "exists and is left as it is" in p.stdout and port.read_text() == "mine"
     p = in_process(["migrate", str(tmp_path / "fp16_accumulate.py")], env=mpi_env({"COLUMNS": "200"}))
-    assert "No DDP port written: backward_passes_per_step" in p.stdout
-    assert not (tmp_path / "fp16_accumulate_ddp.py").exists()
+    assert "backward_passes_per_step=args.accumulate: the port runs all but every N-th forward and backward()" in p.stdout
+    text = (tmp_path / "fp16_accumulate_ddp.py").read_text()
+    assert "with accumulate(model):\n                loss = F.mse_loss(model(x)" in text and "return model.no_sync()" in text
+    assert "backward_passes_per_step" not in text.split("def main")[1].split("# the plain optimizer")[0]
 
 
 def test_migrate_refuses_what_it_cannot_read(tmp_path: Path) -> None:

@@ -125,7 +125,6 @@ def test_compare_runs_a_script_in_its_elastic_arms_with_the_elastic_launchers(tm
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (("--strategies", "ddp-elastic,native-elastic"), "elastic arms horovod-elastic, native-elastic; not ddp-elastic"),
     (("--strategies", "native-elastic", "--fault", "host=1,at-step=4", "--replay"), "leave --replay out"),
 ])
 def test_what_an_elastic_script_comparison_cannot_run_is_refused(argv: tuple[str, ...], says: str,

@@ -106,10 +106,11 @@ def test_cli_module_only_dispatches() -> None:
     command module's ``register`` adds (none is cli's own)."""
     import importlib
 
+    from dpcompare.options import Parser
+
     p = cli.build_parser()
-    assert {s for a in p._actions for s in a.option_strings} == {"-h", "--help", "--version"}
-    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    registered = argparse.ArgumentParser().add_subparsers()
+    assert set(p.flags) == {"-h", "--help", "--version"}
+    registered = Parser().add_subparsers()
     for name in cli.COMMAND_MODULES:
-        importlib.import_module(name).register(registered, argparse.ArgumentParser)
-    assert set(sub.choices) == set(registered.choices) and "train" in sub.choices
+        importlib.import_module(name).register(registered, Parser)
+    assert set(p.subcommands) == set(registered.choices) and "train" in p.subcommands

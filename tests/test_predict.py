@@ -14,7 +14,7 @@ import pytest
 from dpcompare.argtypes import parse_rate_bits
 from dpcompare.errors import ConfigError
 from dpcompare.prediction import strategies, sweep
-from dpcompare.prediction.command import parse_hosts
+from dpcompare.prediction.command import parse_host_counts
 from dpcompare.prediction.network import Link, Network, load_calibration, parse_duration
 from dpcompare.prediction.profile import PROBE_APPLY_BELOW, PROBE_MIN_STEPS, UNTRACED_MODES, Grad, Profile
 from dpcompare.prediction.schedule import MB, Knobs, fill
@@ -38,35 +38,35 @@ def net(hosts=2, mib_ms=2.0, alpha=0.0) -> Network:
 @pytest.mark.parametrize("n", [2, 8])
 def test_alpha_beta_formulas(n):
     link, nbytes = Link(alpha=5e-6, bandwidth=1e9), 1e8
-    assert link.allreduce(nbytes, n) == pytest.approx(2 * (n - 1) * 5e-6 + 2 * (n - 1) / n * 0.1)
-    assert link.allgather(nbytes, n) == pytest.approx((n - 1) * 5e-6 + (n - 1) / n * 0.1)
-    assert link.reduce_scatter(nbytes, n) == link.allgather(nbytes, n)
-    assert link.broadcast(nbytes, n) == pytest.approx(math.log2(n) * 5e-6 + 0.1)
-    assert link.allreduce(nbytes, 1) == 0.0
-    assert Network(n, link).cost("allreduce", nbytes) == link.allreduce(nbytes, n)
+    assert link.time("all_reduce", nbytes, n) == pytest.approx(2 * (n - 1) * 5e-6 + 2 * (n - 1) / n * 0.1)
+    assert link.time("all_gather", nbytes, n) == pytest.approx((n - 1) * 5e-6 + (n - 1) / n * 0.1)
+    assert link.time("reduce_scatter", nbytes, n) == link.time("all_gather", nbytes, n)
+    assert link.time("broadcast", nbytes, n) == pytest.approx(math.log2(n) * 5e-6 + 0.1)
+    assert link.time("all_reduce", nbytes, 1) == 0.0
+    assert Network(n, link).cost("all_reduce", nbytes) == link.time("all_reduce", nbytes, n)
 
 
 def test_hierarchy_prices_the_host_link_once_and_the_inside_on_the_fast_link():
     inter, intra = Link(5e-6, 25e9 / 8), Link(1e-6, 300e9)
     net8 = Network(2, inter, per_host=4, intra=intra)
     assert net8.ranks == 8
-    expected = intra.reduce_scatter(1e8, 4) + inter.allreduce(1e8, 2) + intra.allgather(1e8, 4)
-    assert net8.cost("allreduce", 1e8) == pytest.approx(expected)
+    expected = intra.time("reduce_scatter", 1e8, 4) + inter.time("all_reduce", 1e8, 2) + intra.time("all_gather", 1e8, 4)
+    assert net8.cost("all_reduce", 1e8) == pytest.approx(expected)
     # one host of 4 ranks: only the intra-host part
-    assert net8.with_hosts(1).cost("allreduce", 1e8) == pytest.approx(intra.allreduce(1e8, 4), rel=1e-9)
+    assert net8.with_hosts(1).cost("all_reduce", 1e8) == pytest.approx(intra.time("all_reduce", 1e8, 4), rel=1e-9)
 
 
 def test_units():
     assert parse_rate_bits("25gbit") == 25 * 10**9 and parse_rate_bits("200Mbit/s") == 2 * 10**8
     assert parse_rate_bits("300gbyte") == 2400 * 10**9 and Link.of(0.0, 25 * 10**9).bandwidth == 25e9 / 8
     assert parse_duration("5us") == pytest.approx(5e-6) and parse_duration("0.2ms") == pytest.approx(2e-4)
-    assert parse_hosts("2,4,8,...,1024") == [2 ** k for k in range(1, 11)]
-    assert parse_hosts("1,3,...,27") == [1, 3, 9, 27] and parse_hosts("4, 2") == [2, 4]
+    assert parse_host_counts("2,4,8,...,1024") == [2 ** k for k in range(1, 11)]
+    assert parse_host_counts("1,3,...,27") == [1, 3, 9, 27] and parse_host_counts("4, 2") == [2, 4]
     for bad in ("25gbps", "fast", "0gbit"):
         with pytest.raises(ConfigError, match="unit"):
             parse_rate_bits(bad)
     with pytest.raises(ConfigError, match="--host-counts"):
-        parse_hosts("2,...")
+        parse_host_counts("2,...")
 
 
 def test_fill_never_splits_a_gradient_and_closes_at_the_cap():
@@ -124,7 +124,7 @@ def test_horovod_prices_the_library_and_algorithm_its_run_used(config, device, b
     """``--mpi-allreduce recursive-doubling`` is priced with `lab bench`'s mpi-rd record, not Open MPI's default."""
     p = profile([("a", 0.1 * MS, 1 * MB)], backward=1 * MS, strategy="horovod", config=config, device=device)
     assert strategies.schedule("horovod")(p, Knobs()).backend() == backend
-    slow = Network(2, Link(0.0, MB / MS), calibrated={("mpi", "allreduce"): (0.0, 0.5)})
+    slow = Network(2, Link(0.0, MB / MS), calibrated={("mpi", "all_reduce"): (0.0, 0.5)})
     ms = strategies.schedule("horovod")(p, Knobs(horovod_cycle_ms=1)).predict(slow).comm / MS
     assert ms == pytest.approx(2.0 if backend == "mpi" else 1.0)  # only Open MPI's default record is slow
 
@@ -156,7 +156,7 @@ def test_zero_adds_the_parameter_gather_and_shrinks_the_optimizer():
     p = profile([("a", 10 * MS, 4 * MB)], backward=10 * MS, optimizer=8 * MS)
     ddp = strategies.schedule("ddp")(p, Knobs()).predict(net(hosts=4))
     zero = strategies.schedule("zero")(p, Knobs()).predict(net(hosts=4))
-    gather = Link(0.0, MB / (2 * MS)).allgather(4 * MB, 4)
+    gather = Link(0.0, MB / (2 * MS)).time("all_gather", 4 * MB, 4)
     assert zero.step == pytest.approx(ddp.step - 6 * MS + gather)
     assert zero.ops == ddp.ops + 1
 
@@ -173,7 +173,7 @@ def test_fsdp_gathers_twice_and_scatters_once_per_unit():
 
 def test_efficiency_falls_with_hosts_and_the_80_percent_answer():
     p = profile([("b", 2 * MS, 2 * MB), ("a", 10 * MS, 8 * MB)], backward=10 * MS)
-    hosts = parse_hosts("2,4,...,1024")
+    hosts = parse_host_counts("2,4,...,1024")
     c = sweep.curve(p, "ddp", Knobs(), Network(1, Link(5e-6, 25e9 / 8)), hosts, "ddp")
     eff = [c.efficiency(s) for s in c.steps]
     assert all(a >= b for a, b in zip(eff, eff[1:], strict=False)) and eff[-1] < eff[0] <= 1.0
@@ -268,7 +268,7 @@ def test_untraced_compute_flag_names_the_profile_s_modes_and_threshold():
     from dpcompare import cli
 
     predict = cli.build_parser().get_default("commands")["predict"]
-    act = next(a for a in predict._actions if a.dest == "untraced_compute")
+    act = next(a for a in predict.options if a.dest == "untraced_compute")
     assert tuple(act.choices) == UNTRACED_MODES and act.default == "auto"
     assert f"{PROBE_APPLY_BELOW}×" in act.help
 
@@ -342,7 +342,7 @@ def test_the_floor_line_holds_against_operations_that_waited_and_a_trace_link_ha
     a, b, n = floor_from(list(zip(sizes, waited, strict=True)), 2)
     assert n == 2 and a == pytest.approx(1e-3, rel=0.25) and b == pytest.approx(2e-9, rel=0.25)
     link = trace_link(list(zip(sizes, waited, strict=True)), 2)
-    assert link.allreduce(1_000, 2) == pytest.approx(1e-3, rel=0.3)  # a small one pays the fixed cost
+    assert link.time("all_reduce", 1_000, 2) == pytest.approx(1e-3, rel=0.3)  # a small one pays the fixed cost
     assert trace_link([(1e6, 0.01)] * 3, 2).alpha == 0.0  # one size: a bandwidth, no latency
 
 
@@ -365,19 +365,19 @@ def test_calibration_scales_the_link_per_backend_and_collective(tmp_path):
         {"backend": "gloo", "collective": "allreduce", "latency_s": 20e-6, "bandwidth_bps": 0.95e9},
         {"backend": "mpi", "collective": "all_reduce", "points": pts, "ranks": 2}]}))
     cal = load_calibration(path)
-    assert cal[("gloo", "allreduce")] == pytest.approx((20e-6, 0.95))
-    assert cal[("mpi", "allreduce")] == pytest.approx((a, 0.7))
+    assert cal[("gloo", "all_reduce")] == pytest.approx((20e-6, 0.95))
+    assert cal[("mpi", "all_reduce")] == pytest.approx((a, 0.7))
     net25 = Network(4, Link(5e-6, 25e9 / 8), calibrated=cal)
-    assert net25.cost("allreduce", 1e8, "mpi") == pytest.approx(Link(a, 0.7 * 25e9 / 8).allreduce(1e8, 4))
-    assert net25.cost("allgather", 1e8, "mpi") == Link(5e-6, 25e9 / 8).allgather(1e8, 4)  # not calibrated
+    assert net25.cost("all_reduce", 1e8, "mpi") == pytest.approx(Link(a, 0.7 * 25e9 / 8).time("all_reduce", 1e8, 4))
+    assert net25.cost("all_gather", 1e8, "mpi") == Link(5e-6, 25e9 / 8).time("all_gather", 1e8, 4)  # not calibrated
     # the file `dpcompare lab bench --out` writes: alpha_s is the whole fixed cost, busbw comparable with the link
     lab = tmp_path / "lab.json"
     lab.write_text(json.dumps({"schema": "dpcompare.lab.bench/1", "lab": {"link_bps": 200e6}, "ranks": 3, "fits": [
         {"backend": "gloo", "collective": "allreduce", "alpha_s": 8e-4, "busbw_Bps": 0.95 * 200e6 / 8},
         {"backend": "mpi", "collective": "allgather", "alpha_s": 4e-4, "busbw_Bps": 0.5 * 200e6 / 8}]}))
     cal = load_calibration(lab)
-    assert set(cal) == {("gloo", "allreduce"), ("mpi", "allgather")}
-    assert cal[("gloo", "allreduce")] == pytest.approx((2e-4, 0.95)) and cal[("mpi", "allgather")] == pytest.approx(
+    assert set(cal) == {("gloo", "all_reduce"), ("mpi", "all_gather")}
+    assert cal[("gloo", "all_reduce")] == pytest.approx((2e-4, 0.95)) and cal[("mpi", "all_gather")] == pytest.approx(
         (2e-4, 0.5))
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(ConfigError, match="lab bench"):
@@ -396,7 +396,7 @@ def test_a_bench_file_is_fitted_over_every_size_by_default(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(doc))
     ends, whole = load_calibration(path, fit="ends"), load_calibration(path)
-    at = {k: Network(n, Link(0.0, link / 8), calibrated=c).cost("allreduce", 2**22, "mpi")
+    at = {k: Network(n, Link(0.0, link / 8), calibrated=c).cost("all_reduce", 2**22, "mpi")
           for k, c in (("ends", ends), ("range", whole))}
     assert at["ends"] < 0.8 * 0.147 and at["range"] == pytest.approx(0.147, rel=0.2)
 
@@ -409,11 +409,11 @@ def test_floor_from_the_trace_bounds_an_all_reduce_from_below():
     f = floor_from([(MB, 0.110), (4 * MB, 0.140), (16 * MB, 0.260)], ranks=2)
     assert f == pytest.approx((0.100, 0.010 / MB, 2))
     fast, slow = (Network(2, Link(0.0, r), floors={"mpi": f}) for r in (1e12, 1e6))
-    assert fast.cost("allreduce", 4 * MB, "mpi") == pytest.approx(0.140)
-    assert fast.cost("allreduce", 4 * MB, "gloo") == pytest.approx(Link(0.0, 1e12).allreduce(4 * MB, 2))
-    assert slow.cost("allreduce", 4 * MB, "mpi") == pytest.approx(Link(0.0, 1e6).allreduce(4 * MB, 2))
-    assert fast.with_hosts(4).cost("allreduce", 4 * MB, "mpi") == pytest.approx(0.300 + 0.040 * 1.5)
-    assert fast.cost("allgather", 4 * MB, "mpi") < 0.001 and floor_from([(MB, 0.05)] * 3, 2) == (0.05, 0.0, 2)
+    assert fast.cost("all_reduce", 4 * MB, "mpi") == pytest.approx(0.140)
+    assert fast.cost("all_reduce", 4 * MB, "gloo") == pytest.approx(Link(0.0, 1e12).time("all_reduce", 4 * MB, 2))
+    assert slow.cost("all_reduce", 4 * MB, "mpi") == pytest.approx(Link(0.0, 1e6).time("all_reduce", 4 * MB, 2))
+    assert fast.with_hosts(4).cost("all_reduce", 4 * MB, "mpi") == pytest.approx(0.300 + 0.040 * 1.5)
+    assert fast.cost("all_gather", 4 * MB, "mpi") < 0.001 and floor_from([(MB, 0.05)] * 3, 2) == (0.05, 0.0, 2)
     # from a profile: under the trace's own strategy's backend (horovod → mpi)
     p = profile([("w", 1 * MS, MB)], 2 * MS, strategy="horovod",
                 measured={"allreduces": [(MB, 0.110), (4 * MB, 0.140)]})
@@ -524,13 +524,13 @@ def test_a_bench_profile_gives_back_every_measured_size_and_follows_the_curve_be
     path.write_text(json.dumps(doc))
     net = Network(n, Link(0.0, link / 8), calibrated=load_calibration(path), profiles=load_profiles(path))
     for b, t in rows:
-        assert net.cost("allreduce", b, "mpi") == pytest.approx(t)
-    profile = load_profiles(path)[("mpi", "allreduce")]
+        assert net.cost("all_reduce", b, "mpi") == pytest.approx(t)
+    profile = load_profiles(path)[("mpi", "all_reduce")]
     # between two sizes the time is on the straight line between theirs (the α-β law and a tbf burst are linear in
     # bytes; interpolating the share would carry a burst-fast small size's speed into the sizes past it)
-    assert net.cost("allreduce", 5 * 2**19, "mpi") == pytest.approx((0.0087 + 0.051) / 2)
+    assert net.cost("all_reduce", 5 * 2**19, "mpi") == pytest.approx((0.0087 + 0.051) / 2)
     assert share_at(profile, 2**30) == share_at(profile, 2**24)  # beyond the sizes: the nearest end's share
-    assert net.cost("allreduce", 1, "gloo") == pytest.approx(1 / (link / 8))  # no record: the plain link
+    assert net.cost("all_reduce", 1, "gloo") == pytest.approx(1 / (link / 8))  # no record: the plain link
 
 
 def test_project_link_is_a_rate_or_none():
@@ -548,7 +548,7 @@ def burst_net(burst: float, hosts: int = 2) -> Network:
     """A 0.5 MiB/ms link whose calibration timed Open MPI's and gloo's all-reduces at ten times the link (what a full
     tbf bucket does to small messages), with a bucket of ``burst`` bytes."""
     fast = ((1.0, float(2**30)), (10.0, 10.0))
-    return Network(hosts, Link(0.0, MB / (2 * MS)), profiles={("mpi", "allreduce"): fast, ("gloo", "allreduce"): fast},
+    return Network(hosts, Link(0.0, MB / (2 * MS)), profiles={("mpi", "all_reduce"): fast, ("gloo", "all_reduce"): fast},
                    burst=burst)
 
 
@@ -574,7 +574,7 @@ def test_an_all_reduce_that_follows_another_is_priced_from_the_sizes_timed_back_
     """`lab bench` times each size after an idle gap and again back to back; an operation that starts sooner than
     that gap after the previous one ended costs what the bench timed back to back (Open MPI at two hosts: slower),
     one that starts later what it timed after the gap; a file without those rows prices both alike."""
-    from dpcompare.prediction.network import BACK_TO_BACK, Bench, load_burst, load_profiles
+    from dpcompare.prediction.network import BACK_TO_BACK, Bench, load_bucket, load_profiles
 
     link, burst = 5e8, 262144
     rows = [(2**20, 0.0136, 0.0174), (2**22, 0.067, 0.101)]
@@ -584,18 +584,19 @@ def test_an_all_reduce_that_follows_another_is_priced_from_the_sizes_timed_back_
               for b, _, t in rows]}
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(doc))
-    assert set(load_profiles(path)) == {("mpi", "allreduce"), ("mpi" + BACK_TO_BACK, "allreduce")}
-    assert set(load_profiles(path, back_to_back=False)) == {("mpi", "allreduce")}
-    assert set(Bench.load(path, back_to_back=False).rows) == {("mpi", "allreduce")}
+    assert set(load_profiles(path)) == {("mpi", "all_reduce"), ("mpi" + BACK_TO_BACK, "all_reduce")}
+    assert set(load_profiles(path, back_to_back=False)) == {("mpi", "all_reduce")}
+    assert set(Bench.load(path, back_to_back=False).rows) == {("mpi", "all_reduce")}
 
     def priced(back_to_back: bool) -> float:
+        burst_read, gap = load_bucket(path)
         net = Network(2, Link(0.0, link / 8), profiles=load_profiles(path, back_to_back=back_to_back),
-                      burst=load_burst(path))
-        assert net.gap == pytest.approx(2 * burst / (link / 8))
+                      burst=burst_read, gap_s=gap)
+        assert net.gap == pytest.approx(0.0084)  # the bench's recorded gap
         bucket = net.bucket()
-        first = bucket.cost("allreduce", 2**22, "mpi", 0.0)
-        follows = bucket.cost("allreduce", 2**22, "mpi", first)  # at once
-        later = bucket.cost("allreduce", 2**22, "mpi", first + follows + 10 * net.gap)  # refilled, after the gap
+        first = bucket.cost("all_reduce", 2**22, "mpi", 0.0)
+        follows = bucket.cost("all_reduce", 2**22, "mpi", first)  # at once
+        later = bucket.cost("all_reduce", 2**22, "mpi", first + follows + 10 * net.gap)  # refilled, after the gap
         assert first == pytest.approx(0.067) == pytest.approx(later)
         return follows
 
@@ -605,15 +606,40 @@ def test_an_all_reduce_that_follows_another_is_priced_from_the_sizes_timed_back_
     assert priced(False) == pytest.approx(0.067, abs=2e-4)
 
 
-def test_the_burst_comes_from_the_bench_file(tmp_path):
-    from dpcompare.prediction.network import load_burst
+def test_the_burst_and_the_gap_come_from_the_bench_file(tmp_path):
+    from dpcompare.prediction.network import load_bucket
 
     (tmp_path / "new.json").write_text(json.dumps({"burst_bytes": 262144, "gap_ms": 21.0}))
     (tmp_path / "old.json").write_text(json.dumps({"gap_ms": 21.0, "lab": {"link_bps": 200_000_000}}))
     (tmp_path / "other.json").write_text(json.dumps({"fits": []}))
-    assert load_burst(tmp_path / "new.json") == 262144
-    assert load_burst(tmp_path / "old.json") == pytest.approx(262500)  # half of 21 ms at 200 Mbit/s
-    assert load_burst(tmp_path / "other.json") == 0 == load_burst(tmp_path / "missing.json")
+    assert load_bucket(tmp_path / "new.json") == (262144, pytest.approx(0.021))
+    assert load_bucket(tmp_path / "old.json") == (pytest.approx(262500), pytest.approx(0.021))  # half of 21 ms
+    assert load_bucket(tmp_path / "other.json") == (0, None) == load_bucket(tmp_path / "missing.json")
+
+
+def test_a_prediction_for_another_link_than_the_bench_s_keeps_the_bench_s_gap(tmp_path):
+    """The bench at 200 Mbit/s idled 21 ms before each operation; predicted for 1 Gbit/s (where the same burst
+    refills in 4.2 ms) an all-reduce that starts 10 ms after the previous one ended is still one the bench timed
+    back to back, not one after its idle gap (which a gap worked out from ``--link`` would have said)."""
+    import argparse
+
+    from dpcompare.prediction.command import _network
+
+    rows = [(2**20, 0.010, 0.020), (2**22, 0.040, 0.080)]
+    doc = {"lab": {"link_bps": 2e8}, "ranks": 2, "gap_ms": 21.0, "burst_bytes": 262144,
+           "rows": [{"backend": "mpi", "collective": "all_reduce", "bytes": b, "time_s": t} for b, t, _ in rows]
+           + [{"backend": "mpi", "collective": "all_reduce", "bytes": b, "time_s": t, "back_to_back": True}
+              for b, _, t in rows]}
+    (tmp_path / "bench.json").write_text(json.dumps(doc))
+    a = argparse.Namespace(latency="0us", ranks_per_host=1, intra_link=None, calibration=str(tmp_path / "bench.json"),
+                           link=10**9)
+    net = _network(a).with_hosts(2)
+    assert net.gap == pytest.approx(0.021)
+    bucket = net.bucket()
+    first = bucket.cost("all_reduce", 2**22, "mpi", 0.0)
+    follows = bucket.cost("all_reduce", 2**22, "mpi", first + 0.010)
+    assert follows == pytest.approx(0.080 * 2e8 / 1e9)  # the back-to-back share of the link, at 1 Gbit/s
+    assert follows > 1.5 * first
 
 
 def test_a_narrow_terminal_leaves_out_columns_and_never_cuts_a_cell():

@@ -162,10 +162,10 @@ def test_the_bytes_time_at_one_host_is_on_the_link_inside_it():
     as it keeps the inter-host link's at many hosts."""
     intra = Link.of(0.0, 8e9)  # 1e9 bytes/s
     one = Network(1, Link.of(0.0, 8e8), per_host=4, intra=intra)
-    assert one.bytes_time("allreduce", 1e9) == pytest.approx(2 * 3 / 4)
-    assert one.bytes_time("allgather", 1e9) == pytest.approx(3 / 4)
-    assert Network(1, Link.of(0.0, 8e8)).bytes_time("allreduce", 1e9) == 0.0
-    assert Network(2, Link.of(0.0, 8e8), per_host=4, intra=intra).bytes_time("allreduce", 1e9) == pytest.approx(10.0)
+    assert one.bytes_time("all_reduce", 1e9) == pytest.approx(2 * 3 / 4)
+    assert one.bytes_time("all_gather", 1e9) == pytest.approx(3 / 4)
+    assert Network(1, Link.of(0.0, 8e8)).bytes_time("all_reduce", 1e9) == 0.0
+    assert Network(2, Link.of(0.0, 8e8), per_host=4, intra=intra).bytes_time("all_reduce", 1e9) == pytest.approx(10.0)
 
 
 def test_what_moves_between_launches_moves_all_but_the_bytes_time_on_the_link():
@@ -242,7 +242,7 @@ def test_the_bench_says_two_speeds_and_the_model_carries_the_mixture(tmp_path):
                for line in mode_lines(doc))
     bench = Bench.load(path)
     assert bench is not None and bench.bimodal and bench.repeats == 6
-    at = {m: Network(2, Link(0.0, 1e9 / 8), profiles=bench.profiles(m)).cost("allreduce", 32 * 2**20, "mpi")
+    at = {m: Network(2, Link(0.0, 1e9 / 8), profiles=bench.profiles(m)).cost("all_reduce", 32 * 2**20, "mpi")
           for m in ("expected", "fast", "slow")}
     assert at["expected"] == pytest.approx(expected) and at["fast"] < at["expected"] < at["slow"]
     assert load_profiles(path) == bench.profiles("expected")
@@ -260,12 +260,12 @@ def test_horovod_negotiates_at_the_fixed_cost_the_bench_measured(tmp_path):
     that a message of a few bytes pays too: each Horovod cycle's negotiation costs that; without a bench, 2⌈log2 n⌉·α."""
     path, _ = bench_file(tmp_path, [0.29, 0.3, 0.31] * 2)
     net = Network(2, Link.of(5e-6, 1e9), profiles=load_profiles(path))
-    wire = net.inter.allreduce(2**20, 2)
-    fixed = net.fixed("mpi", "allreduce")
+    wire = net.inter.time("all_reduce", 2**20, 2)
+    fixed = net.fixed("mpi", "all_reduce")
     assert wire == pytest.approx(8.39e-3, rel=0.01) and fixed == pytest.approx(0.0103 - wire, abs=2e-4)
     p = noisy(10, 4, spread=0.0, strategy="horovod")
     sched = strategies.schedule("horovod")(p, Knobs())
-    assert sched.negotiation(net) == fixed and net.fixed("gloo", "allreduce") is None
+    assert sched.negotiation(net) == fixed and net.fixed("gloo", "all_reduce") is None
     assert sched.negotiation(Network(2, Link.of(5e-6, 1e9))) == pytest.approx(2 * 5e-6)
     cycles = sched.run(net).detail["cycles"]
     plain = sched.run(dataclasses.replace(net, profiles={}))

@@ -46,7 +46,7 @@ def _train(lab: Lab, out: Path, *extra: str) -> dict:
 def test_unshaped_trace_predicts_the_shaped_step(lab: Lab, tmp_path: Path) -> None:
     _train(lab, tmp_path / "unshaped", "--max-steps", "5", "--trace", "3")
     lab.set_link(2 * 10**8)
-    doc = labbench.measure(lab, [2**20, 4 * 2**20], ("gloo",), ("allreduce",), warmup=1, iters=3, repeats=1)
+    doc = labbench.measure(lab, [2**20, 4 * 2**20], ("gloo",), ("all_reduce",), warmup=1, iters=3, repeats=1)
     labbench.write(doc, tmp_path / "bench.json")
     measured = _train(lab, tmp_path / "shaped", "--max-steps", "8")["timing"]["step_ms_median"]
 

@@ -218,7 +218,7 @@ def lit(tmp_path: Path) -> Path:
     except ImportError:
         from conftest import missing
 
-        missing("lightning is not installed (pip install 'dpcompare[lightning]'; the dev extra has it)")
+        missing("lightning is not installed (pip install -e '.[lightning]'; the dev extra has it)")
     path = tmp_path / "lit.py"
     path.write_text(LIT)
     return path

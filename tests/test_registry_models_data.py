@@ -85,7 +85,7 @@ def test_the_run_seed_decides_the_initial_weights(tmp_path, monkeypatch):
 def test_vision_extra_missing_is_a_clear_error(build, monkeypatch):
     """As on the lean cpu flavour, where torchvision does not import: a one-line hint, not a traceback."""
     monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` now raises ImportError
-    with pytest.raises(ConfigError, match=r"dpcompare\[vision\]"):
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[vision\]'"):
         build()
 
 

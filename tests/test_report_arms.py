@@ -22,6 +22,7 @@ from test_report import make_results
 
 from dpcompare import cli
 from dpcompare.compare.load import LoadWatch
+from dpcompare.native.calls import SCRIPT_ARM_FACTS
 from dpcompare.report import attribution, html, render, stats, table
 from dpcompare.report.intervals import mean_ci, paired_diff_ci, paired_log_ratio_ci, welch_diff_ci
 from dpcompare.trace import CpuClock
@@ -126,6 +127,8 @@ def test_the_report_has_cards_for_the_arms_that_ran_only() -> None:
     for r in script["runs"]:  # compare --script's arms: the real Horovod and the native layer
         r["strategy"] = r["arm"] = "native" if r["strategy"] == "horovod#2" else "horovod"
     script["config"]["strategies"] = ["horovod", "native"]
+    # what compare records about the native layer (no catalog strategy): its facts, its card included
+    script["environment"]["strategies"] = json.loads(json.dumps({"native": SCRIPT_ARM_FACTS["native"]}))
     page = html.render_html(script, stats.aggregate(script), [], [])
     assert "The native layer: Horovod&#x27;s API on torch.distributed" in page and "Horovod: hooks in the optimizer" in page
     assert "PyTorch DDP" not in page and "DistributedDataParallel" not in page

@@ -113,5 +113,5 @@ def test_make_demo_installs_no_dev_extra_and_make_test_does() -> None:
 def test_doctor_names_the_extra_for_hf_models_when_transformers_is_absent() -> None:
     info = {"mpi": {"mpirun": "/usr/bin/mpirun"}, "mpi4py": {"installed": True}, "strategies": {},
             "torchvision": "0.29.2", "trackers": {}, "transformers": None}
-    assert {"what": "transformers (--model hf:NAME)", "hint": "pip install 'dpcompare[hf]'"} in doctor.missing(info)
+    assert {"what": "transformers (--model hf:NAME)", "hint": "pip install -e '.[hf]'"} in doctor.missing(info)
     assert not [m for m in doctor.missing({**info, "transformers": "4.57.1"}) if "transformers" in m["what"]]

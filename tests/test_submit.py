@@ -44,8 +44,23 @@ def test_the_job_words_resume_and_checkpoint_and_refuse_what_cannot_be_requeued(
             job_words(bad)
     with pytest.raises(ConfigError, match="one task"):
         submit(["compare", "--out", "x"], Resources(tasks_per_node=2), local=True)
-    with pytest.raises(ConfigError, match="Horovod cannot join"):
+    with pytest.raises(ConfigError, match="--strategy horovod cannot join"):
         submit(["train", "--strategy", "horovod", "--out", "x"], Resources(tasks_per_node=2), local=True)
+
+
+def test_local_refuses_only_a_strategy_whose_ranks_mpirun_starts() -> None:
+    """The catalog says which strategy needs mpirun or srun (Horovod); the default strategy, ``single``, is not
+    taken for Horovod, and neither is a torch.distributed one or a plug-in."""
+    two = Resources(tasks_per_node=2)
+    for words in (["train", "--out", "x"], ["train", "--strategy", "ddp", "--out", "x"],
+                  ["train", "--strategy=my.py:Mine", "--out", "x"], ["compare", "--strategies", "horovod"]):
+        submission.check_local(words, two)  # nothing refused
+    for words in (["train", "--strategy", "horovod", "--out", "x"], ["train", "--strategy=horovod"]):
+        with pytest.raises(ConfigError, match="--strategy horovod cannot join"):
+            submission.check_local(words, two)
+    submission.check_local(["train", "--strategy", "horovod"], Resources(tasks_per_node=1))
+    with pytest.raises(ConfigError, match="one node"):
+        submission.check_local(["train"], Resources(nodes=2))
     assert (minutes("00:00:30"), minutes("01:30:00"), minutes("1-00:00:01")) == (1, 90, 1441)
 
 

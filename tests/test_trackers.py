@@ -85,7 +85,7 @@ def _mlflow_runs(uri: str) -> dict:
 # -- the option ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, words", [
     ("tensorboard,nope", "unknown tracker 'nope'; choose from tensorboard, csv, wandb, mlflow"),
-    ("wandb", "wandb is not installed: pip install 'dpcompare[wandb]'"),
+    ("wandb", "wandb is not installed: pip install -e '.[wandb]'"),
 ])
 def test_log_refuses_unknown_or_absent_tracker_before_training(tmp_path, monkeypatch, capsys, value, words):
     # wandb is installed here: make it look absent, as it is where the extra was not installed
@@ -115,7 +115,7 @@ def test_log_default_no_tensorboard_and_child_flags():
 
 def test_require_names_the_extra(monkeypatch):
     monkeypatch.setitem(trackers.TRACKERS, "mlflow", ("mlflow_not_installed_here", "mlflow", "MLflow"))
-    with pytest.raises(ConfigError, match=r"pip install 'dpcompare\[mlflow\]'"):
+    with pytest.raises(ConfigError, match=r"pip install -e '.\[mlflow\]'"):
         trackers.check(TrainConfig(log="csv,mlflow"))
 
 

@@ -245,11 +245,11 @@ def test_each_setting_is_a_flag_a_child_flag_and_a_comparison_axis() -> None:
 
 def test_parity_never_gives_an_empty_reason() -> None:
     """A difference with no known cause is named by where it shows: the step its loss parts, the tensor."""
-    from dpcompare.compare.parity import _verdict, compare_runs
+    from dpcompare.compare.parity import _verdict, parity_diff
 
     w = {"a": torch.zeros(2), "b": torch.zeros(3)}
     ref, other = {"weights": w, "losses": [1.0, 2.0, 3.0]}, {"weights": {**w, "b": torch.ones(3)}, "losses": [1.0, 2.5, 3.0]}
-    d = {**compare_runs(ref, other), "causes": []}
+    d = {**parity_diff(ref, other), "causes": []}
     assert (d["first_step"], d["largest"]) == (1, "b")
     text = _verdict("exact", False, "ddp", {"single": d}, {"single": 1e-5})
     assert "single (no known cause: its loss first differs at step 1; its largest weight difference is in b)" in text

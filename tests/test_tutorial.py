@@ -14,7 +14,7 @@ def test_tutorial_notebook_runs(tmp_path, monkeypatch):
         import nbclient
         import nbformat
     except ImportError as e:
-        missing(f"nbclient/nbformat are not installed ({e}); pip install 'dpcompare[dev]'")
+        missing(f"nbclient/nbformat are not installed ({e}); pip install -e '.[dev]'")
     for k, v in mpi_env({"TUTORIAL_OUT": str(tmp_path / "out")}).items():
         monkeypatch.setenv(k, v)  # the kernel inherits this process's environment
     nb = nbformat.read(ROOT / "docs" / "tutorial.ipynb", as_version=4)

@@ -250,7 +250,7 @@ def _transformers() -> None:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        missing("transformers is not installed (pip install 'dpcompare[hf]'; the dev extra has it)")
+        missing("transformers is not installed (pip install -e '.[hf]'; the dev extra has it)")
 
 
 def test_hf_architectures_build_offline_with_random_weights(monkeypatch: pytest.MonkeyPatch) -> None:

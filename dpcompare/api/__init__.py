@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 
 if TYPE_CHECKING:
     from dpcompare.data.workload import Workload
@@ -71,7 +72,7 @@ def compare_runs(runs: list[str | Path]) -> list[dict[str, Any]]:
     rows = []
     for run in map(Path, runs):
         try:
-            s = json.loads((run / "summary.json").read_text())
+            s = json.loads((run / SUMMARY).read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"{run} holds no readable summary.json ({type(e).__name__}); is it a finished run?") from None
         metric = s.get("metric") or {"name": "accuracy", "higher_is_better": True}
@@ -132,7 +133,7 @@ def _cmd_workloads(a: argparse.Namespace) -> int:
         lines += [f"  {kind}", f"    models:   {', '.join(names)}", f"    datasets: {', '.join(datasets)}",
                   f"    loss: {loss}; metrics: {metrics}"]
     for title, rows in (("Models", {n: h for n, (_, h) in MODELS.items()}),
-                        ("Hugging Face architectures (--model hf:NAME; pip install 'dpcompare[hf]'; random weights, "
+                        ("Hugging Face architectures (--model hf:NAME; pip install -e '.[hf]'; random weights, "
                          "never downloaded)", {f"{HF_PREFIX}{n}": v[3] for n, v in HF_ARCHITECTURES.items()}),
                         ("Datasets", {n: h for n, (_, h) in {**DATASETS, **TEXT_DATASETS}.items()})):
         lines += ["", title, *(f"  {name:<22}{text}" for name, text in rows.items())]
@@ -140,8 +141,11 @@ def _cmd_workloads(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("workloads", help="list the built-in models, datasets and workloads, and explain plug-ins",
                        description="List the built-in workloads, models and datasets, and show how to bring your own "
-                                   "(--workload, --model and --dataset plug-ins, or dpcompare.train from Python).")
+                                   "(--workload, --model and --dataset plug-ins, or dpcompare.train from Python).",
+                       epilog="examples:\n  dpcompare workloads\n"
+                              "  mpirun -np 2 dpcompare train --strategy ddp --workload path/to/bench.py:workload   # your own",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=_cmd_workloads)

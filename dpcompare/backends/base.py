@@ -52,8 +52,8 @@ ReduceOp = Literal["mean", "sum", "max", "min"]
 class Strategy(ABC):
     """One way of running data-parallel training.
 
-    Built-in strategies register themselves by ``name`` and take ``summary``, ``knobs``, ``communication``
-    and ``distributed`` from their line in :mod:`~dpcompare.backends.catalog`; a strategy outside the package
+    Built-in strategies register themselves by ``name`` and take ``summary``, ``knobs``, ``communication``,
+    ``distributed`` and ``sync_mechanism`` from their line in :mod:`~dpcompare.backends.catalog`; a strategy outside the package
     (``--strategy path/to/file.py:Class``) declares them here, as class attributes.
     """
 

@@ -17,6 +17,9 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from dpcompare.files import is_plugin
+from dpcompare.versions import docs_page
+
 #: the ending of a declaration that holds only for models with buffers (the report drops it for models without)
 IF_BUFFERS = ", when the model has buffers"
 
@@ -45,11 +48,63 @@ class Entry(NamedTuple):
     #: (every process restarted with the survivors, resuming from the newest checkpoint) or ``horovodrun`` (Horovod
     #: Elastic: the survivors roll back to their last in-memory commit); None: no elastic mode
     elastic: str | None = None
+    #: how it synchronises the gradients, one line (results.json's ``sync_mechanism``, the report's list)
+    sync_mechanism: str = ""
+    #: the report's card ("Why the phases differ"): a title and an HTML paragraph saying where its hooks sit and
+    #: in which phase the waiting is counted; None: the report shows ``sync_mechanism`` (or the summary)
+    card: tuple[str, str] | None = None
+    #: the paragraph its elastic mode's card adds (``ddp-elastic``)
+    elastic_card: str = ""
+    #: its library's own threads, in words, for the report's "what took the cores" ("" : none to name)
+    threads: str = ""
+    #: what ``dpcompare doctor`` says to do when its library is missing (``{torch}``: torch's version); "": the
+    #: error its ``check_available`` raised
+    install: str = ""
+    #: its processes must be started by mpirun or srun (Horovod's controller joins their ranks); False: it joins
+    #: any launcher's processes through the rendezvous variables (``submit --local`` starts its own tasks)
+    mpi_started: bool = False
 
 
 #: what DDP's model hooks take (``ddp`` and ``zero``); FSDP2 runs no DDP comm hooks and no buckets
 DDP_KNOBS = frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "powersgd_rank", "static_graph",
                        "find_unused_parameters"})
+
+
+#: the report's cards, the elastic modes' paragraphs and doctor's install hints (:attr:`Entry.card` and the rest)
+_DDP_CARD = (
+    "PyTorch DDP: hooks on the model",
+    "<code>DistributedDataParallel</code> wraps the <em>model</em>. An autograd hook on every parameter all-reduces a "
+    "bucket (25&nbsp;MB by default) asynchronously as soon as its gradients are ready during "
+    "<code>loss.backward()</code>, while autograd computes the earlier layers' gradients. <code>backward()</code> "
+    "returns only when every bucket is reduced: the communication that did not overlap is counted in "
+    "<strong>backward</strong>, and <code>optimizer.step()</code> is a local update. With buffers (BatchNorm "
+    "statistics) DDP also broadcasts rank 0's buffers at the start of every <strong>forward</strong>. gloo runs the "
+    "collectives on its own threads.")
+_HOROVOD_CARD = (
+    "Horovod: hooks in the optimizer",
+    "<code>hvd.DistributedOptimizer</code> wraps the <em>optimizer</em>. Per-parameter hooks enqueue an asynchronous "
+    "all-reduce when a gradient is ready; Horovod's <em>background thread</em> negotiates which tensors are ready on "
+    "every rank and fuses them (tensor fusion, 128&nbsp;MB, every HOROVOD_CYCLE_TIME). <code>backward()</code> returns "
+    "without waiting; <code>optimizer.step()</code> calls <code>synchronize()</code> first, so the waiting is counted "
+    "in <strong>optimizer</strong>. The background thread runs all the time, polling every cycle: on a machine with "
+    "few cores it competes with the compute of every phase, the forward included.")
+_ZERO_CARD = (
+    "ZeRO-1: DDP, then a sharded update",
+    "DDP's hooks on the model (bucketed all-reduce in <strong>backward</strong>, buffers broadcast in forward), with "
+    "torch's <code>ZeroRedundancyOptimizer</code>: each rank keeps the optimizer state of its shard of the parameters, "
+    "updates only that shard and broadcasts it to the others, a collective counted in <strong>optimizer</strong>.")
+_FSDP_CARD = (
+    "FSDP2: parameters gathered per layer",
+    "<code>fully_shard</code> on each layer and the root: parameters, gradients and optimizer state are sharded. Each "
+    "layer's parameters are all-gathered before its <strong>forward</strong> and again in <strong>backward</strong>, "
+    "where its gradients are reduce-scattered; the optimizer updates the local shards without communicating.")
+_SINGLE_CARD = ("One process: no communication",
+                "The baseline: one process with the global batch, nothing communicated; every phase is compute.")
+_HOROVOD_INSTALL = (
+    "module load your site's Horovod built for this torch, or build Horovod 0.28.1 into this environment with "
+    "`DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare checkout (it keeps torch and applies the "
+    "C++17 patch torch>=2.1 needs); see " + docs_page("install"))
+GLOO_THREADS = "gloo's threads"
 
 STRATEGIES: dict[str, Entry] = {
     "ddp": Entry(
@@ -58,13 +113,21 @@ STRATEGIES: dict[str, Entry] = {
                     "(broadcast_buffers=True)" + IF_BUFFERS,
          "backward": "bucketed all-reduce of the gradients, started from hooks on the model as each bucket "
                      "fills; whatever backward's remaining computation does not hide is waited for here"},
-        knobs=DDP_KNOBS, schedule="dpcompare.prediction.ddp:DDPSchedule", elastic="torchrun"),
+        knobs=DDP_KNOBS, schedule="dpcompare.prediction.ddp:DDPSchedule", elastic="torchrun",
+        sync_mechanism=("model hooks: per-parameter autograd hooks fill buckets that are all-reduced during "
+                        "backward(), overlapping communication with computation"),
+        card=_DDP_CARD, threads=GLOO_THREADS,
+        elastic_card=("Elastic (torchrun): every process is restarted with the survivors when a host is lost, and "
+                      "resumes from the newest checkpoint (written every --commit-every steps).")),
     "fsdp": Entry(
         "dpcompare.backends.fsdp:FSDPStrategy",
         "FSDP2 fully_shard per layer and the root (parameters, gradients, optimizer state sharded)",
         {"forward": "all-gather of each layer's parameter shards before its forward",
          "backward": "all-gather of each layer's parameters again, and reduce-scatter of its gradients"},
-        schedule="dpcompare.prediction.fsdp:FSDPSchedule"),
+        schedule="dpcompare.prediction.fsdp:FSDPSchedule",
+        sync_mechanism=("sharded everything: each layer's parameters are all-gathered before its forward and "
+                        "backward; its gradients are reduce-scattered, so each process updates only its shard"),
+        card=_FSDP_CARD, threads=GLOO_THREADS),
     "horovod": Entry(
         "dpcompare.backends.horovod:HorovodStrategy", "Horovod DistributedOptimizer (MPI or gloo controller)",
         {"backward": "all-reduces enqueued from hooks in the optimizer as gradients are ready; Horovod's "
@@ -72,15 +135,24 @@ STRATEGIES: dict[str, Entry] = {
          "optimizer": "step() waits for the fused all-reduces (synchronize()) before it updates"},
         knobs=frozenset({"accumulate", "amp", "grad_compression", "bucket_mb", "horovod_cycle_ms", "horovod_ops",
                          "mpi_allreduce", "adasum"}),
-        schedule="dpcompare.prediction.horovod:HorovodSchedule", elastic="horovodrun"),
-    "single": Entry("dpcompare.backends.single:SingleStrategy", "one process, no communication (the baseline)", distributed=False),
+        schedule="dpcompare.prediction.horovod:HorovodSchedule", elastic="horovodrun",
+        sync_mechanism=("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background thread "
+                        "fuses; optimizer.step() waits for them (synchronize) before updating"),
+        card=_HOROVOD_CARD, threads="Horovod's background thread", install=_HOROVOD_INSTALL, mpi_started=True,
+        elastic_card=("Elastic (horovodrun, gloo controller): the surviving processes stay, roll back to their last "
+                      "in-memory commit (every --commit-every steps) and carry on at the smaller world size.")),
+    "single": Entry("dpcompare.backends.single:SingleStrategy", "one process, no communication (the baseline)",
+                    distributed=False, sync_mechanism="none: one process holds every gradient", card=_SINGLE_CARD),
     "zero": Entry(
         "dpcompare.backends.zero:ZeroStrategy",
         "ZeRO-1: DDP + torch ZeroRedundancyOptimizer (optimizer state sharded over processes)",
         {"forward": "DDP's buffer broadcast" + IF_BUFFERS,
          "backward": "DDP's bucketed gradient all-reduce",
          "optimizer": "each rank updates its shard of the parameters, then broadcasts it to the others"},
-        knobs=DDP_KNOBS, schedule="dpcompare.prediction.zero:ZeroSchedule"),
+        knobs=DDP_KNOBS, schedule="dpcompare.prediction.zero:ZeroSchedule",
+        sync_mechanism=("model hooks all-reduce gradients as in ddp; each process updates only its shard of the "
+                        "parameters (holding only that shard's optimizer state), then broadcasts it to the others"),
+        card=_ZERO_CARD, threads=GLOO_THREADS),
 }
 
 
@@ -118,9 +190,12 @@ def check_arm_name(name: str) -> str:
         raise ValueError(f"{e}; elastic modes: {modes}") from None
 
 
-def is_plugin(name: str) -> bool:
-    """``MODULE:CLASS`` or ``path/to/file.py:CLASS``: a strategy defined outside the package."""
-    return ":" in name
+def mpi_started(name: str) -> bool:
+    """Whether strategy ``name`` needs its processes started by mpirun or srun (:attr:`Entry.mpi_started`); a
+    plug-in joins through the rendezvous variables as the torch.distributed strategies do."""
+    entry = STRATEGIES.get(name)
+    return bool(entry and entry.mpi_started)
+
 
 
 def folder(name: str) -> str:
@@ -130,7 +205,7 @@ def folder(name: str) -> str:
 
 def check_name(name: str) -> str:
     """``name`` when it is a built-in strategy or a plug-in spec; else ValueError saying what is accepted."""
-    if name in STRATEGIES or (is_plugin(name) and all(name.rpartition(":")[::2])):
+    if name in STRATEGIES or is_plugin(name):
         return name
     raise ValueError(f"unknown strategy {name or '(empty)'}; choose from {', '.join(names())}, or name your own "
                      "Strategy subclass as MODULE:CLASS or path/to/file.py:CLASS")

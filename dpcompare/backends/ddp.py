@@ -174,8 +174,6 @@ class DDPModelHooks:
 
 class DDPStrategy(DDPModelHooks, TorchDistributedStrategy):
     name = "ddp"
-    sync_mechanism = ("model hooks: per-parameter autograd hooks fill buckets that are all-reduced "
-                      "during backward(), overlapping communication with computation")
 
 
 #: how DDP says that a parameter got no gradient in the step before (without find_unused_parameters)

@@ -87,8 +87,6 @@ class FSDPState(FullState):
 
 class FSDPStrategy(TorchDistributedStrategy):
     name = "fsdp"
-    sync_mechanism = ("sharded everything: each layer's parameters are all-gathered before its forward and "
-                      "backward; its gradients are reduce-scattered, so each process updates only its shard")
     tracer_class = FSDPTracer
     full_state_class = FSDPState
 

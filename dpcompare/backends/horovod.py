@@ -38,7 +38,7 @@ T = TypeVar("T")
 TIMELINE_FILE = "horovod_timeline.json"
 
 INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in this Python: run `make setup` "
-                "(builds horovod 0.28.1 with the C++17 fix) or `pip install 'dpcompare[horovod]'`")
+                "(builds horovod 0.28.1 with the C++17 fix) or `pip install -e '.[horovod]'`")
 
 
 #: the variables Horovod reads at init that dpcompare's knobs set (recorded in summary.json's comm)
@@ -146,8 +146,6 @@ class HorovodTracer(Tracer):
 
 class HorovodStrategy(Strategy):
     name = "horovod"
-    sync_mechanism = ("optimizer hooks: per-parameter hooks enqueue all-reduces that Horovod's background "
-                      "thread fuses; optimizer.step() waits for them (synchronize) before updating")
     tracer_class = HorovodTracer
     elastic_class = HorovodElastic
 

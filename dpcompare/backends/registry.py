@@ -13,15 +13,12 @@ Imports :mod:`~dpcompare.backends.base` only inside functions, as base reads the
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpcompare.backends.catalog import STRATEGIES, Entry, check_name, is_plugin
+from dpcompare.backends.catalog import STRATEGIES, Entry, check_name
 from dpcompare.backends.catalog import names as names
 from dpcompare.errors import ConfigError
-from dpcompare.files import import_file
+from dpcompare.files import is_plugin, load_attr
 
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy
@@ -38,8 +35,8 @@ def register(cls: type[Strategy]) -> type[Strategy]:
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"strategy {cls.name!r} registered twice")
     entry = STRATEGIES[cls.name]
-    cls.summary, cls.communication, cls.distributed, cls.knobs = (entry.summary, entry.communication,
-                                                                 entry.distributed, entry.knobs)
+    cls.summary, cls.communication, cls.distributed, cls.knobs, cls.sync_mechanism = (
+        entry.summary, entry.communication, entry.distributed, entry.knobs, entry.sync_mechanism)
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -64,7 +61,8 @@ def facts(name: str) -> Entry:
     if name in STRATEGIES:
         return STRATEGIES[name]
     cls = get(name)
-    return Entry(cls.__module__, cls.summary, cls.communication, cls.distributed, cls.knobs)
+    return Entry(cls.__module__, cls.summary, cls.communication, cls.distributed, cls.knobs,
+                 sync_mechanism=cls.sync_mechanism)
 
 
 def check_config(name: str, cfg: TrainConfig, world_size: int) -> None:
@@ -93,19 +91,15 @@ def create(name: str, **kwargs: object) -> Strategy:
 
 
 def _load_plugin(spec: str) -> type[Strategy]:
-    """The Strategy subclass at ``spec``; a ConfigError of one line saying what to fix when it is not one."""
-    from dpcompare.backends.base import Strategy
+    """The Strategy subclass at ``spec`` (:func:`dpcompare.files.load_attr`, the one plug-in loader); a ConfigError
+    of one line saying what to fix when it is not one."""
+    from dpcompare.backends.base import (
+        Strategy,  # base reads the catalog, which names this module's strategies
+    )
 
-    where, _, attr = spec.rpartition(":")
-    try:
-        module = _import_file(Path(where)) if where.endswith(".py") or "/" in where else _import_module(where)
-    except ConfigError:
-        raise
-    except BaseException as e:  # noqa: BLE001  (the plug-in's own code failed while importing)
-        raise ConfigError(f"--strategy {spec}: importing {where} failed ({_one_line(e)}); fix it, or give a module "
-                          "on PYTHONPATH or a path/to/file.py") from None
-    cls = getattr(module, attr, None)
+    cls = load_attr(spec, "--strategy", default=None)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        where, _, attr = spec.rpartition(":")
         got = ("nothing" if cls is None else f"the class {cls.__name__}" if isinstance(cls, type)
                else f"a {type(cls).__name__}")
         raise ConfigError(f"--strategy {spec}: {where} has {got} named {attr!r}, not a subclass of "
@@ -113,26 +107,3 @@ def _load_plugin(spec: str) -> type[Strategy]:
     if "name" not in vars(cls):  # its name in summaries, checkpoints and messages: the spec it was given by
         cls.name = spec
     return cls
-
-
-def _import_module(name: str) -> object:
-    if os.getcwd() not in sys.path and "" not in sys.path:  # the console script leaves the cwd out
-        sys.path.append(os.getcwd())
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name and name.startswith(e.name):
-            raise ConfigError(f"--strategy {name}:...: no module {name!r} on PYTHONPATH or in this folder; give "
-                              "a module that imports, or a path/to/file.py") from None
-        raise
-
-
-def _import_file(path: Path) -> object:
-    """The module in the file ``path`` (imported once per process, under a name made from its path)."""
-    if not path.is_file():
-        raise ConfigError(f"--strategy {path}:...: no file {path}; give an existing path/to/file.py")
-    return import_file(path, "dpcompare_strategy_")
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())[:300]

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 class SingleStrategy(Strategy):
     name = "single"
-    sync_mechanism = "none: one process holds every gradient"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -60,8 +60,6 @@ class ZeroState(FullState):
 
 class ZeroStrategy(DDPModelHooks, TorchDistributedStrategy):
     name = "zero"
-    sync_mechanism = ("model hooks all-reduce gradients as in ddp; each process updates only its shard of the "
-                      "parameters (holding only that shard's optimizer state), then broadcasts it to the others")
     tracer_class = ZeroTracer
     full_state_class = ZeroState
 

@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dpcompare.argtypes import format_rate_bits, positive_int
+from dpcompare.argtypes import format_rate_bits, nonneg_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.files import FAULT, LINK
+from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -60,6 +61,8 @@ class Axis:
     check: Callable[[Any, Sequence[Any]], None] = _accept  #: (comparison, values): refuse in one line
     configure: Callable[[TrainConfig, Any], TrainConfig] | None = None  #: the run's train settings at a value
     before_run: Callable[[Any, Any], None] | None = None  #: (lab or None, value): before a run at the value
+    #: what it does to the run's launch line at a value: options of :func:`dpcompare.launch.mpirun.job_command`
+    launch: Callable[[Any], dict[str, Any]] | None = None
 
     def flags(self, values: Sequence[Any]) -> list[str]:
         """The values as compare's command line gives them (written back for --continue)."""
@@ -153,7 +156,7 @@ def parse_fault(text: str) -> Fault:
 
 def _check_fault(c: Any, values: Sequence[Fault]) -> None:
     if c.lab is None:
-        raise ConfigError("--fault needs hosts to lose: add --lab hosts=3 (root, iproute2; docs/elastic.md)")
+        raise ConfigError(f"--fault needs hosts to lose: add --lab hosts=3 (root, iproute2; {docs_page('elastic')})")
     fault = values[0]
     if not 1 <= fault.host < c.lab.hosts:
         raise ConfigError(f"--fault host={fault.host}: choose a host from 1 to {c.lab.hosts - 1} of --lab "
@@ -166,10 +169,25 @@ def _threads(cfg: TrainConfig, n: int) -> TrainConfig:
 
 
 def parse_threads(text: str) -> int:
+    """A thread count as ``--threads`` takes it: 0 is its default, cores ÷ processes on the host."""
     try:
-        return positive_int(text)
+        return nonneg_int(text)
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"threads={text!r}: {e}") from None
+
+
+# -- bind: where the ranks run ----------------------------------------------------------------------------------------
+def parse_bind(text: str) -> str:
+    from dpcompare.launch.mpirun import BINDINGS
+
+    if text not in BINDINGS:
+        raise argparse.ArgumentTypeError(f"bind={text!r}: choose from {', '.join(BINDINGS)}")
+    return text
+
+
+def _check_bind(c: Any, values: Sequence[Any]) -> None:
+    if c.lab is not None and any(v != "none" for v in values):
+        raise ConfigError("bind=core places the ranks on this machine's cores; leave it out with --lab")
 
 
 #: every axis, by name; results.json, the plan, compare's command line and the runner read them here
@@ -187,11 +205,15 @@ AXES: dict[str, Axis] = {a.name: a for a in (
          "every process in it is killed), and with back-at-step it comes back at step B; records the pause, the "
          "steps redone, the world size over time, the wall time and the final metric against the run without the "
          "fault, and draws throughput over time. Compare elastic arms: --strategies ddp-elastic,horovod-elastic "
-         "(docs/elastic.md)", metavar="host=I,at-step=S[,back-at-step=B]", tag=lambda f: f.tag,
+         f"({docs_page('elastic')})", metavar="host=I,at-step=S[,back-at-step=B]", tag=lambda f: f.tag,
          check=_check_fault),
     Axis("threads", parse_threads, WITHIN, "torch's intra-op threads per rank: every arm runs at every count, "
-         "with verdicts per count (a --script run too)", metavar="N1,N2", words="at {value} thread(s) per rank",
+         "with verdicts per count (a --script run too); 0: --threads' own default, cores ÷ processes", metavar="N1,N2", words="at {value} thread(s) per rank",
          title="intra-op threads per rank", order=int, configure=_threads),
+    Axis("bind", parse_bind, WITHIN, "where the ranks run: none (the scheduler's choice, mpirun --bind-to none) or "
+         "core (each rank bound to its own cores, as many as its threads): every arm runs at every binding, with "
+         "verdicts per binding", metavar="none,core", words="with ranks bound to {value}",
+         title="binding of the ranks", check=_check_bind, launch=lambda v: {"bind": v}),
 )}
 
 

@@ -29,7 +29,9 @@ from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
-from dpcompare.options import add_config_options, deprecate, train_argv
+from dpcompare.launch.mpirun import BINDINGS
+from dpcompare.options import Parser, Warned, add_config_options, deprecate, train_argv
+from dpcompare.versions import docs_page
 
 #: seconds a run may take before it is stopped (``--run-timeout``, as parity's): a run that hangs ends
 DEFAULT_RUN_TIMEOUT = 1800.0
@@ -41,7 +43,10 @@ NOT_OPTIONS = ("strategy", "resume")
 NOT_STORED = (*NOT_OPTIONS, "out", "overwrite", "progress")
 #: compare's defaults for train settings, where they differ from ``dpcompare train``'s
 TRAIN_DEFAULTS: dict[str, Any] = {"out": "runs/compare", "min_timed_steps": DEFAULT_MIN_STEPS, "tensorboard": False}
-TRAIN_HELPS = {"tensorboard": "let every run write TensorBoard events (default: off for compare)"}
+TRAIN_HELPS = {"tensorboard": "let every run write TensorBoard events (default: off for compare)",
+               "out": "output folder (default: runs/compare)"}
+#: the section of compare's --help for a Horovod script
+SCRIPT = "a Horovod script (dpcompare compare --script train.py -- ARGS)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,11 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
                    help="arms with their own train settings instead of --strategies, e.g. base=ddp "
-                        "fp16=horovod:grad_compression=fp16 (knobs are TrainConfig field names)")
+                        "fp16=horovod:grad-compression=fp16 (knobs: train's flags without their dashes, e.g. batch-size, "
+                        "min-steps, trackers; TrainConfig's field names work too)")
     swept = "; ".join(f"{a.name}={a.metavar}: {a.help}" for a in AXES.values() if a.pairs != TWIN)
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
-                        f"repeat the flag to cross several. Or of an axis: {swept}".replace("%", "%%"))
+                        f"repeat the flag to cross several (KNOB: a train flag without its dashes, e.g. min-steps, or "
+                        f"TrainConfig's field name). Or of an axis: {swept}".replace("%", "%%"))
     _add_stopping_rule(g)
     g.add_argument("--workers", choices=("fresh", "persistent"), metavar="fresh|persistent",
                    help="how runs start. fresh: every run is its own mpirun/srun job, as a user would start it. "
@@ -68,11 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "once), so the same time buys about three times the blocks, and the verdict's interval "
                         "counts each two neighbouring blocks as one unit (they run seconds apart). A failed run "
                         "ends its job and the next run starts a new one (default: fresh)")
+    _add_placement(g)
     g.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run every job across an emulated cluster made for this comparison and removed after it: N "
                         "network namespaces on a link shaped to RATE (1gbit, 200mbit, unlimited), K ranks per host "
                         "(default 1); with --sweep link=R1,R2 every arm runs on every link and each link gets its "
-                        "own verdicts. Needs root, iproute2 and the tbf qdisc (see docs/lab.md)")
+                        f"own verdicts. Needs root, iproute2 and the tbf qdisc (see {docs_page('lab')})")
     for a in AXES.values():
         if a.pairs == TWIN:
             g.add_argument(f"--{a.name}", type=a.parse, metavar=a.metavar, help=a.help.replace("%", "%%"))
@@ -93,15 +101,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "failed ones run; its plan and options are reused (any given must match them)")
     from dpcompare.compare.script import add_script_arguments
 
-    add_script_arguments(p.add_argument_group("a Horovod script (dpcompare compare --script train.py -- ARGS)"),
-                         compare=True)
+    add_script_arguments(p.add_argument_group(SCRIPT), compare=True)
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
     deprecate(p, "--resume", "--continue")
     # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
-    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help=argparse.SUPPRESS)
+    p.add_argument("--no-tensorboard", dest="tensorboard", action=Warned, nargs=0, const=False, new="--trackers none")
 
 
-def _add_stopping_rule(g: argparse._ArgumentGroup) -> None:
+def _add_placement(g: Any) -> None:
+    """Where the ranks run (--bind), and what happens to a block that other work disturbed."""
+    g.add_argument("--bind", choices=BINDINGS, default="none", metavar="|".join(BINDINGS),
+                   help="where the ranks run. none: wherever the scheduler puts them and their threads, launch by "
+                        "launch (mpirun --bind-to none, Horovod's advice for its background thread); core: each rank "
+                        "bound to its own cores, as many as --threads (mpirun --bind-to core --map-by core or "
+                        "slot:PE=N; srun --cpu-bind=cores). Recorded in results.json and shown in the report; "
+                        "--sweep bind=none,core compares both. Horovod's background thread: set "
+                        "HOROVOD_THREAD_AFFINITY (forwarded to every rank, recorded) (default: none)")
+    g.add_argument("--rerun-disturbed", type=nonneg_float, default=0.0, metavar="PCT",
+                   help="run a block again, not counting it, when during one of its runs other processes took more "
+                        "than PCT %% of the cores or the hypervisor stole more than PCT/4 %% of them (/proc/stat); "
+                        "at most 3 tries, after which it is counted and said so; the report says how many blocks "
+                        "were run again and why (default: 0, never)")
+
+
+def _add_stopping_rule(g: Any) -> None:
     """How many blocks a comparison runs, and the margins its verdicts are drawn with."""
     g.add_argument("--repeats", type=parse_repeats, default=0, metavar="N|auto",
                    help="blocks to run (a block runs every arm once at every np), per seed with --seeds; auto: add "
@@ -181,6 +204,10 @@ def plan_flags(c: Comparison) -> list[str]:
         flags += ["--replay"]
     if c.options.workers != "fresh":
         flags += ["--workers", c.options.workers]
+    if c.options.bind != RunOptions().bind:
+        flags += ["--bind", c.options.bind]
+    if c.options.disturbed:
+        flags += ["--rerun-disturbed", f"{100 * c.options.disturbed:g}"]
     if c.options.project_link != RunOptions().project_link:
         link = c.options.project_link
         flags += ["--project-link", "none" if link is None else format_rate_bits(link)]
@@ -209,6 +236,6 @@ def write_comparison_config(c: Comparison) -> None:
     rerun it with ``dpcompare compare --config OUT/config.toml --out NEW``."""
     from dpcompare.options import CONFIG_FILE, config_settings, write_config
 
-    p = argparse.ArgumentParser(prog="dpcompare compare", add_help=False)
+    p = Parser(prog="dpcompare compare", add_help=False)
     add_arguments(p)
     write_config(c.out / CONFIG_FILE, p, config_settings(p, [*plan_flags(c), *train_flags(c.config)]))

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.compare.axes import AXES, axes_of
-from dpcompare.compare.cmdline import add_arguments, stored_args
+from dpcompare.compare.cmdline import SCRIPT, add_arguments, stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
 from dpcompare.compare.stopping import StoppingRule
+from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS
-from dpcompare.options import add_config_file_option
+from dpcompare.options import START, add_config_file_option
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -76,7 +77,7 @@ def comparison_of(a: argparse.Namespace) -> Comparison:
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     options = RunOptions(overwrite=a.overwrite, progress=a.progress, run_timeout=a.run_timeout or None,
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
-                         project_link=a.project_link)
+                         project_link=a.project_link, bind=a.bind, disturbed=a.rerun_disturbed / 100.0)
     c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
                    lab=getattr(a, "lab", None), axes=axes_of(a.sweep or (), a), replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
@@ -131,7 +132,16 @@ def _cmd_compare(a: argparse.Namespace) -> int:
     return run_compare(comparison_of(a))
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+#: compare's --help by concern: what a first user needs first, then what to compare, how long, where...
+SECTIONS = {START: ("--config", "--strategies", "--np", "--model", "--dataset", "--epochs", "--batch-size", "--repeats",
+                    "--target-ci", "--lab", "--out", "--overwrite"),
+            "what to compare": ("--variants", "--sweep", "--seeds", "--fault", "--replay"),
+            "verdicts": ("--equivalence", "--accuracy-equivalence"),
+            HOW_LONG: ("--max-repeats", "--time-budget", "--run-timeout"), WHERE: ("--workers",),
+            SCRIPT: (), TRAINING: (), KNOBS: (), OUTPUT: ("--project-link", "--continue"), "comparison": ()}
+
+
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "compare", help="A/B comparison: every arm (strategy or variant) at every process count, in paired blocks",
         description="Run the same training job under each arm (a strategy, or a labelled strategy with its own "
@@ -149,11 +159,12 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
                "  dpcompare compare --continue runs/ab   # continue an interrupted comparison\n"
                "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
-               "  sudo dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
+               "  # --lab needs root; sudo resets PATH, so: sudo -E env PATH=$PATH dpcompare ...\n"
+               "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
                "--out runs/links\n"
-               "  sudo dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
+               "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
     add_config_file_option(p)
     add_arguments(p)
     p.set_defaults(func=_cmd_compare)

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from dpcompare.compare.axes import Fault
+from dpcompare.files import STEP_LOG
 from dpcompare.lab import Lab
 from dpcompare.launch.jobs import LOGS, start_job, stop_job
-from dpcompare.training.steplog import STEP_LOG, read_step_log
+from dpcompare.training.steplog import read_step_log
 
 #: seconds between two looks at a running job's step log
 POLL_S = 0.05

@@ -19,6 +19,15 @@ process that ends between two samples loses at most its last half second).
 
 Busy is user + nice + system time; interrupt and soft-interrupt time is left out (the ranks' own loopback
 traffic lands there, charged to no process). The report's threshold: :data:`dpcompare.report.regime.SHARED_SHARE`.
+
+On a virtual machine the hypervisor may run other guests on this one's cores: the time it took is the ``steal``
+column of ``/proc/stat``'s ``cpu`` line, read around each run (:func:`proc_stat_times`)::
+
+    steal share = Δsteal ÷ Δ(user + nice + system + idle + iowait + irq + softirq + steal)
+
+``compare --rerun-disturbed PCT`` runs a block again when one of its runs saw others' share above PCT % or a steal
+share above a quarter of it (:func:`why_disturbed`): a stolen tick is lost by a rank outright, while others'
+CPU may have run on a core the ranks did not need.
 """
 
 from __future__ import annotations
@@ -59,6 +68,57 @@ def _tree_seconds(root: psutil.Process) -> float:
             continue  # ended between the listing and the reading: its parent counts it once it reaps it
         total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+#: ``/proc/stat``'s columns of the ``cpu`` line, in order (proc(5)); guest time is counted in user time already
+STAT_COLUMNS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest", "guest_nice")
+#: the columns that add up to all the time the cores had
+STAT_TOTAL = STAT_COLUMNS[:8]
+#: a steal share this many times smaller than --rerun-disturbed's share of others' CPU disturbs a block too
+STEAL_FACTOR = 4.0
+
+
+def proc_stat_times(text: str) -> dict[str, int]:
+    """The aggregate ``cpu`` line of a ``/proc/stat`` text as {column: ticks} (:data:`STAT_COLUMNS`; older
+    kernels' missing columns are 0); ValueError when the text has no such line."""
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            ticks = [int(x) for x in parts[1:len(STAT_COLUMNS) + 1]]
+            return dict(zip(STAT_COLUMNS, ticks + [0] * (len(STAT_COLUMNS) - len(ticks)), strict=True))
+    raise ValueError("no aggregate cpu line in /proc/stat")
+
+
+def read_proc_stat(path: str = "/proc/stat") -> dict[str, int] | None:
+    """This machine's :func:`proc_stat_times` (None where there is no /proc/stat)."""
+    try:
+        with open(path) as f:
+            return proc_stat_times(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: dict[str, int] | None, after: dict[str, int] | None) -> float | None:
+    """The share of the cores' time the hypervisor stole between two :func:`proc_stat_times` (None: unknown)."""
+    if before is None or after is None:
+        return None
+    total = sum(after[k] - before[k] for k in STAT_TOTAL)
+    return round((after["steal"] - before["steal"]) / total, 4) if total > 0 else None
+
+
+def why_disturbed(loads: list[dict[str, Any] | None], share: float) -> str | None:
+    """Why a block whose runs saw ``loads`` (results.json's ``load``) is disturbed, or None: a run where other
+    processes took more than ``share`` of the cores, or the hypervisor stole more than ``share`` ÷
+    :data:`STEAL_FACTOR` of them. ``share`` 0: never disturbed."""
+    if share <= 0:
+        return None
+    others = max((x.get("others_cpu_share") or 0.0 for x in loads if x), default=0.0)
+    steal = max((x.get("steal_share") or 0.0 for x in loads if x), default=0.0)
+    if steal > share / STEAL_FACTOR:
+        return f"the hypervisor stole {100 * steal:.0f} % of the cores during a run (over {100 * share / STEAL_FACTOR:g} %)"
+    if others > share:
+        return f"other processes took {100 * others:.0f} % of the cores during a run (over {100 * share:g} %)"
+    return None
 
 
 #: seconds between two samples of the job's processes outside this process tree
@@ -115,6 +175,7 @@ class LoadWatch:
         self.cores = psutil.cpu_count() or os.cpu_count() or 1
         self.loadavg_start = [round(x, 2) for x in os.getloadavg()]
         self.t0, self.busy0, self.tree0 = time.perf_counter(), _busy_seconds(), _tree_seconds(self.me)
+        self.stat0 = read_proc_stat()
         self.remote = JobProcesses(self.me, marker) if marker else None
 
     def result(self) -> dict[str, Any]:
@@ -126,6 +187,6 @@ class LoadWatch:
         others = max(busy - tree, 0.0)
         return {"others_cpu_share": round(others / (self.cores * wall), 4) if wall > 0 else None,
                 "others_cpu_s": round(others, 2), "job_cpu_s": round(tree, 2), "busy_cpu_s": round(busy, 2),
-                "job_cpu_outside_s": round(away, 2),
+                "job_cpu_outside_s": round(away, 2), "steal_share": steal_share(self.stat0, read_proc_stat()),
                 "cores": self.cores, "wall_s": round(wall, 2), "loadavg_start": self.loadavg_start,
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()]}

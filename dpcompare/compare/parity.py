@@ -21,12 +21,14 @@ from rich.table import Table
 
 from dpcompare import backends, knobs
 from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
-from dpcompare.config import TrainConfig
+from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE, TrainConfig
 from dpcompare.errors import ConfigError
-from dpcompare.files import atomic_write_json
+from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.calls import LAYER_ARM
+from dpcompare.options import START
+from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +43,17 @@ ADAPTIVE = ("adam", "adamw")
 
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+#: the section of parity's --help for a Horovod script
+SCRIPT = "a Horovod script (dpcompare parity --script train.py -- ARGS)"
+#: parity's --help by concern: what a first user needs first
+SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size", "--tolerance",
+                    "--script", "--out", "--overwrite"),
+            "what to compare": ("--single-tolerance", "--no-single"), HOW_LONG: ("--run-timeout",),
+            WHERE: ("--lab", "--workers"),
+            SCRIPT: (), TRAINING: (), KNOBS: (), OUTPUT: ()}
+
+
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, positive_int
     from dpcompare.compare.plan import parse_strategies
     from dpcompare.options import add_config_file_option, add_config_options
@@ -56,7 +68,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         epilog="examples:\n  dpcompare parity --np 2 --model convnet --dataset digits --steps 100\n"
                "  dpcompare parity --script train.py --np 2 -- --epochs 1     # a Horovod script: horovod vs native\n"
                "  dpcompare parity --script train.py --strategies horovod,native,ddp -- --epochs 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
     add_config_file_option(p)
     p.add_argument("--np", type=positive_int, default=2, help="processes per distributed run (default: 2)")
     p.add_argument("--steps", type=positive_int, default=100, help="optimizer steps per run (default: 100)")
@@ -73,7 +85,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
 
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run the distributed runs across an emulated cluster made for this check and removed after "
-                        "it (root, iproute2, tbf; docs/lab.md); the one-process run stays on this host")
+                        f"it (root, iproute2, tbf; {docs_page('lab')}); the one-process run stays on this host")
     p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
                    help="how the distributed runs start. persistent: one job of --np processes runs them one after "
                         "another (Python, torch and MPI start once; each run still builds its data, model and optimizer "
@@ -85,9 +97,9 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
     from dpcompare.compare.script import add_script_arguments
 
-    add_script_arguments(p.add_argument_group("a Horovod script (dpcompare parity --script train.py -- ARGS)"),
-                         compare=False)
-    add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"})
+    add_script_arguments(p.add_argument_group(SCRIPT), compare=False)
+    add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"},
+                       helps={"out": "output folder (default: runs/parity)"})
     p.set_defaults(func=run_parity)
 
 
@@ -158,7 +170,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
-def compare_runs(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+def parity_diff(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Per-tensor and loss-curve differences between two finished runs (``weights``, ``losses``)."""
     per_tensor = {k: max_abs_diff(v, other["weights"][k]) if k in other["weights"] else float("inf")
                   for k, v in ref["weights"].items()}
@@ -200,7 +212,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
     console.print(f"  done in {seconds:.1f} s")
     return {"weights": checkpoint.load_checkpoint(path)["model"],
             "losses": json.loads((out / "step_losses.json").read_text()),
-            "summary": json.loads((out / "summary.json").read_text())}
+            "summary": json.loads((out / SUMMARY).read_text())}
 
 
 def _runs(a: argparse.Namespace, base: TrainConfig, strategies: list[str],
@@ -376,7 +388,7 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: {**compare_runs(results[ref], results[s]),
+    diffs = {s: {**parity_diff(results[ref], results[s]),
                  "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}

@@ -24,6 +24,8 @@ from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import LabSpec
+from dpcompare.options import FIELDS, flag_of, setting_name
+from dpcompare.versions import docs_page
 
 
 @dataclass(frozen=True)
@@ -174,13 +176,15 @@ NOT_ARM_SETTINGS = ("strategy", "out", "overwrite", "progress", "resume")
 
 
 def parse_setting(name: str, text: str) -> Any:
-    """``text`` as the value of TrainConfig field ``name``, with the field's own type and choices."""
-    from dpcompare.options import _FIELDS, flag_of
-
-    f = _FIELDS.get(name)
+    """``text`` as the value of the train setting ``name`` (a flag without its dashes, or TrainConfig's field name),
+    with the field's own type and choices."""
+    word, name = name, setting_name(name) or ""
+    f = FIELDS.get(name)
     if f is None or name in NOT_ARM_SETTINGS:
-        known = ", ".join(n for n, g in _FIELDS.items() if n not in NOT_ARM_SETTINGS and not g.metadata.get("hidden"))
-        raise argparse.ArgumentTypeError(f"unknown train setting {name!r}; choose from {known}")
+        known = ", ".join(n if flag_of(n).startswith("--no-") else flag_of(n)[2:] for n, g in FIELDS.items()
+                          if n not in NOT_ARM_SETTINGS and not g.metadata.get("hidden"))
+        raise argparse.ArgumentTypeError(f"unknown train setting {word!r}; choose from {known} (the flags without "
+                                         "their dashes; TrainConfig's field names work too)")
     md = f.metadata
     if isinstance(f.default, bool):
         low = text.strip().lower()
@@ -223,7 +227,7 @@ def parse_variant(text: str) -> Arm:
     first = next((i for i, part in enumerate(parts) if "=" in part), len(parts))
     strategy, knobs = ":".join(parts[:first]), ":".join(parts[first:])
     _check_strategy(strategy.strip())
-    values = tuple((k.replace("-", "_"), parse_setting(k.replace("-", "_"), v)) for k, v in _pairs(knobs))
+    values = tuple((setting_name(k) or k, parse_setting(k, v)) for k, v in _pairs(knobs))
     return Arm.named(strategy.strip(), label.strip(), values)
 
 
@@ -231,9 +235,12 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     """``KNOB=v1,v2`` → ('knob', [v1, v2]), each value parsed with the field's own type; an axis's name
     (:data:`.axes.AXES`: ``link=RATE,...``, ``threads=1,2``) sweeps that axis instead of a train setting."""
     name, sep, values = text.partition("=")
-    name = name.strip().replace("-", "_").lstrip("_")
+    name = name.strip().lstrip("-")
     if not sep or not values.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not KNOB=VALUE1,VALUE2")
+    if not (name in AXES and AXES[name].pairs != TWIN):
+        parse_setting(name, values.split(",")[0].strip())  # an unknown name: one line naming the known ones
+        name = setting_name(name) or name
     parse = AXES[name].parse if name in AXES and AXES[name].pairs != TWIN else lambda v: parse_setting(name, v)
     vals = [parse(v.strip()) for v in values.split(",") if v.strip()]
     return name, list(dict.fromkeys(vals))
@@ -321,6 +328,22 @@ def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool 
     return configured(child, arm)
 
 
+def launch_options(cfg: TrainConfig, arm: Arm, bind: str = "none", np: int = 1) -> dict[str, Any]:
+    """How the run's job is launched (:func:`dpcompare.launch.mpirun.job_command`'s options): the comparison's
+    ``bind``, or the arm's ``bind`` axis; a bound rank gets as many cores as it runs threads (``cfg``: the run's own
+    settings; ``--threads 0``: the cores ÷ ``np``, as the run itself counts them)."""
+    from dpcompare.launch.mpirun import local_cores
+
+    options: dict[str, Any] = {"bind": bind}
+    for name, value in arm.axes:
+        if AXES[name].launch is not None:
+            options.update(AXES[name].launch(value))
+    threads = cfg.threads or max(1, local_cores() // max(np, 1))
+    if options["bind"] != "none" and threads > 1:
+        options["cores_per_rank"] = threads
+    return options
+
+
 def configured(cfg: TrainConfig, arm: Arm) -> TrainConfig:
     """``cfg`` with what the arm's axes set in a run's train settings (``threads``: its thread count)."""
     for name, value in arm.axes:
@@ -379,6 +402,9 @@ class RunOptions:
     resume: bool = False  # continue the comparison in ``out``: its ok runs are kept
     workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
     project_link: int | None = 25 * 10**9  # traced runs: predict them onto a cluster on this link, bits/s (None: do not)
+    bind: str = "none"  # where the ranks run (launch.mpirun.BINDINGS); an arm's ``bind`` axis overrides it
+    disturbed: float = 0.0  # others' CPU or steal share above which a block is run again (0: never)
+    disturbed_tries: int = 3  # tries of a block before a disturbed one is counted anyway
 
 
 @dataclass(frozen=True)
@@ -414,11 +440,13 @@ class Comparison:
 
     def _check_lab(self) -> None:
         """Refuse, in one line, what a lab cannot run (before anything starts); each axis checks its own values."""
+        if self.lab is not None and self.options.bind != "none":
+            raise ConfigError("--bind core places the ranks on this machine's cores; leave --bind out with --lab")
         if self.lab is None:
             what = next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
             what = what or ("--replay" if self.replay else None)
             if what:
-                raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; docs/elastic.md)")
+                raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; {docs_page('elastic')})")
             return
         if self.options.workers == "persistent":
             raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "

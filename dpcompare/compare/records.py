@@ -17,7 +17,7 @@ from dpcompare.compare.axes import AXES, LINK
 from dpcompare.compare.plan import Arm, Comparison, RunSpec
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
-from dpcompare.files import MEMORY_KINDS, RESULTS, SCHEMA
+from dpcompare.files import MEMORY_KINDS, METRICS, RESULTS, SCHEMA, SUMMARY
 
 REPORT_FILES = ("report.html", "plots")
 ERROR_TAIL_LINES = 40
@@ -157,18 +157,28 @@ def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli:
                    "order": [], "workers": c.options.workers, "train": c.config.to_dict(),
                    "train_flags": train_flags, "cli": cli, **_lab_json(c),
                    "axes": {name: AXES[name].record(values) for name, values in c.axes},
+                   "binding": binding(c), "rerun_disturbed": c.options.disturbed or None,
                    **({"script": c.script.to_json()} if c.script is not None else {})},
         "environment": environment(list(dict.fromkeys(a.strategy for a in arms))), "runs": [], "verdicts": [],
     }
 
 
+def binding(c: Comparison) -> dict[str, Any]:
+    """results.json's ``config.binding``: where the ranks ran (``bind``: --bind, or ``by arm`` with a ``bind``
+    axis, each arm's in ``arms[].axes``), the intra-op threads per rank (0: torch's default) and Horovod's
+    ``HOROVOD_THREAD_AFFINITY`` as forwarded to the ranks (None: unset)."""
+    swept = bool(c.values("bind"))
+    return {"bind": "by arm" if swept else c.options.bind, "threads": c.config.threads,
+            "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY") or None}
+
+
 def read_run(spec: RunSpec, run_dir: Path, rel_dir: str, returncode: int | None, wall_seconds: float,
              command: Sequence[str]) -> dict[str, Any]:
     """The record of the run that just ended in ``run_dir`` (:func:`run_record` of what it left there)."""
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / SUMMARY
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-        metrics = _read_jsonl(run_dir / "metrics.jsonl")
+        metrics = _read_jsonl(run_dir / METRICS)
     except (OSError, ValueError):
         summary, metrics = None, []
     return run_record(spec, rel_dir, returncode, wall_seconds, summary, metrics, _read_text(run_dir / "stderr.log"),
@@ -202,7 +212,7 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
     kept = {}
     for rec in stored["runs"]:
         name = Path(str(rec.get("dir", ""))).name
-        if rec.get("status") == "ok" and (out / str(rec["dir"]) / "summary.json").exists():
+        if rec.get("status") == "ok" and (out / str(rec["dir"]) / SUMMARY).exists():
             kept[name] = rec
     resumed = {**stored, "config": {**old, "order": []}, "complete": False, "runs": [], "verdicts": [],
                "resumed": [*stored.get("resumed", []), fresh["created"]]}

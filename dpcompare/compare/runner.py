@@ -16,11 +16,11 @@ from dpcompare.backends.registry import facts
 from dpcompare.compare import fault_runs, records
 from dpcompare.compare.axes import AXES, FAULT
 from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
-from dpcompare.compare.load import LoadWatch
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured
+from dpcompare.compare.load import LoadWatch, why_disturbed
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured, launch_options
 from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
-from dpcompare.files import RESULTS, atomic_write_json
+from dpcompare.files import METRICS, RESULTS, STEP_LOG, SUMMARY, atomic_write_json
 from dpcompare.lab import Lab, session
 from dpcompare.launch.elastic import ElasticLaunch
 from dpcompare.launch.env import under_launcher
@@ -35,17 +35,19 @@ Launch = Callable[[list[str], Path, dict[str, str], float | None], tuple[int | N
 
 
 def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None, step_log: bool = False,
-                  replay: bool = False, script: Any = None) -> list[str]:
+                  replay: bool = False, script: Any = None, bind: str = "none") -> list[str]:
     """The job that runs ``spec`` on its own (recorded with the run: it reruns it); with a ``lab``, placed on its
-    hosts (mpirun started inside its host 0; an elastic arm's launcher: :func:`elastic_launch`). With a
-    ``script`` (``--script``), the script in the run's arm."""
+    hosts (mpirun started inside its host 0; an elastic arm's launcher: :func:`elastic_launch`); else with its
+    ranks placed as ``bind`` (or the arm's ``bind`` axis) says. With a ``script`` (``--script``), the script in the
+    run's arm."""
     if script is not None:
-        seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
-        return script.command(spec.strategy, spec.np, run_dir, configured(seeded, spec.arm), lab,
-                              elastic=elastic_launch(spec, run_dir, lab), step_log=step_log)
-    words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
+        seeded = configured(cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed), spec.arm)
+        return script.command(spec.strategy, spec.np, run_dir, seeded, lab, elastic=elastic_launch(spec, run_dir, lab),
+                              step_log=step_log, launch=None if lab else launch_options(seeded, spec.arm, bind, spec.np))
+    child = child_config(cfg, spec, run_dir, step_log, replay)
     how = elastic_launch(spec, run_dir, lab)
-    return dpcompare_command(spec.np, words, lab, **({"elastic": how} if how else {}))
+    options = {"elastic": how} if how else {} if lab else launch_options(child, spec.arm, bind, spec.np)
+    return dpcompare_command(spec.np, ["train", *train_argv(child)], lab, **options)
 
 
 def elastic_launch(spec: RunSpec, run_dir: Path, lab: Lab | None) -> ElasticLaunch | None:
@@ -96,7 +98,7 @@ class _Run:
     def run_one(self, spec: RunSpec, bar: Any) -> dict[str, Any]:
         run_dir = self.c.out / "runs" / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "metrics.jsonl", fault_runs.STEP_LOG, *_script_records(run_dir)):
+        for stale in (SUMMARY, METRICS, STEP_LOG, *_script_records(run_dir)):
             (run_dir / stale).unlink(missing_ok=True)  # never read an earlier job's files as this one's
         for kept in ("checkpoints", "commits"):  # nor resume from them (elastic arms; a script's: commits)
             shutil.rmtree(run_dir / kept, ignore_errors=True)
@@ -105,14 +107,16 @@ class _Run:
             if AXES[name].before_run is not None:
                 AXES[name].before_run(self.lab, value)
         step_log = self.c.fault is not None  # the fault's runs and their twins without it: steps over time
-        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay, self.c.script)
+        cmd = child_command(cfg, spec, run_dir, self.lab, step_log, self.c.replay, self.c.script, self.c.options.bind)
         bar.update(description=f"running {spec.name}")
         fault, t_start = None, time.time()
         # what else the machine ran meanwhile; across a lab, the job's ranks started through ssh (named by the run's
         # folder) are sampled as its own too
         watch = LoadWatch(str(run_dir) if self.lab is not None else None) if self.watch_load else None
         if self.pool:
-            rc, wall = self.pool.run(spec.np, train_argv(child_config(cfg, spec, run_dir)), run_dir, timeout)
+            child = child_config(cfg, spec, run_dir)
+            rc, wall = self.pool.run(spec.np, train_argv(child), run_dir, timeout,
+                                     launch_options(child, spec.arm, self.c.options.bind, spec.np))
         elif spec.arm.fault is not None and self.lab is not None:
             every = child_config(cfg, spec, run_dir).commit_every
             rc, wall, fault = fault_runs.run_with_fault(cmd, run_dir, self.env, timeout, spec.arm.fault, self.lab,
@@ -164,11 +168,33 @@ class _Run:
         return self.lab.rejoin_command(argv, spec.np, how, spec.arm.fault.host)
 
     def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
-        """Run block number ``blocks`` (the kept runs of a resumed comparison are reused); runs done so far."""
+        """Run block number ``blocks``, again while a run of it was disturbed (``--rerun-disturbed``: its runs move
+        to results.json's ``disturbed_runs``, the try to ``disturbed``) and tries are left; runs done so far."""
+        tries = max(1, self.c.options.disturbed_tries) if self.c.options.disturbed and self.watch_load else 1
+        for attempt in range(1, tries + 1):
+            start = len(self.results["runs"])
+            done = self.run_specs(blocks, done, planned, bar, reuse=attempt == 1)
+            mine = self.results["runs"][start:]
+            why = why_disturbed([r.get("load") for r in mine], self.c.options.disturbed)
+            if why is None:
+                return done
+            last = attempt == tries
+            self.results.setdefault("disturbed", []).append(
+                {"block": blocks, "try": attempt, "why": why, "runs": [r["dir"] for r in mine], "counted": last})
+            if not last:
+                del self.results["runs"][start:]
+                self.results.setdefault("disturbed_runs", []).extend(mine)
+            self.save()
+            bar.print(f"block {blocks} disturbed: {why}; " + ("counted anyway (no tries left)" if last else
+                                                               "running it again"), markup=False)
+        return done
+
+    def run_specs(self, blocks: int, done: int, planned: int, bar: Any, reuse: bool = True) -> int:
+        """Run every run of block number ``blocks`` once (``reuse``: a resumed comparison's kept runs are reused)."""
         for spec in block(self.arms, self.c.nps, blocks, self.c.schedule.seeds):
             done += 1
             self.results["config"]["order"].append(spec.name)
-            if spec.name in self.kept:
+            if reuse and spec.name in self.kept:
                 self.results["runs"].append(self.kept[spec.name])
                 bar.update(advance=1)
                 continue
@@ -262,12 +288,14 @@ def _project(c: Comparison, console: Any) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
-    from dpcompare.report import attribution, faults, render, stats
+    from dpcompare.report import attribution, faults, noise, render, stats
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
-    results["verdicts"] = [v.to_json() for v in stats.verdicts(
-        results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
+    verdicts = stats.verdicts(results, equivalence=c.schedule.equivalence,
+                              accuracy_equivalence=c.schedule.accuracy_equivalence)
+    results["verdicts"] = [v.to_json() for v in verdicts]
+    results["noise"] = noise.floors(verdicts)  # what each throughput verdict could resolve
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
     fault = faults.summary(results)  # --fault: what the lost host cost each arm, the wall-time verdicts
     if fault is not None:

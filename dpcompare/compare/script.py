@@ -11,7 +11,8 @@ the final weights the optimizer held (parity) and the step times between success
 An elastic script (``hvd.elastic.run``) has two elastic arms, started by the launch builders of dpcompare's own
 elastic arms (:meth:`dpcompare.lab.Lab.elastic_command`): ``horovod-elastic``, real Horovod Elastic
 (``horovodrun`` with the lab's host discovery script), and ``native-elastic``, the native layer on torchrun's
-elastic agents, one per host (:mod:`dpcompare.native.elastic`). Their runs write the step log ``--fault`` reads.
+elastic agents, one per host (:mod:`dpcompare.native.elastic`); ``ddp-elastic`` runs the DDP port (its elastic helpers:
+:mod:`dpcompare.native.port_elastic`) on torchrun's agents. Their runs write the step log ``--fault`` reads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 from dpcompare.launch.jobs import dpcompare_command
 from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS, SCRIPT_ELASTIC
 
@@ -50,11 +52,13 @@ class ScriptPlan:
         return self.path
 
     def command(self, arm: str, np: int, run_dir: Path, cfg: TrainConfig, lab: Lab | None = None,
-                elastic: ElasticLaunch | None = None, step_log: bool = False) -> list[str]:
+                elastic: ElasticLaunch | None = None, step_log: bool = False,
+                launch: dict[str, Any] | None = None) -> list[str]:
         """The job that runs the script in ``arm`` at ``np`` ranks with its records in ``run_dir``; ``elastic``:
         as an elastic job (``horovod-elastic``: horovodrun's elastic mode; ``native-elastic``: torchrun's agents,
         the layer's commits in RUN/commits), every collective bounded by ``--timeout``; ``step_log``: writing
-        RUN/steps.jsonl from its first step (an elastic script writes it anyway)."""
+        RUN/steps.jsonl from its first step (an elastic script writes it anyway); ``launch``: mpirun's options (the
+        binding: :func:`~dpcompare.compare.plan.launch_options`)."""
         words = ["script", "--as", arm, "--out", str(run_dir), "--overwrite", "--seed", str(cfg.seed),
                  "--threads", str(cfg.threads)]
         if step_log:
@@ -62,7 +66,7 @@ class ScriptPlan:
         if elastic is not None:
             words += ["--timeout", f"{cfg.timeout:g}", "--commit-dir", str(run_dir / "commits")]
         words += ["--", "python", str(self.script_for(arm)), *self.args]
-        return dpcompare_command(np, words, lab, **({"elastic": elastic} if elastic else {}))
+        return dpcompare_command(np, words, lab, **(launch or {}), **({"elastic": elastic} if elastic else {}))
 
     @property
     def metric_name(self) -> str | None:
@@ -84,7 +88,7 @@ class ScriptPlan:
         if self.metric:
             summary["metric"] = {"name": self.metric_name, "higher_is_better": not self.metric.endswith(":lower"),
                                  "unit": None}
-        atomic_write_json(run_dir / "summary.json", summary)
+        atomic_write_json(run_dir / SUMMARY, summary)
 
     def to_json(self) -> dict[str, Any]:
         """What results.json keeps about the script (``config.script``; the report's title reads it)."""
@@ -103,7 +107,7 @@ class ScriptPlan:
         return [*flags, *(f"--script-arg={x}" for x in self.args)]
 
 
-def add_script_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, compare: bool) -> None:
+def add_script_arguments(p: Any, compare: bool) -> None:
     """``--script FILE [...] -- ARGS``: the options of a script comparison (compare's and parity's)."""
     from dpcompare.argtypes import positive_int
 
@@ -147,8 +151,8 @@ def script_plan(a: argparse.Namespace, arms: list[str], out: Path) -> ScriptPlan
 
 
 def check_elastic_arms(arms: list[Arm]) -> None:
-    """A script's elastic arms are horovod-elastic (real Horovod Elastic) and native-elastic (the layer on
-    torchrun); a DDP port has no elastic mode of its own."""
+    """A script's elastic arms are horovod-elastic (real Horovod Elastic), native-elastic (the layer on torchrun)
+    and ddp-elastic (the DDP port on torchrun)."""
     wrong = [a.name for a in arms if a.elastic and a.strategy not in SCRIPT_ELASTIC]
     if wrong:
         raise ConfigError(f"--script runs the elastic arms {', '.join(f'{x}-elastic' for x in SCRIPT_ELASTIC)}; "

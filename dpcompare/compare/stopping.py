@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dpcompare.files import ACCURACY_EQUIVALENCE, EQUIVALENCE
+
 if TYPE_CHECKING:  # numpy and scipy load with the first look, not with the parser
     from dpcompare.report.stats import Verdict
 
-#: the default equivalence margin of a verdict (:data:`dpcompare.report.stats.EQUIVALENCE`)
-EQUIVALENCE = 0.05
 
 #: Haybittle–Peto: before the final look a verdict may end the comparison only at this error rate per look
 #: (faster/slower: the 99.9 % interval excludes no difference; equal: two one-sided tests at 0.1 %, the
@@ -78,13 +78,13 @@ class StoppingRule:
     target_ci: float = 0.05
     max_repeats: int = 100
     time_budget: float = 0.0
-    equivalence: float = 0.05
+    equivalence: float = EQUIVALENCE
     # --repeats auto looks from this block on. Below it the sample spread is too unreliable on machines whose
     # noise is mostly small with rare large runs: a 4-block A/A whose ratios all fell within 1.04-1.06 passed
     # the 99.9 % interim test.
     min_blocks: int = 6
     seeds: tuple[int, ...] = ()  # --seeds: block k runs with seeds[k mod len]; a fixed plan runs repeats × seeds
-    accuracy_equivalence: float = 0.005  # a fraction: 0.005 is ±0.5 points of accuracy
+    accuracy_equivalence: float = ACCURACY_EQUIVALENCE  # a fraction: 0.005 is ±0.5 points of accuracy
 
     def to_json(self) -> dict[str, Any]:
         return {"repeats": "auto" if self.repeats is None else self.repeats, "target_ci": self.target_ci,

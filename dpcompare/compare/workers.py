@@ -140,28 +140,33 @@ class _Job:
 
 
 class WorkerPool:
-    """compare's side: one worker job per process count, started on first use, replaced after a failure.
+    """compare's side: one worker job per process count (and launch options: a binding of the ranks), started on
+    first use, replaced after a failure.
 
-    ``command(np, argv)`` is the launcher's command line for ``argv`` as ``np`` processes (mpirun or srun).
+    ``command(np, argv, **options)`` is the launcher's command line for ``argv`` as ``np`` processes (mpirun or
+    srun; ``options``: :func:`~dpcompare.launch.mpirun.job_command`'s, e.g. ``bind``).
     """
 
-    def __init__(self, folder: Path, env: dict[str, str], command: Callable[[int, list[str]], list[str]],
+    def __init__(self, folder: Path, env: dict[str, str], command: Callable[..., list[str]],
                  *, local: bool = True) -> None:
         self.folder, self.env, self.command, self.local = folder, env, command, local
-        self.jobs: dict[int, _Job] = {}
+        self.jobs: dict[tuple[int, tuple[tuple[str, Any], ...]], _Job] = {}
         self.started = 0
 
-    def run(self, np: int, argv: list[str], run_dir: Path, timeout: float | None) -> tuple[int | None, float]:
-        """Run ``dpcompare train ARGV`` on the np-process worker; (exit code or None on timeout, seconds)."""
+    def run(self, np: int, argv: list[str], run_dir: Path, timeout: float | None,
+            options: dict[str, Any] | None = None) -> tuple[int | None, float]:
+        """Run ``dpcompare train ARGV`` on the np-process worker started with launch ``options``; (exit code or None
+        on timeout, seconds)."""
         t0 = time.perf_counter()
         out, err = run_dir / "stdout.log", run_dir / "stderr.log"
         # not atomic: the run's log streams, emptied for the run (appended to as it goes, like a child's output)
         out.write_text("")
         err.write_text("")  # not atomic: as above
-        if np in self.jobs and not self.jobs[np].alive():
-            self._stop(np)
+        key = (np, tuple(sorted((options or {}).items())))
+        if key in self.jobs and not self.jobs[key].alive():
+            self._stop(key)
         try:
-            job = self.jobs.get(np) or self._start(np, timeout)
+            job = self.jobs.get(key) or self._start(key, timeout)
         except _JobFailed as e:
             with open(err, "a") as f:  # not atomic: a log stream
                 f.write(str(e) + "\n")
@@ -174,7 +179,7 @@ class WorkerPool:
         except OSError:
             codes = None
         except BaseException:  # Ctrl-C: take the job down with us
-            self._stop(np)
+            self._stop(key)
             raise
         wall = time.perf_counter() - t0
         if codes is not None and all(c == 0 for c in codes):
@@ -183,7 +188,7 @@ class WorkerPool:
         if codes is None and not timed_out:  # a rank is gone: its launcher ends the job and says why
             with contextlib.suppress(subprocess.TimeoutExpired):
                 job.proc.wait(timeout=10)
-        self._stop(np)  # a failed or stopped run ends its job: the next run gets a new one
+        self._stop(key)  # a failed or stopped run ends its job: the next run gets a new one
         with open(err, "a") as f:  # not atomic: a log stream
             f.write(_tail(job.log))  # what the launcher said (a rank killed by a signal, ...)
         if codes is None:
@@ -191,17 +196,18 @@ class WorkerPool:
         return next(c for c in codes if c != 0), wall
 
     def close(self) -> None:
-        for np in list(self.jobs):
-            job = self.jobs[np]
+        for key in list(self.jobs):
+            job = self.jobs[key]
             for _, conn in job.conns.values():
                 with contextlib.suppress(OSError):
                     _send(conn, {"stop": True})
             with contextlib.suppress(subprocess.TimeoutExpired):
                 job.proc.wait(timeout=30)
-            self._stop(np)
+            self._stop(key)
 
     # ---------------------------------------------------------------------------------------------- internals
-    def _start(self, np: int, timeout: float | None) -> _Job:
+    def _start(self, slot: tuple[int, tuple[tuple[str, Any], ...]], timeout: float | None) -> _Job:
+        np, options = slot[0], dict(slot[1])
         self.folder.mkdir(parents=True, exist_ok=True)
         key = secrets.token_hex(16)
         key_file = self.folder / ".worker-key"
@@ -212,13 +218,13 @@ class WorkerPool:
         self.started += 1
         log = self.folder / f"worker-np{np}-{self.started}.log"
         cmd = self.command(np, [sys.executable, "-m", "dpcompare.compare.workers", "--connect",
-                                f"{host}:{server.getsockname()[1]}", "--key-file", str(key_file)])
+                                f"{host}:{server.getsockname()[1]}", "--key-file", str(key_file)], **options)
         with open(log, "w") as f:  # not atomic: the worker job's output stream
             f.write(" ".join(cmd) + "\n")
             f.flush()
             proc = start_job(cmd, self.env, f, subprocess.STDOUT)
         job = _Job(proc, log)
-        self.jobs[np] = job
+        self.jobs[slot] = job
         deadline = time.monotonic() + min(START_TIMEOUT, timeout or START_TIMEOUT)
         server.settimeout(POLL_SECONDS)
         try:
@@ -239,7 +245,7 @@ class WorkerPool:
                     continue
                 job.conns[int(hello["rank"])] = sock, f
         except BaseException:
-            self._stop(np)
+            self._stop(slot)
             raise
         finally:
             server.close()
@@ -271,8 +277,8 @@ class WorkerPool:
         finally:
             sel.close()
 
-    def _stop(self, np: int) -> None:
-        job = self.jobs.pop(np, None)
+    def _stop(self, key: tuple[int, tuple[tuple[str, Any], ...]]) -> None:
+        job = self.jobs.pop(key, None)
         if job is None:
             return
         for sock, f in job.conns.values():

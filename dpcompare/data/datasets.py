@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 
 from dpcompare.data.catalog import DATASETS
 from dpcompare.errors import ConfigError
-from dpcompare.files import atomic_write
+from dpcompare.files import atomic_write, one_line
 
 
 @dataclass
@@ -145,10 +145,6 @@ def _where(data_dir: str | None) -> str:
     return f"under --data-dir {data_dir}" + ("" if Path(data_dir).is_dir() else " (no such folder)")
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())
-
-
 def _mnist(data_dir: str | None, **_: object) -> DataBundle:
     tv = _import_tv("mnist")
     cls = tv.datasets.MNIST
@@ -175,7 +171,7 @@ def _mnist(data_dir: str | None, **_: object) -> DataBundle:
         return _check(_bundle("mnist", tv, make, [], _NORM["mnist"], False, (1, 28, 28), 10))
     except Exception as e:  # noqa: BLE001  (torchvision's idx reader fails with AssertionError, RuntimeError...)
         raise ConfigError(f"--dataset mnist: cannot read {expected} {_where(data_dir)} as MNIST idx files "
-                          f"(big-endian magic 2051/2049, 28x28 uint8 images, as many labels): {_one_line(e)}"
+                          f"(big-endian magic 2051/2049, 28x28 uint8 images, as many labels): {one_line(e)}"
                           ) from None
 
 
@@ -208,7 +204,7 @@ def _cifar10(data_dir: str | None, augment: bool = False, **_: object) -> DataBu
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"--dataset cifar10: cannot read {expected} {_where(data_dir)}: {_one_line(e)}") from None
+        raise ConfigError(f"--dataset cifar10: cannot read {expected} {_where(data_dir)}: {one_line(e)}") from None
 
 
 IMAGE_SPLITS = (("train",), ("val", "test"))
@@ -242,7 +238,7 @@ def _imagefolder(data_dir: str | None, shape: tuple[int, ...] = (3, 32, 32), aug
     try:
         bundle = _bundle("imagefolder", tv, make, prep, norm, augment, tuple(shape), 0)
     except OSError as e:  # FileNotFoundError: no class folder, or no image in one
-        raise ConfigError(f"--dataset imagefolder expects {expected} {_where(data_dir)}: {_one_line(e)}") from None
+        raise ConfigError(f"--dataset imagefolder expects {expected} {_where(data_dir)}: {one_line(e)}") from None
     classes = folders[True].classes
     if folders[False].classes != classes:
         raise ConfigError(f"--dataset imagefolder: {dirs[1].name}/ has the classes {folders[False].classes} but "
@@ -252,7 +248,7 @@ def _imagefolder(data_dir: str | None, shape: tuple[int, ...] = (3, 32, 32), aug
         return _check(bundle)
     except Exception as e:  # noqa: BLE001  (PIL cannot read an image)
         raise ConfigError(f"--dataset imagefolder: cannot read the first images of {expected} "
-                          f"{_where(data_dir)}: {_one_line(e)}") from None
+                          f"{_where(data_dir)}: {one_line(e)}") from None
 
 
 def _import_tv(name: str) -> Any:

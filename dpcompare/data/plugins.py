@@ -19,66 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
-import os
-import sys
 import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpcompare import models
 from dpcompare.data.catalog import TEXT_DATASETS
 from dpcompare.data.workload import ModelTraits, Workload
 from dpcompare.errors import ConfigError
-from dpcompare.files import import_file
+from dpcompare.files import is_plugin, load_attr, one_line
 
 #: ``--workload lightning:MODULE:ATTR``: a LightningModule (:mod:`dpcompare.data.lightning`)
 LIGHTNING = "lightning:"
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join((f"{type(e).__name__}: {e}" if str(e) else type(e).__name__).split())[:300]
-
-
-def is_plugin(name: str | None) -> bool:
-    """``MODULE:ATTR`` or ``FILE.py:ATTR`` (``hf:NAME`` is a built-in family, not a plug-in)."""
-    return bool(name) and ":" in name and not name.startswith(models.HF_PREFIX)  # type: ignore[operator]
-
-
-def _import_file(path: Path, flag: str, spec: str) -> Any:
-    if not path.is_file():
-        raise ConfigError(f"{flag} {spec}: no file {path}")
-    return import_file(path, "dpcompare_plugin_")
-
-
-def load_attr(spec: str, flag: str = "--workload") -> Any:
-    """The object at ``MODULE:ATTR`` or ``path/to/file.py:ATTR``; one line naming ``spec`` when it is not there."""
-    where, _, attr = spec.rpartition(":")
-    if not where or not attr:
-        raise ConfigError(f"{flag} {spec!r} is not MODULE:ATTR or path/to/file.py:ATTR (e.g. my_pkg.bench:workload)")
-    try:
-        if where.endswith(".py") or os.sep in where or "/" in where:
-            module = _import_file(Path(where), flag, spec)
-        else:
-            if os.getcwd() not in sys.path and "" not in sys.path:  # the console script leaves the cwd out
-                sys.path.append(os.getcwd())
-            module = importlib.import_module(where)
-    except ConfigError:
-        raise
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"{flag} {spec}: cannot import {where!r} ({_one_line(e)}); give a module on PYTHONPATH "
-                          "or in this folder, or a path/to/file.py") from None
-    except BaseException as e:  # noqa: BLE001  (the plug-in's own code failed while importing)
-        raise ConfigError(f"{flag} {spec}: importing {where} failed: {_one_line(e)}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"{flag} {spec}: {where} has no {attr!r}") from None
 
 
 def _required_params(fn: Callable[..., Any]) -> int:
@@ -100,7 +56,7 @@ def _call(fn: Any, flag: str, spec: str, *args: Any) -> Any:
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"{flag} {spec} failed when called with {len(use)} argument(s): {_one_line(e)}") from None
+        raise ConfigError(f"{flag} {spec} failed when called with {len(use)} argument(s): {one_line(e)}") from None
 
 
 def _describe(value: Any) -> str:
@@ -267,9 +223,9 @@ def check_workload(w: Workload, batch_size: int = 2) -> ModelTraits:
         except ConfigError:
             raise
         except _Stage as e:
-            raise ConfigError(f"{who}: {e.stage} failed: {_one_line(e.__cause__)}") from None  # type: ignore[arg-type]
+            raise ConfigError(f"{who}: {e.stage} failed: {one_line(e.__cause__)}") from None  # type: ignore[arg-type]
         except Exception as e:  # noqa: BLE001
-            raise ConfigError(f"{who}: {stage} failed: {_one_line(e)}") from None
+            raise ConfigError(f"{who}: {stage} failed: {one_line(e)}") from None
     return traits
 
 

@@ -4,7 +4,7 @@ Three columns: gloo (torch.distributed), MPI (mpi4py, Open MPI's own all-reduce 
 MPI with recursive doubling forced for all-reduce). For each size: bytes, time (median over iterations of the
 slowest rank), algbw = bytes/time, busbw = algbw × 2(n−1)/n (all-reduce) or (n−1)/n (all-gather), and busbw as a
 share of the link. The fit, per backend and collective: time ≈ alpha_s + bytes × beta_s_per_byte, the fixed cost
-from the small messages, the bandwidth from the large ones (scipy.stats.theilslopes on each end).
+from the small messages, the bandwidth from the large ones (:func:`dpcompare.trace.fit_line` on each end).
 
 Each size is timed ``--repeats`` times over (separate mpirun jobs, each of ``--iters`` iterations) and every
 time is kept: Open MPI's all-reduce in the lab runs at one of two speeds (63 % or 93 % of the link at 16–64 MiB),
@@ -34,18 +34,11 @@ from dpcompare.lab.hosts import Lab
 from dpcompare.lab.netns import burst_bytes
 from dpcompare.launch.jobs import log_tail
 from dpcompare.launch.openmpi import mpi_allreduce_mca
-from dpcompare.trace import ALL_GATHER, ALL_REDUCE, bus_factor
+from dpcompare.trace import ALL_GATHER, ALL_REDUCE, bus_factor, collective_name, fit_line, idle_gap_s
 
 SCHEMA = "dpcompare.lab.bench/1"
 BACKENDS = ("gloo", "mpi", "mpi-rd")
 COLLECTIVES = (ALL_REDUCE, ALL_GATHER)
-#: the collectives' names before dpcompare spelled them one way (``trace``'s): read in older bench files and flags
-OLD_NAMES = {"allreduce": ALL_REDUCE, "allgather": ALL_GATHER}
-
-
-def collective(name: str) -> str:
-    """A collective's name as dpcompare spells it (``all_reduce``), older spellings (``allreduce``) read too."""
-    return OLD_NAMES.get(name, name)
 #: Open MPI's recursive doubling for all-reduce (coll/tuned algorithm 3)
 RECURSIVE_DOUBLING = tuple(x for k, v in mpi_allreduce_mca("recursive-doubling").items() for x in ("--mca", k, v))
 #: repeats of a size below which two modes cannot be told apart (2 jobs × the worker's 3 iterations at least)
@@ -93,7 +86,7 @@ def idle_gap_ms(link_bps: int | None) -> float:
     """How long the link idles before each timed operation: twice the time tbf takes to refill its bucket
     (:func:`~dpcompare.lab.netns.burst_bytes`), so that every operation starts as a training step's first
     collective does after its compute, with the burst available (0 on an unshaped link)."""
-    return 0.0 if not link_bps else round(2e3 * burst_bytes(link_bps) * 8 / link_bps, 1)
+    return 0.0 if not link_bps else round(1e3 * idle_gap_s(burst_bytes(link_bps), link_bps / 8), 1)
 
 
 def found_full(link_bps: int | None, gap_ms: float) -> int:
@@ -112,7 +105,7 @@ def measure(lab: Lab, sizes: Sequence[int], backends: Sequence[str] = BACKENDS,
     without it (rows marked ``back_to_back``); ``logs``: the folder for each job's logs (default: the lab's own,
     which goes with the lab: give one that outlives it when the lab is a session's)."""
     gap = idle_gap_ms(lab.link_bps) if gap_ms is None else gap_ms
-    collectives = [collective(c) for c in collectives]
+    collectives = [collective_name(c) for c in collectives]
     if len(lab.hosts) < 2:
         raise ConfigError(f"lab {lab.name!r} has one host; a bench needs two or more (lab up --host-count 2)")
     sweep = _Sweep(lab, sizes, _jobs(backends, collectives), warmup, iters, timeout, logs)
@@ -208,7 +201,7 @@ def two_modes(times: Sequence[float]) -> dict | None:
 def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: object) -> dict:
     """Per size: time (median), algbw, busbw (bytes/s) and busbw % of the link; and the α-β fits."""
     rows = []
-    for r in ({**r, "collective": collective(r["collective"])} for r in raw_rows):
+    for r in ({**r, "collective": collective_name(r["collective"])} for r in raw_rows):
         t = statistics.median(r["times_s"])
         algbw = r["bytes"] / t
         busbw = algbw * bus_factor(r["collective"], ranks)
@@ -226,8 +219,8 @@ def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: obj
 
 def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
     """α-β per backend and collective: α from a line through the smallest third of sizes, β from the largest
-    third (Theil-Sen lines, scipy.stats.theilslopes: one stray iteration does not tilt them)."""
-    from scipy.stats import pearsonr, theilslopes
+    third (:func:`dpcompare.trace.fit_line`, the one α-β fit: one stray iteration does not tilt them)."""
+    from scipy.stats import pearsonr
 
     out = []
     for key in sorted({(r["backend"], r["collective"]) for r in rows}):
@@ -236,12 +229,11 @@ def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
             continue
         k = max(2, len(pts) // 3)
         small, large = pts[:k], pts[-k:]
-        lo = theilslopes([t for _, t in small], [b for b, _ in small])
-        hi = theilslopes([t for _, t in large], [b for b, _ in large])
-        beta = float(hi.slope)
+        alpha, _ = fit_line([b for b, _ in small], [t for _, t in small])
+        _, beta = fit_line([b for b, _ in large], [t for _, t in large])
         r2 = float(pearsonr([b for b, _ in large], [t for _, t in large]).statistic ** 2) if len(large) > 2 else 1.0
         busbw = bus_factor(key[1], ranks) / beta if beta > 0 else None
-        out.append({"backend": key[0], "collective": key[1], "alpha_s": max(0.0, float(lo.intercept)),
+        out.append({"backend": key[0], "collective": key[1], "alpha_s": max(0.0, alpha),
                     "beta_s_per_byte": beta, "algbw_Bps": 1 / beta if beta > 0 else None, "busbw_Bps": busbw,
                     "busbw_pct_of_link": 100 * busbw * 8 / link_bps if (busbw and link_bps) else None,
                     "r2_large": r2, "small_bytes": [b for b, _ in small],
@@ -263,7 +255,7 @@ def tables(doc: dict) -> list[object]:
     out: list[object] = []
     link = doc.get("lab", {}).get("link_bps")
     for coll in COLLECTIVES:
-        rows = [r for r in doc["rows"] if collective(r["collective"]) == coll and not r.get("back_to_back")]
+        rows = [r for r in doc["rows"] if collective_name(r["collective"]) == coll and not r.get("back_to_back")]
         if not rows:
             continue
         backends = [b for b in BACKENDS if any(r["backend"] == b for r in rows)]

@@ -6,11 +6,14 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from dpcompare.argtypes import format_rate_bits
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import bench, hosts, netns
 from dpcompare.lab.spec import LabSpec, lab_spec_arg, link_arg
+from dpcompare.trace import collective_name
+from dpcompare.versions import docs_page
 
 DESCRIPTION = """\
 An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
@@ -84,7 +87,7 @@ def _bench(a: argparse.Namespace) -> int:
     netns.preflight()
     lab = hosts.Lab.load(a.name)
     backends = [b.strip() for b in a.backends.split(",")]
-    collectives = [bench.collective(c.strip()) for c in a.collectives.split(",")]
+    collectives = [collective_name(c) for c in a.collectives.split(",")]
     for x, allowed, flag in ((backends, bench.BACKENDS, "--backends"), (collectives, bench.COLLECTIVES,
                                                                          "--collectives")):
         bad = [v for v in x if v not in allowed]
@@ -137,7 +140,7 @@ def _link_or_state(text: str) -> int | str | None:
     return text if text in ("down", "up") else link_arg(text)
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
     from dpcompare.options import deprecate
 
@@ -154,7 +157,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
         return q
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
-    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, help="number of hosts (default 2)")
+    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, metavar="N", help="number of hosts (default 2)")
     deprecate(up, "--hosts", "--host-count")
     up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
@@ -169,7 +172,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     b.add_argument("--backends", default=",".join(bench.BACKENDS),
                    help="gloo, mpi (Open MPI's default all-reduce), mpi-rd (recursive doubling forced)")
     b.add_argument("--collectives", default=",".join(bench.COLLECTIVES), help=", ".join(bench.COLLECTIVES))
-    b.add_argument("--warmup-steps", dest="warmup", type=nonneg_int, default=1,
+    b.add_argument("--warmup-steps", dest="warmup", type=nonneg_int, default=1, metavar="N",
                    help="untimed iterations per size (default 1)")
     b.add_argument("--iters", type=positive_int, default=5, help="timed iterations per size and repeat (slow sizes "
                    "run fewer, 3 at least)")
@@ -198,7 +201,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
     add_lab_to_launch(sub)
 
 
-def add_lab_to_launch(sub: argparse._SubParsersAction) -> None:
+def add_lab_to_launch(sub: Any) -> None:
     """``dpcompare launch --lab hosts=N,link=RATE[,slots=K] --np N -- train ...``: the job across a lab made for
     it and removed after it (also on failure and Ctrl-C), as ``horovodrun -np 2 -H a:1,b:1`` places a job.
 
@@ -210,12 +213,12 @@ def add_lab_to_launch(sub: argparse._SubParsersAction) -> None:
     launch.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                         help="run the job across an emulated cluster made for it and removed after it: N network "
                              "namespaces on links shaped to RATE, K ranks per host (default 1); needs root, iproute2 "
-                             "and tbf (docs/lab.md)")
+                             f"and tbf ({docs_page('lab')})")
     plain = launch.get_default("func")
     launch.set_defaults(func=lambda a: _launch_in_lab(a, sub) if a.lab is not None else plain(a))
 
 
-def _launch_in_lab(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
+def _launch_in_lab(a: argparse.Namespace, sub: Any) -> int:
     from dpcompare.launch.commands import command_words, run_printed
 
     if a.hosts or a.hostfile or a.mpi_net or a.iface or a.launcher == "srun" or a.mpi == "mpich":

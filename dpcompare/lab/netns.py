@@ -30,7 +30,8 @@ def preflight() -> None:
         raise LaunchError(f"dpcompare lab needs iproute2 ({' and '.join(missing)} not found); "
                           "install it: apt-get install iproute2")
     if os.geteuid() != 0:
-        raise LaunchError("dpcompare lab needs root to create network namespaces; run it with sudo (or as root)")
+        raise LaunchError("dpcompare lab needs root to create network namespaces; run it as root or with sudo, "
+                          "which resets PATH: sudo -E env PATH=$PATH dpcompare ...")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -69,7 +69,7 @@ def _time(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def command_words(a: argparse.Namespace, sub: argparse._SubParsersAction) -> list[str]:
+def command_words(a: argparse.Namespace, sub: Any) -> list[str]:
     """The dpcompare command after ``--``, checked by its own parser (exit 2 on a bad flag)."""
     words = list(a.command_argv)
     if words[:1] == ["--"]:
@@ -100,7 +100,7 @@ def run_printed(np: int, words: Sequence[str], dry_run: bool, placement: Placeme
     return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
 
 
-def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
+def _cmd_launch(a: argparse.Namespace, sub: Any) -> int:
     words = command_words(a, sub)
     if a.hostfile and not a.dry_run and not Path(a.hostfile).is_file():
         raise ConfigError(f"--hostfile {a.hostfile}: no such file")
@@ -109,7 +109,9 @@ def _cmd_launch(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
                        mpi_net=a.mpi_net, iface=a.iface)
 
 
-def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
+def _cmd_slurm(a: argparse.Namespace, sub: Any) -> int:
+    if a.out is None:  # not argparse's required=: the old spelling --out, which warns, gives it too
+        raise ConfigError("dpcompare slurm needs --out-file FILE: where to write the sbatch script")
     words = command_words(a, sub)
     out = Path(a.out)
     if out.exists() and not a.force:
@@ -134,7 +136,7 @@ def _cmd_slurm(a: argparse.Namespace, sub: argparse._SubParsersAction) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_int as _nonneg
     from dpcompare.argtypes import positive_int as _positive
 
@@ -180,7 +182,7 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                    help="srun --mpi=TYPE (pmix, pmi2, ...); auto: pmix when `srun --mpi=list` lists it, else "
                         f"no --mpi; {slurm.CLUSTER_DEFAULT}: never pass --mpi (the cluster's MpiDefault) "
                         "(default: auto)")
-    s.add_argument("--out-file", dest="out", required=True, metavar="FILE", help="the sbatch script to write")
+    s.add_argument("--out-file", dest="out", metavar="FILE", help="the sbatch script to write (required)")
     s.add_argument("--overwrite", dest="force", action="store_true", help="replace FILE when it exists")
     for old, new in (("--log", "--sbatch-output"), ("--out", "--out-file"), ("--force", "--overwrite")):
         deprecate(s, old, new)

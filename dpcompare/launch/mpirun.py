@@ -23,6 +23,9 @@ from pathlib import Path
 from dpcompare.errors import ConfigError, LaunchError
 
 FLAVORS = ("openmpi", "mpich")
+#: where the ranks run (``compare --bind``): ``none``, the scheduler's choice (Horovod's advice for its
+#: background thread); ``core``, each rank bound to its own cores (``cores_per_rank`` of them: its intra-op threads)
+BINDINGS = ("none", "core")
 #: forwarded to every rank when set here (VIRTUAL_ENV: see :func:`forwarded_env`)
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "GLOO_", "MASTER_", "WANDB_", "MLFLOW_", "DPCOMPARE_")
@@ -125,15 +128,19 @@ def check_slots(np: int, hosts: list[tuple[str, int | None]]) -> None:
 def openmpi_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostfile: str | None = None,
                     env: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
                     oversubscribe: bool = False, mpi_net: str | None = None,
-                    mpirun: str = "mpirun") -> list[str]:
+                    mpirun: str = "mpirun", bind: str = "none", cores_per_rank: int = 1) -> list[str]:
     """Open MPI's ``mpirun`` with the flags Horovod's docs recommend and ``-x`` forwarding.
+
+    ``bind`` (:data:`BINDINGS`): ``none`` leaves placement to the scheduler (``--bind-to none --map-by slot``);
+    ``core`` binds each rank to its own core (``--bind-to core --map-by core``), or to ``cores_per_rank`` cores
+    (``--map-by slot:PE=N``) so that its intra-op threads have cores of their own.
 
     A variable of ``env`` whose value is ``environ``'s is forwarded by name (``-x NAME``), any other
     as ``-x NAME=VALUE``. ``mpi_net`` (a subnet like 10.0.0.0/24, or interface names) limits MPI's
     own TCP traffic (``btl_tcp_if_include``, ``oob_tcp_if_include``) to that network.
     """
     environ = os.environ if environ is None else environ
-    cmd = [mpirun, "-np", str(np), "--bind-to", "none", "--map-by", "slot"]  # two dashes: Open MPI 4 and 5
+    cmd = [mpirun, "-np", str(np), *_openmpi_binding(bind, cores_per_rank)]  # two dashes: Open MPI 4 and 5
     if oversubscribe:
         cmd.append("--oversubscribe")
     if hosts:
@@ -147,15 +154,24 @@ def openmpi_command(np: int, argv: Sequence[str], *, hosts: str | None = None, h
     return [*cmd, *argv]
 
 
+def _openmpi_binding(bind: str, cores_per_rank: int) -> list[str]:
+    """Open MPI's placement flags for ``bind`` (:data:`BINDINGS`)."""
+    if bind == "none":
+        return ["--bind-to", "none", "--map-by", "slot"]
+    if bind == "core":
+        return ["--bind-to", "core", "--map-by", f"slot:PE={cores_per_rank}" if cores_per_rank > 1 else "core"]
+    raise ConfigError(f"--bind {bind!r}: choose from {', '.join(BINDINGS)}")
+
+
 def mpich_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostfile: str | None = None,
                   env: Mapping[str, str] | None = None, mpi_net: str | None = None,
-                  mpirun: str = "mpirun") -> list[str]:
+                  mpirun: str = "mpirun", bind: str = "none") -> list[str]:
     """Hydra's ``mpirun`` (MPICH, Intel MPI, MVAPICH): ``-n``, ``-ppn``, ``-hosts``, ``-f``, ``-genv``.
 
     Hosts with equal slot counts become ``-ppn N -hosts a,b``; unequal ones Hydra's ``-hosts a:2,b:4``.
     ``mpi_net`` must be an interface name here (Hydra's ``-iface``); Hydra takes no subnets.
     """
-    cmd = [mpirun, "-n", str(np)]
+    cmd = [mpirun, "-n", str(np), *(["-bind-to", "core"] if bind == "core" else [])]
     if hosts:
         parsed = parse_hosts(hosts)
         slots = {s for _, s in parsed}
@@ -176,7 +192,7 @@ def mpich_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hos
 
 
 def srun_command(np: int | None, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 environ: Mapping[str, str] | None = None, mpi: str | None = None) -> list[str]:
+                 environ: Mapping[str, str] | None = None, mpi: str | None = None, bind: str = "none") -> list[str]:
     """``srun`` that ends the whole step when any task fails (``--kill-on-bad-exit=1``), with
     ``--mpi=MPI`` when given (Horovod's Open MPI needs a PMI plugin: see :mod:`dpcompare.launch.slurm`).
 
@@ -185,6 +201,8 @@ def srun_command(np: int | None, argv: Sequence[str], *, env: Mapping[str, str] 
     """
     environ = os.environ if environ is None else environ
     cmd = ["srun"] + ([f"--ntasks={np}"] if np else []) + ["--kill-on-bad-exit=1"]
+    if bind == "core":
+        cmd.append("--cpu-bind=cores")
     if mpi:
         cmd.append(f"--mpi={mpi}")
     extra = [f"{k}={v}" for k, v in (env or {}).items() if environ.get(k) != v]
@@ -219,8 +237,9 @@ def job_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostfile: str | None = None,
                 use_srun: bool | None = None, flavor: str | None = None, mpi_net: str | None = None,
                 iface: str | None = None, environ: Mapping[str, str] | None = None,
-                cores: int | None = None, mpirun: str = "mpirun") -> list[str]:
-    """The full command that runs ``argv`` as ``np`` processes.
+                cores: int | None = None, mpirun: str = "mpirun", bind: str = "none",
+                cores_per_rank: int = 1) -> list[str]:
+    """The full command that runs ``argv`` as ``np`` processes, placed as ``bind`` says (:data:`BINDINGS`).
 
     ``srun`` inside a Slurm allocation when no hosts are named (``use_srun`` forces either way),
     otherwise ``mpirun`` of ``flavor`` (default: detected from ``mpirun --version``). Open MPI gets
@@ -236,14 +255,20 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
                               "decides where processes run (or use --launcher mpirun)")
         from dpcompare.launch.slurm import default_srun_mpi
 
-        return srun_command(np, argv, env=env, environ=environ, mpi=default_srun_mpi(dict(environ)))
+        return srun_command(np, argv, env=env, environ=environ, mpi=default_srun_mpi(dict(environ)), bind=bind)
     if hosts:
         check_slots(np, parse_hosts(hosts))
     flavor = flavor or mpi_flavor(mpirun)
+    here = cores if cores is not None else local_cores()
+    if bind != "none" and not (hosts or hostfile) and np * cores_per_rank > here:
+        raise ConfigError(f"--bind {bind}: {np} ranks × {cores_per_rank} core(s) each but {here} cores here; lower "
+                          "--np or --threads, or leave --bind out")
     if flavor == "openmpi":
-        over = not (hosts or hostfile) and np > (cores if cores is not None else local_cores())
+        over = not (hosts or hostfile) and np > here
         return openmpi_command(np, argv, hosts=hosts, hostfile=hostfile, env=env, environ=environ,
-                               oversubscribe=over, mpi_net=mpi_net, mpirun=mpirun)
+                               oversubscribe=over, mpi_net=mpi_net, mpirun=mpirun, bind=bind,
+                               cores_per_rank=cores_per_rank)
     if flavor == "mpich":
-        return mpich_command(np, argv, hosts=hosts, hostfile=hostfile, env=env, mpi_net=mpi_net, mpirun=mpirun)
+        return mpich_command(np, argv, hosts=hosts, hostfile=hostfile, env=env, mpi_net=mpi_net, mpirun=mpirun,
+                             bind=bind)
     raise ConfigError(f"unknown MPI flavour {flavor!r}; choose from {', '.join(FLAVORS)}")

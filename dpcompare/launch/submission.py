@@ -31,13 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpcompare.backends.catalog import mpi_started
+from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
+from dpcompare.files import SUMMARY
 
 #: the commands a job may run
 COMMANDS = ("train", "compare")
 #: the exit status a task ends with when its child was stopped for a requeue
 STOPPED = 143
-INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install 'dpcompare[slurm]')"
+INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install -e '.[slurm]')"
 
 
 def _submitit() -> Any:
@@ -158,7 +161,7 @@ class DpcompareJob:
             return str(out / "results.json")
         import json
 
-        path = out / "summary.json"
+        path = out / SUMMARY
         return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -193,6 +196,17 @@ def resumed_words(words: Sequence[str]) -> list[str]:
     return list(words)
 
 
+def check_local(words: Sequence[str], resources: Resources) -> None:
+    """Refuse, in one line, what ``submit --local`` cannot run: more than one node, or a train job of several
+    tasks whose strategy needs mpirun or srun to start its ranks (the catalog says which: Horovod's)."""
+    if resources.nodes != 1:
+        raise ConfigError("--local runs on this machine: one node (--nodes 1)")
+    strategy = _flag(words, "--strategy") or TrainConfig().strategy
+    if resources.tasks > 1 and words[0] == "train" and mpi_started(strategy):
+        raise ConfigError(f"--local starts submitit's own tasks, which --strategy {strategy} cannot join (mpirun or "
+                          "srun start its ranks): use --tasks-per-node 1, a torch.distributed --strategy, or Slurm")
+
+
 def submit(words: Sequence[str], resources: Resources = Resources(), folder: str | Path = "submitit/%j",
            local: bool = False, srun_mpi: str | None = "auto", **executor_params: Any) -> Any:
     """Send ``dpcompare WORDS`` (``train ...`` or ``compare ...``) to Slurm through submitit's AutoExecutor, or
@@ -208,11 +222,7 @@ def submit(words: Sequence[str], resources: Resources = Resources(), folder: str
                           "give it the node's cores with --cpus-per-task")
     port = None
     if local:
-        if resources.nodes != 1:
-            raise ConfigError("--local runs on this machine: one node (--nodes 1)")
-        if resources.tasks > 1 and _flag(words, "--strategy") in ("horovod", None) and words[0] == "train":
-            raise ConfigError("--local starts submitit's own tasks, which Horovod cannot join (mpirun or srun start "
-                              "its ranks): use --tasks-per-node 1, a torch.distributed --strategy, or Slurm")
+        check_local(words, resources)
         from dpcompare.launch.rendezvous import free_port
 
         port = free_port("127.0.0.1")
@@ -244,7 +254,7 @@ def _cmd_submit(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_int, positive_int
     from dpcompare.launch.slurm import parse_time
 

@@ -27,7 +27,7 @@ def import_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ConfigError("--model hf:NAME needs the transformers package: pip install 'dpcompare[hf]'") from None
+        raise ConfigError("--model hf:NAME needs the transformers package: pip install -e '.[hf]'") from None
     return transformers
 
 

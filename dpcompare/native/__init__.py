@@ -10,7 +10,7 @@ hook that points ``horovod`` at it (:mod:`.hook`), the runner that starts a
 script under the layer, real Horovod or as a DDP port and records its optimizer steps and final weights
 (:mod:`.runner`, :mod:`.record`; ``python -m dpcompare.native``), the run's summary (:mod:`.summary`),
 ``dpcompare script`` and ``dpcompare migrate`` (:mod:`.command`; reading a script :mod:`.migrate`, the DDP port
-writer :mod:`.port`).
+writer :mod:`.port`, with its pass for Horovod Elastic :mod:`.port_elastic`).
 
 May import: the top-level modules and launch. Nothing imports it but ``cli`` and ``compare``. This file imports
 nothing, so that ``dpcompare --help`` stays torch-free.

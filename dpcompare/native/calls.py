@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpcompare.errors import DpcompareError
+from dpcompare.versions import docs_page
 
 #: the Horovod release whose semantics the layer reproduces (and the one scripts/setup.sh builds)
 HOROVOD_VERSION = "0.28.1"
@@ -24,9 +25,9 @@ _NATIVE_COMMUNICATION = {
     "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
 }
 #: the launcher of each script arm's elastic mode (``compare --script ... --strategies horovod-elastic,native-elastic``):
-#: the script under real Horovod Elastic (horovodrun with a host discovery script), or under the layer on
-#: torchrun's elastic agents
-SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun"}
+#: the script under real Horovod Elastic (horovodrun with a host discovery script), under the layer on torchrun's
+#: elastic agents, or its DDP port (``ddp-elastic``: migrate's elastic helpers) on torchrun's elastic agents
+SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun", "ddp": "torchrun"}
 
 
 def script_elastic_base(name: str) -> str | None:
@@ -34,11 +35,20 @@ def script_elastic_base(name: str) -> str | None:
     base = name.removesuffix("-elastic")
     return base if name.endswith("-elastic") and base in SCRIPT_ELASTIC else None
 
-#: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are)
+#: what results.json records about the script arms that are no strategy of the catalog (horovod and ddp are): the
+#: facts of a catalog :class:`~dpcompare.backends.catalog.Entry`, the report's card and threads wording included
 SCRIPT_ARM_FACTS: dict[str, dict[str, object]] = {
     "native": {"summary": "dpcompare's horovod.torch on torch.distributed (gloo on CPU, nccl on CUDA), the "
                           "script unchanged",
-               "sync_mechanism": _NATIVE_COMMUNICATION["backward"], "communication": _NATIVE_COMMUNICATION},
+               "sync_mechanism": _NATIVE_COMMUNICATION["backward"], "communication": _NATIVE_COMMUNICATION,
+               "card": ("The native layer: Horovod's API on torch.distributed",
+                        "The script's <code>import horovod.torch</code> is dpcompare's layer: "
+                        "<code>DistributedOptimizer</code>'s hooks start torch.distributed all-reduces on fusion "
+                        "groups as gradients are ready, and <code>step()</code> waits for them, so the waiting is "
+                        "counted where Horovod counts it (<strong>optimizer</strong>). There is no background thread "
+                        "negotiating: the groups are fixed after the first steps, and gloo's threads run the "
+                        "collectives."),
+               "threads": "gloo's threads"},
 }
 
 
@@ -156,7 +166,8 @@ CALLS: dict[str, Call] = {
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
                     note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
-                         "restarted workers, which resume from it (docs/elastic.md)"),
+                         "restarted workers, which resume from it (" + docs_page("elastic") + "); migrate's port does the same "
+                         "with helpers it writes (TorchState, ElasticSampler, elastic_run)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),
     "optimizer.skip_synchronize": Call("nothing: call optimizer.step() directly"),

@@ -120,7 +120,7 @@ def _cmd_script(a: argparse.Namespace) -> int:
     return code
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
     from dpcompare.native.runner import add_run_arguments
     from dpcompare.native.summary import DEFAULT_WARMUP
@@ -167,6 +167,10 @@ def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
         console.print("\nWhere a DDP port computes different numbers:")
         for w in rep["warnings"]:
             console.print(f"  - {w}")
+    if port.get("notes"):
+        console.print("\nWhat the port changed that computes or behaves otherwise:")
+        for note in port["notes"]:
+            console.print(f"  - {note}")
     console.print("\n" + port["message"])
 
 
@@ -180,7 +184,12 @@ def _cmd_migrate(a: argparse.Namespace) -> int:
     if not scan.uses:
         raise ConfigError(f"{a.script}: no `import horovod` and no Horovod call found")
     rep = report(scan)
-    port = write_port(scan, Path(a.port) if a.port else None, dry_run=a.no_port)
+    port = write_port(scan, Path(a.port) if a.port else None, dry_run=a.no_port or a.diff)
+    if a.diff:  # the change alone, as code-rewriting tools print it (nothing written)
+        if port["diff"] is None:
+            raise ConfigError(port["message"])
+        sys.stdout.write(port["diff"])
+        return 0
     if a.json:
         print(json.dumps({**rep, "port": port}, indent=2))
     else:
@@ -188,20 +197,24 @@ def _cmd_migrate(a: argparse.Namespace) -> int:
     return 0
 
 
-def _register_migrate(sub: argparse._SubParsersAction) -> None:
+def _register_migrate(sub: Any) -> None:
     p = sub.add_parser(
         "migrate", help="list a Horovod script's calls with their native PyTorch equivalents; write a DDP port",
         description="Read a Horovod PyTorch script (without running it) and list every `import horovod...` and "
                     "Horovod call with its line, whether dpcompare's native layer runs it (`dpcompare script`), "
                     "and its native PyTorch equivalent (DDP, torch.distributed, torchrun); say where an idiomatic "
-                    "DDP port computes different numbers; and, when the script is simple enough (one "
-                    "DistributedOptimizer over one model, nothing the layer refuses), write that port beside it "
-                    "(SCRIPT_ddp.py, never over an existing file) for you to review.",
+                    "DDP port computes different numbers; and, when every call has a translation, write that "
+                    "port beside it (SCRIPT_ddp.py, never over an existing file) for you to review: the script "
+                    "with only what must change changed, its comments and layout kept. A branch taken only "
+                    "under a flag that uses what DDP lacks (--use-adasum, horovod.run under --num-proc) keeps "
+                    "the default path and stops the port at start with one line.",
         epilog="examples:\n  dpcompare migrate train.py\n  dpcompare migrate train.py --port ports/train_ddp.py\n"
-               "  dpcompare migrate train.py --no-port --json",
+               "  dpcompare migrate train.py --no-port --json\n  dpcompare migrate train.py --diff | less",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("script", help="the Horovod script")
     p.add_argument("--port", metavar="FILE", help="where to write the DDP port (default: SCRIPT_ddp.py beside it)")
     p.add_argument("--no-port", action="store_true", help="list only; write no port")
     p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.add_argument("--diff", action="store_true",
+                   help="print the port as a unified diff against SCRIPT (and write nothing)")
     p.set_defaults(func=_cmd_migrate)

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dpcompare.files import atomic_write
+from dpcompare.launch.liveness import RESTART_EXIT
 from dpcompare.native import state as _state
 from dpcompare.native.collectives import HorovodInternalError, broadcast_object
 from dpcompare.native.functions import broadcast_optimizer_state, broadcast_parameters
@@ -43,8 +44,6 @@ from dpcompare.native.record import ELASTIC_DIR_VAR
 #: the folder commits are kept in (shared by every host of the job); default: one per torchrun run id
 DIR_VAR = ELASTIC_DIR_VAR
 COMMIT_FILE = "commit.pt"
-#: a worker's exit code after a failed collective under torchrun: its agent restarts the group
-RESTART_EXIT = 75
 #: what else a commit on disk keeps, by name: (read when committing, given back when restored). The runner's
 #: recorder keeps its step count here, so that a restarted run's steps go on from the commit's.
 extras: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}

@@ -158,6 +158,11 @@ def scan_script(path: Path) -> Scan:
         source = path.read_text()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    return scan_source(path, source)
+
+
+def scan_source(path: Path, source: str) -> Scan:
+    """Every Horovod import and use in ``source`` (read from ``path``, or a port being written)."""
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as e:
@@ -205,6 +210,10 @@ def port_warnings(scan: Scan) -> list[str]:
     if "BatchNorm" in scan.source or "torchvision" in scan.source:
         out.append("BatchNorm buffers: DDP copies rank 0's buffers to every rank before each forward, Horovod "
                    "leaves each rank its own (rank 0's and the weights agree; other ranks' running statistics do not)")
+    if scan.named("elastic"):
+        from dpcompare.native.port_elastic import DIFFERENCES
+
+        out += DIFFERENCES
     if scan.named("DistributedOptimizer"):
         out.append("checkpoints: the DDP model's state_dict() keys start with 'module.' (save "
                    "model.module.state_dict() to keep Horovod's keys)")

@@ -15,7 +15,10 @@ log ``compare --fault`` watches, in the format of dpcompare's own runs (``traini
 optimizer step from the rank that is 0 now, ``start`` when the wrapped function first runs in a process (after a
 torchrun restart: at the restored commit's step), ``commit`` at each commit and ``reset`` after Horovod Elastic
 rolled back. Its step count is the job's: rolled back to the commit's at a reset, and kept in the layer's commit
-on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker.
+on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker. A DDP port on torchrun's elastic agent
+(the ``ddp`` arm with a commit folder: ``ddp-elastic``) logs ``start`` as it starts, at the step its commit was
+written after (:func:`resumed_step`: the port's helpers know nothing of the recorder; its step lines name the
+commit on disk as they are written).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import functools
 import importlib
 import inspect
 import json
+import os
 import threading
 import time
 import types
@@ -31,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpcompare.files import atomic_write, atomic_write_json
+from dpcompare.files import STEP_LOG, append_json_line, atomic_write, atomic_write_json
 from dpcompare.native.summary import DEFAULT_WARMUP
 from dpcompare.trace import NAMED_THREADS, thread_cpu_s, unnamed
 
@@ -40,12 +44,41 @@ OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
 PARAMS = "params.pt"
 #: the folder the layer's ``hvd.elastic`` keeps its commits in under torchrun (``dpcompare script --commit-dir``)
 ELASTIC_DIR_VAR = "DPCOMPARE_ELASTIC_DIR"
-#: the step log (the name dpcompare's training writes, which compare's faults read)
-STEP_LOG = "steps.jsonl"
 
 
 def rank_file(out: Path, rank: int) -> Path:
     return out / f"rank{rank}.json"
+
+
+def commit_key(commit: Path) -> str | None:
+    """Which commit is on disk (each is a new file: its inode and modification time), None when none is."""
+    try:
+        st = commit.stat()
+    except FileNotFoundError:
+        return None
+    return f"{st.st_ino}:{st.st_mtime_ns}"
+
+
+def resumed_step(log: Path, commit: Path) -> int:
+    """The step a restarted DDP port resumes from: in ``log`` (a step log whose step lines name the commit on
+    disk when they were written), the step done, or started from, before the first line that names ``commit``
+    (the commit it restores); when none does, it was written after the last line. 0 without a commit."""
+    key = commit_key(commit)
+    try:
+        lines = log.read_text().splitlines() if key is not None else []
+    except FileNotFoundError:
+        return 0
+    step = 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a half-written last line, as a killed process leaves it
+        if row.get("commit") == key:
+            break
+        if row.get("event", "start") == "start" and "step" in row:
+            step = int(row["step"])
+    return step
 
 
 class Recorder:
@@ -55,6 +88,7 @@ class Recorder:
         self.out, self.arm, self.rank, self.world_size = out, arm, rank, world_size
         self.step_log = step_log
         self.hvd: Any = None
+        self._commit: Path | None = None  # a DDP port's commit on torchrun: step lines name the one on disk
         self.total = 0          # the job's optimizer steps (rolled back with the state)
         self.committed = 0      # ... as of the last commit
         self.t0 = time.perf_counter()
@@ -78,7 +112,8 @@ class Recorder:
             self.threads_before = thread_cpu_s()
         self.total += 1
         if self.step_log:
-            self.log(step=self.total, world_size=self._now()[1], samples=1)
+            seen = {} if self._commit is None else {"commit": commit_key(self._commit)}
+            self.log(step=self.total, world_size=self._now()[1], samples=1, **seen)
 
     # -- the step log and elastic runs ------------------------------------------------------------------------
     def _now(self) -> tuple[int, int]:
@@ -92,10 +127,7 @@ class Recorder:
         """One line of the step log, from the rank that is 0 now."""
         if self._now()[0] != 0:
             return
-        line = json.dumps({**fields, "t": round(time.time(), 4)}) + "\n"
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.out / STEP_LOG, "a") as f:  # not atomic: a log read as it grows, one whole line per write
-            f.write(line)
+        append_json_line(self.out / STEP_LOG, fields)
 
     def restored(self, steps: int) -> None:
         self.total = self.committed = int(steps)
@@ -153,6 +185,9 @@ class Recorder:
         """The ``ddp`` arm: torch's global step hooks time every optimizer's ``step()``."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+        if os.environ.get(ELASTIC_DIR_VAR) and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            self._port_started()
+
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             self._pre = time.perf_counter()
 
@@ -164,6 +199,14 @@ class Recorder:
 
         register_optimizer_step_pre_hook(pre)
         register_optimizer_step_post_hook(post)
+
+    def _port_started(self) -> None:
+        """A DDP port starting on torchrun's elastic agent, before the script runs: ``start`` at the step the
+        commit it will restore was written after (the script may commit again before its first step)."""
+        self.step_log = True
+        self._commit = Path(os.environ[ELASTIC_DIR_VAR]) / "commit.pt"  # the port's helpers' name, as the layer's
+        self.total = self.committed = resumed_step(self.out / STEP_LOG, self._commit)
+        self.log(event="start", step=self.total, world_size=self._now()[1])
 
     # -- the horovod.torch module ---------------------------------------------------------------------------
     def _factory(self, factory: Callable[..., Any]) -> Callable[..., Any]:

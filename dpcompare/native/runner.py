@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from dpcompare.errors import ConfigError, DpcompareError
+from dpcompare.launch import liveness
 from dpcompare.launch.env import detect_launch_env, reporting_rank
 from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
 from dpcompare.native.record import ELASTIC_DIR_VAR, OUT_VAR, PARAMS, Recorder, rank_file
@@ -144,7 +145,8 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     """Run ``target`` in ``arm`` in this process; the script's exit code (Unsupported: exit 2, one line).
     ``threads`` None leaves torch's CPU threads as they are (the script may set them itself). ``step_log``: write
     OUT/steps.jsonl from the first step (an elastic script writes it anyway). ``timeout``: seconds a collective
-    waits for a lost peer, Horovod's gloo timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, which the layer reads too).
+    waits for a lost peer, Horovod's gloo timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, which the layer reads too)
+    and torch's default process-group timeout (a DDP port's ``init_process_group`` takes it).
     ``commit_dir``: where the layer's ``hvd.elastic`` keeps its commits under torchrun."""
     if arm not in ARMS:
         raise ConfigError(f"--as {arm}: choose one of {', '.join(ARMS)}")
@@ -153,6 +155,7 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
         check_out(out, overwrite)
     if timeout is not None:
         os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(1, round(timeout)))
+        _default_timeout(timeout)
     if commit_dir is not None:
         os.environ[ELASTIC_DIR_VAR] = str(commit_dir)
     env = detect_launch_env()
@@ -165,6 +168,7 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     if threads is not None:
         set_threads(threads)
     code = 1
+    liveness.start()  # an elastic job's worker (torchrun): a lost peer noticed in seconds, not at --timeout
     try:
         code = _execute(target)
     except Unsupported:
@@ -174,7 +178,18 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
         if recorder is not None:
             recorder.write(code)
         _leave_group(arm)
+        liveness.stop(clean=code == 0)
     return code
+
+
+def _default_timeout(seconds: float) -> None:
+    """torch's default process-group timeout, which ``init_process_group`` without ``timeout=`` reads when it
+    runs (a module attribute: torch has no setting for it)."""
+    from datetime import timedelta
+
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timedelta(seconds=seconds)
 
 
 def _leave_group(arm: str) -> None:

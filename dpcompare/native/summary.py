@@ -16,9 +16,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dpcompare.files import atomic_write_json
+from dpcompare.files import SUMMARY, atomic_write_json
 
-SUMMARY = "summary.json"
 #: steps left out by default: the layer's two steps with the whole reduction at step(), and one more
 DEFAULT_WARMUP = 3
 

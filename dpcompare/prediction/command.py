@@ -9,14 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare.argtypes import format_rate_bits, fraction, nonneg_int, positive_float, positive_int, rate_bits
+from dpcompare.config import OUTPUT
 from dpcompare.errors import ConfigError
+from dpcompare.options import START, Parser
+from dpcompare.versions import docs_page
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
 #: the configuration a prediction writes beside prediction.json (``--config`` reads it back)
 CONFIG_FILE = "prediction.toml"
 
 
-def parse_hosts(text: str) -> list[int]:
+def parse_host_counts(text: str) -> list[int]:
     """``2,4,8,...,1024`` → 2, 4, …, 1024 (``...`` continues the ratio of the two numbers before it)."""
     parts = [p.strip() for p in text.replace("…", "...").split(",") if p.strip()]
     try:
@@ -48,7 +51,7 @@ def _network(a: argparse.Namespace) -> Any:
     from dpcompare.prediction.network import (
         Link,
         Network,
-        load_burst,
+        load_bucket,
         load_calibration,
         load_profiles,
         parse_duration,
@@ -63,8 +66,9 @@ def _network(a: argparse.Namespace) -> Any:
         intra = Link.of(parse_duration(a.intra_latency), a.intra_link)
     calibrated = load_calibration(a.calibration) if a.calibration else {}
     profiles = load_profiles(a.calibration) if a.calibration else {}
-    burst = load_burst(a.calibration) if a.calibration else 0.0
-    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst)
+    burst, gap = load_bucket(a.calibration) if a.calibration else (0.0, None)
+    return Network(1, Link.of(alpha, a.link), a.ranks_per_host, intra, calibrated, profiles=profiles, burst=burst,
+                   gap_s=gap)
 
 
 def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -> Any:
@@ -112,7 +116,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     for s in asked or []:
         strategies.schedule(s)
     over = {"bucket_mb": a.bucket_mb, "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb, "horovod_cycle_ms": a.horovod_cycle_ms,
-            "grad_compression": a.compression or ("fp16" if a.fp16 else None)}
+            "grad_compression": a.compression}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     model_error = interval.load(a.model_error)
     folders, profiles = _arms(strategies.profile_runs(a.run_dirs), a.untraced_compute)
@@ -138,7 +142,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
 def _cmd_predict(a: argparse.Namespace) -> int:
     from dpcompare.prediction import output, sweep
 
-    hosts = parse_hosts(a.hosts)
+    hosts = parse_host_counts(a.hosts)
     curves = _curves(a, hosts, _network(a))
     inter_link, intra_link = format_rate_bits(a.link), a.intra_link and format_rate_bits(a.intra_link)
     link = inter_link + (f" + {a.ranks_per_host}/host on {intra_link}" if a.ranks_per_host > 1 else "")
@@ -160,7 +164,7 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     _write_config(a, out)
     console = output.make_console()
     if not a.quiet:
-        console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement (docs/predict.md)")
+        console.print(f"[bold]dpcompare predict[/bold] · {title} · a model, not a measurement ({docs_page('predict')})")
         output.show(console, curves, lines, a.threshold)
     console.print(f"wrote {png} and {js}")
     return 0
@@ -184,8 +188,8 @@ def project(folder: Path, link_bps: int) -> Path | None:
     if not any((folder / "runs").glob("*/trace.json")):
         return None
     (folder / FOLDER).mkdir(exist_ok=True)
-    p = argparse.ArgumentParser()
-    register(p.add_subparsers(), argparse.ArgumentParser)
+    p = Parser()
+    register(p.add_subparsers(dest="command"), Parser)
     a = p.parse_args(["predict", str(folder), "--out", str(folder / FOLDER), "--quiet"])
     a.link = link_bps  # parsed once, at compare's --project-link
     _cmd_predict(a)
@@ -196,17 +200,45 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
     """What ``predict`` takes from the traced run beyond its compute, and how it reads the compute."""
     p.add_argument("--floor-from-trace", action="store_true",
                    help="for a slower link on the same machine (e.g. the lab): no all-reduce faster than the traced "
-                        "run's own of that size, no step of its strategy shorter than its traced step (docs/predict.md)")
+                        "run's own of that size, no step of its strategy shorter than its traced step")
     p.add_argument("--straggler-from-trace", action="store_true", help="with --floor-from-trace: DDP's buckets wait "
-                   "for the last rank as traced, before the wire instead of hidden under it (docs/predict.md)")
+                   "for the last rank as traced, before the wire instead of hidden under it")
     p.add_argument("--untraced-compute", choices=("auto", "always", "never"), default="auto",
                    help="scale the traced compute to the steps the run took after its traced window (8 or more), "
                         "taking the tracing's own cost out: auto where their forward ran under 0.9× the traced "
                         "one's, always, or never "
-                        "(default: auto; docs/predict.md, run 28)")
+                        "(default: auto)")
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+#: the section of predict's --help for the knobs it can change
+WHAT_IF = "communication knobs, what if (each replaces the traced run's own)"
+#: predict's --help by concern: what a first user needs first
+SECTIONS = {START: ("--config", "--link", "--host-counts", "--strategies", "--latency", "--threshold", "--out"),
+            WHAT_IF: ("--bucket-mb", "--horovod-cycle-ms", "--grad-compression"),
+            "the network model": ("--ranks-per-host", "--intra-link", "--intra-latency", "--calibration",
+                                  "--floor-from-trace", "--straggler-from-trace", "--untraced-compute",
+                                  "--overlap-from", "--bootstrap", "--model-error"),
+            OUTPUT: ("--quiet",)}
+
+
+def _what_if_flags(p: Parser) -> None:
+    """The knobs a prediction may change from the traced run's, and their old spellings."""
+    from dpcompare.options import Warned, deprecate
+
+    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
+                   "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
+    p.add_argument("--fusion-mb", dest="horovod_fusion_mb", type=positive_float, action=Warned, new="--bucket-mb",
+                   default=None)
+    p.add_argument("--horovod-cycle-ms", dest="horovod_cycle_ms", type=positive_float, default=None, metavar="MS",
+                   help="Horovod cycle time, ms (default: the run's)")
+    p.add_argument("--grad-compression", dest="compression", choices=("none", "fp16", "bf16"), default=None,
+                   help="gradients on the wire (default: what the run used): fp16 and bf16 both halve the bytes")
+    for old, new, const in (("--hosts", "--host-counts", None), ("--cycle-ms", "--horovod-cycle-ms", None),
+                            ("--fp16", "--grad-compression", "fp16")):
+        deprecate(p, old, new, const)
+
+
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "predict", help="predict step time and scaling efficiency at many hosts from traced runs",
         description="Model one training step per strategy from traced runs (`dpcompare train --trace N`, or a "
@@ -214,38 +246,33 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "compute plus each strategy's collectives placed where the library runs them, priced by the "
                     "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
                     "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
-                    "A model, not a measurement: see docs/predict.md for its assumptions.")
-    from dpcompare.options import add_config_file_option, deprecate
+                    f"A model, not a measurement: {docs_page('predict')} states its assumptions.",
+        epilog="examples:\n"
+               "  dpcompare train --strategy ddp --trace 20 --out runs/traced   # under mpirun -np 2\n"
+               "  dpcompare predict runs/traced --link 25gbit --host-counts 2,4,8,...,64\n"
+               "  dpcompare predict runs/traced --strategies ddp,horovod --grad-compression fp16 --link 10gbit",
+        formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
+    from dpcompare.options import add_config_file_option
 
     add_config_file_option(p)
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
-    p.add_argument("--host-counts", dest="hosts", default=DEFAULT_HOSTS,
+    p.add_argument("--host-counts", dest="hosts", default=DEFAULT_HOSTS, metavar="N,N2,...",
                    help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
     p.add_argument("--link", type=rate_bits, default="25gbit", metavar="RATE",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
-    p.add_argument("--latency", default="5us", help="inter-host latency per message step (alpha), e.g. 5us")
+    p.add_argument("--latency", default="5us", metavar="TIME", help="inter-host latency per message step (alpha), e.g. 5us")
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
                    help="ranks per host (hierarchical collectives on --intra-link inside a host; default 1)")
-    p.add_argument("--intra-link", type=rate_bits, default=None,
+    p.add_argument("--intra-link", type=rate_bits, default=None, metavar="RATE",
                    help="intra-host link rate, e.g. 300gbyte (NVLink-class)")
-    p.add_argument("--intra-latency", default="1us", help="intra-host latency (default 1us)")
+    p.add_argument("--intra-latency", default="1us", metavar="TIME", help="intra-host latency (default 1us)")
     p.add_argument("--calibration", default=None, metavar="FILE",
                    help="a `dpcompare lab bench --out-file FILE` JSON: measured alpha and bandwidth share per backend "
                         "and collective")
     _trace_flags(p)
-    p.add_argument("--strategies", default=None, help="model these strategies on every run's compute (default: "
+    p.add_argument("--strategies", default=None, metavar="A,B[,...]", help="model these strategies on every run's compute (default: "
                    "each run's own; ddp,horovod for single)")
-    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
-                   "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
-    p.add_argument("--fusion-mb", dest="horovod_fusion_mb", type=positive_float, default=None, help="Horovod fusion threshold, MB")
-    p.add_argument("--horovod-cycle-ms", dest="horovod_cycle_ms", type=positive_float, default=None, metavar="MS",
-                   help="Horovod cycle time, ms (default: the run's)")
-    p.add_argument("--grad-compression", dest="compression", choices=("none", "fp16", "bf16"), default=None,
-                   help="gradients on the wire (default: what the run used): fp16 and bf16 both halve the bytes")
-    p.add_argument("--fp16", action="store_true", help="the same as --grad-compression fp16")
-    for old, new, const in (("--hosts", "--host-counts", None), ("--fusion-mb", "--bucket-mb", None),
-                            ("--cycle-ms", "--horovod-cycle-ms", None), ("--fp16", "--grad-compression", "fp16")):
-        deprecate(p, old, new, const)
+    _what_if_flags(p)
     p.add_argument("--bootstrap", type=nonneg_int, default=200, metavar="N",
                    help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the bench's "
                         "repeats (default 200; 0: no band)")
@@ -255,10 +282,10 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                         "(default: assumed fully hidden where the schedule allows, slowing nothing)")
     p.add_argument("--model-error", default=None, metavar="FILE|none",
                    help="widen each band by the model's own error as a validation measured it, into a 90 %% "
-                        "interval: a file from `bench/validate_predict.py analyse --model-error-out` (default: the "
-                        "validation in docs/predict.md; none: the band alone)")
-    p.add_argument("--threshold", type=fraction, default=0.8, help="efficiency to report falling below (default 0.8)")
-    p.add_argument("--out", default=None, help="folder for prediction.png and prediction.json (default: the first "
+                        "interval: a model-error file a validation wrote (default: the latest validation's, see "
+                        f"{docs_page('predict')}; none: the band alone)")
+    p.add_argument("--threshold", type=fraction, default=0.8, metavar="FRACTION", help="efficiency to report falling below (default 0.8)")
+    p.add_argument("--out", default=None, metavar="DIR", help="folder for prediction.png and prediction.json (default: the first "
                    "RUN_DIR)")
     p.add_argument("--quiet", action="store_true", help="write the files without printing the tables")
     p.set_defaults(func=_cmd_predict)

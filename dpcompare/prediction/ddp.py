@@ -22,6 +22,7 @@ from __future__ import annotations
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.profile import Grad
 from dpcompare.prediction.schedule import MB, Schedule, Step, fill
+from dpcompare.trace import ALL_REDUCE, BROADCAST
 
 
 class DDPSchedule(Schedule):
@@ -35,7 +36,7 @@ class DDPSchedule(Schedule):
 
     def buffers_broadcast(self, net: Network) -> float:
         nbytes = self.profile.buffer_bytes or 0.0
-        return net.cost("broadcast", nbytes, self.backend()) if nbytes else 0.0
+        return net.cost(BROADCAST, nbytes, self.backend()) if nbytes else 0.0
 
     def backward(self, net: Network) -> tuple[float, list[float], float]:
         """(end of backward after its start, each bucket's all-reduce seconds, bytes on the wire)."""
@@ -44,7 +45,7 @@ class DDPSchedule(Schedule):
         bucket, costs, free, wait = net.bucket(), [], 0.0, net.wait(self.backend())
         for b, s in zip(buckets, sizes, strict=True):
             start = max(max(g.ready for g in b) + wait, free)
-            costs.append(bucket.cost("allreduce", s, self.backend(), start, own=wait > 0))
+            costs.append(bucket.cost(ALL_REDUCE, s, self.backend(), start, own=wait > 0))
             free = start + costs[-1]
         return max(self.profile.backward, free), costs, sum(sizes)
 

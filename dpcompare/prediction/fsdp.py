@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.schedule import Schedule, Step
+from dpcompare.trace import ALL_GATHER, REDUCE_SCATTER
 
 
 class FSDPSchedule(Schedule):
@@ -28,7 +29,7 @@ class FSDPSchedule(Schedule):
 
     def link_bound(self, net: Network, nbytes: float) -> float:
         """All-gathers and reduce-scatters (a reduce-scatter moves what an all-gather does)."""
-        return net.bytes_time("allgather", nbytes)
+        return net.bytes_time(ALL_GATHER, nbytes)
 
     def units(self) -> list[tuple[str, float, float]]:
         """(unit, bytes, backward compute seconds) in backward order."""
@@ -67,9 +68,9 @@ class FSDPSchedule(Schedule):
         p, k, b = self.profile, self.knobs, self.backend()
         units = self.units()
         total = sum(s for _, s, _ in units) or 1.0
-        gather = {u: net.cost("allgather", s, b) for u, s, _ in units}
+        gather = {u: net.cost(ALL_GATHER, s, b) for u, s, _ in units}
         fwd = [(gather[u], p.forward * s / total, 0.0) for u, s, _ in reversed(units)]
-        bwd = [(gather[u], d, net.cost("reduce_scatter", s * k.wire, b)) for u, s, d in units]
+        bwd = [(gather[u], d, net.cost(REDUCE_SCATTER, s * k.wire, b)) for u, s, d in units]
         comm: list[float] = []
         forward, backward = self._pass(fwd, comm), self._pass(bwd, comm)
         step = p.data + forward + max(backward, p.backward) + self.optimizer(net.ranks)

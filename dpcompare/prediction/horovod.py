@@ -24,6 +24,7 @@ from dpcompare.knobs import horovod_fusion
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.profile import Grad
 from dpcompare.prediction.schedule import MB, Schedule, Step
+from dpcompare.trace import ALL_REDUCE
 
 
 def fuse(grads: list[Grad], threshold: float) -> list[list[Grad]]:
@@ -54,10 +55,10 @@ class HorovodSchedule(Schedule):
         beyond its bytes' wire time (:meth:`.network.Network.fixed`), else 2⌈log2 n⌉·α."""
         if net.ranks < 2:
             return 0.0
-        fixed = net.fixed(self.backend(), "allreduce")
+        fixed = net.fixed(self.backend(), ALL_REDUCE)
         if fixed is not None:
             return fixed
-        return 2 * math.ceil(math.log2(net.ranks)) * net.link(self.backend(), "allreduce", nbytes=1.0).alpha
+        return 2 * math.ceil(math.log2(net.ranks)) * net.link(self.backend(), ALL_REDUCE, nbytes=1.0).alpha
 
     def predict(self, net: Network) -> Step:
         p, k = self.profile, self.knobs
@@ -77,7 +78,7 @@ class HorovodSchedule(Schedule):
             costs.append(negotiate)
             for group in fuse(ready, k.horovod_fusion_mb * MB):
                 size = sum(g.nbytes for g in group) * k.wire
-                cost = bucket.cost("allreduce", size, self.backend(), free)
+                cost = bucket.cost(ALL_REDUCE, size, self.backend(), free)
                 free += cost
                 costs.append(cost)
                 nbytes += size

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcompare.errors import ConfigError
+from dpcompare.versions import docs_page
 
 LEVEL = 0.9
 
@@ -81,8 +82,8 @@ def load(spec: str | None) -> ModelError | None:
         doc = json.loads(Path(spec).read_text())
         return ModelError(float(doc["widen"]), float(doc["level"]), int(doc["n"]), str(doc["source"]))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--model-error {spec}: not a model-error file ({e}); give one written by "
-                          "`bench/validate_predict.py analyse --model-error-out FILE`, or none") from None
+        raise ConfigError(f"--model-error {spec}: not a model-error file ({e}); give one a validation wrote "
+                          f"({docs_page('predict')}), or none") from None
 
 
 def write(path: Path, me: ModelError) -> Path:

@@ -27,13 +27,27 @@ import dataclasses
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpcompare.errors import ConfigError
+from dpcompare.trace import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    BROADCAST,
+    REDUCE_SCATTER,
+    burst_of_gap,
+    bus_factor,
+    collective_name,
+    fit_line,
+    idle_gap_s,
+    latency_steps,
+)
 
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+#: the collectives a network prices (trace's spelling: the bench's rows and the schedules use the same names)
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST)
 #: appended to a backend's name in a profile's key for the sizes `lab bench` timed back to back
 BACK_TO_BACK = "/back-to-back"
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -61,16 +75,12 @@ class Link:
         reads ``--link``)."""
         return cls(alpha, bits_per_s / 8)
 
-    def allreduce(self, nbytes: float, n: int) -> float:
-        return 0.0 if n <= 1 else 2 * (n - 1) * self.alpha + 2 * (n - 1) / n * nbytes / self.bandwidth
-
-    def allgather(self, nbytes: float, n: int) -> float:
-        return 0.0 if n <= 1 else (n - 1) * self.alpha + (n - 1) / n * nbytes / self.bandwidth
-
-    reduce_scatter = allgather
-
-    def broadcast(self, nbytes: float, n: int) -> float:
-        return 0.0 if n <= 1 else math.ceil(math.log2(n)) * self.alpha + nbytes / self.bandwidth
+    def time(self, collective: str, nbytes: float, n: int) -> float:
+        """Seconds of ``collective`` of ``nbytes`` among ``n`` ranks on this link: α per message step
+        (:func:`~dpcompare.trace.latency_steps`) plus the bytes each link carries (the bus factor's share) at B."""
+        if n <= 1:
+            return 0.0
+        return latency_steps(collective, n) * self.alpha + bus_factor(collective, n) * nbytes / self.bandwidth
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,13 @@ class Network:
     #: (backend, collective) → the measured share of the link per message size (:func:`load_profiles`)
     profiles: dict[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
     #: bytes the inter-host link passes at once after an idle moment, found full before every operation the
-    #: calibration timed (a tbf burst: :func:`load_burst`); 0: no bucket to track
+    #: calibration timed (a tbf burst: :func:`load_bucket`); 0: no bucket to track
     burst: float = 0.0
     #: backend → seconds a traced all-reduce waited for its last rank (``--straggler-from-trace``); empty: none
     waits: dict[str, float] = field(default_factory=dict)
+    #: seconds the calibration idled before each operation it timed (the bench's ``gap_ms``): what counts as
+    #: back to back, on whatever link is predicted (:func:`load_bucket`); None: from the burst (:attr:`gap`)
+    gap_s: float | None = None
 
     @property
     def ranks(self) -> int:
@@ -114,7 +127,7 @@ class Network:
         run's ``a + b·bytes`` at its n₀ ranks, its fixed part scaled by (n−1)/(n₀−1) and its per-byte part by
         the ring's bus factor 2(n−1)/n over 2(n₀−1)/n₀; 0 for other collectives or without a floor."""
         f, n = self.floors.get(backend), self.ranks
-        if collective != "allreduce" or f is None or n < 2 or f[2] < 2:
+        if collective != ALL_REDUCE or f is None or n < 2 or f[2] < 2:
             return 0.0
         a, b, n0 = f
         return a * (n - 1) / (n0 - 1) + b * nbytes * ((n - 1) / n) / ((n0 - 1) / n0)
@@ -126,9 +139,12 @@ class Network:
 
     @property
     def gap(self) -> float:
-        """Seconds the calibration idled before each operation it timed after the idle gap: twice the time the
-        burst takes to refill (`lab bench`'s gap); 0 without a burst."""
-        return 2 * self.burst / self.inter.bandwidth if self.burst > 0 and self.inter.bandwidth > 0 else 0.0
+        """Seconds the calibration idled before each operation it timed after the idle gap: the bench's own
+        (:attr:`gap_s`, whatever link is predicted), else twice the time the burst takes to refill at this link's
+        rate (:func:`~dpcompare.trace.idle_gap_s`: a bucket given without a bench file); 0 without a burst."""
+        if self.burst <= 0:
+            return 0.0
+        return self.gap_s if self.gap_s is not None else idle_gap_s(self.burst, self.inter.bandwidth)
 
     def link(self, backend: str, collective: str, nbytes: float | None = None, back_to_back: bool = False) -> Link:
         """The inter-host link as ``backend``'s ``collective`` sees it: calibrated α and share of the link,
@@ -165,12 +181,12 @@ class Network:
         if not profile or self.hosts < 2:
             return None
         smallest = profile[0][0]
-        wire = float(getattr(self.inter, collective)(smallest, self.hosts))
+        wire = self.inter.time(collective, smallest, self.hosts)
         return max(self.cost(collective, smallest, backend) - wire, 0.0)
 
     def sent(self, collective: str, nbytes: float) -> float:
         """Bytes one host puts on its inter-host link in ``collective`` of ``nbytes`` (the bus factor's share)."""
-        return _terms(collective, self.hosts)[1] * nbytes if self.hosts > 1 else 0.0
+        return bus_factor(collective, self.hosts) * nbytes if self.hosts > 1 else 0.0
 
     def bytes_time(self, collective: str, nbytes: float) -> float:
         """The time ``collective`` of ``nbytes`` needs on the link at its rate alone (no latency, no library's own
@@ -180,17 +196,17 @@ class Network:
             return self.sent(collective, nbytes) / self.inter.bandwidth if self.inter.bandwidth > 0 else 0.0
         if self.intra is None or self.per_host < 2 or self.intra.bandwidth <= 0:
             return 0.0
-        return _terms(collective, self.per_host)[1] * nbytes / self.intra.bandwidth
+        return bus_factor(collective, self.per_host) * nbytes / self.intra.bandwidth
 
     def _wire(self, collective: str, nbytes: float, backend: str, back_to_back: bool = False) -> float:
         inter, g = self.link(backend, collective, nbytes, back_to_back), self.per_host
         if g == 1 or self.intra is None:
-            return float(getattr(inter, collective)(nbytes, self.hosts))
+            return inter.time(collective, nbytes, self.hosts)
         intra = self.intra
-        if collective == "allreduce":
-            return (intra.reduce_scatter(nbytes, g) + inter.allreduce(nbytes, self.hosts)
-                    + intra.allgather(nbytes, g))
-        return float(getattr(inter, collective)(nbytes, self.hosts) + getattr(intra, collective)(nbytes, g))
+        if collective == ALL_REDUCE:
+            return (intra.time(REDUCE_SCATTER, nbytes, g) + inter.time(ALL_REDUCE, nbytes, self.hosts)
+                    + intra.time(ALL_GATHER, nbytes, g))
+        return inter.time(collective, nbytes, self.hosts) + intra.time(collective, nbytes, g)
 
 
 @dataclass
@@ -220,20 +236,23 @@ class Bucket:
         return seconds
 
 
-def load_burst(path: str | Path) -> float:
-    """The burst a `lab bench` file's operations found full: ``burst_bytes``, or for files written before it was
-    recorded, half its idle gap at the lab's rate (`lab bench` idles twice the time the link takes to refill it);
-    0 without either (an unshaped link, another tool's file)."""
+def load_bucket(path: str | Path) -> tuple[float, float | None]:
+    """(burst bytes, idle gap seconds) of a `lab bench` file: the burst its operations found full
+    (``burst_bytes``, or for files written before it was recorded, what its idle gap refilled at the lab's rate:
+    :func:`~dpcompare.trace.burst_of_gap`) and the gap it idled before each (``gap_ms``); (0, None) without them (an
+    unshaped link, another tool's file). The gap is the bench's whatever link a prediction asks for: it is what
+    told the bench's back-to-back times from its idle ones."""
     try:
         top = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError):
-        return 0.0
+        return 0.0, None
     if not isinstance(top, dict):
-        return 0.0
+        return 0.0, None
+    link_bps, gap_ms = (top.get("lab") or {}).get("link_bps"), top.get("gap_ms")
+    gap = float(gap_ms) / 1e3 if gap_ms else None
     if top.get("burst_bytes") is not None:
-        return float(top["burst_bytes"])
-    link_bps, gap = (top.get("lab") or {}).get("link_bps"), top.get("gap_ms")
-    return float(gap) / 2e3 * float(link_bps) / 8 if link_bps and gap else 0.0
+        return float(top["burst_bytes"]), gap
+    return (burst_of_gap(gap, float(link_bps) / 8), gap) if link_bps and gap else (0.0, None)
 
 
 #: the most traced all-reduces one floor line is fitted through (Theil-Sen took 0.07 s at 1,000 on a 2-core AMD
@@ -243,24 +262,19 @@ FLOOR_POINTS = 1000
 
 def floor_from(ops: list[tuple[float, float]], ranks: int) -> tuple[float, float, int] | None:
     """(a seconds, b seconds per byte, ranks) of a traced run's all-reduces given as (bytes, seconds): the
-    Theil-Sen line (scipy.stats.theilslopes: the median of the pairwise slopes, the intercept the median of what
-    is left), or the median time when they all had one size; None without any or at one rank. On an unlimited
+    α-β fit's line (:func:`~dpcompare.trace.fit_line`), or the median time when they all had one size; None without any or at one rank. On an unlimited
     link (a lab host's unshaped veth, shared memory) this is what the library itself costs on those CPUs:
     copies, the reduction, progress threads. A
     median line, not least squares: a traced operation that waited for a late peer or for a core that backward
     held is slower by that wait only, never faster, and the operation a step waits for at its end runs with
     backward's compute done. At most :data:`FLOOR_POINTS` operations, evenly spread (the fit's cost grows with
     their square, and a bootstrap fits it once per replicate)."""
-    import statistics
-
-    from scipy.stats import theilslopes
-
     if ranks < 2 or not ops:
         return None
     xs, ys = zip(*ops[::math.ceil(len(ops) / FLOOR_POINTS)], strict=True)
     if len(set(xs)) < 2:
         return statistics.median(ys), 0.0, ranks
-    slope, intercept, _, _ = theilslopes(ys, xs, method="joint")
+    intercept, slope = fit_line(xs, ys)
     if slope <= 0:
         return statistics.median(ys), 0.0, ranks
     return float(max(intercept, 0.0)), float(slope), ranks
@@ -270,8 +284,6 @@ def trace_link(ops: list[tuple[float, float]], ranks: int) -> Link | None:
     """The link a traced run's all-reduces (bytes, seconds) ran on: α and B read off their :func:`floor_from`
     line (a small operation pays its fixed cost, not a bandwidth it never reached), or their median bus
     bandwidth with no latency when the line has no slope (one size); None without any or at one rank."""
-    import statistics
-
     line = floor_from(ops, ranks)
     if line is None:
         return None
@@ -282,23 +294,14 @@ def trace_link(ops: list[tuple[float, float]], ranks: int) -> Link | None:
 
 
 # -- calibration ------------------------------------------------------------------------------------------
-def _terms(collective: str, n: int) -> tuple[int, float]:
-    """(message steps that pay α, the bus factor that turns bytes into bytes a link carries) at n ranks."""
-    return {"allreduce": (2 * (n - 1), 2 * (n - 1) / n), "broadcast": (math.ceil(math.log2(n)), 1.0)
-            }.get(collective, (n - 1, (n - 1) / n))
-
-
 def _fit(points: list[tuple[float, float]], collective: str, n: int) -> tuple[float, float]:
-    """(α, B) from (bytes, seconds) points of one collective at n ranks: a least-squares line through
-    time = a + b·bytes (scipy.stats.linregress) read as the α-β formula's fixed and per-byte terms."""
-    from scipy.stats import linregress
-
-    steps, share = _terms(collective, n)
+    """(α, B) from (bytes, seconds) points of one collective at n ranks: the α-β fit's line through
+    time = a + b·bytes (:func:`~dpcompare.trace.fit_line`) read as the formula's fixed and per-byte terms."""
     xs, ys = zip(*points, strict=True)
-    fit = linregress(xs, ys)
-    if fit.slope <= 0:
+    intercept, slope = fit_line(xs, ys)
+    if slope <= 0:
         raise ConfigError(f"calibration: {collective} times do not grow with the message size; rerun `lab bench`")
-    return float(max(fit.intercept, 0.0)) / steps, float(share / fit.slope)
+    return max(intercept, 0.0) / latency_steps(collective, n), bus_factor(collective, n) / slope
 
 
 def _entries(data: Any) -> list[dict[str, Any]]:
@@ -316,7 +319,7 @@ def _entries(data: Any) -> list[dict[str, Any]]:
 
 def _alpha_bandwidth(e: dict[str, Any], coll: str, n: int) -> tuple[float, float] | None:
     """(α per message step, B in bytes/s comparable with the link) from one record, or None."""
-    steps, _ = _terms(coll, n)
+    steps = latency_steps(coll, n)
     if e.get("busbw_Bps"):  # `lab bench` (schema dpcompare.lab.bench/1): alpha_s is the whole fixed cost
         return float(e.get("alpha_s", 0.0)) / steps, float(e["busbw_Bps"])
     if e.get("bandwidth_bps"):
@@ -359,8 +362,7 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
     top_link = top.get("link_bps") or (top.get("lab") or {}).get("link_bps")
     out: dict[tuple[str, str], tuple[float, float]] = {}
     for e in _entries(data) + (_rows_as_points(data) if fit == "range" else []):  # rows last: they win
-        coll = str(e.get("collective", "")).replace("-", "_").replace("all_reduce", "allreduce") \
-            .replace("all_gather", "allgather")
+        coll = collective_name(str(e.get("collective", "")))
         link_bps = e.get("link_bps") or top_link
         if coll not in COLLECTIVES or not e.get("backend") or not link_bps:
             continue
@@ -429,7 +431,7 @@ class Bench:
             if not isinstance(r, dict) or (r.get("back_to_back") and not back_to_back):
                 continue
             key = (str(r.get("backend")) + (BACK_TO_BACK if r.get("back_to_back") else ""),
-                   _collective(str(r.get("collective"))))
+                   collective_name(str(r.get("collective"))))
             if not (r.get("bytes") and r.get("time_s")) or key[1] not in COLLECTIVES:
                 continue
             times = np.array(r.get("times_s") or [r["time_s"]], dtype=float)
@@ -453,7 +455,7 @@ class Bench:
         drawn again with replacement (a bootstrap replicate)."""
         out = {}
         for key, sizes in self.rows.items():
-            factor, shares = _terms(key[1], self.ranks)[1], []
+            factor, shares = bus_factor(key[1], self.ranks), []
             for b, times, labels in sizes:
                 if rng is not None:
                     i = rng.integers(0, len(times), len(times))
@@ -461,10 +463,6 @@ class Bench:
                 shares.append(factor * b / (self.link_bps / 8) / _mode_time(times, labels, mode))
             out[key] = (tuple(b for b, _, _ in sizes), tuple(shares))
         return out
-
-
-def _collective(name: str) -> str:
-    return name.replace("-", "_").replace("all_reduce", "allreduce").replace("all_gather", "allgather")
 
 
 def load_profiles(path: str | Path, mode: str = "expected", back_to_back: bool = True) -> dict[Key, Curve]:

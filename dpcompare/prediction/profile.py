@@ -46,9 +46,9 @@ import numpy as np
 
 from dpcompare import trace as tr
 from dpcompare.errors import ConfigError
+from dpcompare.files import PHASES, SUMMARY
 from dpcompare.report.timeline import load_trace
 
-SUMMARY = "summary.json"
 PROBE_MIN_STEPS = 8  #: untraced steps (per rank) needed before the tracing's own cost is taken out
 PROBE_APPLY_BELOW = 0.9  #: below this untraced-over-traced ratio the tracing clearly slowed the run
 UNTRACED_MODES = ("auto", "always", "never")  #: when the compute is scaled to the untraced steps (``--untraced-compute``)
@@ -151,9 +151,6 @@ def launch_spread(profiles: Sequence[Profile]) -> LaunchSpread:
         arms += 1
         launches += len(logs)
     return LaunchSpread(float(np.sqrt(ss / df)) if df else 0.0, df, arms, launches)
-
-
-PHASES = ("data", "forward", "backward", "optimizer")
 
 
 @dataclass

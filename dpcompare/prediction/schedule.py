@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from dpcompare.knobs import HOROVOD_CYCLE_MS, HOROVOD_FUSION_BYTES
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.profile import Grad, Profile
+from dpcompare.trace import ALL_REDUCE
 
 MB = 2**20
 
@@ -116,7 +117,7 @@ class Schedule:
 
     def link_bound(self, net: Network, nbytes: float) -> float:
         """The time the step's ``nbytes`` of all-reduce messages need on the link at its rate alone."""
-        return net.bytes_time("allreduce", nbytes)
+        return net.bytes_time(ALL_REDUCE, nbytes)
 
     def step(self, net: Network, step: float, comm: Sequence[float], nbytes: float, **detail: Any) -> Step:
         return Step(self.name, net.hosts, net.ranks, step, self.compute(net.ranks), sum(comm), len(comm), nbytes,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dpcompare.prediction.ddp import DDPSchedule
 from dpcompare.prediction.network import Network
 from dpcompare.prediction.schedule import Step
+from dpcompare.trace import ALL_GATHER, ALL_REDUCE
 
 
 class ZeroSchedule(DDPSchedule):
@@ -23,13 +24,13 @@ class ZeroSchedule(DDPSchedule):
     def link_bound(self, net: Network, nbytes: float) -> float:
         """DDP's all-reduces, and the parameters' all-gather (the last ``grad_bytes`` of ``nbytes``)."""
         params = self.profile.grad_bytes
-        return net.bytes_time("allreduce", nbytes - params) + net.bytes_time("allgather", params)
+        return net.bytes_time(ALL_REDUCE, nbytes - params) + net.bytes_time(ALL_GATHER, params)
 
     def predict(self, net: Network) -> Step:
         p = self.profile
         bcast = self.buffers_broadcast(net)
         backward, costs, nbytes = self.backward(net)
-        params = net.cost("allgather", p.grad_bytes, self.backend())
+        params = net.cost(ALL_GATHER, p.grad_bytes, self.backend())
         step = p.data + p.forward + bcast + backward + self.optimizer(net.ranks) + params
         comm = costs + [params] + ([bcast] if bcast else [])
         return self.step(net, step, comm, nbytes + p.grad_bytes, buckets=len(costs),

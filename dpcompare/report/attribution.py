@@ -245,8 +245,8 @@ def _cores_sentence(results: dict[str, Any], baseline: str, other: str, np_: int
     m, lo = cpu[more], cpu[less]
     assert m is not None and lo is not None
     return (f"What took the cores: besides its main thread, {more} ran {_ms(m['helpers'])} of CPU per step on other "
-            f"threads ({threads_of(_strategy(results, more))}{_busiest(m)}), {less} {_ms(lo['helpers'])} "
-            f"({threads_of(_strategy(results, less))}); the main threads took {_ms(o['main'])} ({other}) and "
+            f"threads ({threads_of(_strategy(results, more), results)}{_busiest(m)}), {less} {_ms(lo['helpers'])} "
+            f"({threads_of(_strategy(results, less), results)}); the main threads took {_ms(o['main'])} ({other}) and "
             f"{_ms(b['main'])} ({baseline}) of CPU per step. Threads that compete with compute for the cores slow "
             "the phases that communicate nothing.")
 
@@ -270,7 +270,7 @@ def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, s
         if all(cpu.values()):
             return [first, f"in {_short(phase)} neither communicates; other threads' CPU per step: " + ", ".join(
                 f"{a} {_ms(c['helpers'])}" for a, c in cpu.items() if c) + " (main: " + " vs ".join(
-                _ms(c["main"]) for c in cpu.values() if c) + f"; {threads_of(_strategy(results, other))})"]
+                _ms(c["main"]) for c in cpu.values() if c) + f"; {threads_of(_strategy(results, other), results)})"]
         return [first, f"in {_short(phase)} neither communicates: threads, CPU contention, framework overhead"]
     lines = [first, f"in {_short(phase)} — " + "; ".join(f"{arm}: {_brief(w) if w else 'nothing'}"
                                                         for arm, w in what.items())]
@@ -279,7 +279,7 @@ def _lines(results: dict[str, Any], baseline: str, other: str, step: Interval, s
     if silent and all(cpu.values()):
         lines.append(f"in {' and '.join(map(_short, silent))} the longer arm communicates nothing; other threads' "
                      "CPU per step: " + ", ".join(f"{a} {_ms(c['helpers'])}" for a, c in cpu.items() if c)
-                     + f" ({threads_of(_strategy(results, other))})")
+                     + f" ({threads_of(_strategy(results, other), results)})")
     return lines
 
 

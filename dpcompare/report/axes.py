@@ -10,14 +10,14 @@ from typing import Any
 
 import matplotlib
 
-from dpcompare.report.groups import WITHIN, Group, arm_order, axes_of, np_order, shown_without, valued
+from dpcompare.report.groups import WITHIN, Group, arm_order, np_order, recorded_axes, shown_without, valued
 from dpcompare.report.plots import RC, Plot, _new, _save, colors
 
 
 def axis_plots(results: dict[str, Any], groups: Sequence[Group], folder: Path) -> list[Plot]:
     """One plot per swept axis with two values or more (``plots/axis-NAME.png``)."""
     made = [axis_plot(results, groups, name, d, folder / f"axis-{name}.png")
-            for name, d in axes_of(results).items() if d.get("pairs") == WITHIN]
+            for name, d in recorded_axes(results).items() if d.get("pairs") == WITHIN]
     return [p for p in made if p is not None]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
@@ -12,12 +13,15 @@ def _cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="re-render a comparison's table, plots and report.html from its results.json",
                        description="Read DIR/results.json (written by `dpcompare compare --out DIR`) and write "
                                    "DIR/plots/*.png and DIR/report.html again, printing the table and verdicts. "
                                    "Needs no run folders, only results.json. The verdicts shown are the ones compare "
-                                   "stored there (--recompute draws them again from the runs).")
+                                   "stored there (--recompute draws them again from the runs).",
+                       epilog="examples:\n  dpcompare report runs/ab\n"
+                              "  dpcompare report runs/ab --recompute --quiet   # verdicts drawn again, no table",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR", help="the --out folder of a `dpcompare compare` run")
     p.add_argument("--quiet", action="store_true", help="write the files without printing the table")
     p.add_argument("--recompute", action="store_true",

@@ -20,7 +20,7 @@ from typing import Any
 
 import matplotlib
 
-from dpcompare.files import FAULT
+from dpcompare.files import ACCURACY_EQUIVALENCE, FAULT
 from dpcompare.report.groups import arm_of, final_metric, metric_of, np_order, twins, valued
 from dpcompare.report.intervals import (
     CONFIDENCE,
@@ -34,9 +34,6 @@ from dpcompare.report.intervals import (
     paired_log_ratio_ci,
 )
 from dpcompare.report.plots import RC, Plot, _save, colors
-
-#: points of metric difference within which a faulted run's final metric counts as the clean twin's (default)
-ACCURACY_EQUIVALENCE = 0.005
 
 
 def _runs(results: dict[str, Any], arm: str, np_: int) -> dict[int, dict[str, Any]]:

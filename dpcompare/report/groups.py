@@ -212,7 +212,7 @@ OLD_AXES = {LINK: {"pairs": WITHIN, "words": "on {value}", "title": "link rate",
             FAULT: {"pairs": TWIN, "words": "with {name}={value}", "title": FAULT}}
 
 
-def axes_of(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def recorded_axes(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Axis name → how its arms pair (``pairs``), how a verdict says its value (``words``), its ``title`` and
     its ``values`` in order, as compare recorded them (``config.axes``); older results: the link and the fault."""
     cfg = results.get("config") or {}
@@ -275,7 +275,7 @@ def arm_pairs(results: dict[str, Any]) -> Iterator[tuple[int, str, str]]:
 
     The one pairing every verdict (throughput, accuracy, time to accuracy) iterates over.
     """
-    kinds, axes = {n: d.get("pairs") for n, d in axes_of(results).items()}, arm_axes(results)
+    kinds, axes = {n: d.get("pairs") for n, d in recorded_axes(results).items()}, arm_axes(results)
     by_value: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for a in arm_order(results):
         vals = axes.get(a, {})

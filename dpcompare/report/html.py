@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dpcompare.files import PHASES, atomic_write_text
-from dpcompare.report import attribution, fmt, mechanisms, regime
+from dpcompare.files import ACCURACY_EQUIVALENCE, PHASES, atomic_write_text
+from dpcompare.report import attribution, fmt, mechanisms, noise, regime
 from dpcompare.report.groups import (
     MEMORY_KINDS,
     MEMORY_LABELS,
@@ -303,7 +303,7 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
                     + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
                        "the same initial weights and data order. Accuracy: the difference of final test accuracy "
                        "(other − baseline) per seed, with a 95 % Student-t interval over the seeds; <em>equal</em> "
-                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or 0.005):g} points "
+                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or ACCURACY_EQUIVALENCE):g} points "
                        "(--accuracy-equivalence). Arms that differ only in strategy and exact knobs must match "
                        "exactly; the report checks that they do. " if seeds else "")
                     + ("Time to accuracy: training time until the test accuracy first reached "
@@ -415,7 +415,8 @@ def _verdict_item(v: Verdict) -> str:
             how = f" ({_e(v.method)} interval over {v.blocks} blocks{units})"
         blocks = (f"<details><summary>{_e(v.other)}/{_e(v.baseline)} throughput ratio per block{how}</summary>"
                   f'<p class="ratios">{" ".join(f"{x:.3f}" for x in v.block_ratios)}</p></details>')
-    return f'<li><strong class="outcome-{_e(v.outcome)}">{_e(v.full_text)}</strong>{blocks}</li>'
+    floor = f'<p class="tiny">{_e(noise.floor_words(noise.verdict_floor(v)))}</p>' if v.block_ratios else ""
+    return f'<li><strong class="outcome-{_e(v.outcome)}">{_e(v.full_text)}</strong>{floor}{blocks}</li>'
 
 
 def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategies: Sequence[str],
@@ -428,7 +429,8 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
     shared = "".join(f'<p class="tiny"><strong>np={r.np}:</strong> {_e(regime.shared_line(r))}</p>'
                      for r in regime.regimes(results) if r.shared and r.np in {v.np for v in verdicts})
     verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
-               + "</ul>" + shared + "</div>")
+               + "</ul>" + shared + "".join(f'<p class="tiny">{_e(x)}</p>' for x in noise.setting_lines(results))
+               + "</div>")
     why = _attribution_card(attributions)
     regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})
     how = (f'<details class="card"><summary>How the verdict is drawn</summary>'

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
+from dpcompare.files import EQUIVALENCE as EQUIVALENCE
+
 CONFIDENCE = 0.95
 
 
@@ -25,8 +27,6 @@ def equivalence_confidence(confidence: float = CONFIDENCE) -> float:
     return 1.0 - 2.0 * (1.0 - confidence)
 
 
-#: default equivalence margin: two arms whose throughput ratio lies inside 1 ± this are "equal"
-EQUIVALENCE = 0.05
 #: from this many blocks on the verdict's interval is a BCa bootstrap of the mean log ratio
 BOOTSTRAP_MIN_BLOCKS = 10
 BOOTSTRAP_RESAMPLES = 9999

@@ -42,7 +42,6 @@ from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the 
     arm_of,
     arm_order,
     arm_pairs,
-    axes_of,
     exact_by_construction,
     find,
     launch_note,
@@ -51,6 +50,7 @@ from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the 
     paired_blocks,
     per_seed,
     phase_shifts,
+    recorded_axes,
     run_throughput,
     scaling_efficiency,
     shown_without,
@@ -172,7 +172,7 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
 def _at_value(results: dict[str, Any], text: str, base: str, other: str, n: int) -> str:
     """A verdict between two arms at the same value of a swept axis in its words: "horovod X % slower than ddp
     at np=2 on 1gbit" (the link), "... at 2 thread(s) per rank" (the threads)."""
-    axes, values = axes_of(results), arm_axes(results)
+    axes, values = recorded_axes(results), arm_axes(results)
     shared = {k: v for k, v in values.get(base, {}).items()
               if values.get(other, {}).get(k) == v and (axes.get(k) or {}).get("pairs") == WITHIN}
     if not shared:

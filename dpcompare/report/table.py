@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare.files import PHASES
-from dpcompare.report import attribution, fmt, regime
+from dpcompare.report import attribution, fmt, noise, regime
 from dpcompare.report.groups import (
     MEMORY_KINDS,
     MEMORY_LABELS,
@@ -171,6 +171,8 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
     if stop:
         console.print(f"[dim]{stop.get('blocks')} block{'s' if stop.get('blocks') != 1 else ''}: "
                       f"{stop.get('reason')}[/]", soft_wrap=True)
+    for line in noise.setting_lines(results):
+        console.print(f"[dim]{line}[/]", soft_wrap=True, highlight=False)
     console.print()
     if verdicts:
         _print_throughput_verdicts(console, results, verdicts, attributions)
@@ -218,6 +220,7 @@ def _print_throughput_verdicts(console: Console, results: dict[str, Any], verdic
         if v.block_ratios:
             console.print(f"    [dim]{v.other}/{v.baseline} throughput per block: {_ratios(v.block_ratios)}[/]",
                           soft_wrap=True, highlight=False)
+            console.print(f"    [dim]{noise.floor_words(noise.verdict_floor(v))}[/]", soft_wrap=True, highlight=False)
         a = why.get((v.np, v.other))
         lines = (a.get("lines") or [a.get("text")]) if a else []
         for i, line in enumerate(x for x in lines if x):

@@ -195,13 +195,17 @@ def _cmd_timeline(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     from dpcompare.options import deprecate
 
     p = sub.add_parser("timeline", help="draw one traced step of one or more runs (PNG) on one time axis",
                        description="Draw one step recorded by `dpcompare train --trace N`: per rank the compute "
                                    "phases, the moment each gradient was ready and the all-reduces. Several runs "
-                                   "are drawn one above the other on the same time axis.")
+                                   "are drawn one above the other on the same time axis.",
+                       epilog="examples:\n  dpcompare timeline runs/traced\n"
+                              "  dpcompare timeline runs/ab/runs/*-np2-r0 --out-file steps.png   # arms one above "
+                              "the other",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a --out folder of `train --trace N` (or its trace.json)")
     p.add_argument("--out-file", dest="out", metavar="PNG",
                    help="where to write the picture (default: RUN_DIR/timeline.png)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare import trace as tr
+from dpcompare.files import SUMMARY
 from dpcompare.report.groups import arm_of
 
 PNG = "timeline.png"
@@ -102,7 +103,7 @@ SLOW_LINK_SHARE = 80.0
 def _library(trace_path: Path) -> tuple[str, str]:
     """(the library that carried the run's all-reduces, its forced MPI algorithm) from the run's summary.json."""
     try:
-        summary = json.loads((trace_path.parent / "summary.json").read_text())
+        summary = json.loads((trace_path.parent / SUMMARY).read_text())
     except (OSError, ValueError):
         return "", "default"
     return str((summary.get("comm") or {}).get("library", "")), str(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpcompare.files import ACCURACY_EQUIVALENCE
 from dpcompare.report.groups import (
     arm_of,
     arm_pairs,
@@ -39,8 +40,6 @@ from dpcompare.report.intervals import (
 
 OUTCOMES = ("faster", "slower", "equal", "undecided")
 METRICS = ("throughput", "accuracy", "time_to_accuracy")
-#: default margin of the accuracy verdict: a difference inside ±0.5 percentage points is "equal"
-ACCURACY_EQUIVALENCE = 0.005
 ACCURACY_OUTCOMES = ("higher", "lower", "equal", "undecided", "mismatch")
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
-from dpcompare.options import add_config_file_option, add_config_options, config_from_args
+from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE
+from dpcompare.options import START, add_config_file_option, add_config_options, config_from_args
 
 EPILOG = """examples:
   dpcompare train --strategy single --epochs 5
@@ -31,11 +33,17 @@ def _cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction, parser_class: type[argparse.ArgumentParser]) -> None:
+#: train's --help by concern: what a first user needs first
+SECTIONS = {START: ("--config", "--strategy", "--model", "--dataset", "--epochs", "--max-steps", "--batch-size", "--lr",
+                    "--out", "--overwrite", "--resume", "--trace"),
+            HOW_LONG: (), WHERE: (), TRAINING: (), KNOBS: (), OUTPUT: ()}
+
+
+def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     t = sub.add_parser("train", help="train one model under one strategy (run it under mpirun/srun/torchrun)",
                        description="Train one model under one strategy. Every process runs this same command; "
                                    "the launcher (mpirun, srun, torchrun) decides how many there are.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
     add_config_file_option(t)
     add_config_options(t)
     t.set_defaults(func=_cmd_train)

@@ -30,7 +30,15 @@ from dpcompare.data.datasets import eval_loader, replay_loader, train_loader
 from dpcompare.data.plugins import resolve_workload
 from dpcompare.data.workload import Workload
 from dpcompare.errors import ConfigError, DivergedError
-from dpcompare.files import RUN_FILES, atomic_write_json, atomic_write_text, remove_stale_temporaries
+from dpcompare.files import (
+    METRICS,
+    RUN_FILES,
+    SUMMARY,
+    atomic_write_json,
+    atomic_write_text,
+    remove_stale_temporaries,
+)
+from dpcompare.launch import liveness
 from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
 from dpcompare.options import CONFIG_FILE, changed_settings, write_train_config
 from dpcompare.progress import ProgressLine
@@ -250,8 +258,11 @@ class Run:
         return epoch <= cfg.epochs
 
     def watching(self) -> contextlib.AbstractContextManager[Any]:
-        """The step watchdog (--timeout) of a run with peers; an elastic run recovers instead."""
-        if self.elastic or self.strategy.world_size < 2:
+        """The step watchdog (--timeout) of a run with peers; an elastic run recovers instead, and under torchrun
+        its workers notice a lost peer by its missed heartbeats (:mod:`dpcompare.launch.liveness`)."""
+        if self.elastic:
+            return liveness.watching()
+        if self.strategy.world_size < 2:
             return contextlib.nullcontext()
         self.watchdog = StepWatchdog(self.cfg.timeout, f"rank {self.strategy.rank} of {self.strategy.world_size}")
         return self.watchdog
@@ -328,7 +339,7 @@ class Run:
         if self.strategy.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             write_train_config(self.out / CONFIG_FILE, self.cfg)
-            _write_jsonl(self.out / "metrics.jsonl", self.history)
+            _write_jsonl(self.out / METRICS, self.history)
             self.trackers = open_trackers(self.cfg, self.run_info, self.out, True, self.history)
         if not self.elastic:  # (a worker joining an elastic run meets the others only in its strategy's sync)
             self.strategy.barrier()  # rank 0's tracker start-up (W&B, MLflow) must not land in the first epoch's time
@@ -441,7 +452,7 @@ class Run:
         self.rep.print(f"epoch {epoch:>3}/{self.last_epoch}  train_loss {train_loss:.6f}  "
                        f"{tag} {row['test_metric']:.4f}  {row['samples_per_sec']:,.0f} samples/s  {slowest:.2f}s")
         if strategy.is_main:
-            _write_jsonl(self.out / "metrics.jsonl", self.history)
+            _write_jsonl(self.out / METRICS, self.history)
             self.trackers.log_epoch(self.global_step, row)
 
     def checkpoint(self, epoch: int) -> None:
@@ -546,7 +557,7 @@ class Run:
         cfg, out, name = self.cfg, self.out, self.metric.name
         if cfg.record_step_loss:
             atomic_write_json(out / "step_losses.json", self.step_losses)
-        atomic_write_json(out / "summary.json", summary)
+        atomic_write_json(out / SUMMARY, summary)
         self.trackers.log_timing(summary["timing"])
         self.trackers.finish(summary)
         if cfg.target_accuracy:

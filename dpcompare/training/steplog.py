@@ -17,11 +17,10 @@ steps redone and the world size over time (:mod:`dpcompare.compare.fault_runs`).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-STEP_LOG = "steps.jsonl"
+from dpcompare.files import STEP_LOG, append_json_line
 
 
 class StepLog:
@@ -34,9 +33,7 @@ class StepLog:
         """One line ``{**fields, "t": now}``, when enabled and ``main`` (this rank reports now)."""
         if not (self.enabled and main):
             return
-        line = json.dumps({**fields, "t": round(time.time(), 4)}) + "\n"
-        with open(self.path, "a") as f:  # not atomic: a log read as it grows, one whole line per write
-            f.write(line)
+        append_json_line(self.path, fields)
 
 
 def read_step_log(path: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,14 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpcompare.trace import CAT_STEP, TRACE_FILE, TraceRecorder, communication_figures, link_bps, write_trace
+from dpcompare.trace import (
+    CAT_STEP,
+    TRACE_FILE,
+    TraceRecorder,
+    communication_figures,
+    link_from_env,
+    write_trace,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -85,7 +92,7 @@ class TraceSession:
         notes += lib_notes
         if not steps:
             notes.append(f"no step was traced: the run took no more than --warmup-steps ({self.warmup}) steps")
-        link = link_bps()  # DPCOMPARE_LINK_BPS: set by `dpcompare lab` for its runs
+        link = link_from_env()  # DPCOMPARE_LINK_BPS: set by `dpcompare lab` for its runs
         world = self.strategy.world_size
         write_trace(out / TRACE_FILE, events, {**info, "world_size": world, "link_bps": link,
                                                "traced_steps": len(steps), "notes": notes,

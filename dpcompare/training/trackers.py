@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.errors import ConfigError
-from dpcompare.files import atomic_write_text
+from dpcompare.files import SUMMARY, atomic_write_text
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -289,7 +289,7 @@ class MlflowTracker(Tracker):
 
     def finish(self, summary: Mapping[str, Any], step: int) -> None:
         self._metrics({f"final/{k}": v for k, v in final_scalars(summary).items()}, step)
-        self.client.log_dict(self.run_id, dict(summary), "summary.json")
+        self.client.log_dict(self.run_id, dict(summary), SUMMARY)
 
     def close(self, failed: bool = False) -> None:
         self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")

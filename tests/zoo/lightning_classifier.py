@@ -3,7 +3,7 @@ Trainer (``--workload lightning:tests/zoo/lightning_classifier.py:LitClassifier`
 
 It has what Lightning users write: ``training_step`` returning the loss, ``validation_step`` logging metrics with
 ``self.log``, ``configure_optimizers`` with an optimizer and a scheduler stepped per step, its own dataloaders,
-dropout and ``save_hyperparameters``. (Only ``lightning`` itself is needed: ``pip install 'dpcompare[lightning]'``.)
+dropout and ``save_hyperparameters``. (Only ``lightning`` itself is needed: ``pip install -e '.[lightning]'``.)
 """
 
 import lightning.pytorch as pl

@@ -1,0 +1,192 @@
+"""bench/horovod_examples.sh's work: port, compile, run and check Horovod's six PyTorch examples from a checkout.
+
+``python bench/horovod_examples.py HOROVOD_DIR``: for each example, ``dpcompare migrate EXAMPLE --port PORT``,
+``py_compile`` of the port, the port run under ``torchrun --standalone`` at NP processes on tiny stand-in data,
+and for the plain training scripts ``dpcompare parity --script EXAMPLE --strategies horovod,native,ddp
+--ddp-script PORT``; then a table. Each step's output is kept in OUT/NAME/ (the table says where).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import py_compile
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+BIN = Path(sys.executable).parent
+NP = int(os.environ.get("NP", "2"))
+RUN_TIMEOUT = float(os.environ.get("RUN_TIMEOUT", "900"))
+#: the runs' environment: one thread per rank (several ranks share this machine's cores), torchrun's own store
+#: per rendezvous round (docs/elastic.md)
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def _mnist(data: Path, work: Path) -> list[str]:
+    return ["--epochs", "1", "--batch-size", "8", "--test-batch-size", "8", "--no-cuda", "--data-dir",
+            str(data / "mnist")]
+
+
+def _imagenet(data: Path, work: Path) -> list[str]:
+    return ["--train-dir", str(data / "images" / "train"), "--val-dir", str(data / "images" / "val"),
+            "--batch-size", "2", "--val-batch-size", "2", "--epochs", "1", "--batches-per-allreduce", "2",
+            "--warmup-epochs", "0", "--no-cuda", "--log-dir", str(work / "logs"),
+            "--checkpoint-format", str(work / "checkpoint-{epoch}.pth.tar")]
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    path: str                                      # in the Horovod checkout
+    args: Callable[[Path, Path], list[str]]        # (data, work) -> the script's arguments, tiny
+    parity: str = ""                               # why there is no parity run ("": there is one)
+
+
+EXAMPLES = (
+    Example("pytorch_mnist", "examples/pytorch/pytorch_mnist.py", _mnist),
+    Example("pytorch_synthetic_benchmark", "examples/pytorch/pytorch_synthetic_benchmark.py",
+            lambda d, w: ["--no-cuda", "--model", "resnet18", "--batch-size", "2", "--num-warmup-batches", "1",
+                          "--num-batches-per-iter", "1", "--num-iters", "2"]),
+    Example("pytorch_imagenet_resnet50", "examples/pytorch/pytorch_imagenet_resnet50.py", _imagenet),
+    Example("pytorch_lightning_mnist", "examples/pytorch/pytorch_lightning_mnist.py", _mnist,
+            parity="n/a (Trainer(accelerator='horovod') runs on Lightning 1.x only)"),
+    Example("pytorch_mnist_elastic", "examples/elastic/pytorch/pytorch_mnist_elastic.py",
+            _mnist, parity="n/a (elastic: compare --fault checks it)"),
+    Example("pytorch_imagenet_resnet50_elastic", "examples/elastic/pytorch/pytorch_imagenet_resnet50_elastic.py",
+            lambda d, w: [*_imagenet(d, w), "--batches-per-commit", "1"],
+            parity="n/a (elastic: compare --fault checks it)"),
+)
+
+
+@dataclass
+class Row:
+    name: str
+    written: str = "-"
+    compiles: str = "-"
+    runs: str = "-"
+    parity: str = "-"
+    notes: list[str] = field(default_factory=list)
+
+
+def write_mnist(root: Path, n_train: int = 64, n_test: int = 16) -> None:
+    """MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte as torchvision reads them (uncompressed)."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
+
+
+def write_images(root: Path, classes: tuple[str, ...] = ("cat", "dog"), per_class: int = 4) -> None:
+    """An ImageFolder tree (train/ and val/) of small noisy PNGs, class k tinted by k."""
+    rng = np.random.default_rng(1)
+    for split in ("train", "val"):
+        for k, c in enumerate(classes):
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8) // 2 + np.uint8(100 * k)
+                Image.fromarray(pixels, "RGB").save(root / split / c / f"{i}.png")
+
+
+def _run(cmd: list[str], log: Path, cwd: Path) -> int | None:
+    """Run ``cmd`` with its output in ``log``; its exit code, None when it ran past RUN_TIMEOUT."""
+    with log.open("w") as f:  # not atomic: a log written as the run goes
+        f.write(" ".join(cmd) + "\n\n")
+        f.flush()
+        try:
+            return subprocess.run(cmd, cwd=cwd, env=ENV, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=RUN_TIMEOUT).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _outcome(rc: int | None, log: Path) -> str:
+    if rc == 0:
+        return "yes"
+    return f"no ({'timeout' if rc is None else f'exit {rc}'}: {log.name})"
+
+
+def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> Row:
+    row, work = Row(example.name), out / example.name
+    work.mkdir(parents=True, exist_ok=True)
+    script, port = hvd_dir / example.path, work / f"{example.name}_ddp.py"
+    port.unlink(missing_ok=True)
+    rc = _run([str(BIN / "dpcompare"), "migrate", str(script), "--port", str(port)], work / "migrate.log", work)
+    row.written = "yes" if port.is_file() else f"no (migrate.log, exit {rc})"
+    if not port.is_file():
+        row.notes.append(_last_lines(work / "migrate.log"))
+        return row
+    try:
+        py_compile.compile(str(port), cfile=str(work / "port.pyc"), doraise=True)
+        row.compiles = "yes"
+    except py_compile.PyCompileError as e:
+        row.compiles = "no"
+        row.notes.append(str(e).splitlines()[-1])
+        return row
+    args = example.args(data, work)
+    rc = _run([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={NP}", str(port), *args],
+              work / "runs.log", work)
+    row.runs = _outcome(rc, work / "runs.log")
+    if example.parity:
+        row.parity = example.parity
+        return row
+    rc = _run([str(BIN / "dpcompare"), "parity", "--script", str(script), "--strategies", arms, "--ddp-script",
+               str(port), "--np", str(NP), "--out", str(work / "parity"), "--run-timeout", f"{RUN_TIMEOUT:g}",
+               "--", *args], work / "parity.log", work)
+    row.parity = f"{arms}: " + ("agree" if rc == 0 else _outcome(rc, work / "parity.log"))
+    return row
+
+
+def _last_lines(log: Path, n: int = 3) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return " ".join(lines[-n:])[:400]
+
+
+def table(rows: list[Row]) -> str:
+    head = ("example", "port written", "compiles", "runs", "parity")
+    cells = [head, *((r.name, r.written, r.compiles, r.runs, r.parity) for r in rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [f"  {r.name}: {n}" for r in rows for n in r.notes]
+    return "\n".join(lines + (["", "notes:", *notes] if notes else []))
+
+
+def main() -> int:
+    hvd_dir = Path(sys.argv[1]).resolve()
+    only = {n for n in os.environ.get("ONLY", "").split(",") if n}
+    out = Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="horovod-examples-"))
+    data = out / "data"
+    if not data.is_dir():
+        write_mnist(data / "mnist")
+        write_images(data / "images")
+    arms = "horovod,native,ddp" if importlib.util.find_spec("horovod") else "native,ddp"
+    if arms == "native,ddp":
+        print("real Horovod is not installed (make setup builds it): parity compares native and the port only")
+    rows = []
+    for example in EXAMPLES:
+        if only and example.name not in only:
+            continue
+        if not (hvd_dir / example.path).is_file():
+            rows.append(Row(example.name, written=f"no ({example.path} is not in {hvd_dir})"))
+            continue
+        print(f"== {example.name}", flush=True)
+        rows.append(check(example, hvd_dir, data, out, arms))
+        print(table(rows[-1:]), flush=True)
+    print(f"\n{table(rows)}\n\nlogs, ports and parity runs: {out}/EXAMPLE/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

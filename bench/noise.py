@@ -1,0 +1,227 @@
+#!/usr/bin/env python
+"""Where the run-to-run noise of a comparison comes from, and how long a ±2 % verdict takes (issue 67).
+
+    python bench/noise.py [--pairs aa,dh] [--launches 4] [--blocks 10] [--bind none|core] [--threads N]
+                          [--hvd-affinity CORES] [--rerun-disturbed PCT] [--out runs/noise] [--quick]
+    python bench/noise.py --honest 20 [--blocks auto] [--out runs/noise-honest]
+
+Runs ``dpcompare compare`` on convnet/digits at np=2 with persistent workers, for the A/A pair (``aa``: ddp
+against ddp) and ddp against horovod (``dh``), ``--launches`` times each: every launch is its own comparison (its
+own worker job, so its own placement of the ranks and their threads) of ``--blocks`` blocks, every run writing
+its step log. For each pair it reports:
+
+- the per-block spread: the standard deviation of the per-block log ratio over every block of every launch, and
+  the blocks (and minutes, at the median block's pace) a 95 % interval within ±2 % and ±5 % would take at it, as
+  if the blocks were independent (compare's units of two neighbouring blocks, with persistent workers, need as
+  many blocks when they are);
+- where the variance sits, per arm (Kalibera & Jones' levels, :func:`dpcompare.report.noise.variance_components`
+  on the log step times): between launches, between the runs of one launch, between the steps of one run;
+- every launch's verdict, and for the A/A pair how many intervals contain equality (``--honest N``: N A/A
+  comparisons at compare's own stopping rule, ``--blocks auto`` by default: the check that the intervals keep
+  their promise, with its 95 % binomial interval).
+
+Writes OUT/noise.json (everything above, plus each launch's results.json folder) and prints a summary. It waits
+for a quiet machine first (bench/quiet.sh), except with --quick: a tiny run (2 launches × 4 blocks of 12-step
+runs, A/A only) whose figures mean nothing, for the tests to check the output's structure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from dpcompare.compare.plan import Comparison, RunOptions
+from dpcompare.compare.runner import run_compare
+from dpcompare.compare.stopping import StoppingRule
+from dpcompare.config import TrainConfig
+from dpcompare.files import atomic_write_json
+from dpcompare.report import noise
+
+PAIRS = {"aa": ("ddp", "ddp"), "dh": ("ddp", "horovod")}
+#: a gap between two step-log lines this many times the run's median is an evaluation or an epoch's end: left out
+GAP = 10.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/noise.py", description=__doc__.split("\n\n")[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", default="aa,dh", help="aa (ddp vs ddp), dh (ddp vs horovod) (default: aa,dh)")
+    p.add_argument("--launches", type=int, default=4, help="comparisons (worker jobs) per pair (default: 4)")
+    p.add_argument("--blocks", default="10", help="blocks per launch, or auto: compare's stopping rule (default: 10)")
+    p.add_argument("--honest", type=int, metavar="N",
+                   help="N A/A comparisons at compare's stopping rule (--pairs aa --launches N, --blocks auto unless "
+                        "given): how many intervals contain equality")
+    p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
+    p.add_argument("--hvd-affinity", metavar="CORES",
+                   help="HOROVOD_THREAD_AFFINITY for every rank (e.g. 0,1: rank i's background thread on core i)")
+    p.add_argument("--rerun-disturbed", type=float, default=0.0, metavar="PCT", help="compare --rerun-disturbed")
+    p.add_argument("--out", default="runs/noise", help="folder for the comparisons and noise.json")
+    p.add_argument("--quick", action="store_true", help="tiny settings, no wait for a quiet machine (tests)")
+    a = p.parse_args(argv)
+    if a.honest:
+        a.pairs, a.launches = "aa", a.honest
+        a.blocks = a.blocks if "--blocks" in (argv or sys.argv[1:]) else "auto"
+    if a.quick:
+        a.launches, a.blocks = (a.honest or 2), "4"  # 4 blocks: 2 units of 2 with persistent workers, an interval
+        a.pairs = "aa" if "--pairs" not in (argv or sys.argv[1:]) else a.pairs
+    return a
+
+
+def train_config(a: argparse.Namespace) -> TrainConfig:
+    """convnet/digits, every step in the step log; --quick: 12 steps per run, 2 of them warm-up."""
+    if a.quick:
+        return TrainConfig(model="convnet", dataset="digits", epochs=0, max_steps=12, warmup_steps=2,
+                           min_timed_steps=0, threads=a.threads, step_log=True, tensorboard=False)
+    return TrainConfig(model="convnet", dataset="digits", epochs=3, min_timed_steps=200, threads=a.threads,
+                       step_log=True, tensorboard=False)
+
+
+def schedule(blocks: str) -> StoppingRule:
+    if blocks == "auto":
+        return StoppingRule(repeats=None)  # compare's defaults: ±5 %, at most 100 blocks
+    return StoppingRule(repeats=int(blocks))
+
+
+def launch(a: argparse.Namespace, pair: str, i: int) -> Path:
+    """One comparison of the pair (its own worker job); its folder."""
+    out = Path(a.out) / pair / f"launch{i}"
+    c = Comparison(train_config(a), PAIRS[pair], (2,), schedule(a.blocks), out,
+                   RunOptions(overwrite=True, progress="none", workers="persistent", bind=a.bind,
+                              disturbed=a.rerun_disturbed / 100.0))
+    run_compare(c, console=_quiet_console())
+    return out
+
+
+def _quiet_console() -> Any:
+    from rich.console import Console
+
+    return Console(quiet=True)
+
+
+def step_times(run_dir: Path, warmup: int) -> list[float]:
+    """Seconds of each step after ``warmup`` from RUN/steps.jsonl, gaps of evaluations left out (:data:`GAP`)."""
+    path = run_dir / "steps.jsonl"
+    if not path.is_file():
+        return []
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    t = [x["t"] for x in lines if "event" not in x and "step" in x]
+    gaps = [b - a for a, b in zip(t, t[1:], strict=False)][warmup:]
+    gaps = [g for g in gaps if g > 0]
+    if not gaps:
+        return []
+    med = statistics.median(gaps)
+    return [g for g in gaps if g <= GAP * med]
+
+
+def launch_data(folder: Path, warmup: int) -> dict[str, Any]:
+    """What one launch gives: its verdict, each arm's runs' log step times, the block log ratios and seconds."""
+    res = json.loads((folder / "results.json").read_text())
+    arms = [a["label"] for a in res["config"]["arms"]]
+    runs: dict[str, list[list[float]]] = {a: [] for a in arms}
+    block_s: dict[int, float] = {}
+    for r in res["runs"]:
+        if r["status"] == "ok":
+            runs[r["arm"]].append([math.log(s) for s in step_times(folder / r["dir"], warmup)])
+        block_s[r["repeat"]] = block_s.get(r["repeat"], 0.0) + float(r["wall_seconds"])
+    v = next((v for v in res.get("verdicts", []) if v.get("metric", "throughput") == "throughput"), None)
+    return {"folder": str(folder), "arms": arms, "runs": runs, "verdict": v,
+            "log_ratios": [math.log(x) for x in (v or {}).get("block_ratios", [])],
+            "block_seconds": list(block_s.values()), "disturbed": len(res.get("disturbed") or [])}
+
+
+def components(launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per arm, the variance components of its log step times over launches, runs and steps (or why none)."""
+    out: dict[str, Any] = {}
+    for arm in launches[0]["arms"]:
+        try:
+            out[arm] = noise.variance_components([d["runs"][arm] for d in launches]).to_json()
+        except ValueError as e:
+            out[arm] = {"error": str(e)}
+    return out
+
+
+def coverage(verdicts: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """How many of the A/A intervals contain equality (ratio 1), with the 95 % Clopper-Pearson interval."""
+    from scipy.stats import binomtest
+
+    ivs = [v for v in verdicts if v and v.get("ci_low") is not None]
+    k = sum(v["ci_low"] <= 1.0 <= v["ci_high"] for v in ivs)
+    ci = binomtest(k, len(ivs)).proportion_ci() if ivs else None
+    return {"contain_equality": k, "intervals": len(ivs), "share": round(k / len(ivs), 4) if ivs else None,
+            "share_ci95": None if ci is None else [round(ci.low, 4), round(ci.high, 4)],
+            "outcomes": {o: sum(v["outcome"] == o for v in ivs) for o in ("equal", "faster", "slower", "undecided")}}
+
+
+def pair_summary(pair: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
+    """noise.json's entry of one pair (see the module's docstring)."""
+    d = [x for launch in launches for x in launch["log_ratios"]]
+    sd = noise.block_spread(d)
+    block_s = [s for launch in launches for s in launch["block_seconds"]]
+    per_block = statistics.median(block_s) if block_s else None  # the median: a launch's first block starts its job
+    to = {p: None if sd is None else noise.units_to(p / 100, sd) for p in (2, 5)}
+    return {
+        "arms": list(PAIRS[pair]), "launches": len(launches), "blocks": len(d),
+        "block_sd": None if sd is None else round(sd, 6), "floor": noise.noise_floor(d),
+        "block_seconds": None if per_block is None else round(per_block, 3),
+        **{f"blocks_to_{p}pct": n for p, n in to.items()},
+        **{f"minutes_to_{p}pct": None if n is None or per_block is None else round(n * per_block / 60, 2)
+           for p, n in to.items()},
+        "components": components(launches),
+        "verdicts": [launch["verdict"] and {k: launch["verdict"].get(k) for k in
+                                            ("outcome", "ratio", "ci_low", "ci_high", "blocks")} for launch in launches],
+        "disturbed_blocks": sum(launch["disturbed"] for launch in launches),
+        "folders": [launch["folder"] for launch in launches],
+        **({"coverage": coverage([launch["verdict"] for launch in launches])} if PAIRS[pair][0] == PAIRS[pair][1]
+           else {}),
+    }
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    for pair, s in summary["pairs"].items():
+        print(f"{pair} ({' vs '.join(s['arms'])}): {s['launches']} launches, {s['blocks']} blocks; per-block spread "
+              f"{s['block_sd']}; ±2 %: {s['blocks_to_2pct']} blocks ({s['minutes_to_2pct']} min), ±5 %: "
+              f"{s['blocks_to_5pct']} blocks ({s['minutes_to_5pct']} min)")
+        for arm, c in s["components"].items():
+            shares = ", ".join(f"{lv} {c[lv]['share']:.0%} (sd {c[lv]['sd']:.4f})" for lv in noise.LEVELS) \
+                if "error" not in c else c["error"]
+            print(f"  {arm}: {shares}")
+        if "coverage" in s:
+            cv = s["coverage"]
+            print(f"  intervals containing equality: {cv['contain_equality']} of {cv['intervals']} "
+                  f"(95 % CI {cv['share_ci95']}); outcomes {cv['outcomes']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    names = [p.strip() for p in a.pairs.split(",") if p.strip()]
+    if any(p not in PAIRS for p in names) or not names or a.launches < 1:
+        print(f"bench/noise.py: --pairs {a.pairs!r} --launches {a.launches}: give pairs from {', '.join(PAIRS)} and "
+              "at least 1 launch", file=sys.stderr)
+        return 2
+    if a.hvd_affinity:
+        os.environ["HOROVOD_THREAD_AFFINITY"] = a.hvd_affinity  # forwarded to the ranks, recorded in config.binding
+    if not a.quick:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from quiet import wait_for_quiet
+
+        wait_for_quiet()
+    warmup = train_config(a).warmup_steps
+    pairs = {pair: pair_summary(pair, [launch_data(launch(a, pair, i), warmup) for i in range(a.launches)])
+             for pair in names}
+    summary = {"settings": {k: getattr(a, k) for k in ("launches", "blocks", "bind", "threads", "hvd_affinity",
+                                                        "rerun_disturbed", "quick", "honest")}, "pairs": pairs}
+    atomic_write_json(Path(a.out) / "noise.json", summary)
+    print_summary(summary)
+    print(f"written: {Path(a.out) / 'noise.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""How noisy a comparison was: the per-block spread, the noise floor it implies, the blocks a target needs, and
+where the variance sits (between launches, between runs of one launch, between steps of one run).
+
+Pure functions on lists of numbers (numpy, :mod:`scipy.stats` through :func:`~dpcompare.report.intervals.t_half_width`).
+
+**Per-block spread**: the standard deviation of the per-unit log ratio other ÷ baseline (a unit is a block, or two
+neighbouring blocks with persistent workers: :func:`~dpcompare.report.groups.unit_blocks`). Log ratios near 0 read
+as fractions: a spread of 0.05 is about ±5 % from one block to the next.
+
+**Noise floor**: the half-width of the 95 % Student-t interval that spread gives over the units run, as a fraction
+of the ratio (``exp(t · sd / √n) − 1``): a difference smaller than it could not be told from none by this run. It
+is the interval's own width stated apart from where the interval lies, so an A/A comparison and a real one are
+read alike.
+
+**Variance components** (Kalibera & Jones, "Rigorous benchmarking in reasonable time", 2013): a nested
+random-effects model ``y = μ + a_launch + b_run(launch) + e_step(run)``, estimated by the method of moments from
+the nested ANOVA's mean squares, which holds for unequal group sizes (Sokal & Rohlf, *Biometry*, 4th ed., §10.3,
+unequal sample sizes)::
+
+    SS_A = Σ_i N_i (ȳ_i − ȳ)²              df_A = a − 1
+    SS_B = Σ_ij n_ij (ȳ_ij − ȳ_i)²          df_B = Σ_i b_i − a
+    SS_W = Σ_ijk (y_ijk − ȳ_ij)²            df_W = N − Σ_i b_i
+    E[MS_W] = σ²_W
+    E[MS_B] = σ²_W + c1 σ²_B                c1 = (N − Σ_i Σ_j n_ij² / N_i) / df_B
+    E[MS_A] = σ²_W + c2 σ²_B + c3 σ²_A      c2 = (Σ_i Σ_j n_ij² / N_i − Σ_ij n_ij² / N) / df_A
+                                            c3 = (N − Σ_i N_i² / N) / df_A
+
+solved for σ²_W, σ²_B, σ²_A (a negative estimate, which sampling allows, is reported as 0). The bench
+(``bench/noise.py``) feeds it log step times, so each component reads as a relative spread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpcompare.report.intervals import CONFIDENCE, t_half_width
+
+#: the levels of :func:`variance_components`, outermost first
+LEVELS = ("launches", "runs", "steps")
+
+
+def block_spread(log_ratios: Sequence[float]) -> float | None:
+    """The sample standard deviation of the per-unit log ratios (None with fewer than 2)."""
+    d = np.asarray(log_ratios, dtype=float)
+    return float(d.std(ddof=1)) if d.size >= 2 else None
+
+
+def noise_floor(log_ratios: Sequence[float], confidence: float = CONFIDENCE) -> float | None:
+    """The smallest relative difference the units could resolve: the t interval's half-width over them, as a
+    fraction of the ratio (0.03: ±3 %); None with fewer than 2 units."""
+    sd = block_spread(log_ratios)
+    if sd is None:
+        return None
+    return math.expm1(float(t_half_width(sd, len(log_ratios), confidence)))
+
+
+def units_to(target: float, sd: float, confidence: float = CONFIDENCE, limit: int = 100_000) -> int | None:
+    """How many units bring the t interval's half-width within ``target`` (a fraction: 0.02 is ±2 %) at
+    spread ``sd`` of the log ratio; None beyond ``limit``."""
+    if sd <= 0.0:
+        return 2
+    goal = math.log1p(target)
+    n = max(2, math.ceil((1.96 * sd / goal) ** 2))  # the normal approximation, then t's few more
+    while n <= limit:
+        if float(t_half_width(sd, n, confidence)) <= goal:
+            return n
+        n += 1
+    return None
+
+
+def floor_record(log_ratios: Sequence[float], unit: int = 1, confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """results.json's ``noise`` of one verdict: the per-unit spread, the floor, and the blocks ±2 % and ±5 % need."""
+    sd = block_spread(log_ratios)
+    need = {f"blocks_to_{p}pct": (None if sd is None else _times(units_to(p / 100, sd, confidence), unit))
+            for p in (2, 5)}
+    floor = noise_floor(log_ratios, confidence)
+    return {"units": len(log_ratios), "unit_blocks": unit, "block_sd": None if sd is None else round(sd, 6),
+            "floor": None if floor is None else round(floor, 6), **need}
+
+
+def _times(n: int | None, unit: int) -> int | None:
+    return None if n is None else n * unit
+
+
+def floor_words(noise: dict[str, Any]) -> str:
+    """One line for the report: the floor and the spread it comes from."""
+    if noise.get("floor") is None:
+        return "noise floor unknown (fewer than 2 blocks)"
+    units = noise["units"]
+    what = "block" if noise.get("unit_blocks", 1) == 1 else f"unit of {noise['unit_blocks']} blocks"
+    need = noise.get("blocks_to_2pct")
+    return (f"noise floor ±{100 * noise['floor']:.1f} % (per-{what} spread {noise['block_sd']:.3f} of the log ratio "
+            f"over {units}); ±2 % would take about {need if need is not None else 'too many'} blocks")
+
+
+@dataclass(frozen=True)
+class Components:
+    """The variance of each level of a nested design (:data:`LEVELS`) with its share of the total."""
+
+    launches: float
+    runs: float
+    steps: float
+    counts: tuple[int, int, int]  # launches, runs, steps
+
+    @property
+    def total(self) -> float:
+        return self.launches + self.runs + self.steps
+
+    def to_json(self) -> dict[str, Any]:
+        tot = self.total or 1.0
+        return {level: {"variance": round(v, 10), "sd": round(math.sqrt(v), 6), "share": round(v / tot, 4)}
+                for level, v in zip(LEVELS, (self.launches, self.runs, self.steps), strict=True)} | {
+                   "counts": dict(zip(LEVELS, self.counts, strict=True))}
+
+
+def variance_components(data: Sequence[Sequence[Sequence[float]]]) -> Components:
+    """The method-of-moments variance components of ``data[launch][run][step]`` (see the module's docstring).
+
+    ValueError unless there are 2 launches or more, a launch with 2 runs or more and a run with 2 steps or more
+    (each level needs a spread to be estimated); empty runs and launches are left out."""
+    groups = [[np.asarray(r, dtype=float) for r in launch if len(r)] for launch in data]
+    groups = [g for g in groups if g]
+    a, b = len(groups), sum(len(g) for g in groups)
+    n_ij = [np.array([r.size for r in g], dtype=float) for g in groups]
+    big_n_i = np.array([x.sum() for x in n_ij])
+    big_n = float(big_n_i.sum())
+    if a < 2 or b <= a or big_n <= b:
+        raise ValueError("variance components need 2 launches or more, more runs than launches and more steps "
+                         "than runs")
+    grand = float(np.concatenate([np.concatenate(g) for g in groups]).mean())
+    mean_i = [float(np.concatenate(g).mean()) for g in groups]
+    ss_a = float(sum(n * (m - grand) ** 2 for n, m in zip(big_n_i, mean_i, strict=True)))
+    ss_b = float(sum(r.size * (r.mean() - m) ** 2 for g, m in zip(groups, mean_i, strict=True) for r in g))
+    ss_w = float(sum(((r - r.mean()) ** 2).sum() for g in groups for r in g))
+    df_a, df_b, df_w = a - 1, b - a, big_n - b
+    ms_a, ms_b, ms_w = ss_a / df_a, ss_b / df_b, ss_w / df_w
+    sq_over_ni = float(sum((x ** 2).sum() / x.sum() for x in n_ij))
+    c1 = (big_n - sq_over_ni) / df_b
+    c2 = (sq_over_ni - float(sum((x ** 2).sum() for x in n_ij)) / big_n) / df_a
+    c3 = (big_n - float((big_n_i ** 2).sum()) / big_n) / df_a
+    s_w = ms_w
+    s_b = max((ms_b - ms_w) / c1, 0.0)
+    s_a = max((ms_a - ms_w - c2 * s_b) / c3, 0.0)
+    return Components(s_a, s_b, s_w, (a, b, int(big_n)))
+
+
+def verdict_floor(v: Any) -> dict[str, Any]:
+    """:func:`floor_record` of a throughput verdict (:class:`~dpcompare.report.verdicts.Verdict`): its units' log
+    ratios, so a stored verdict gives the same floor as a fresh one."""
+    return floor_record(v.unit_log_ratios, v.unit_blocks)
+
+
+def floors(verdicts: Sequence[Any]) -> list[dict[str, Any]]:
+    """results.json's ``noise``: per throughput verdict (np, baseline, other) its :func:`floor_record`."""
+    return [{"np": v.np, "baseline": v.baseline, "other": v.other, **verdict_floor(v)}
+            for v in verdicts if v.metric == "throughput"]
+
+
+def binding_words(binding: dict[str, Any] | None) -> str | None:
+    """results.json's ``config.binding`` in one line (None: a comparison from before it was recorded)."""
+    if not binding:
+        return None
+    where = {"none": "ranks not bound (mpirun --bind-to none: the scheduler places them and their threads)",
+             "core": "each rank bound to its own core(s) (--bind core)",
+             "by arm": "binding per arm (--sweep bind=...: each arm's label says it)"}.get(str(binding.get("bind")),
+                                                                          f"binding {binding.get('bind')}")
+    threads = binding.get("threads")
+    affinity = binding.get("horovod_thread_affinity")
+    return (f"{where}; intra-op threads per rank: {threads if threads else 'torch default'}; "
+            f"HOROVOD_THREAD_AFFINITY: {affinity if affinity else 'unset'}")
+
+
+def disturbed_words(results: dict[str, Any]) -> str | None:
+    """How many blocks were run again because others' CPU or steal time disturbed them, and why (None: none).
+
+    results.json's ``disturbed``: one entry per disturbed try of a block; ``counted`` true on a block's last try,
+    still disturbed but counted (it had used up its tries)."""
+    entries = results.get("disturbed") or []
+    if not entries:
+        return None
+    again = [d for d in entries if not d.get("counted")]
+    kept = [d for d in entries if d.get("counted")]
+    why = "; ".join(f"block {d['block']}: {d['why']}" for d in entries[:3]) + ("; …" if len(entries) > 3 else "")
+    parts = [f"{len(again)} disturbed block{'s' if len(again) != 1 else ''} run again, not counted"] if again else []
+    if kept:
+        parts.append(f"{len(kept)} still disturbed after its last try, counted anyway")
+    return f"{', '.join(parts)} ({why})"
+
+
+def setting_lines(results: dict[str, Any]) -> list[str]:
+    """The report's lines on how the runs were placed and which blocks were run again."""
+    return [x for x in (binding_words((results.get("config") or {}).get("binding")), disturbed_words(results)) if x]

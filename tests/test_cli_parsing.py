@@ -1,0 +1,85 @@
+"""The parser as a user meets it: a bare command, an unknown flag, every old spelling, and argparse's public API
+only (its private state changes between Python releases without a word)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dpcompare import cli
+from dpcompare.options import Renamed
+
+from conftest import ROOT
+
+#: argparse's private names: reading or writing any of them in dpcompare/ is a bug waiting for a Python upgrade
+PRIVATE = re.compile(r"\._(actions|option_string_actions|action_groups|group_actions|subparsers|get_formatter|"
+                     r"format_args|expand_help|add_action|registries|registry_get|defaults|positionals|optionals|"
+                     r"mutually_exclusive_groups|name_parser_map|choices_actions|get_values|check_value|"
+                     r"parse_known_args|get_optional_actions|get_positional_actions)\b|argparse\._|__class__ *=")
+
+
+def test_no_argparse_private_state_in_the_package() -> None:
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in sorted((ROOT / "dpcompare").rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if PRIVATE.search(line)]
+    assert found == []
+    assert PRIVATE.search("x = p._option_string_actions[flag]") and PRIVATE.search("alias.__class__ = type(x)")
+
+
+def test_a_bare_dpcompare_shows_its_commands_and_exits_0() -> None:
+    p = subprocess.run([sys.executable, "-m", "dpcompare"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and "COMMAND" in p.stdout and "compare" in p.stdout and p.stderr == ""
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["compare", "--bach-size=4"], "dpcompare compare: error: unrecognized arguments: --bach-size=4; did you mean "
+                                      "--batch-size? (see dpcompare compare --help)"),
+    (["lab", "up", "--host-cuont", "2"], "dpcompare lab up: error: unrecognized arguments: --host-cuont 2; did you "
+                                         "mean --host-count?"),
+    (["predict", "--zzz"], "dpcompare predict: error: unrecognized arguments: --zzz (see dpcompare predict --help)"),
+])
+def test_an_unknown_flag_is_named_by_its_command_with_the_nearest_one(argv: list[str], said: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.parse(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and said in err, err
+
+
+def test_every_old_spelling_is_hidden_and_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    renamed = {(sp.prog, a.option_strings[0]): a for sp in cli.subcommands(cli.build_parser()) for a in sp.options
+               if isinstance(a, Renamed)}
+    assert {("dpcompare slurm", "--out"), ("dpcompare timeline", "--out"), ("dpcompare compare", "--no-tensorboard"),
+            ("dpcompare predict", "--fusion-mb"), ("dpcompare train", "--log")} <= set(renamed)
+    a = cli.parse(["compare", "--no-tensorboard"])
+    assert a.tensorboard is False and "--no-tensorboard is deprecated" in capsys.readouterr().err
+    a = cli.parse(["predict", "r", "--fusion-mb", "8"])
+    assert a.horovod_fusion_mb == 8.0 and "use --bucket-mb" in capsys.readouterr().err
+    a = cli.parse(["timeline", "r", "--out", "t.png"])
+    assert a.out == "t.png" and "use --out-file" in capsys.readouterr().err
+
+
+def test_slurm_out_still_writes_the_script(tmp_path) -> None:
+    """A job script written against 0.1 (`slurm --out FILE`) keeps working, with its warning."""
+    script = tmp_path / "job.sh"
+    argv = [sys.executable, "-m", "dpcompare", "slurm", "--nodes", "1", "--time", "0:10:00"]
+    p = subprocess.run([*argv, "--out", str(script), "--", "train", "--strategy", "ddp"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "--out is deprecated and goes in the next release; use --out-file" in p.stderr
+    assert "train --strategy ddp" in script.read_text()
+    p = subprocess.run([*argv, "--", "train"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "needs --out-file FILE" in p.stderr
+
+
+def test_sweep_and_variants_take_the_flag_names_users_type() -> None:
+    a = cli.parse(["compare", "--sweep", "min-steps=10,20", "--sweep", "threads=0,2",
+                   "--variants", "a=ddp:trackers=csv", "b=ddp:batch-size=8,log=none", "c=ddp:batch_size=16"])
+    assert a.sweep == [("min_timed_steps", [10, 20]), ("threads", [0, 2])]
+    assert [v.knobs for v in a.variants] == [(("log", "csv"),), (("batch_size", 8), ("log", "none")),
+                                             (("batch_size", 16),)]
+    for bad in (["--sweep", "no-tensorboard=true"], ["--sweep", "nope=1"], ["--variants", "a=ddp:min-step=3"]):
+        with pytest.raises(SystemExit):
+            cli.parse(["compare", *bad])

@@ -1,0 +1,246 @@
+"""The noise numerics (dpcompare.report.noise): variance components on synthetic data with known components,
+the noise floor and the blocks a target needs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dpcompare.report import noise
+
+
+def _nested(rng: np.random.Generator, sds: tuple[float, float, float], launches: int,
+            runs: list[int] | int, steps: list[list[int]] | int) -> list[list[list[float]]]:
+    """data[launch][run][step] = 1 + a + b + e with the given standard deviations."""
+    data = []
+    for i in range(launches):
+        a = rng.normal(0, sds[0])
+        nr = runs if isinstance(runs, int) else runs[i]
+        launch = []
+        for j in range(nr):
+            b = rng.normal(0, sds[1])
+            ns = steps if isinstance(steps, int) else steps[i][j]
+            launch.append((1.0 + a + b + rng.normal(0, sds[2], ns)).tolist())
+        data.append(launch)
+    return data
+
+
+def test_components_recover_known_sds_balanced() -> None:
+    rng = np.random.default_rng(1)
+    c = noise.variance_components(_nested(rng, (0.10, 0.05, 0.02), 300, 8, 40))
+    assert c.counts == (300, 2400, 96000)
+    assert math.sqrt(c.steps) == pytest.approx(0.02, rel=0.02)
+    assert math.sqrt(c.runs) == pytest.approx(0.05, rel=0.06)
+    assert math.sqrt(c.launches) == pytest.approx(0.10, rel=0.12)
+    shares = c.to_json()
+    assert sum(shares[level]["share"] for level in noise.LEVELS) == pytest.approx(1.0, abs=1e-3)
+    assert shares["launches"]["share"] > shares["runs"]["share"] > shares["steps"]["share"]
+
+
+def test_components_unbalanced_and_a_level_without_variance() -> None:
+    rng = np.random.default_rng(2)
+    runs = [int(x) for x in rng.integers(2, 9, 300)]
+    steps = [[int(x) for x in rng.integers(5, 60, r)] for r in runs]
+    c = noise.variance_components(_nested(rng, (0.0, 0.08, 0.03), 300, runs, steps))
+    assert math.sqrt(c.runs) == pytest.approx(0.08, rel=0.08)
+    assert math.sqrt(c.steps) == pytest.approx(0.03, rel=0.03)
+    assert c.launches < 0.1 * c.runs  # none put in: at most a trace by sampling
+
+
+def test_components_refuse_a_design_without_spread() -> None:
+    with pytest.raises(ValueError, match="2 launches"):
+        noise.variance_components([[[1.0, 2.0], [1.5, 1.7]]])
+
+
+def test_floor_and_units_to() -> None:
+    d = [0.05, -0.05] * 10  # sd 0.0513 over 20 units
+    floor = noise.noise_floor(d)
+    assert floor is not None and 0.02 < floor < 0.03
+    assert noise.noise_floor([0.1]) is None
+    n2 = noise.units_to(0.02, 0.17)
+    assert n2 is not None and 283 <= n2 <= 290  # (1.96 · 0.17 / log 1.02)² = 283 by the normal, t a few more
+    assert noise.units_to(0.05, 0.17) < n2
+    rec = noise.floor_record(d, unit=2)
+    assert rec["units"] == 20 and rec["unit_blocks"] == 2 and rec["blocks_to_2pct"] % 2 == 0
+    assert "noise floor ±2." in noise.floor_words(rec)
+
+
+# -- steal time and disturbed blocks ---------------------------------------------------------------------------------
+STAT = """cpu  1000 20 300 5000 40 5 6 70 0 0
+cpu0 500 10 150 2500 20 2 3 35 0 0
+intr 12345
+"""
+STAT_LATER = """cpu  1100 20 350 5200 40 5 6 170 0 0
+cpu0 550 10 175 2600 20 2 3 85 0 0
+"""
+
+
+def test_steal_is_read_from_proc_stat_text() -> None:
+    from dpcompare.compare.load import proc_stat_times, steal_share, why_disturbed
+
+    before, after = proc_stat_times(STAT), proc_stat_times(STAT_LATER)
+    assert before["steal"] == 70 and before["user"] == 1000 and before["guest_nice"] == 0
+    assert proc_stat_times("cpu  1 2 3 4\n")["steal"] == 0  # an old kernel's short line
+    assert steal_share(before, after) == pytest.approx(100 / 450, abs=1e-4)  # Δ: 100+50+200+100 ticks
+    assert steal_share(None, after) is None
+    with pytest.raises(ValueError):
+        proc_stat_times("intr 1\n")
+    quiet, busy, robbed = {"others_cpu_share": 0.05}, {"others_cpu_share": 0.4}, {"steal_share": 0.08}
+    assert why_disturbed([quiet, None], 0.25) is None
+    assert "other processes took 40 %" in (why_disturbed([quiet, busy], 0.25) or "")
+    assert "stole 8 %" in (why_disturbed([robbed], 0.25) or "")  # over 0.25 / 4
+    assert why_disturbed([busy, robbed], 0.0) is None  # 0: the rule is off
+
+
+# -- binding in the launch line ------------------------------------------------------------------------------------
+def test_binding_in_the_mpirun_line() -> None:
+    from dpcompare.errors import ConfigError
+    from dpcompare.launch import mpirun
+
+    env: dict[str, str] = {}
+    line = mpirun.openmpi_command(2, ["x"], environ=env)
+    assert line[3:7] == ["--bind-to", "none", "--map-by", "slot"]  # today's default, unchanged
+    assert mpirun.openmpi_command(2, ["x"], environ=env, bind="core")[3:7] == ["--bind-to", "core", "--map-by", "core"]
+    assert mpirun.openmpi_command(2, ["x"], environ=env, bind="core", cores_per_rank=2)[3:7] == [
+        "--bind-to", "core", "--map-by", "slot:PE=2"]
+    assert mpirun.mpich_command(2, ["x"], bind="core")[3:5] == ["-bind-to", "core"]
+    assert "--cpu-bind=cores" in mpirun.srun_command(2, ["x"], environ=env, bind="core")
+    with pytest.raises(ConfigError, match="--bind"):
+        mpirun.openmpi_command(2, ["x"], environ=env, bind="socket")
+    with pytest.raises(ConfigError, match="4 ranks × 1 core"):
+        mpirun.job_command(4, ["x"], flavor="openmpi", environ=env, cores=2, bind="core", use_srun=False)
+    over = mpirun.job_command(4, ["x"], flavor="openmpi", environ=env, cores=2, use_srun=False)
+    assert "--oversubscribe" in over and over[over.index("--bind-to") + 1] == "none"
+
+
+# -- a comparison: the rerun rule, the binding and the floor in results.json and the report ---------------------------
+def _load(share: float) -> dict[str, Any]:
+    return {"others_cpu_share": share, "steal_share": 0.0, "others_cpu_s": 0.0, "job_cpu_s": 1.0, "busy_cpu_s": 1.0,
+            "job_cpu_outside_s": 0.0, "cores": 2, "wall_s": 1.0, "loadavg_start": [0, 0, 0], "loadavg_end": [0, 0, 0]}
+
+
+def test_a_disturbed_block_runs_again_and_the_report_shows_floor_and_binding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+    from test_compare import fake_launch, run_compare
+
+    from dpcompare.compare import runner as runner_m
+    from dpcompare.config import TrainConfig
+
+    watches: list[int] = []
+
+    class Watch:  # the third run (block 1's first) saw others take 60 % of the cores; every other run none
+        def __init__(self, marker: str | None = None) -> None:
+            watches.append(len(watches) + 1)
+            self.n = len(watches)
+
+        def result(self) -> dict[str, Any]:
+            return _load(0.6 if self.n == 3 else 0.0)
+
+    monkeypatch.setattr(runner_m, "LoadWatch", Watch)
+    lines: list[list[str]] = []
+
+    def launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int, float]:
+        lines.append(cmd)
+        return fake_launch(cmd, run_dir, env, timeout)
+
+    fake_launch.calls = []  # type: ignore[attr-defined]
+    monkeypatch.setattr(fake_launch, "sps", lambda child, n, d: 1000.0 * (
+        1.0 if child.strategy == "ddp" else 1.1 + 0.02 * (int(d.name.split("-r")[1]) % 3)), raising=False)
+    console = Console(record=True, width=250)
+    out = tmp_path / "cmp"
+    assert run_compare(TrainConfig(epochs=1), ["ddp", "horovod"], [1], 3, out, launch=launch, console=console,
+                       progress="none", disturbed=0.25, bind="core") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert len(lines) == 8 and all(c[c.index("--bind-to") + 1] == "core" for c in lines)
+    assert [r["repeat"] for r in res["runs"]] == [0, 0, 1, 1, 2, 2]
+    assert [r["repeat"] for r in res["disturbed_runs"]] == [1, 1]
+    (entry,) = res["disturbed"]
+    assert entry["block"] == 1 and entry["try"] == 1 and not entry["counted"] and "60 %" in entry["why"]
+    assert res["config"]["binding"] == {"bind": "core", "threads": TrainConfig().threads,
+                                        "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY")}
+    (floor,) = res["noise"]
+    assert floor["other"] == "horovod" and floor["units"] == 3 and floor["floor"] > 0.01
+    text = console.export_text()
+    assert f"noise floor ±{100 * floor['floor']:.1f} %" in text
+    assert "1 disturbed block run again, not counted" in text and "bound to its own core" in text
+    page = (out / "report.html").read_text()
+    assert "noise floor ±" in page and "run again, not counted" in page and "--bind core" in page
+
+
+def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path) -> None:
+    from test_compare import _parse_train, fake_launch
+
+    from dpcompare import cli
+    from dpcompare.compare import runner as runner_m
+    from dpcompare.compare.cmdline import plan_flags
+    from dpcompare.compare.command import comparison_of
+    from dpcompare.errors import ConfigError
+
+    out = tmp_path / "b"
+    c = comparison_of(cli.build_parser().parse_args(
+        ["compare", "--np", "1", "--strategies", "ddp,horovod", "--sweep", "bind=none,core", "--repeats", "1",
+         "--threads", "1", "--progress", "none", "--out", str(out)]))
+    assert [a.label for a in c.all_arms] == ["ddp/bind=none", "ddp/bind=core", "horovod/bind=none", "horovod/bind=core"]
+    again = comparison_of(cli.build_parser().parse_args(["compare", *plan_flags(c), "--out", str(out)]))
+    assert again.all_arms == c.all_arms and again.options.bind == "none"
+    seen: dict[str, str] = {}
+
+    def launch(cmd: list[str], run_dir: Path, env: dict[str, str], timeout: float | None) -> tuple[int, float]:
+        assert _parse_train(cmd[cmd.index("train") + 1:]).threads == 1
+        seen[run_dir.name] = cmd[cmd.index("--bind-to") + 1]
+        return fake_launch(cmd, run_dir, env, timeout)
+
+    fake_launch.calls = []  # type: ignore[attr-defined]
+    assert runner_m.run_compare(c, launch=launch) == 0
+    assert seen == {"ddp-bind-none-np1-r0": "none", "ddp-bind-core-np1-r0": "core",
+                    "horovod-bind-none-np1-r0": "none", "horovod-bind-core-np1-r0": "core"}
+    res = json.loads((out / "results.json").read_text())
+    assert res["config"]["binding"]["bind"] == "by arm" and res["config"]["axes"]["bind"]["values"] == ["none", "core"]
+    flag = comparison_of(cli.build_parser().parse_args(
+        ["compare", "--bind", "core", "--rerun-disturbed", "20", "--out", str(tmp_path / "f")]))
+    assert flag.options.bind == "core" and flag.options.disturbed == pytest.approx(0.2)
+    assert plan_flags(flag)[-4:] == ["--bind", "core", "--rerun-disturbed", "20"]
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["compare", "--bind", "socket"])
+    with pytest.raises(ConfigError, match="leave --bind out with --lab"):
+        comparison_of(cli.build_parser().parse_args(["compare", "--bind", "core", "--lab", "hosts=2"]))
+
+
+# -- the bench ---------------------------------------------------------------------------------------------------------
+@pytest.mark.mpi
+def test_the_noise_bench_quick_writes_every_figure(tmp_path: Path) -> None:
+    """bench/noise.py --quick for real (2 launches × 4 blocks of ddp vs ddp, np=2, persistent workers): the
+    structure of noise.json; the figures of so tiny a run mean nothing."""
+    from conftest import ROOT, mpi_env, run
+
+    bind = "core" if (os.cpu_count() or 1) >= 2 else "none"  # a core per rank
+    p = run([sys.executable, str(ROOT / "bench" / "noise.py"), "--quick", "--bind", bind, "--out", str(tmp_path)],
+            timeout=900, env=mpi_env())
+    summary = json.loads((tmp_path / "noise.json").read_text())
+    aa = summary["pairs"]["aa"]
+    assert set(summary["pairs"]) == {"aa"} and summary["settings"]["quick"]
+    assert (aa["launches"], aa["blocks"], aa["arms"]) == (2, 8, ["ddp", "ddp"])
+    assert aa["block_sd"] is not None and aa["blocks_to_2pct"] >= aa["blocks_to_5pct"] >= 2
+    assert aa["minutes_to_2pct"] > 0 and aa["block_seconds"] > 0
+    for arm in ("ddp#1", "ddp#2"):
+        c = aa["components"][arm]
+        assert c["counts"] == {"launches": 2, "runs": 8, "steps": c["counts"]["steps"]} and c["counts"]["steps"] > 40
+        assert sum(c[level]["share"] for level in noise.LEVELS) == pytest.approx(1.0, abs=1e-3)
+    cov = aa["coverage"]
+    assert cov["intervals"] == 2 and 0 <= cov["contain_equality"] <= 2 and len(cov["share_ci95"]) == 2
+    assert "intervals containing equality" in p.stdout and "ddp#1: launches" in p.stdout
+    launch0 = tmp_path / "aa" / "launch0"
+    assert json.loads((launch0 / "results.json").read_text())["config"]["binding"]["bind"] == bind
+    (log,) = (launch0 / "runs").glob("worker-np2-*.log")  # one worker job ran every run of the launch
+    line = log.read_text().splitlines()[0].split()
+    assert line[line.index("--bind-to") + 1] == bind
+    assert run([sys.executable, str(ROOT / "bench" / "noise.py"), "--pairs", "xy", "--out", str(tmp_path)],
+               check=False).returncode == 2
