@@ -173,9 +173,9 @@ def test_a_planted_figure_fails_the_check():
 
 def test_every_quoted_figure_exists_in_the_figures_file():
     figures = json.loads((ROOT / "bench" / "figures.json").read_text())
-    used = {m for text in _pages().values() for m in re.findall(r"fig\.(\w+)\.(\w+)", text)}
+    used = {m for text in _pages().values() for m in re.findall(r"fig\.([a-z_][a-z0-9_]*)\.([a-z_][a-z0-9_]*)", text)}
     used |= {m for text in [(ROOT / "docs" / "measurements.md").read_text()]
-             for m in re.findall(r"fig\.(\w+)\.(\w+)", text)}
+             for m in re.findall(r"fig\.([a-z_][a-z0-9_]*)\.([a-z_][a-z0-9_]*)", text)}
     assert used and [f"{s}.{k}" for s, k in sorted(used) if k not in figures.get(s, {})] == []
     for section, entry in figures.items():
         if not section.startswith("_"):
