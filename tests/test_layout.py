@@ -567,8 +567,8 @@ def _layout_doc() -> str:
 
 
 def _files_in(text: str) -> set[str]:
-    """The package's files a passage of the docs names (```room/module.py```)."""
-    return set(re.findall(r"`([a-z_]+/[a-z_]+\.py)`", text))
+    """The package's files a passage of the docs names (```room/module.py```, ```module.py```)."""
+    return set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
 
 
 def test_the_docs_list_every_file_that_writes_in_place() -> None:
