@@ -422,8 +422,8 @@ def distributed_optimizer(tree: cst.Module) -> tuple[cst.Module, list[str]]:
     call, assign, model = found
     op = _keyword(call, "op")
     if op is not None and ast.unparse(op) != repr("average"):
-        raise NoPort(f"op={ast.unparse(op)}: DDP averages the gradients; a port keeps Horovod's default "
-                     "(hvd.Average) only")
+        shown = next((f"hvd.{k}" for k, v in NAME_TEXT.items() if v == ast.unparse(op)), ast.unparse(op))
+        raise NoPort(f"op={shown}: DDP averages the gradients; a port keeps Horovod's default (hvd.Average) only")
     [(_use, node)] = loc.uses("DistributedOptimizer")
     stmt = loc.statement(node)
     target, wrapped = ast.unparse(assign.targets[0]), ast.unparse(call.args[0])
