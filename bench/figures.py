@@ -36,6 +36,9 @@ PATTERNS: dict[str, dict[str, tuple[re.Pattern[str], int]]] = {
     "demo": {"verdict": (re.compile(r"((?:horovod|ddp|zero|fsdp)\S* [\d.]+ % (?:faster|slower) than \S+ at np=\d+)"), -1),
              "ci": (re.compile(r"at np=\d+ \((95 % CI [^)]*)\)"), -1),
              "total_s": (re.compile(r"make demo: ([\d.]+) s wall"), -1)},
+    "trackers": {key: (re.compile(rf"^{line}[^\n]*?: ([\d.]+ s) \(median of \d+; ([^)]*)\)", re.M), -1)
+                 for key, line in (("wandb_import", "import wandb"), ("wandb_run", "wandb offline run"),
+                                   ("mlflow_import", "import mlflow"), ("mlflow_run", "mlflow run"))},
 }
 
 
@@ -53,6 +56,8 @@ def measured(section: str, log: str) -> dict[str, str]:
         found = pattern.findall(text)
         if len(found) > max(which, -1 - which):
             value = found[which]
+            if isinstance(value, tuple):  # a figure and its range: "0.4 s (0.4–0.6)"
+                value = f"{value[0]} ({value[1]})"
             values[key.removesuffix("_s")] = duration(float(value)) if key.endswith("_s") else value
     return values
 
