@@ -567,7 +567,7 @@ def _layout_doc() -> str:
 
 
 def _files_in(text: str) -> set[str]:
-    """The package's files a passage of the docs names (```room/module.py```)."""
+    """The package's files a passage of the docs names (```room/module.py```, ```module.py```)."""
     return set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
 
 

@@ -155,3 +155,28 @@ def test_the_port_computes_the_native_layers_weights_with_accumulation(tmp_path:
     assert result["weights_max"] == {"ddp": 0.0}, (result, p.stdout[-2000:])
     assert set(result["diffs"]["ddp"]) == {"weight", "bias"}
     assert (out / "idioms_ddp.py").is_file() and ROOT.is_dir()
+
+
+def test_what_the_port_cannot_follow_is_named_and_no_port_is_written(tmp_path: Path) -> None:
+    from dpcompare.native.port import port_source
+    from dpcompare.native.port_tools import NoPort
+
+    head = ("import horovod.torch as hvd\nimport torch\n\nhvd.init()\nmodel = torch.nn.Linear(2, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    cases = {"op=hvd.Sum: DDP averages": "opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),"
+                                         " op=hvd.Sum)\n",
+             "is not in the block that runs model's forward": (
+                 "opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), "
+                 "backward_passes_per_step=2)\nloss = model(torch.ones(2)).sum()\nif True:\n    loss.backward()\n"),
+             "`hvd.Adasum`": "x = hvd.allreduce(torch.ones(1), op=hvd.Adasum)\n"}
+    for why, tail in cases.items():
+        try:
+            port_source(head + tail, "s.py", "s_ddp.py")
+        except NoPort as e:
+            assert why in str(e), str(e)
+        else:
+            raise AssertionError(f"a port was written for {tail!r}")
+    # a broadcast alone in its block: the block keeps a `pass` and says what was there
+    text, _ = port_source(head + "if True:\n    # rank 0's weights\n    hvd.broadcast_parameters(model.state_dict(), "
+                                 "root_rank=0)\nprint(hvd.rank())\n", "s.py", "s_ddp.py")
+    assert "if True:\n    # rank 0's weights\n    # DDP broadcasts" in text and "\n    pass\nprint(dist.get_rank())" in text

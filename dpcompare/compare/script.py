@@ -188,5 +188,8 @@ def port_notes(plan: ScriptPlan, arms: list[str]) -> list[str]:
     if PORT_ARM not in arms:
         return []
     from dpcompare.native.migrate import port_warnings, scan_script
+    from dpcompare.native.port import write_port
 
-    return [f"ddp arm: {w}" for w in port_warnings(scan_script(plan.path))]
+    scan = scan_script(plan.path)
+    notes = write_port(scan, None, dry_run=True)["notes"]  # what the port's passes changed (nothing written)
+    return [f"ddp arm: {w}" for w in [*port_warnings(scan), *notes]]

@@ -2,15 +2,17 @@
 
 - :func:`flag_guards`: a branch taken only under a flag that uses what DDP lacks (``op=hvd.Adasum if
   args.use_adasum else hvd.Average``; ``if args.num_proc: horovod.run(...)``) keeps the default path, and the
-  flag stops the port at start with one line;
-- :func:`accumulation`: ``backward_passes_per_step=N`` becomes ``model.no_sync()`` around all but every N-th
-  backward() since the last step, so the gradients are all-reduced once per N passes, summed over the passes and
-  averaged over the ranks, as Horovod does (a step after fewer passes all-reduces what was accumulated, as
-  Horovod's ``step()`` does);
-- :func:`distributed_optimizer`: the DistributedOptimizer becomes the plain optimizer and ``model = DDP(model)``,
-  with DDP's fp16 communication hook for ``Compression.fp16``;
+  flag stops the port at start with one line (right after the top-level ``parse_args()`` when there is one);
+- :func:`accumulation`: ``backward_passes_per_step=N`` puts each forward and its backward() under
+  ``accumulate(model)``: ``model.no_sync()`` but on every N-th pass since the last step (DDP decides at the
+  forward whether the backward all-reduces), so the gradients are all-reduced once per N passes, summed over
+  the passes and averaged over the ranks, as Horovod does (a step after fewer passes averages what accumulated,
+  as Horovod's ``step()`` does);
 - :func:`calls`: every other call with a direct translation (torch.distributed, torchrun's variables, small
-  helpers for the collectives a script runs on its metrics), and the statements DDP makes needless.
+  helpers for the collectives a script runs on its metrics), and the statements DDP makes needless;
+- :func:`unported`: what no pass translated, named (no port is written);
+- :func:`distributed_optimizer`: the DistributedOptimizer becomes the plain optimizer and ``model = DDP(model)``
+  (the parameter broadcast dropped), with DDP's fp16 communication hook for ``Compression.fp16``.
 """
 
 from __future__ import annotations
@@ -422,8 +424,8 @@ def distributed_optimizer(tree: cst.Module) -> tuple[cst.Module, list[str]]:
     call, assign, model = found
     op = _keyword(call, "op")
     if op is not None and ast.unparse(op) != repr("average"):
-        raise NoPort(f"op={ast.unparse(op)}: DDP averages the gradients; a port keeps Horovod's default "
-                     "(hvd.Average) only")
+        shown = next((f"hvd.{k}" for k, v in NAME_TEXT.items() if v == ast.unparse(op)), ast.unparse(op))
+        raise NoPort(f"op={shown}: DDP averages the gradients; a port keeps Horovod's default (hvd.Average) only")
     [(_use, node)] = loc.uses("DistributedOptimizer")
     stmt = loc.statement(node)
     target, wrapped = ast.unparse(assign.targets[0]), ast.unparse(call.args[0])
