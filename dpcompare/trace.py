@@ -117,7 +117,7 @@ def write_trace(path: Path, events: list[dict[str, Any]], info: dict[str, Any]) 
 
 
 # -- figures ---------------------------------------------------------------------------------------------
-def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_spans(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
     for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
@@ -127,11 +127,11 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
     return merged
 
 
-def _length(intervals: Sequence[tuple[float, float]]) -> float:
+def spans_length(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def _clip(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+def clip_spans(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
     return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
 
 
@@ -268,8 +268,8 @@ def _step_row(events: Sequence[dict[str, Any]], st: dict[str, Any], starts: dict
         computing = (bw["ts"], min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"]))
 
     def split(spans: list[dict[str, Any]]) -> tuple[float, float]:
-        busy = _union((starts.get(id(e), e["ts"]), e["ts"] + e["dur"]) for e in spans)
-        return _length(busy), _length(_clip(busy, *computing)) if computing else 0.0
+        busy = union_spans((starts.get(id(e), e["ts"]), e["ts"] + e["dur"]) for e in spans)
+        return spans_length(busy), spans_length(clip_spans(busy, *computing)) if computing else 0.0
 
     kinds = {}
     for kind in COLLECTIVES:
