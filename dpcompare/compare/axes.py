@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from dpcompare.argtypes import format_rate_bits, positive_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.files import FAULT, LINK
+from dpcompare.lab.spec import link_bps
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -87,8 +88,6 @@ class LabLink:
 
 def parse_link(text: str) -> LabLink:
     """A lab link's rate (``1Gbit`` → LabLink(1_000_000_000), ``unlimited`` → LabLink(None), unshaped)."""
-    from dpcompare.lab.spec import link_bps
-
     try:
         return LabLink(link_bps(text))
     except DpcompareError as e:

@@ -28,6 +28,7 @@ from dpcompare.launch.jobs import dpcompare_command, run_job
 from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
 from dpcompare.native.calls import SCRIPT_ELASTIC
 from dpcompare.options import train_argv
+from dpcompare.prediction.command import project
 from dpcompare.progress import ProgressLine
 
 #: how a fresh run starts: (command, run folder, environment, timeout) → (exit code or None, seconds)
@@ -246,8 +247,6 @@ def _announce(run: _Run) -> None:
 def _project(c: Comparison, console: Any) -> None:
     """Traced runs: ``dpcompare predict`` them onto ``--project-link`` into OUT/projected for the report. A model
     that cannot be built (a strategy without a schedule, an unreadable trace) costs a line, not the comparison."""
-    from dpcompare.prediction.command import project
-
     if not c.options.project_link or not c.config.trace:
         return
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from dpcompare import models
 from dpcompare.data.workload import Metric, Workload
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ def builtin(cfg: TrainConfig) -> Workload:
     """
     from torch import nn
 
-    from dpcompare import models
     from dpcompare.data.datasets import build_dataset
 
     @functools.cache

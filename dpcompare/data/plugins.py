@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpcompare import models
+from dpcompare.data.builtin import builtin
 from dpcompare.data.catalog import TEXT_DATASETS
 from dpcompare.data.workload import ModelTraits, Workload
 from dpcompare.errors import ConfigError
@@ -81,8 +82,6 @@ def _builtin(cfg: TrainConfig) -> Workload:
         from dpcompare.data.text import text_workload
 
         return text_workload(cfg)
-    from dpcompare.data.builtin import builtin
-
     return builtin(cfg)
 
 

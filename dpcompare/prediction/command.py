@@ -10,6 +10,17 @@ from typing import Any
 
 from dpcompare.argtypes import format_rate_bits, fraction, nonneg_int, positive_float, positive_int, rate_bits
 from dpcompare.errors import ConfigError
+from dpcompare.options import add_config_file_option, deprecate, given_settings, write_config
+from dpcompare.prediction.network import (
+    Bench,
+    Link,
+    Network,
+    load_bucket,
+    load_calibration,
+    load_profiles,
+    parse_duration,
+)
+from dpcompare.report.projection import FOLDER
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
 #: the configuration a prediction writes beside prediction.json (``--config`` reads it back)
@@ -45,15 +56,6 @@ def source(folder: Path, world_size: int) -> str:
 
 
 def _network(a: argparse.Namespace) -> Any:
-    from dpcompare.prediction.network import (
-        Link,
-        Network,
-        load_bucket,
-        load_calibration,
-        load_profiles,
-        parse_duration,
-    )
-
     alpha = parse_duration(a.latency)
     intra = None
     if a.ranks_per_host > 1:
@@ -103,7 +105,6 @@ def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list
 
 def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     from dpcompare.prediction import interval, strategies, sweep
-    from dpcompare.prediction.network import Bench
 
     if a.straggler_from_trace and not a.floor_from_trace:
         raise ConfigError("--straggler-from-trace takes its wait out of the trace's floor: add --floor-from-trace")
@@ -170,8 +171,6 @@ def _cmd_predict(a: argparse.Namespace) -> int:
 def _write_config(a: argparse.Namespace, out: Path) -> None:
     """OUT/prediction.toml (not config.toml: OUT is often the run's own folder): the settings this prediction was
     given, which rerun it with ``dpcompare predict --config``."""
-    from dpcompare.options import given_settings, write_config
-
     settings = given_settings(a)
     if settings is not None:
         write_config(out / CONFIG_FILE, a.commands[a.command], settings)
@@ -180,8 +179,6 @@ def _write_config(a: argparse.Namespace, out: Path) -> None:
 def project(folder: Path, link_bps: int) -> Path | None:
     """``dpcompare predict FOLDER --link LINK --out FOLDER/projected --quiet`` (LINK: ``link_bps`` bits/s), for a
     comparison whose runs were traced: the report's "Projected to a cluster" section. None when no run was traced."""
-    from dpcompare.report.projection import FOLDER
-
     if not any((folder / "runs").glob("*/trace.json")):
         return None
     (folder / FOLDER).mkdir(exist_ok=True)
@@ -216,8 +213,6 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
                     "alpha-beta model. Prints a table per strategy, who wins where, when each falls below the "
                     "efficiency threshold and which knob would help; writes prediction.png and prediction.json. "
                     "A model, not a measurement: see docs/predict.md for its assumptions.")
-    from dpcompare.options import add_config_file_option, deprecate
-
     add_config_file_option(p)
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")
     p.add_argument("--host-counts", dest="hosts", default=DEFAULT_HOSTS,

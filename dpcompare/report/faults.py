@@ -22,6 +22,7 @@ import matplotlib
 
 from dpcompare.files import ACCURACY_EQUIVALENCE, FAULT
 from dpcompare.report.groups import arm_of, final_metric, metric_of, np_order, twins, valued
+from dpcompare.report.html import data_uri
 from dpcompare.report.intervals import (
     CONFIDENCE,
     EQUIVALENCE,
@@ -241,8 +242,6 @@ def section(results: dict[str, Any], plot: Plot | None) -> str:
 
 
 def _uri(path: Path) -> str:
-    from dpcompare.report.html import data_uri
-
     return data_uri(path)
 
 

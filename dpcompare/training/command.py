@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from dpcompare.data.plugins import resolve_workload
+from dpcompare.launch.env import detect_launch_env
+from dpcompare.launch.jobs import run_command
 from dpcompare.options import add_config_file_option, add_config_options, config_from_args
 
 EPILOG = """examples:
@@ -20,9 +23,6 @@ your own job (a plug-in; `dpcompare workloads` explains them):
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from dpcompare.data.plugins import resolve_workload
-    from dpcompare.launch.env import detect_launch_env
-
     job = resolve_workload(config_from_args(a))  # a plug-in that does not import or fit: one line, before any group
     # imported after: a plug-in that does not import is refused without the cost of importing torch
     from dpcompare.training.loop import train
@@ -43,8 +43,6 @@ def register(sub: argparse._SubParsersAction, parser_class: type[argparse.Argume
 
 def main(argv: Sequence[str]) -> int:
     """``dpcompare train ARGV`` in this process (how a persistent compare worker runs a run); its exit code."""
-    from dpcompare.launch.jobs import run_command
-
     p = argparse.ArgumentParser(prog="dpcompare train")
     add_config_options(p)
     return run_command("train", _cmd_train, p.parse_args(list(argv)))

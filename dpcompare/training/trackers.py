@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY, atomic_write_text
+from dpcompare.versions import versions
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -365,8 +366,6 @@ def open_trackers(cfg: TrainConfig, run_info: Mapping[str, Any], out: Path, is_m
     """
     if not is_main:
         return Trackers()
-    from dpcompare.versions import versions
-
     names = selected(cfg)
     for name in names:  # all or nothing: a missing tool stops the run before any tool opened
         require(name)
