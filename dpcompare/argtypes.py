@@ -7,6 +7,7 @@ Link rates (:func:`parse_rate_bits`, :func:`format_rate_bits`) are the one readi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import re
 
@@ -117,8 +118,6 @@ def install_hint(name: str) -> str:
 def tracker_list(text: str) -> str:
     """``--trackers``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
     here, while the command line is read, so that a missing one stops the run before anything starts."""
-    import importlib.util
-
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"))
     for n in names:
         if n not in TRACKERS:

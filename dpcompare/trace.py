@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -200,7 +201,7 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     waited for a late peer, for a core that backward held, for tokens a shaped link had not refilled), never
     faster, and a median ignores those while least squares tilts towards them.
     """
-    from scipy.stats import theilslopes  # scipy takes ~0.3 s to import; `dpcompare --help` reads this module
+    from scipy.stats import theilslopes  # here, not at the top: dpcompare --help loads this module
 
     slope, intercept, _, _ = theilslopes(ys, xs, method="joint")
     return float(intercept), float(slope)
@@ -423,8 +424,6 @@ class CpuClock:
         return {"main": main, "helpers": helpers, "threads": self._busiest(helpers)}
 
     def _busiest(self, helpers_ms: float) -> list[dict[str, Any]]:
-        import threading
-
         before, now, me = self._threads or {}, thread_cpu_s(), threading.get_native_id()
         spent = {tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items()
                  if tid != me}

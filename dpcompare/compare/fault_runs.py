@@ -191,7 +191,7 @@ def figures(run_dir: Path, fault: dict[str, Any] | None, t_start: float | None) 
 def same_weights(run_dir: Path, other_dir: Path) -> dict[str, Any]:
     """The final states of two runs (their newest checkpoints), compared tensor by tensor: ``equal`` when every
     tensor of the model is bit for bit the same, with the largest absolute difference and the steps taken."""
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     from dpcompare import checkpoint
 

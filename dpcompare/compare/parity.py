@@ -10,6 +10,7 @@ OUT/<strategy>/stdout.log and stderr.log).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -325,8 +326,6 @@ def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_not
 def _run_all(a: argparse.Namespace, runs: dict[str, TrainConfig], console: Console) -> dict[str, dict[str, Any]]:
     """Every run, the distributed ones across ``--lab`` when given (made for them, removed after them), else on one
     persistent worker job unless ``--workers fresh``."""
-    import contextlib
-
     pool = None
     if a.workers == "persistent" and a.lab is None:
         from dpcompare.compare.workers import WorkerPool

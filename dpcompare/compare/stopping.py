@@ -53,7 +53,7 @@ def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
     Stopping on a decision at the nominal 5 % after every block would be optional stopping: an A/A pair
     would be called faster or slower about one time in four over 40 looks (see the tests).
     """
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
 
     from dpcompare.report.stats import decide, equivalence_confidence, t_half_width
 

@@ -30,7 +30,7 @@ def builtin(cfg: TrainConfig) -> Workload:
 
     The loop builds the data first and the model second (from the run seed), as before workloads.
     """
-    from torch import nn
+    from torch import nn  # here, not at the top: dpcompare --help loads this module
 
     from dpcompare.data.datasets import build_dataset
 

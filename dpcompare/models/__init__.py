@@ -81,6 +81,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
 
 def has_batchnorm(model: nn.Module) -> bool:
-    from torch import nn
+    from torch import nn  # here, not at the top: dpcompare --help loads this module
 
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

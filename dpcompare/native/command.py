@@ -8,6 +8,7 @@ with ``--np N`` dpcompare starts the N ranks itself through the launch room's on
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -166,9 +167,6 @@ def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
 
 
 def _cmd_migrate(a: argparse.Namespace) -> int:
-    import json
-
-
     scan = scan_script(Path(a.script))
     if not scan.uses:
         raise ConfigError(f"{a.script}: no `import horovod` and no Horovod call found")

@@ -132,7 +132,7 @@ def _execute(target: Target) -> int:
 
 def set_threads(threads: int) -> None:
     """torch's CPU threads for this rank: ``threads``, or (0) the cores divided among the ranks sharing them."""
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(detect_launch_env())))
 

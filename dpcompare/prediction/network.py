@@ -381,7 +381,7 @@ def share_at(profile: tuple[tuple[float, ...], tuple[float, ...]], nbytes: float
     shaped link's burst, free up to its size and at the link's rate beyond); the nearest end's share outside
     them. Interpolating the share itself would carry a burst-sized message's speed (many times the link's) into
     the sizes past it."""
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
 
     sizes, shares = profile
     if nbytes <= sizes[0] or nbytes >= sizes[-1]:
@@ -399,7 +399,7 @@ def _mode_time(times: Any, labels: Any, mode: str) -> float:
     """One size's time in ``mode`` from its repeats and their mode labels (1: the slow mode; None: one mode):
     the median, a mode's median, or the two-component mixture's expectation (each mode's median weighted by its
     share of the repeats)."""
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
 
     if labels is None or labels.min() == labels.max():
         return float(np.median(times))
@@ -421,7 +421,7 @@ class Bench:
     def load(cls, path: str | Path, back_to_back: bool = True) -> Bench | None:
         """None for a file without measured rows or its link rate (a ``fits``-only calibration); the sizes timed
         back to back under ``(backend + BACK_TO_BACK, collective)`` (left out with ``back_to_back=False``)."""
-        import numpy as np
+        import numpy as np  # here, not at the top: dpcompare --help loads this module
 
         data = json.loads(Path(path).read_text())
         top = data if isinstance(data, dict) else {}
