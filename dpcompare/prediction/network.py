@@ -346,7 +346,8 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
 
     Reads the JSON ``dpcompare lab bench --out-file FILE`` writes (``rows``: the median time per size; ``fits``:
     ``backend``, ``collective``, ``alpha_s``, ``busbw_Bps``; ``ranks``; ``lab.link_bps``). With ``fit="range"``
-    (the default) α and B are a least-squares line through every size the bench measured, one effective α and B
+    (the default) α and B are the α-β fit's line (:func:`~dpcompare.trace.fit_line`) through every size the bench
+    measured, one effective α and B
     over the range training's buckets fall in; ``fit="ends"`` keeps the bench's own fits (α from the smallest
     sizes, B from the largest), which make the middle sizes too fast when a library's speed per byte changes
     with the size (Open MPI's all-reduce in the lab: 1 MiB at 11 % of 1 Gbit/s, 16 MiB at 37 %; docs/predict.md).
