@@ -130,7 +130,7 @@ class Network:
         if collective != ALL_REDUCE or f is None or n < 2 or f[2] < 2:
             return 0.0
         a, b, n0 = f
-        return a * (n - 1) / (n0 - 1) + b * nbytes * ((n - 1) / n) / ((n0 - 1) / n0)
+        return a * (n - 1) / (n0 - 1) + b * nbytes * bus_factor(ALL_REDUCE, n) / bus_factor(ALL_REDUCE, n0)
 
     def wait(self, backend: str) -> float:
         """Seconds an all-reduce's ranks wait for the last one to arrive (the traced median; 0 without ``waits``):
@@ -289,8 +289,8 @@ def trace_link(ops: list[tuple[float, float]], ranks: int) -> Link | None:
         return None
     a, b, n = line
     if b > 0:
-        return Link(a / (2 * (n - 1)), 2 * (n - 1) / n / b)
-    return Link(0.0, statistics.median(2 * (n - 1) / n * nb / t for nb, t in ops))
+        return Link(a / latency_steps(ALL_REDUCE, n), bus_factor(ALL_REDUCE, n) / b)
+    return Link(0.0, statistics.median(bus_factor(ALL_REDUCE, n) * nb / t for nb, t in ops))
 
 
 # -- calibration ------------------------------------------------------------------------------------------
