@@ -53,7 +53,7 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     Returns the run summary (summary.json's content) on every rank. A setting or a workload that cannot work
     raises :class:`dpcompare.errors.ConfigError` (one line saying what to do) before any process group forms.
     """
-    from dpcompare.training import loop
+    from dpcompare.training import loop  # here, not at the top: it loads torch and numpy and rich
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(settings) - names)

@@ -180,7 +180,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
     """Run ``cfg`` as ``np_`` processes (on ``pool``'s job, or across ``lab`` when given; ``single`` as one
     process on this host), its output in its folder, stopped after ``timeout`` seconds; its final weights and
     loss curve."""
-    from dpcompare import checkpoint
+    from dpcompare import checkpoint  # here, not at the top: it loads torch and numpy
 
     distributed = backends.facts(cfg.strategy).distributed
     out = Path(cfg.out)

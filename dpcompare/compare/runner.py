@@ -205,7 +205,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     as its own job (through ``launch``); ``persistent`` runs them in one long-lived job per process count
     (:mod:`dpcompare.compare.workers`).
     """
-    from dpcompare.report.table import console_for_report
+    from dpcompare.report.table import console_for_report  # here, not at the top: it loads numpy and scipy
 
     if under_launcher():
         raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
@@ -261,6 +261,7 @@ def _project(c: Comparison, console: Any) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
+    # here, not at the top: it loads numpy and scipy and matplotlib
     from dpcompare.report import attribution, faults, render, stats
 
     c, results, console = run.c, run.results, run.console
@@ -294,6 +295,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
 
 def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
+    # here, not at the top: it loads numpy and scipy
     from dpcompare.report.fmt import headline, metric_label, metric_value, rate
 
     if rec["status"] == "diverged":

@@ -32,7 +32,7 @@ def builtin(cfg: TrainConfig) -> Workload:
     """
     from torch import nn  # here, not at the top: dpcompare --help loads this module
 
-    from dpcompare.data.datasets import build_dataset
+    from dpcompare.data.datasets import build_dataset  # here, not at the top: it loads torch and numpy
 
     @functools.cache
     def data() -> DataBundle:

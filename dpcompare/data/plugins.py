@@ -94,7 +94,7 @@ def _with_plugin_model(cfg: TrainConfig) -> Workload:
 
     @functools.cache
     def bundle() -> Any:
-        from dpcompare.data.datasets import build_dataset
+        from dpcompare.data.datasets import build_dataset  # here, not at the top: it loads torch and numpy
 
         return build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples, cfg.augment)
 

@@ -72,7 +72,7 @@ def _real_horovod() -> ModuleType:
 
 def _torchrun_env() -> None:
     """torchrun's variables from the launcher that started this rank (a torchrun launch is left as it is)."""
-    from dpcompare.launch.rendezvous import ensure_rendezvous
+    from dpcompare.launch.rendezvous import ensure_rendezvous  # here, not at the top: it loads psutil
 
     env = detect_launch_env()
     if env.launcher == "torchrun":

@@ -73,7 +73,7 @@ def _network(a: argparse.Namespace) -> Any:
 def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -> Any:
     """The overlap to correct every curve by: measured from ``--overlap-from`` against the predicted run of its
     strategy (else the first), or the stated assumption."""
-    from dpcompare.prediction import overlap, strategies, sweep
+    from dpcompare.prediction import overlap, strategies, sweep  # here, not at the top: it loads numpy
 
     if not a.overlap_from:
         return overlap.Overlap()
@@ -90,7 +90,7 @@ def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list
     """One profile per arm: the traced repeats of an arm in one comparison (``runs/ARM-npN-r0``, ``-r1``, ...)
     pooled (:func:`.profile.pooled`), each carrying the launches' spread estimated from all arms together
     (:func:`.profile.with_spread`), so that the band holds what moves between launches."""
-    from dpcompare.prediction import strategies
+    from dpcompare.prediction import strategies  # here, not at the top: it loads numpy
     from dpcompare.prediction.profile import pooled, with_spread
 
     groups: dict[tuple[Path, str, str], list[Any]] = {}
@@ -104,7 +104,7 @@ def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list
 
 
 def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
-    from dpcompare.prediction import interval, strategies, sweep
+    from dpcompare.prediction import interval, strategies, sweep  # here, not at the top: it loads numpy
 
     if a.straggler_from_trace and not a.floor_from_trace:
         raise ConfigError("--straggler-from-trace takes its wait out of the trace's floor: add --floor-from-trace")
@@ -138,7 +138,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
 
 
 def _cmd_predict(a: argparse.Namespace) -> int:
-    from dpcompare.prediction import output, sweep
+    from dpcompare.prediction import output, sweep  # here, not at the top: it loads numpy and scipy and rich
 
     hosts = parse_host_counts(a.hosts)
     curves = _curves(a, hosts, _network(a))

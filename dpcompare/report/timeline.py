@@ -77,7 +77,7 @@ def step_window(data: dict[str, Any], step: int | None = None) -> tuple[int, flo
 
 
 def _draw_run(ax: Any, data: dict[str, Any], step: int, t0: float, title: str) -> None:
-    from dpcompare.report.plots import PHASE_COLORS
+    from dpcompare.report.plots import PHASE_COLORS  # here, not at the top: it loads numpy and scipy and matplotlib
 
     events = data["traceEvents"]
     ranks = sorted(tr.steps_by_rank(events))
@@ -156,6 +156,7 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
+    # here, not at the top: it loads numpy and scipy and matplotlib
     from dpcompare.report.plots import DPI, PHASE_COLORS, RC
 
     loaded = []
