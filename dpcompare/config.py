@@ -9,6 +9,7 @@ are all derived from these fields, so a new knob is one field here plus the back
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,6 @@ def _names(module: str, table: str, intro: str | None = None, kind: type[list] =
     """The names in ``module.table``, read when the parser is built (the table imports no torch): a ``kind`` list,
     or with ``intro`` a help text that ends listing them."""
     def names() -> Any:
-        import importlib
-
         found = kind(getattr(importlib.import_module(module), table))
         return found if intro is None else intro + ", ".join(found)
     return names
@@ -52,8 +51,6 @@ def _names(module: str, table: str, intro: str | None = None, kind: type[list] =
 def _described(module: str, table: str, intro: str = "", outro: str = "") -> Callable[[], str]:
     """--help listing every entry of ``module.table`` (name → (..., one line)) between ``intro`` and ``outro``."""
     def text() -> str:
-        import importlib
-
         rows = getattr(importlib.import_module(module), table).items()
         return intro + "; ".join(f"{n}: {getattr(row, 'summary', row[-1])}" for n, row in rows) + outro
     return text

@@ -25,12 +25,22 @@ from dpcompare.compare.plan import (
     parse_variant,
     value_text,
 )
+from dpcompare.compare.script import add_script_arguments
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.launch.mpirun import BINDINGS
-from dpcompare.options import Parser, Warned, add_config_options, deprecate, train_argv
+from dpcompare.options import (
+    CONFIG_FILE,
+    Parser,
+    Warned,
+    add_config_options,
+    config_settings,
+    deprecate,
+    train_argv,
+    write_config,
+)
 from dpcompare.versions import docs_page
 
 #: seconds a run may take before it is stopped (``--run-timeout``, as parity's): a run that hangs ends
@@ -99,7 +109,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--continue", dest="resume_dir", metavar="DIR",
                    help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
                         "failed ones run; its plan and options are reused (any given must match them)")
-    from dpcompare.compare.script import add_script_arguments
 
     add_script_arguments(p.add_argument_group(SCRIPT), compare=True)
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
@@ -234,7 +243,6 @@ def stored_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Names
 def write_comparison_config(c: Comparison) -> None:
     """OUT/config.toml: the comparison's plan and train settings (what --continue reads from results.json), which
     rerun it with ``dpcompare compare --config OUT/config.toml --out NEW``."""
-    from dpcompare.options import CONFIG_FILE, config_settings, write_config
 
     p = Parser(prog="dpcompare compare", add_help=False)
     add_arguments(p)

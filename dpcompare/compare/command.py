@@ -15,16 +15,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpcompare.backends import registry
 from dpcompare.compare.axes import AXES, axes_of
 from dpcompare.compare.cmdline import SCRIPT, add_arguments, stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
+from dpcompare.compare.script import check_elastic_arms, script_plan
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS
-from dpcompare.options import START, add_config_file_option
+from dpcompare.options import START, add_config_file_option, config_from_args
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
 OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
@@ -66,8 +68,6 @@ def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
 
 def comparison_of(a: argparse.Namespace) -> Comparison:
     """The comparison that compare's parsed arguments ask for."""
-    from dpcompare.options import config_from_args
-
     base = list(a.variants or ()) or [Arm.named(s) for s in a.strategies]
     script = _script_of(a, base)
     cfg = config_from_args(a, strategy="horovod" if script else base[0].strategy, out=a.out)
@@ -92,8 +92,6 @@ def refuse_unrunnable(c: Comparison) -> None:
     to the script."""
     if c.script is not None:
         return
-    from dpcompare.backends import registry
-
     for arm in c.all_arms:
         if arm.elastic:
             continue
@@ -106,8 +104,6 @@ def refuse_unrunnable(c: Comparison) -> None:
 
 def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
     """The Horovod script this comparison runs (``--script``), checked against the rest of the plan; else None."""
-    from dpcompare.compare.script import check_elastic_arms, script_plan
-
     if a.script is not None:
         check_elastic_arms(arms)
     plan = script_plan(a, [x.strategy for x in arms], Path(a.out))

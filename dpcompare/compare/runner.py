@@ -28,6 +28,7 @@ from dpcompare.launch.jobs import dpcompare_command, run_job
 from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
 from dpcompare.native.calls import SCRIPT_ELASTIC
 from dpcompare.options import train_argv
+from dpcompare.prediction.command import project
 from dpcompare.progress import ProgressLine
 
 #: how a fresh run starts: (command, run folder, environment, timeout) → (exit code or None, seconds)
@@ -230,7 +231,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     as its own job (through ``launch``); ``persistent`` runs them in one long-lived job per process count
     (:mod:`dpcompare.compare.workers`).
     """
-    from dpcompare.report.table import console_for_report
+    from dpcompare.report.table import console_for_report  # here, not at the top: it loads numpy and scipy
 
     if under_launcher():
         raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
@@ -272,8 +273,6 @@ def _announce(run: _Run) -> None:
 def _project(c: Comparison, console: Any) -> None:
     """Traced runs: ``dpcompare predict`` them onto ``--project-link`` into OUT/projected for the report. A model
     that cannot be built (a strategy without a schedule, an unreadable trace) costs a line, not the comparison."""
-    from dpcompare.prediction.command import project
-
     if not c.options.project_link or not c.config.trace:
         return
     try:
@@ -288,6 +287,7 @@ def _project(c: Comparison, console: Any) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
+    # here, not at the top: it loads numpy and scipy and matplotlib
     from dpcompare.report import attribution, faults, noise, render, stats
 
     c, results, console = run.c, run.results, run.console
@@ -323,6 +323,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
 
 def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
+    # here, not at the top: it loads numpy and scipy
     from dpcompare.report.fmt import headline, metric_label, metric_value, rate
 
     if rec["status"] == "diverged":

@@ -183,6 +183,7 @@ class Recorder:
 
     def watch_every_optimizer(self) -> None:
         """The ``ddp`` arm: torch's global step hooks time every optimizer's ``step()``."""
+        # here, not at the top: dpcompare --help loads this module
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         if os.environ.get(ELASTIC_DIR_VAR) and "TORCHELASTIC_RESTART_COUNT" in os.environ:
