@@ -83,3 +83,24 @@ def test_sweep_and_variants_take_the_flag_names_users_type() -> None:
     for bad in (["--sweep", "no-tensorboard=true"], ["--sweep", "nope=1"], ["--variants", "a=ddp:min-step=3"]):
         with pytest.raises(SystemExit):
             cli.parse(["compare", *bad])
+
+
+def test_compare_plan_lists_the_runs_and_their_time_then_exits(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--np", "1,2", "--sweep", "batch-size=16,64", "--repeats", "3", "--out", str(out), "--plan"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "4 arms × 2 process counts (np 1,2) = 8 runs a block" in text and "blocks: 3 (3 repeats): 24 runs" in text
+    assert "block 2: horovod-batch_size-64-np2-r1," in text and "... 1 more block alike" in text
+    assert "not known before a run is timed" in text and "at most 12 h 00 min: 24 runs × --run-timeout 1800 s" in text
+    assert not out.exists()  # nothing ran, nothing was written
+    out.mkdir()
+    runs = [{"status": "ok", "wall_seconds": s} for s in (9.0, 10.0, 11.0, 500.0)] + [{"status": "failed"}]
+    (out / "results.json").write_text(json.dumps({"runs": runs}))
+    assert cli.main([*argv, "--repeats", "auto", "--max-repeats", "10", "--time-budget", "900"]) == 0
+    text = capsys.readouterr().out
+    assert "from 6 to at most 10 blocks (48 to 80 runs)" in text
+    assert "time: about 13 min 08 s for the 75 runs left (the median of the 4 ok runs" in text and "10.5 s a run" in text
+    assert "--time-budget 900 s: no block starts that would end after 15 min 00 s" in text

@@ -401,7 +401,7 @@ def test_repeats_auto_lets_an_a_a_pair_end_equal(monkeypatch) -> None:
     the 95 % interval is within ±5 % left them "undecided" 36 % of the time (59 % equal)."""
 
     old = dict(monkeypatch=monkeypatch, sd=0.07, sims=200, seed=5,
-               schedule=schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60))
+               stopping=schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60))
     with monkeypatch.context() as m:
         m.setattr(schedule_m, "RESOLUTION", 100.0)  # any width within --target-ci will do: the rule before
         before = _simulate_a_a(**old)

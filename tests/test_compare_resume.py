@@ -150,8 +150,8 @@ def test_plan_flags_read_back_as_the_same_plan(c: Comparison, tmp_path: Path) ->
     merged, _ = cmdline.stored_args(cmdline.plan_flags(c))
     merged.out, merged.resume_dir, merged.overwrite, merged.progress = str(tmp_path), None, False, "none"
     back = compare.comparison_of(merged)
-    assert (back.arms, back.nps, back.schedule, back.sweeps, back.options.workers, back.options.project_link) == (
-        c.arms, c.nps, c.schedule, c.sweeps, c.options.workers, c.options.project_link)
+    assert (back.arms, back.nps, back.stopping, back.sweeps, back.options.workers, back.options.project_link) == (
+        c.arms, c.nps, c.stopping, c.sweeps, c.options.workers, c.options.project_link)
     assert [a.label for a in back.all_arms] == [a.label for a in c.all_arms]
 
 

@@ -159,7 +159,7 @@ def _variant(a: Arm) -> str:
 def plan_flags(c: Comparison) -> list[str]:
     """The comparison's own flags (not the train settings) that rebuild its plan: to print how to reproduce it,
     and for --continue."""
-    s, default = c.schedule, StoppingRule()
+    s, default = c.stopping, StoppingRule()
     flags = ["--np", ",".join(map(str, c.nps))]
     if any(a.knobs or a.label != a.name for a in c.arms):
         flags += ["--variants", *map(_variant, c.arms)]

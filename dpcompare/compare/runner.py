@@ -17,7 +17,7 @@ from dpcompare.compare import fault_runs, records
 from dpcompare.compare.axes import AXES, FAULT
 from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, with_arm
 from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS, atomic_write_json
@@ -41,7 +41,7 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     ``script`` (``--script``), the script in the run's arm."""
     if script is not None:
         seeded = cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed)
-        return script.command(spec.strategy, spec.np, run_dir, configured(seeded, spec.arm), lab,
+        return script.command(spec.strategy, spec.np, run_dir, with_arm(seeded, spec.arm), lab,
                               elastic=elastic_launch(spec, run_dir, lab), step_log=step_log)
     words = ["train", *train_argv(child_config(cfg, spec, run_dir, step_log, replay))]
     how = elastic_launch(spec, run_dir, lab)
@@ -165,7 +165,7 @@ class _Run:
 
     def run_block(self, blocks: int, done: int, planned: int, bar: Any) -> int:
         """Run block number ``blocks`` (the kept runs of a resumed comparison are reused); runs done so far."""
-        for spec in block(self.arms, self.c.nps, blocks, self.c.schedule.seeds):
+        for spec in block(self.arms, self.c.nps, blocks, self.c.stopping.seeds):
             done += 1
             self.results["config"]["order"].append(spec.name)
             if spec.name in self.kept:
@@ -217,7 +217,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     with session(c.lab, say) as lab:
         run = _Run(c, console, launch, lab)
         run.save()
-        schedule = c.schedule
+        schedule = c.stopping
         planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
         if c.options.progress != "none":
             _announce(run)
@@ -231,7 +231,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
 
 
 def _announce(run: _Run) -> None:
-    s, c = run.c.schedule, run.c
+    s, c = run.c.stopping, run.c
     how = (f"{s.repeats} repeat{'s' if s.repeats != 1 else ''}"
            + (f" × seeds {','.join(map(str, s.seeds))}" if s.seeds else "")
            if s.repeats is not None
@@ -267,7 +267,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
     results["verdicts"] = [v.to_json() for v in stats.verdicts(
-        results, equivalence=c.schedule.equivalence, accuracy_equivalence=c.schedule.accuracy_equivalence)]
+        results, equivalence=c.stopping.equivalence, accuracy_equivalence=c.stopping.accuracy_equivalence)]
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
     fault = faults.summary(results)  # --fault: what the lost host cost each arm, the wall-time verdicts
     if fault is not None:
