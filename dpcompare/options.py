@@ -230,7 +230,9 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
                 kw["metavar"] = md["metavar"]
             if default is not None and "default:" not in text:
                 text += f" (default: {_default_text(default)})"
-        kw["help"] = argparse.SUPPRESS if md["hidden"] else text
+        kw["help"] = argparse.SUPPRESS if md["hidden"] or md.get("deprecated") else text
+        if md.get("deprecated"):  # still works, hidden, warning: as its switch did
+            kw.update(action=Warned, new=md["deprecated"], nargs=0, const=kw["action"] == "store_true")
         act = g.add_argument(flag, **kw)
         for old in md.get("renamed_from", ()):
             g.add_argument(old, action=Renamed, dest=name, new=flag, nargs=act.nargs, const=act.const, type=act.type,

@@ -45,7 +45,8 @@ def test_compare_reruns_from_its_config_toml(tmp_path: Path) -> None:
                              "--sweep", "batch_size=16,32", "--repeats", "1", "--lr", "0.01", "--epochs", "1",
                              "--equivalence", "3", "--project-link", "10gbit", "--out", str(tmp_path / "a")])
     written = (tmp_path / "a" / CONFIG_FILE).read_text()
-    assert "lr = 0.01" in written and "equivalence = 3" in written and "out =" not in written
+    assert "\nlr = 0.01\n" in written and "\nequivalence = 3\n" in written and "\nout =" not in written
+    assert "\nseed = 42\n" in written and "\nwarmup-steps = 5\n" in written  # the defaults too
     assert 'project-link = "10gbit"' in written  # a run option that changes the report: rerun it too
     again, calls_again = _compare(["--config", str(tmp_path / "a" / CONFIG_FILE), "--out", str(tmp_path / "b")])
     assert "--project-link" in again["cli"]

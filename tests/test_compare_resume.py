@@ -133,8 +133,9 @@ def test_all_train_settings_at_once_and_old_no_tensorboard_read_back() -> None:
     own = dataclasses.replace(base, **{n: FIELDS[n].default for n in cmdline.TRAIN_DEFAULTS
                                        if n not in cmdline.NOT_STORED})
     assert own != base and config_from_args(cmdline.stored_args(cmdline.train_flags(own))[0], out=own.out) == own
-    # comparisons stored before the fix kept --no-tensorboard: still readable
+    # comparisons stored before the fix kept --no-tensorboard, and before 0.3 --tensorboard: still readable
     assert cmdline.stored_args(["--no-tensorboard"])[0].tensorboard is False
+    assert cmdline.stored_args(["--tensorboard"])[0].log == "tensorboard"
 
 
 @pytest.mark.parametrize("c", [
