@@ -104,3 +104,27 @@ def test_compare_plan_lists_the_runs_and_their_time_then_exits(tmp_path, capsys:
     assert "from 6 to at most 10 blocks (48 to 80 runs)" in text
     assert "time: about 13 min 08 s for the 75 runs left (the median of the 4 ok runs" in text and "10.5 s a run" in text
     assert "--time-budget 900 s: no block starts that would end after 15 min 00 s" in text
+
+
+#: a value for each old spelling that takes one, and what each command needs besides
+OLD_VALUES = {"--log": "csv", "--resume": "runs/x", "--cycle-ms": "2", "--fusion-mb": "8", "--warmup": "2",
+              "--timeout": "9", "--out": "f.out"}
+NEEDS = {"dpcompare slurm": ["--nodes", "1", "--time", "0:10:00"], "dpcompare timeline": ["r"]}
+
+
+def test_every_old_spelling_parses_with_one_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each hidden old spelling of every command, read by the command line: it parses, warns once naming the new
+    spelling, and sets what the new one sets (a new old spelling needs its value here, or this test fails)."""
+    seen = 0
+    for sp in cli.subcommands(cli.build_parser()):
+        for act in (a for a in sp.options if isinstance(a, Renamed)):
+            old = act.option_strings[0]
+            hosts = {"dpcompare lab up": "3", "dpcompare predict": "2,4"}.get(sp.prog) if old == "--hosts" else None
+            value = [] if act.nargs == 0 else [hosts or OLD_VALUES[old]]
+            a = cli.parse([*sp.prog.split()[1:], *NEEDS.get(sp.prog, []), old, *value])
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"{old} is deprecated" in err and f"use {act.new}" in err, (sp.prog, err)
+            assert getattr(a, act.dest) == (act.const if act.nargs == 0 else act.type(value[0]) if act.type
+                                            else value[0]), (sp.prog, old)
+            seen += 1
+    assert seen >= 20
