@@ -2,8 +2,11 @@
 
 ``add_config_options`` adds one flag per field, ``config_from_args`` reads them back, and ``train_argv``
 is the inverse: the ``dpcompare train`` flags that rebuild a config, for the child jobs that ``compare``,
-``parity`` and ``launch`` start. ``config_defaults`` reads a ``--config FILE.toml`` (any command's flags) and
-``write_config`` writes the ``config.toml`` that reruns a run; ``deprecate`` keeps an old flag's spelling for a release.
+``parity`` and ``launch`` start. ``read_config`` reads a ``--config FILE.toml`` (any command's flags) and
+``write_config`` writes the ``config.toml`` that reruns a run (every setting, defaults included; ``--print-config``
+prints it). :class:`Parser` is every command's parser, on argparse's public API only: it keeps its options, flags,
+--help sections and sub-commands itself; ``deprecate`` (:class:`Renamed`, :class:`Warned`) keeps an old flag's
+spelling for a release.
 """
 
 from __future__ import annotations
