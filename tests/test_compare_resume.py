@@ -221,14 +221,15 @@ def test_a_comparison_stored_by_an_earlier_dpcompare_still_resumes(tmp_path: Pat
     --min-steps 200): its --resume reads them back, and the same settings written either way are the same plan."""
     from dpcompare.options import train_argv
 
-    cfg = TrainConfig(epochs=1, lr=0.02, **cmdline.TRAIN_DEFAULTS)
+    cfg = TrainConfig(epochs=1, lr=0.02, tensorboard=False, **cmdline.TRAIN_DEFAULTS)
     out = tmp_path / "cmp"
     fake_launch.calls = []  # type: ignore[attr-defined]
     with pytest.raises(KeyboardInterrupt):
         run_compare(cfg, ["ddp", "single"], [1], 2, out, progress="none", launch=_interrupting_launch(1))
     res = json.loads((out / "results.json").read_text())
     old = train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))
-    assert "--no-tensorboard" in old and res["config"]["train_flags"] == ["--epochs", "1", "--lr", "0.02"]
+    assert "--no-tensorboard" in old and "--min-steps" in old
+    assert res["config"]["train_flags"] == ["--epochs", "1", "--lr", "0.02", "--no-tensorboard"]
     res["config"]["train_flags"] = old
     (out / "results.json").write_text(json.dumps(res))
     merged = compare.resumed_args(cli.build_parser().parse_args(["compare", "--continue", str(out)]))
