@@ -146,7 +146,7 @@ def _lab_json(c: Comparison) -> dict[str, Any]:
 
 def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli: list[str]) -> dict[str, Any]:
     """The results object a comparison starts with (no runs yet, ``complete`` false)."""
-    schedule = c.schedule.to_json()
+    schedule = c.stopping.to_json()
     return {
         "schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "complete": False,

@@ -17,7 +17,7 @@ from dpcompare.compare import fault_runs, records
 from dpcompare.compare.axes import AXES, FAULT
 from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch, why_disturbed
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured, launch_options
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, launch_options, with_arm
 from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import METRICS, RESULTS, STEP_LOG, SUMMARY, atomic_write_json
@@ -42,7 +42,7 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     ranks placed as ``bind`` (or the arm's ``bind`` axis) says. With a ``script`` (``--script``), the script in the
     run's arm."""
     if script is not None:
-        seeded = configured(cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed), spec.arm)
+        seeded = with_arm(cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed), spec.arm)
         return script.command(spec.strategy, spec.np, run_dir, seeded, lab, elastic=elastic_launch(spec, run_dir, lab),
                               step_log=step_log, launch=None if lab else launch_options(seeded, spec.arm, bind, spec.np))
     child = child_config(cfg, spec, run_dir, step_log, replay)
@@ -192,7 +192,7 @@ class _Run:
 
     def run_specs(self, blocks: int, done: int, planned: int, bar: Any, reuse: bool = True) -> int:
         """Run every run of block number ``blocks`` once (``reuse``: a resumed comparison's kept runs are reused)."""
-        for spec in block(self.arms, self.c.nps, blocks, self.c.schedule.seeds):
+        for spec in block(self.arms, self.c.nps, blocks, self.c.stopping.seeds):
             done += 1
             self.results["config"]["order"].append(spec.name)
             if reuse and spec.name in self.kept:
@@ -244,7 +244,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     with session(c.lab, say) as lab:
         run = _Run(c, console, launch, lab)
         run.save()
-        schedule = c.schedule
+        schedule = c.stopping
         planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
         if c.options.progress != "none":
             _announce(run)
@@ -258,7 +258,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
 
 
 def _announce(run: _Run) -> None:
-    s, c = run.c.schedule, run.c
+    s, c = run.c.stopping, run.c
     how = (f"{s.repeats} repeat{'s' if s.repeats != 1 else ''}"
            + (f" × seeds {','.join(map(str, s.seeds))}" if s.seeds else "")
            if s.repeats is not None
@@ -292,8 +292,8 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
-    verdicts = stats.verdicts(results, equivalence=c.schedule.equivalence,
-                              accuracy_equivalence=c.schedule.accuracy_equivalence)
+    verdicts = stats.verdicts(results, equivalence=c.stopping.equivalence,
+                              accuracy_equivalence=c.stopping.accuracy_equivalence)
     results["verdicts"] = [v.to_json() for v in verdicts]
     results["noise"] = noise.floors(verdicts)  # what each throughput verdict could resolve
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
