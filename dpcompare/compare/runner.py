@@ -85,6 +85,7 @@ class _Run:
         # srun's ranks are not this process's descendants: their CPU time would count as other processes'
         self.watch_load = not in_slurm_allocation()
         self.pool: Any = None
+        self.again = 0  # runs of disturbed blocks, run again (--rerun-disturbed)
         if c.options.workers == "persistent":
             from dpcompare.compare.workers import WorkerPool
 
@@ -183,6 +184,7 @@ class _Run:
             self.results.setdefault("disturbed", []).append(
                 {"block": blocks, "try": attempt, "why": why, "runs": [r["dir"] for r in mine], "counted": last})
             if not last:
+                self.again += len(mine)  # the progress line's total grows by the runs to do again
                 del self.results["runs"][start:]
                 self.results.setdefault("disturbed_runs", []).extend(mine)
             self.save()
@@ -210,7 +212,8 @@ class _Run:
             self.results["runs"].append(rec)
             self.save()
             bar.update(advance=1)
-            bar.print(_finished_line(done, self.per_block * max(planned, blocks + 1), spec, rec), markup=True)
+            bar.print(_finished_line(done, self.per_block * max(planned, blocks + 1) + self.again, spec, rec),
+                      markup=True)
         return done
 
 
