@@ -238,6 +238,9 @@ def test_port_runs_under_torchrun_and_survives_a_lost_worker(port, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "fault" / "run" / STEP_LOG).read_text().splitlines()]
     assert [(r["step"], r["world_size"]) for r in rows if r.get("event") == "start"] == [(0, 2), (11, 2)]
     assert [r["step"] for r in rows if "event" not in r][-1] == 16
+    # a commit is logged at the first step that sees it: every 3 batches and at the epoch's end (8 batches);
+    # after the restart the same state again (11), then 14; the last, at 16, is seen by no step
+    assert [r["step"] for r in rows if r.get("event") == "commit"] == [0, 3, 6, 8, 11, 11, 14]
 
 
 def test_resumed_step_is_the_last_step_logged_before_the_commit_was_written(tmp_path):
