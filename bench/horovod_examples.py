@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import py_compile
+import re
 import struct
 import subprocess
 import sys
@@ -144,8 +145,15 @@ def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> 
     rc = _run([str(BIN / "dpcompare"), "parity", "--script", str(script), "--strategies", arms, "--ddp-script",
                str(port), "--np", str(NP), "--out", str(work / "parity"), "--run-timeout", f"{RUN_TIMEOUT:g}",
                "--", *args], work / "parity.log", work)
-    row.parity = f"{arms}: " + ("agree" if rc == 0 else _outcome(rc, work / "parity.log"))
+    row.parity = f"{arms}: " + (f"agree{_largest(work / 'parity.log')}" if rc == 0
+                                 else _outcome(rc, work / "parity.log"))
     return row
+
+
+def _largest(log: Path) -> str:
+    """`` (largest D)``: the largest difference parity's verdict line names, or nothing."""
+    found = re.findall(r"\(largest ([^)]+)\)", log.read_text(errors="replace"))
+    return f" (largest {max(found, key=float)})" if found else ""
 
 
 def _last_lines(log: Path, n: int = 3) -> str:
