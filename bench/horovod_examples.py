@@ -157,8 +157,10 @@ def _largest(log: Path) -> str:
 
 
 def _last_lines(log: Path, n: int = 3) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return " ".join(lines[-n:])[:400]
+    """migrate's reason for writing no port (from "No DDP port written" on), else the log's last lines."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    at = next((i for i, line in enumerate(lines) if line.startswith("No DDP port written")), len(lines) - n)
+    return " ".join(lines[max(at, 0):])[:400]
 
 
 def table(rows: list[Row]) -> str:
