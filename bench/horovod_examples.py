@@ -49,6 +49,7 @@ class Example:
     path: str                                      # in the Horovod checkout
     args: Callable[[Path, Path], list[str]]        # (data, work) -> the script's arguments, tiny
     parity: str = ""                               # why there is no parity run ("": there is one)
+    own_checkpoints: bool = False                  # resumes from --checkpoint-format when it exists (see _fresh)
 
 
 EXAMPLES = (
@@ -56,7 +57,8 @@ EXAMPLES = (
     Example("pytorch_synthetic_benchmark", "examples/pytorch/pytorch_synthetic_benchmark.py",
             lambda d, w: ["--no-cuda", "--model", "resnet18", "--batch-size", "2", "--num-warmup-batches", "1",
                           "--num-batches-per-iter", "1", "--num-iters", "2"]),
-    Example("pytorch_imagenet_resnet50", "examples/pytorch/pytorch_imagenet_resnet50.py", _imagenet),
+    Example("pytorch_imagenet_resnet50", "examples/pytorch/pytorch_imagenet_resnet50.py", _imagenet,
+            own_checkpoints=True),
     Example("pytorch_lightning_mnist", "examples/pytorch/pytorch_lightning_mnist.py", _mnist,
             parity="n/a (Trainer(accelerator='horovod') runs on Lightning 1.x only)"),
     Example("pytorch_mnist_elastic", "examples/elastic/pytorch/pytorch_mnist_elastic.py",
@@ -136,18 +138,36 @@ def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> 
         row.notes.append(str(e).splitlines()[-1])
         return row
     args = example.args(data, work)
+    for old in work.glob("checkpoint-*"):  # an earlier bench's: the ImageNet scripts would resume from it
+        old.unlink()
     rc = _run([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={NP}", str(port), *args],
               work / "runs.log", work)
     row.runs = _outcome(rc, work / "runs.log")
     if example.parity:
         row.parity = example.parity
         return row
+    if example.own_checkpoints:
+        script, port = _fresh(script, work), _fresh(port, work)
     rc = _run([str(BIN / "dpcompare"), "parity", "--script", str(script), "--strategies", arms, "--ddp-script",
                str(port), "--np", str(NP), "--out", str(work / "parity"), "--run-timeout", f"{RUN_TIMEOUT:g}",
                "--", *args], work / "parity.log", work)
     row.parity = f"{arms}: " + (f"agree{_largest(work / 'parity.log')}" if rc == 0
                                  else _outcome(rc, work / "parity.log"))
     return row
+
+
+def _fresh(script: Path, work: Path) -> Path:
+    """A script of the bench's that runs ``script`` (where it lies) with ``--checkpoint-format`` in a folder of
+    the process's own: parity's arms share one working folder, and the ImageNet example resumes from any
+    checkpoint it finds there (rank 0's choice is broadcast), so the second arm would train nothing."""
+    wrapper = work / f"fresh_{script.stem}.py"
+    wrapper.write_text(  # not atomic: the bench's own scratch file
+        "import runpy, sys, tempfile\n"
+        "args = sys.argv[1:]\n"
+        "args[args.index('--checkpoint-format') + 1] = tempfile.mkdtemp(prefix='ckpt-') + '/checkpoint-{epoch}.pth.tar'\n"
+        f"sys.argv = [{str(script)!r}, *args]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    return wrapper
 
 
 def _largest(log: Path) -> str:
