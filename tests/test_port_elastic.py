@@ -181,7 +181,7 @@ def port(tmp_path_factory) -> Path:
     return Path(result["written"])
 
 
-def test_what_stops_an_elastic_port_is_named_at_the_scripts_own_line(tmp_path):
+def test_what_stops_an_elastic_port_is_named_by_its_own_source(tmp_path):
     script = tmp_path / "elastic_other.py"
     script.write_text(SCRIPT + "hvd.alltoall(torch.zeros(2))\n")
     result = write_port(scan_script(script), None, dry_run=True)
