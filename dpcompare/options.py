@@ -35,8 +35,8 @@ class Parser(argparse.ArgumentParser):
     given: its options in order (``options``), by flag (``flags``), by section (``sections``), its sub-commands.
 
     ``sections``: the sections of its --help in their order, each with the flags that go there, whichever group
-    adds them (a TrainConfig field's own group, say). A command given
-    sections lists its help flag and positional arguments in the first one, so that it leads the help."""
+    adds them (a TrainConfig field's own group, say). A command given sections lists its help flag and its
+    positional arguments in the first one, which leads its help, and any flag no section names in a last one."""
 
     def __init__(self, *args: Any, sections: Mapping[str, Sequence[str]] | None = None, **kw: Any) -> None:
         self.options: list[argparse.Action] = []
