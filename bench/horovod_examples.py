@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import py_compile
+import re
 import struct
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class Example:
     path: str                                      # in the Horovod checkout
     args: Callable[[Path, Path], list[str]]        # (data, work) -> the script's arguments, tiny
     parity: str = ""                               # why there is no parity run ("": there is one)
+    own_checkpoints: bool = False                  # resumes from --checkpoint-format when it exists (see _fresh)
 
 
 EXAMPLES = (
@@ -55,7 +57,8 @@ EXAMPLES = (
     Example("pytorch_synthetic_benchmark", "examples/pytorch/pytorch_synthetic_benchmark.py",
             lambda d, w: ["--no-cuda", "--model", "resnet18", "--batch-size", "2", "--num-warmup-batches", "1",
                           "--num-batches-per-iter", "1", "--num-iters", "2"]),
-    Example("pytorch_imagenet_resnet50", "examples/pytorch/pytorch_imagenet_resnet50.py", _imagenet),
+    Example("pytorch_imagenet_resnet50", "examples/pytorch/pytorch_imagenet_resnet50.py", _imagenet,
+            own_checkpoints=True),
     Example("pytorch_lightning_mnist", "examples/pytorch/pytorch_lightning_mnist.py", _mnist,
             parity="n/a (Trainer(accelerator='horovod') runs on Lightning 1.x only)"),
     Example("pytorch_mnist_elastic", "examples/elastic/pytorch/pytorch_mnist_elastic.py",
@@ -135,22 +138,49 @@ def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> 
         row.notes.append(str(e).splitlines()[-1])
         return row
     args = example.args(data, work)
+    for old in work.glob("checkpoint-*"):  # an earlier bench's: the ImageNet scripts would resume from it
+        old.unlink()
     rc = _run([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={NP}", str(port), *args],
               work / "runs.log", work)
     row.runs = _outcome(rc, work / "runs.log")
     if example.parity:
         row.parity = example.parity
         return row
+    if example.own_checkpoints:
+        script, port = _fresh(script, work), _fresh(port, work)
     rc = _run([str(BIN / "dpcompare"), "parity", "--script", str(script), "--strategies", arms, "--ddp-script",
                str(port), "--np", str(NP), "--out", str(work / "parity"), "--run-timeout", f"{RUN_TIMEOUT:g}",
                "--", *args], work / "parity.log", work)
-    row.parity = f"{arms}: " + ("agree" if rc == 0 else _outcome(rc, work / "parity.log"))
+    row.parity = f"{arms}: " + (f"agree{_largest(work / 'parity.log')}" if rc == 0
+                                 else _outcome(rc, work / "parity.log"))
     return row
 
 
+def _fresh(script: Path, work: Path) -> Path:
+    """A script of the bench's that runs ``script`` (where it lies) with ``--checkpoint-format`` in a folder of
+    the process's own: parity's arms share one working folder, and the ImageNet example resumes from any
+    checkpoint it finds there (rank 0's choice is broadcast), so the second arm would train nothing."""
+    wrapper = work / f"fresh_{script.stem}.py"
+    wrapper.write_text(  # not atomic: the bench's own scratch file
+        "import runpy, sys, tempfile\n"
+        "args = sys.argv[1:]\n"
+        "args[args.index('--checkpoint-format') + 1] = tempfile.mkdtemp(prefix='ckpt-') + '/checkpoint-{epoch}.pth.tar'\n"
+        f"sys.argv = [{str(script)!r}, *args]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    return wrapper
+
+
+def _largest(log: Path) -> str:
+    """`` (largest D)``: the largest difference parity's verdict line names, or nothing."""
+    found = re.findall(r"\(largest ([^)]+)\)", log.read_text(errors="replace"))
+    return f" (largest {max(found, key=float)})" if found else ""
+
+
 def _last_lines(log: Path, n: int = 3) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return " ".join(lines[-n:])[:400]
+    """migrate's reason for writing no port (from "No DDP port written" on), else the log's last lines."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    at = next((i for i, line in enumerate(lines) if line.startswith("No DDP port written")), len(lines) - n)
+    return " ".join(lines[max(at, 0):])[:400]
 
 
 def table(rows: list[Row]) -> str:

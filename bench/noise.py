@@ -3,7 +3,7 @@
 
     python bench/noise.py [--pairs aa,dh] [--launches 4] [--blocks 10] [--bind none|core] [--threads N]
                           [--hvd-affinity CORES] [--rerun-disturbed PCT] [--out runs/noise] [--quick]
-    python bench/noise.py --honest 20 [--blocks auto] [--out runs/noise-honest]
+    python bench/noise.py --honest [N] [--blocks auto] [--out runs/noise-honest]
 
 Runs ``dpcompare compare`` on convnet/digits at np=2 with persistent workers, for the A/A pair (``aa``: ddp
 against ddp) and ddp against horovod (``dh``), ``--launches`` times each: every launch is its own comparison (its
@@ -54,8 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pairs", default="aa,dh", help="aa (ddp vs ddp), dh (ddp vs horovod) (default: aa,dh)")
     p.add_argument("--launches", type=int, default=4, help="comparisons (worker jobs) per pair (default: 4)")
     p.add_argument("--blocks", default="10", help="blocks per launch, or auto: compare's stopping rule (default: 10)")
-    p.add_argument("--honest", type=int, metavar="N",
-                   help="N A/A comparisons at compare's stopping rule (--pairs aa --launches N, --blocks auto unless "
+    p.add_argument("--honest", type=int, nargs="?", const=20, metavar="N",
+                   help="N A/A comparisons (default N: 20) at compare's stopping rule (--pairs aa --launches N, --blocks auto unless "
                         "given): how many intervals contain equality")
     p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")

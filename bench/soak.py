@@ -99,7 +99,7 @@ def main() -> int:
     cmd = ["mpirun", "-np", str(a.np), "--oversubscribe", "--bind-to", "none", str(BIN / "dpcompare"), "train",
            "--strategy", a.strategy, "--model", "mlp", "--width", str(a.width), "--dataset", "digits",
            "--epochs", str(a.epochs), "--checkpoint-every", "1", "--keep-last", str(a.keep_last),
-           "--resume", "auto", "--threads", "1", "--no-tensorboard", "--progress", "lines", "--warmup-steps", "0",
+           "--resume", "auto", "--threads", "1", "--trackers", "none", "--progress", "lines", "--warmup-steps", "0",
            "--out", str(out)]
     print(f"soak: {a.kills} kills, {a.strategy} np={a.np}, mlp width {a.width}, {a.epochs} epochs, "
           f"--keep-last {a.keep_last}, schedule seed {seed}, OUT {out}", flush=True)

@@ -73,7 +73,7 @@ WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
     "squeezenet": ("plug-in", ("--workload", str(ROOT / "tests" / "zoo" / "squeezenet.py") + ":workload")),
 }
 CHOOSING = "mlp"
-COMMON = ("--samples", "4096", "--epochs", "0", "--threads", "1", "--no-tensorboard", "--progress", "none",
+COMMON = ("--samples", "4096", "--epochs", "0", "--threads", "1", "--trackers", "none", "--progress", "none",
           "--overwrite")
 RESULTS = "results.json"
 #: candidate calibrations: name → (bench: none / the same H and rate / the same without its back-to-back sizes /

@@ -7,10 +7,14 @@ Link rates (:func:`parse_rate_bits`, :func:`format_rate_bits`) are the one readi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import re
 
+from dpcompare.backends.catalog import check_name
+from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
 from dpcompare.errors import ConfigError
+from dpcompare.models import HF_PREFIX, MODELS
 
 
 def _int_at_least(text: str, low: int, words: str) -> int:
@@ -89,8 +93,6 @@ class PluginNames(list):
 
 def strategy_arg(text: str) -> str:
     """A built-in strategy or a plug-in ``MODULE:CLASS`` / ``path/to/file.py:CLASS`` (imported when used)."""
-    from dpcompare.backends.catalog import check_name
-
     try:
         return check_name(text)
     except ValueError as e:
@@ -117,8 +119,6 @@ def install_hint(name: str) -> str:
 def tracker_list(text: str) -> str:
     """``--trackers``: comma-separated trackers (``none``: only dpcompare's own files), checked for installation
     here, while the command line is read, so that a missing one stops the run before anything starts."""
-    import importlib.util
-
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"))
     for n in names:
         if n not in TRACKERS:
@@ -131,8 +131,6 @@ def tracker_list(text: str) -> str:
 
 def model_arg(text: str) -> str:
     """A built-in model, ``hf:NAME`` (checked when built) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
-    from dpcompare.models import HF_PREFIX, MODELS
-
     if text in MODELS or text.startswith(HF_PREFIX) or ":" in text:
         return text
     raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose from {', '.join(MODELS)}, {HF_PREFIX}NAME "
@@ -141,8 +139,6 @@ def model_arg(text: str) -> str:
 
 def dataset_arg(text: str) -> str:
     """A built-in dataset (images or text) or a plug-in ``MODULE:FACTORY`` / ``FILE.py:FACTORY``."""
-    from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
-
     if text in DATASETS or text in TEXT_DATASETS or ":" in text:
         return text
     raise argparse.ArgumentTypeError(f"unknown dataset {text!r}; choose from {', '.join([*DATASETS, *TEXT_DATASETS])} "

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from dpcompare.launch.jobs import leave, run_command
-from dpcompare.options import START, Parser, Renamed
+from dpcompare.options import START, Parser, Renamed, print_config
 from dpcompare.versions import __version__
 
 __all__ = ["build_parser", "entry", "leave", "main", "subcommands"]
@@ -68,9 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(argv)
-    if getattr(args, "config", None) is None:
-        return run_command(args.command, args.func, _given(args, argv))
-    return run_command(args.command, lambda a: (b := with_config_file(parser, argv, a)).func(b), args)
+    return run_command(args.command, lambda a: _start(parser, argv, a), args)
+
+
+def _start(parser: Parser, argv: list[str], a: argparse.Namespace) -> int | None:
+    """The command ``a`` names, with its --config file applied; with --print-config, its configuration instead."""
+    b = with_config_file(parser, argv, a) if getattr(a, "config", None) else _given(a, argv)
+    return print_config(b) if getattr(b, "print_config", False) else b.func(b)
 
 
 def _given(a: argparse.Namespace, argv: list[str], raw: dict | None = None) -> argparse.Namespace:

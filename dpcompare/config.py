@@ -9,6 +9,7 @@ are all derived from these fields, so a new knob is one field here plus the back
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,25 +26,25 @@ NETWORK = WHERE
 
 def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
         choices: Callable[[], list[str]] | list[str] | None = None, group: str = TRAINING, resume: bool = False,
-        metavar: str | None = None, hidden: bool = False, renamed_from: tuple[str, ...] = ()) -> Any:
+        metavar: str | None = None, hidden: bool = False, renamed_from: tuple[str, ...] = (),
+        deprecated: str | None = None) -> Any:
     """A config field with its command-line description.
 
     ``flag`` defaults to ``--field-name``; a boolean field that defaults to True needs a ``--no-...`` flag.
     ``resume=True``: a resumed run that changes this setting says so. ``help``/``choices`` may be callables
     (evaluated when the parser is built) for lists that come from registries. ``renamed_from``: the flag's old
-    spellings, which still work for one release with a warning.
+    spellings, which still work for one release with a warning. ``deprecated``: what replaces the flag itself,
+    which still works for one release, hidden, with a warning naming it.
     """
     return field(default=default, metadata={"flag": flag, "help": help, "type": type, "choices": choices,
                                             "group": group, "resume": resume, "metavar": metavar,
-                                            "hidden": hidden, "renamed_from": renamed_from})
+                                            "hidden": hidden, "renamed_from": renamed_from, "deprecated": deprecated})
 
 
 def _names(module: str, table: str, intro: str | None = None, kind: type[list] = list) -> Callable[[], Any]:
     """The names in ``module.table``, read when the parser is built (the table imports no torch): a ``kind`` list,
     or with ``intro`` a help text that ends listing them."""
     def names() -> Any:
-        import importlib
-
         found = kind(getattr(importlib.import_module(module), table))
         return found if intro is None else intro + ", ".join(found)
     return names
@@ -52,8 +53,6 @@ def _names(module: str, table: str, intro: str | None = None, kind: type[list] =
 def _described(module: str, table: str, intro: str = "", outro: str = "") -> Callable[[], str]:
     """--help listing every entry of ``module.table`` (name → (..., one line)) between ``intro`` and ``outro``."""
     def text() -> str:
-        import importlib
-
         rows = getattr(importlib.import_module(module), table).items()
         return intro + "; ".join(f"{n}: {getattr(row, 'summary', row[-1])}" for n, row in rows) + outro
     return text
@@ -227,11 +226,12 @@ class TrainConfig:
                                       "random weights", group=OUTPUT, metavar="PATH")
     overwrite: bool = opt(False, "replace an earlier run's files in OUT", group=OUTPUT)
     tensorboard: bool = opt(True, "do not write TensorBoard events to OUT/tensorboard (even when --trackers names it)",
-                            flag="--no-tensorboard", group=OUTPUT)
+                            flag="--no-tensorboard", group=OUTPUT,
+                            deprecated="--trackers none (or a list without tensorboard)")
     log: str = opt("tensorboard", _described("dpcompare.argtypes", "TRACKERS",
                                              "where the reporting rank also logs epoch metrics, step-time phases, "
                                              "the config and the versions, comma-separated: ",
-                                             "; none: only dpcompare's own files (default: tensorboard)"),
+                                             "; none: only dpcompare's own files. The one switch for TensorBoard (default: %(default)s)"),
                    type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.argtypes", "TRACKERS")()),
                    group=OUTPUT, metavar="LIST", flag="--trackers", renamed_from=("--log",))
     mlflow_uri: str | None = opt(None, "--trackers mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -119,7 +120,7 @@ def refuse_unhonoured(cfg: TrainConfig, strategy: str, honours: Mapping[str, Col
 
 
 def amp_dtype(name: str) -> Any:
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     return {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
@@ -128,9 +129,7 @@ def check_amp(name: str, device_type: str) -> None:
     """Refuse an autocast dtype this torch cannot run on this device (autocast would only warn and run fp32)."""
     if name == "none":
         return
-    import warnings
-
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     dtype = amp_dtype(name)
     ok = torch.amp.autocast_mode.is_autocast_available(device_type)

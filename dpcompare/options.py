@@ -2,8 +2,11 @@
 
 ``add_config_options`` adds one flag per field, ``config_from_args`` reads them back, and ``train_argv``
 is the inverse: the ``dpcompare train`` flags that rebuild a config, for the child jobs that ``compare``,
-``parity`` and ``launch`` start. ``config_defaults`` reads a ``--config FILE.toml`` (any command's flags) and
-``write_config`` writes the ``config.toml`` that reruns a run; ``deprecate`` keeps an old flag's spelling for a release.
+``parity`` and ``launch`` start. ``read_config`` reads a ``--config FILE.toml`` (any command's flags) and
+``write_config`` writes the ``config.toml`` that reruns a run (every setting, defaults included; ``--print-config``
+prints it). :class:`Parser` is every command's parser, on argparse's public API only: it keeps its options, flags,
+--help sections and sub-commands itself; ``deprecate`` (:class:`Renamed`, :class:`Warned`) keeps an old flag's
+spelling for a release.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ class Parser(argparse.ArgumentParser):
     given: its options in order (``options``), by flag (``flags``), by section (``sections``), its sub-commands.
 
     ``sections``: the sections of its --help in their order, each with the flags that go there, whichever group
-    adds them (a TrainConfig field's own group, say). A command given
-    sections lists its help flag and positional arguments in the first one, so that it leads the help."""
+    adds them (a TrainConfig field's own group, say). A command given sections lists its help flag and its
+    positional arguments in the first one, which leads its help, and any flag no section names in a last one."""
 
     def __init__(self, *args: Any, sections: Mapping[str, Sequence[str]] | None = None, **kw: Any) -> None:
         self.options: list[argparse.Action] = []
@@ -230,7 +233,9 @@ def add_config_options(p: argparse.ArgumentParser, exclude: Collection[str] = ()
                 kw["metavar"] = md["metavar"]
             if default is not None and "default:" not in text:
                 text += f" (default: {_default_text(default)})"
-        kw["help"] = argparse.SUPPRESS if md["hidden"] else text
+        kw["help"] = argparse.SUPPRESS if md["hidden"] or md.get("deprecated") else text
+        if md.get("deprecated"):  # still works, hidden, warning: as its switch did
+            kw.update(action=Warned, new=md["deprecated"], nargs=0, const=kw["action"] == "store_true")
         act = g.add_argument(flag, **kw)
         for old in md.get("renamed_from", ()):
             g.add_argument(old, action=Renamed, dest=name, new=flag, nargs=act.nargs, const=act.const, type=act.type,
@@ -277,13 +282,16 @@ def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 #: the file a run writes beside its results (results.json, summary.json, parity.json), read back by --config
 CONFIG_FILE = "config.toml"
 #: options a written configuration leaves out: each invocation's own choice (a rerun names its own --out)
-NOT_IN_CONFIG = ("out", "overwrite", "progress", "config", "help", "resume_dir")
+NOT_IN_CONFIG = ("out", "overwrite", "progress", "config", "help", "resume_dir", "print_config", "plan")
 
 
 def add_config_file_option(p: Any) -> None:
     p.add_argument("--config", metavar="FILE.toml",
                    help="read options from a TOML file (keys: the flags without their dashes, e.g. batch-size = 64; "
                         "the config.toml every run writes reruns it); flags on the command line win")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the full resolved configuration (--config's file, the flags given, every other "
+                        "option's default) as TOML, and exit without running")
 
 
 def _action(p: Parser, key: str) -> argparse.Action | None:
@@ -434,9 +442,57 @@ def write_config(path: str | Path, p: Parser, settings: Mapping[str, Any]) -> Pa
     from dpcompare.files import atomic_write_text
     from dpcompare.versions import __version__
 
-    head = (f"# {p.prog} {__version__}: the settings of this run (others at their defaults). Rerun it with\n"
-            f"#   {p.prog} --config {path} --out NEW_FOLDER\n# (flags given beside --config win)\n")
-    return atomic_write_text(path, head + tomli_w.dumps(dict(settings)))
+    head = (f"# {p.prog} {__version__}: every setting of this run, defaults included (a changed default does not "
+            f"change a rerun). Rerun it with\n#   {p.prog} --config {path} --out NEW_FOLDER\n"
+            "# (flags given beside --config win)\n")
+    return atomic_write_text(path, head + tomli_w.dumps(full_settings(p, settings)))
+
+
+def _plain(value: Any) -> Any:
+    """A default as TOML writes it and ``--config`` reads it back: a number, a string, a boolean or a list."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        items = [_plain(v) for v in value]
+        return items if all(isinstance(v, int | float | str) and not isinstance(v, bool) for v in items) else \
+            ",".join(map(str, items))
+    return str(value)
+
+
+def default_settings(p: Parser) -> dict[str, Any]:
+    """Every option of ``p`` at its default, as configuration keys (a switch: false); left out: an option without
+    a default (None; TOML has no null) and one whose default stands for a choice made later, which the option
+    itself does not take (compare's --repeats 0: 3 blocks, or 1 per seed)."""
+    out: dict[str, Any] = {}
+    for act in p.options:
+        if act.dest in NOT_IN_CONFIG or act.help == argparse.SUPPRESS:
+            continue
+        if act.nargs == 0:
+            out[_key(act)] = False
+        elif act.default not in (None, argparse.SUPPRESS, []):
+            try:
+                _setting(p, act, _key(act), _plain(act.default))
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                continue
+            out[_key(act)] = _plain(act.default)
+    return out
+
+
+def full_settings(p: Parser, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` (configuration keys, see :func:`config_settings`) with every other option at its default."""
+    given = dict(settings)
+    return {**{k: v for k, v in default_settings(p).items() if k not in given}, **given}
+
+
+def print_config(a: argparse.Namespace) -> int:
+    """``--print-config``: the full resolved configuration ``a`` was given (its --config file's settings, its
+    flags', every other option's default) as TOML on stdout; nothing runs."""
+    import tomli_w
+
+    p = a.commands[a.command]
+    sys.stdout.write(f"# {p.prog}: the resolved configuration (dpcompare {a.command} --config FILE reads it)\n"
+                     + tomli_w.dumps(full_settings(p, given_settings(a) or {})))
+    return 0
 
 
 def given_settings(a: argparse.Namespace) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -117,7 +118,7 @@ def write_trace(path: Path, events: list[dict[str, Any]], info: dict[str, Any]) 
 
 
 # -- figures ---------------------------------------------------------------------------------------------
-def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_spans(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[tuple[float, float]] = []
     for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
@@ -127,11 +128,11 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
     return merged
 
 
-def _length(intervals: Sequence[tuple[float, float]]) -> float:
+def spans_length(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def _clip(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
+def clip_spans(intervals: Sequence[tuple[float, float]], lo: float, hi: float) -> list[tuple[float, float]]:
     return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
 
 
@@ -200,7 +201,7 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     waited for a late peer, for a core that backward held, for tokens a shaped link had not refilled), never
     faster, and a median ignores those while least squares tilts towards them.
     """
-    from scipy.stats import theilslopes  # scipy takes ~0.3 s to import; `dpcompare --help` reads this module
+    from scipy.stats import theilslopes  # here, not at the top: dpcompare --help loads this module
 
     slope, intercept, _, _ = theilslopes(ys, xs, method="joint")
     return float(intercept), float(slope)
@@ -268,8 +269,8 @@ def _step_row(events: Sequence[dict[str, Any]], st: dict[str, Any], starts: dict
         computing = (bw["ts"], min(max(ticks, default=bw["ts"] + bw["dur"]), bw["ts"] + bw["dur"]))
 
     def split(spans: list[dict[str, Any]]) -> tuple[float, float]:
-        busy = _union((starts.get(id(e), e["ts"]), e["ts"] + e["dur"]) for e in spans)
-        return _length(busy), _length(_clip(busy, *computing)) if computing else 0.0
+        busy = union_spans((starts.get(id(e), e["ts"]), e["ts"] + e["dur"]) for e in spans)
+        return spans_length(busy), spans_length(clip_spans(busy, *computing)) if computing else 0.0
 
     kinds = {}
     for kind in COLLECTIVES:
@@ -423,8 +424,6 @@ class CpuClock:
         return {"main": main, "helpers": helpers, "threads": self._busiest(helpers)}
 
     def _busiest(self, helpers_ms: float) -> list[dict[str, Any]]:
-        import threading
-
         before, now, me = self._threads or {}, thread_cpu_s(), threading.get_native_id()
         spent = {tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items()
                  if tid != me}

@@ -43,7 +43,7 @@ def mpi_version() -> str | None:
 
 
 def versions() -> dict[str, str | None]:
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     return {"dpcompare": __version__, "python": platform.python_version(), "torch": str(torch.__version__),
             "horovod": _dist("horovod"), "mpi": mpi_version(), "mpi4py": _dist("mpi4py"), "numpy": _dist("numpy")}

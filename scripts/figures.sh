@@ -11,7 +11,7 @@ OUT_PNG="${1:-$ROOT/docs/timeline.png}"
 bash "$ROOT/bench/quiet.sh"  # the picture's milliseconds are this machine's: a quiet one (QUIET_STRICT=0 to draw anyway)
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-FLAGS=(--model mlp --width 1024 --dataset digits --threads 1 --no-tensorboard --warmup-steps 5 --epochs 0
+FLAGS=(--model mlp --width 1024 --dataset digits --threads 1 --trackers none --warmup-steps 5 --epochs 0
        --max-steps 10 --trace 5 --progress none)
 for s in ddp horovod; do
   mpirun -np 2 --oversubscribe --bind-to none "$DPC" train --strategy "$s" "${FLAGS[@]}" --out "$WORK/$s" >/dev/null

@@ -204,7 +204,7 @@ needs_mpi = pytest.mark.mpi
 needs_horovod = pytest.mark.horovod
 
 # Small, fast training flags shared by the distributed tests.
-FAST = ("--model", "convnet", "--dataset", "digits", "--no-tensorboard", "--threads", "1", "--warmup-steps", "2")
+FAST = ("--model", "convnet", "--dataset", "digits", "--trackers", "none", "--threads", "1", "--warmup-steps", "2")
 
 
 def load_ckpt(out: Path, epoch: int) -> dict:

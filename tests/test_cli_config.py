@@ -7,6 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 from rich.console import Console
 
 from dpcompare import cli
@@ -40,7 +45,8 @@ def test_compare_reruns_from_its_config_toml(tmp_path: Path) -> None:
                              "--sweep", "batch_size=16,32", "--repeats", "1", "--lr", "0.01", "--epochs", "1",
                              "--equivalence", "3", "--project-link", "10gbit", "--out", str(tmp_path / "a")])
     written = (tmp_path / "a" / CONFIG_FILE).read_text()
-    assert "lr = 0.01" in written and "equivalence = 3" in written and "out =" not in written
+    assert "\nlr = 0.01\n" in written and "\nequivalence = 3\n" in written and "\nout =" not in written
+    assert "\nseed = 42\n" in written and "\nwarmup-steps = 5\n" in written  # the defaults too
     assert 'project-link = "10gbit"' in written  # a run option that changes the report: rerun it too
     again, calls_again = _compare(["--config", str(tmp_path / "a" / CONFIG_FILE), "--out", str(tmp_path / "b")])
     assert "--project-link" in again["cli"]
@@ -117,3 +123,36 @@ def test_a_flag_name_has_one_meaning() -> None:
     assert seen["--out"] <= {"None", "DIR"}  # a folder everywhere: a file is --out-file
     assert seen["--hosts"] == {"H1:N,H2:N"} and "--log" not in seen and "--force" not in seen
     assert seen["--resume"] == {"PATH|auto"} and seen["--timeout"] == {"None"}
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--strategy", "ddp", "--trackers", "none", "--max-steps", "3"],
+    ["compare", "--np", "1,2", "--sweep", "batch-size=8,16", "--variants", "a=ddp", "b=horovod:trackers=csv"],
+    ["parity", "--no-single", "--steps", "7"],
+    ["predict", "r1", "--link", "1gbit", "--fp16"],
+])
+def test_print_config_is_the_whole_configuration_and_reads_back(argv: list[str], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--print-config runs nothing: it prints every option (defaults included) as TOML; read back with --config,
+    it is the same command, also when a default changes later (the file names every value)."""
+    assert cli.main([*argv, "--print-config"]) == 0
+    text = capsys.readouterr().out
+    table = tomllib.loads(text)
+    assert "print-config" not in table and "out" not in table
+    assert {"batch-size", "lr", "seed", "epochs"} <= set(table) or argv[0] == "predict"
+    if argv[0] == "predict":
+        assert table["grad-compression"] == "fp16" and table["bootstrap"] == 200 and table["link"] == "1gbit"
+    if argv[0] == "train":
+        assert table["trackers"] == "none" and table["max-steps"] == 3 and table["warmup-steps"] == 5
+    (tmp_path / "c.toml").write_text(text)
+    a, b = cli.parse(argv), cli.parse([argv[0], "--config", str(tmp_path / "c.toml")])
+    skip = {"argv", "config_raw", "config", "commands", "func"}
+    assert {k: v for k, v in vars(a).items() if k not in skip} == {k: v for k, v in vars(b).items() if k not in skip}
+
+
+def test_a_written_config_keeps_the_defaults_too(tmp_path: Path) -> None:
+    cfg = config_from_args(cli.parse(["train", "--batch-size", "64"]))
+    write_train_config(tmp_path / "t.toml", cfg)
+    table = tomllib.loads((tmp_path / "t.toml").read_text())
+    assert table["batch-size"] == 64 and table["lr"] == cfg.lr and table["epochs"] == cfg.epochs
+    assert "defaults included" in (tmp_path / "t.toml").read_text()

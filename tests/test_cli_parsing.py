@@ -83,3 +83,48 @@ def test_sweep_and_variants_take_the_flag_names_users_type() -> None:
     for bad in (["--sweep", "no-tensorboard=true"], ["--sweep", "nope=1"], ["--variants", "a=ddp:min-step=3"]):
         with pytest.raises(SystemExit):
             cli.parse(["compare", *bad])
+
+
+def test_compare_plan_lists_the_runs_and_their_time_then_exits(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "--np", "1,2", "--sweep", "batch-size=16,64", "--repeats", "3", "--out", str(out), "--plan"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "4 arms × 2 process counts (np 1,2) = 8 runs a block" in text and "blocks: 3 (3 repeats): 24 runs" in text
+    assert "block 2: horovod-batch_size-64-np2-r1," in text and "... 1 more block alike" in text
+    assert "not known before a run is timed" in text and "at most 12 h 00 min: 24 runs × --run-timeout 1800 s" in text
+    assert not out.exists()  # nothing ran, nothing was written
+    out.mkdir()
+    runs = [{"status": "ok", "wall_seconds": s} for s in (9.0, 10.0, 11.0, 500.0)] + [{"status": "failed"}]
+    (out / "results.json").write_text(json.dumps({"runs": runs}))
+    assert cli.main([*argv, "--repeats", "auto", "--max-repeats", "10", "--time-budget", "900"]) == 0
+    text = capsys.readouterr().out
+    assert "from 6 to at most 10 blocks (48 to 80 runs)" in text
+    assert "time: about 13 min 08 s for the 75 runs left (the median of the 4 ok runs" in text and "10.5 s a run" in text
+    assert "--time-budget 900 s: no block starts that would end after 15 min 00 s" in text
+
+
+#: a value for each old spelling that takes one, and what each command needs besides
+OLD_VALUES = {"--log": "csv", "--resume": "runs/x", "--cycle-ms": "2", "--fusion-mb": "8", "--warmup": "2",
+              "--timeout": "9", "--out": "f.out"}
+NEEDS = {"dpcompare slurm": ["--nodes", "1", "--time", "0:10:00"], "dpcompare timeline": ["r"]}
+
+
+def test_every_old_spelling_parses_with_one_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each hidden old spelling of every command, read by the command line: it parses, warns once naming the new
+    spelling, and sets what the new one sets (a new old spelling needs its value here, or this test fails)."""
+    seen = 0
+    for sp in cli.subcommands(cli.build_parser()):
+        for act in (a for a in sp.options if isinstance(a, Renamed)):
+            old = act.option_strings[0]
+            hosts = {"dpcompare lab up": "3", "dpcompare predict": "2,4"}.get(sp.prog) if old == "--hosts" else None
+            value = [] if act.nargs == 0 else [hosts or OLD_VALUES[old]]
+            a = cli.parse([*sp.prog.split()[1:], *NEEDS.get(sp.prog, []), old, *value])
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"{old} is deprecated" in err and f"use {act.new}" in err, (sp.prog, err)
+            assert getattr(a, act.dest) == (act.const if act.nargs == 0 else act.type(value[0]) if act.type
+                                            else value[0]), (sp.prog, old)
+            seen += 1
+    assert seen >= 20

@@ -165,7 +165,7 @@ def test_lab_busbw_follows_the_shaped_link(lab, strategy, tmp_path):
     out = tmp_path / strategy
     rc, _ = lab.run([*dpcompare_argv(), "train", "--strategy", strategy, "--model", "mlp", "--width", "1024",
                      "--dataset", "digits", "--epochs", "0", "--max-steps", "5", "--warmup-steps", "2", "--trace", "3",
-                     "--threads", "1", "--no-tensorboard", "--out", str(out)], out, timeout=240)
+                     "--threads", "1", "--trackers", "none", "--out", str(out)], out, timeout=240)
     assert rc == 0, log_tail(out, 40)
     c = json.loads((out / "summary.json").read_text())["communication"]
     ar = c["collectives"]["all_reduce"]

@@ -39,7 +39,7 @@ def test_child_command_is_mpirun_dpcompare_train(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(mpirun, "mpi_flavor", lambda *a: "openmpi")
     monkeypatch.setenv("PATH", "/opt/x/bin:/usr/bin")
     monkeypatch.delenv("PYTHONPATH", raising=False)
-    cfg = TrainConfig(epochs=3, warmup_steps=2, tensorboard=False, seed=7)
+    cfg = TrainConfig(epochs=3, warmup_steps=2, log="none", seed=7)
     spec = plan_m.RunSpec("horovod", 1, 0)
     cmd = runner_m.child_command(cfg, spec, tmp_path / "runs" / spec.name)
     prog = dpcompare_argv()
@@ -51,7 +51,7 @@ def test_child_command_is_mpirun_dpcompare_train(tmp_path: Path, monkeypatch: py
     child = _parse_train(cmd[i + len(prog) + 1:])
     assert (child.strategy, child.out, child.epochs, child.seed, child.warmup_steps) == (
         "horovod", str(tmp_path / "runs" / "horovod-np1-r0"), 3, 7, 2)
-    assert (child.tensorboard, child.progress, child.overwrite) == (False, "lines", True)
+    assert (child.log, child.progress, child.overwrite) == ("none", "lines", True)
 
 
 def test_python_m_dpcompare_works() -> None:
@@ -80,8 +80,8 @@ def test_bad_compare_flags_are_one_line(args: list[str], words: str, capsys: pyt
 
 def test_compare_defaults() -> None:  # --repeats 0: not given (3 blocks, or 1 per seed with --seeds)
     a = cli.build_parser().parse_args(["compare"])
-    assert (a.np, a.strategies, a.repeats, a.tensorboard, a.out) == ([2], ["ddp", "horovod"], 0, False, "runs/compare")
-    assert cli.build_parser().parse_args(["compare", "--np", "2,1,2", "--tensorboard"]).np == [1, 2]
+    assert (a.np, a.strategies, a.repeats, a.log, a.out) == ([2], ["ddp", "horovod"], 0, "none", "runs/compare")
+    assert cli.build_parser().parse_args(["compare", "--np", "2,1,2", "--trackers", "tensorboard"]).np == [1, 2]
 
 
 # -- results.json from what a run leaves behind (no training) ------------------------------------------
@@ -401,7 +401,7 @@ def test_repeats_auto_lets_an_a_a_pair_end_equal(monkeypatch) -> None:
     the 95 % interval is within ±5 % left them "undecided" 36 % of the time (59 % equal)."""
 
     old = dict(monkeypatch=monkeypatch, sd=0.07, sims=200, seed=5,
-               schedule=schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60))
+               stopping=schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60))
     with monkeypatch.context() as m:
         m.setattr(schedule_m, "RESOLUTION", 100.0)  # any width within --target-ci will do: the rule before
         before = _simulate_a_a(**old)

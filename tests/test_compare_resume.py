@@ -133,8 +133,9 @@ def test_all_train_settings_at_once_and_old_no_tensorboard_read_back() -> None:
     own = dataclasses.replace(base, **{n: FIELDS[n].default for n in cmdline.TRAIN_DEFAULTS
                                        if n not in cmdline.NOT_STORED})
     assert own != base and config_from_args(cmdline.stored_args(cmdline.train_flags(own))[0], out=own.out) == own
-    # comparisons stored before the fix kept --no-tensorboard: still readable
+    # comparisons stored before the fix kept --no-tensorboard, and before 0.3 --tensorboard: still readable
     assert cmdline.stored_args(["--no-tensorboard"])[0].tensorboard is False
+    assert cmdline.stored_args(["--tensorboard"])[0].log == "tensorboard"
 
 
 @pytest.mark.parametrize("c", [
@@ -150,8 +151,8 @@ def test_plan_flags_read_back_as_the_same_plan(c: Comparison, tmp_path: Path) ->
     merged, _ = cmdline.stored_args(cmdline.plan_flags(c))
     merged.out, merged.resume_dir, merged.overwrite, merged.progress = str(tmp_path), None, False, "none"
     back = compare.comparison_of(merged)
-    assert (back.arms, back.nps, back.schedule, back.sweeps, back.options.workers, back.options.project_link) == (
-        c.arms, c.nps, c.schedule, c.sweeps, c.options.workers, c.options.project_link)
+    assert (back.arms, back.nps, back.stopping, back.sweeps, back.options.workers, back.options.project_link) == (
+        c.arms, c.nps, c.stopping, c.sweeps, c.options.workers, c.options.project_link)
     assert [a.label for a in back.all_arms] == [a.label for a in c.all_arms]
 
 
@@ -220,14 +221,15 @@ def test_a_comparison_stored_by_an_earlier_dpcompare_still_resumes(tmp_path: Pat
     --min-steps 200): its --resume reads them back, and the same settings written either way are the same plan."""
     from dpcompare.options import train_argv
 
-    cfg = TrainConfig(epochs=1, lr=0.02, **cmdline.TRAIN_DEFAULTS)
+    cfg = TrainConfig(epochs=1, lr=0.02, tensorboard=False, **cmdline.TRAIN_DEFAULTS)
     out = tmp_path / "cmp"
     fake_launch.calls = []  # type: ignore[attr-defined]
     with pytest.raises(KeyboardInterrupt):
         run_compare(cfg, ["ddp", "single"], [1], 2, out, progress="none", launch=_interrupting_launch(1))
     res = json.loads((out / "results.json").read_text())
     old = train_argv(cfg, skip=("strategy", "out", "overwrite", "progress"))
-    assert "--no-tensorboard" in old and res["config"]["train_flags"] == ["--epochs", "1", "--lr", "0.02"]
+    assert "--no-tensorboard" in old and "--min-steps" in old
+    assert res["config"]["train_flags"] == ["--epochs", "1", "--lr", "0.02", "--no-tensorboard"]
     res["config"]["train_flags"] = old
     (out / "results.json").write_text(json.dumps(res))
     merged = compare.resumed_args(cli.build_parser().parse_args(["compare", "--continue", str(out)]))

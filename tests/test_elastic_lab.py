@@ -141,3 +141,30 @@ def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tm
     if hvd == native:  # both carried on alone from the same commit
         a, b = weights["horovod-elastic/fault=host1@20"], weights["native-elastic/fault=host1@20"]
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.netns
+def test_the_port_of_an_elastic_script_survives_a_lost_host_on_torchrun(tmp_path: Path) -> None:
+    """``compare --script elastic_mnist.py --strategies ddp-elastic``: migrate's port on torchrun's agents, two
+    hosts, host 1 lost after the commit at step 20 (or a later one): torchrun restarts the survivor's worker, which
+    resumes from the port's commit on disk and finishes alone."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        missing("a lab needs root and iproute2")
+    name = f"x{secrets.token_hex(3)}"
+    out = tmp_path / "cmp"
+    script = Path(__file__).parents[1] / "examples" / "horovod" / "elastic_mnist.py"
+    p = dpcompare("compare", "--script", str(script), "--strategies", "ddp-elastic", "--lab", f"hosts=2,name={name}",
+                  "--np", "2", "--fault", "host=1,at-step=20", "--repeats", "1", "--timeout", "5", "--min-steps", "0",
+                  "--progress", "none", "--out", str(out), "--", "--epochs", "3", "--batches-per-commit", "5",
+                  check=False, timeout=1200)
+    assert not _ns_left(name)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    assert "@elastic_run" in (out / "elastic_mnist_ddp.py").read_text()  # the port compare wrote and ran
+    runs = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    clean, hit = runs["ddp-elastic"], runs["ddp-elastic/fault=host1@20"]
+    assert clean["status"] == hit["status"] == "ok", hit["error"]
+    r = hit["recovery"]
+    assert r["recovered"] and r["how"] == "start" and r["world_size_after"] == 1, r
+    # the script commits every 5 batches of an epoch (44 steps) and at each epoch's end
+    assert r["resumed_from_step"] >= 20 and r["resumed_from_step"] % 44 % 5 == 0, r
+    assert [w for _, w in hit["world_sizes"]] == [2, 1] and [w for _, w in clean["world_sizes"]] == [2]

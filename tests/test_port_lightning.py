@@ -44,6 +44,14 @@ def test_the_port_is_lightning_2s_ddp_and_compiles() -> None:
     assert code.splitlines()[:6] == kept
 
 
+def test_a_trainer_on_one_line_stays_on_one_line() -> None:
+    src = "import os\nfrom pytorch_lightning import Trainer\nt = Trainer(max_epochs=1, accelerator='horovod')\n"
+    code = port_lightning(cst.parse_module(src))[0].code
+    assert code.splitlines()[2] == (
+        't = Trainer(max_epochs=1, devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), num_nodes=int(os.environ.get("WORLD_SIZE", "1")) '
+        '// int(os.environ.get("LOCAL_WORLD_SIZE", "1")), strategy="ddp")')
+
+
 def test_a_script_without_lightning_is_left_alone() -> None:
     src = "import horovod.torch as hvd\nhvd.init()\nclass Callback:\n    def on_epoch_end(self): pass\n"
     tree, notes = port_lightning(cst.parse_module(src))

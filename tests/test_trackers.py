@@ -108,6 +108,9 @@ def test_log_default_no_tensorboard_and_child_flags():
     cfg = config_from_args(p.parse_args(["train", "--trackers", "csv, tensorboard,csv", "--no-tensorboard"]))
     assert cfg.log == "csv,tensorboard" and trackers.selected(cfg) == ["csv"]
     assert train_argv(cfg)[-3:] == ["--no-tensorboard", "--trackers", "csv,tensorboard"]
+    assert trackers.selected(config_from_args(p.parse_args(["compare"]), strategy="ddp")) == []  # compare: none
+    assert trackers.selected(config_from_args(p.parse_args(["compare", "--trackers", "tensorboard"]),
+                                              strategy="ddp")) == ["tensorboard"]
     assert trackers.selected(config_from_args(p.parse_args(["train", "--trackers", "none"]))) == []
     assert trackers.mlflow_store("some/dir", Path("/x")) == f"sqlite:///{Path('some/dir').resolve()}/mlflow.db"
     assert trackers.mlflow_store(None, Path("/x/run")) == "sqlite:////x/run/mlflow.db"

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpcompare.config import TrainConfig
+from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
+from dpcompare.data.plugins import resolve_workload
 from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY
+from dpcompare.models import HF_ARCHITECTURES, HF_PREFIX, MODELS, is_language_model
 
 if TYPE_CHECKING:
     from dpcompare.data.workload import Workload
@@ -50,8 +53,7 @@ def train(workload: Workload | str | None = None, strategy: str = "horovod", *, 
     Returns the run summary (summary.json's content) on every rank. A setting or a workload that cannot work
     raises :class:`dpcompare.errors.ConfigError` (one line saying what to do) before any process group forms.
     """
-    from dpcompare.data.plugins import resolve_workload
-    from dpcompare.training import loop
+    from dpcompare.training import loop  # here, not at the top: it loads torch and numpy and rich
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(settings) - names)
@@ -120,9 +122,6 @@ From Python: dpcompare.train(workload, strategy="horovod", epochs=3) inside a sc
 
 
 def _cmd_workloads(a: argparse.Namespace) -> int:
-    from dpcompare.data.catalog import DATASETS, TEXT_DATASETS
-    from dpcompare.models import HF_ARCHITECTURES, HF_PREFIX, MODELS, is_language_model
-
     lms = [*(n for n in MODELS if is_language_model(n)), f"{HF_PREFIX}NAME"]
     kinds = (("image classification", [n for n in MODELS if not is_language_model(n)], list(DATASETS),
               "cross-entropy", "accuracy ↑"),

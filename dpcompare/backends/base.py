@@ -34,12 +34,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, final
 import torch
 from torch import nn
 
+from dpcompare import knobs
 from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
 from dpcompare.backends.parts import ElasticState, FullState, Precision, Restarts, Tracer, patch, tensor_bytes
+from dpcompare.config import TrainConfig
+from dpcompare.errors import DpcompareError
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
+from dpcompare.trace import CAT_COMM
 
 if TYPE_CHECKING:
-    from dpcompare.config import TrainConfig
     from dpcompare.data.workload import ModelTraits
     from dpcompare.trace import TraceRecorder
 
@@ -77,8 +80,6 @@ class Strategy(ABC):
 
     def __init__(self, env: LaunchEnv | None = None, device: str = "auto", iface: str | None = None,
                  timeout_s: float = 300.0) -> None:
-        from dpcompare.config import TrainConfig
-
         self.env = env or detect_launch_env()
         self.iface = iface
         self.timeout_s = timeout_s
@@ -108,8 +109,6 @@ class Strategy(ABC):
     @classmethod
     def build_info(cls) -> dict[str, object]:
         """What ``dpcompare doctor`` shows for this strategy: installed or not, version, build options."""
-        from dpcompare.errors import DpcompareError
-
         try:
             cls.check_available()
         except (StrategyUnavailable, DpcompareError) as e:
@@ -124,8 +123,6 @@ class Strategy(ABC):
         The base version refuses the knobs other strategies own, naming who can
         (:func:`dpcompare.knobs.refuse_unhonoured`); subclasses add their own value checks (and call this).
         """
-        from dpcompare import knobs
-
         honours = {n: e.knobs for n, e in STRATEGIES.items()}
         knobs.refuse_unhonoured(cfg, cls.name, {**honours, cls.name: cls.knobs})
         if cfg.emulate_ranks and cls.distributed:
@@ -403,8 +400,6 @@ def fill_missing_grads(optimizer: torch.optim.Optimizer) -> None:
 def timed_collective(recorder: TraceRecorder, run: Callable[[], Any], name: str, collective: str, nbytes: int,
                      tid: int) -> Callable[[], Any]:
     """``run`` that records itself as a blocking collective span (``bytes``, ``collective``) on lane ``tid``."""
-    from dpcompare.trace import CAT_COMM
-
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = recorder.now()
         try:

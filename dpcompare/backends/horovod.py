@@ -51,7 +51,7 @@ def mpi_allreduce_env(algorithm: str) -> dict[str, str]:
 
 
 def _hvd() -> Any:
-    import horovod.torch as hvd
+    import horovod.torch as hvd  # optional: Horovod may not be installed
 
     return hvd
 

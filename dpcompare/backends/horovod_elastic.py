@@ -78,7 +78,7 @@ class HorovodElastic(Restarts):
 
 def keeper_class() -> type:
     """:class:`Keeper`, built on Horovod's ``State`` on first use (Horovod is imported only by its strategy)."""
-    from horovod.common.elastic import State
+    from horovod.common.elastic import State  # optional: Horovod may not be installed
 
     class Keeper(State):  # type: ignore[misc, valid-type]
         """The model, the optimizer and the loop's progress as of the last commit."""

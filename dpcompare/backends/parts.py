@@ -136,7 +136,7 @@ class FullState:
 
         Called on every rank (sharding strategies gather here); only rank 0's result is complete.
         """
-        from dpcompare.checkpoint import plain_state_dict
+        from dpcompare.checkpoint import plain_state_dict  # here, not at the top: it loads numpy
 
         return plain_state_dict(self.strategy.unwrap_model(model).state_dict()), optimizer.state_dict()
 

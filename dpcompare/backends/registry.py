@@ -80,7 +80,7 @@ def check_model(name: str, traits: ModelTraits | None, cfg: TrainConfig) -> None
 
 def create(name: str, **kwargs: object) -> Strategy:
     """Instantiate a strategy after checking its library is importable."""
-    from dpcompare.backends.base import StrategyUnavailable
+    from dpcompare.backends.base import StrategyUnavailable  # here, not at the top: it loads torch
 
     cls = get(name)
     try:

@@ -44,7 +44,7 @@ class ZeroState(FullState):
 
     def dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        from dpcompare.checkpoint import plain_state_dict
+        from dpcompare.checkpoint import plain_state_dict  # here, not at the top: it loads numpy
 
         assert isinstance(optimizer, _zero_optimizer_class())
         optimizer.consolidate_state_dict(to=0)  # a collective: every rank sends its shard to rank 0

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from dpcompare.argtypes import format_rate_bits, nonneg_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.files import FAULT, LINK
+from dpcompare.lab.spec import link_bps
 from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
@@ -90,8 +91,6 @@ class LabLink:
 
 def parse_link(text: str) -> LabLink:
     """A lab link's rate (``1Gbit`` → LabLink(1_000_000_000), ``unlimited`` → LabLink(None), unshaped)."""
-    from dpcompare.lab.spec import link_bps
-
     try:
         return LabLink(link_bps(text))
     except DpcompareError as e:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from dpcompare.argtypes import format_rate_bits, nonneg_float, parse_rate_bits, positive_float, positive_int
 from dpcompare.compare.axes import AXES, TWIN
@@ -25,12 +25,22 @@ from dpcompare.compare.plan import (
     parse_variant,
     value_text,
 )
+from dpcompare.compare.script import add_script_arguments
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.launch.mpirun import BINDINGS
-from dpcompare.options import Parser, Warned, add_config_options, deprecate, train_argv
+from dpcompare.options import (
+    CONFIG_FILE,
+    Parser,
+    Renamed,
+    add_config_options,
+    config_settings,
+    deprecate,
+    train_argv,
+    write_config,
+)
 from dpcompare.versions import docs_page
 
 #: seconds a run may take before it is stopped (``--run-timeout``, as parity's): a run that hangs ends
@@ -42,9 +52,8 @@ NOT_OPTIONS = ("strategy", "resume")
 #: ... and the options a stored comparison does not keep (each invocation's own choice)
 NOT_STORED = (*NOT_OPTIONS, "out", "overwrite", "progress")
 #: compare's defaults for train settings, where they differ from ``dpcompare train``'s
-TRAIN_DEFAULTS: dict[str, Any] = {"out": "runs/compare", "min_timed_steps": DEFAULT_MIN_STEPS, "tensorboard": False}
-TRAIN_HELPS = {"tensorboard": "let every run write TensorBoard events (default: off for compare)",
-               "out": "output folder (default: runs/compare)"}
+TRAIN_DEFAULTS: dict[str, Any] = {"out": "runs/compare", "min_timed_steps": DEFAULT_MIN_STEPS, "log": "none"}
+TRAIN_HELPS = {"out": "output folder (default: runs/compare)"}
 #: the section of compare's --help for a Horovod script
 SCRIPT = "a Horovod script (dpcompare compare --script train.py -- ARGS)"
 
@@ -99,13 +108,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--continue", dest="resume_dir", metavar="DIR",
                    help="continue the interrupted comparison in DIR: runs recorded ok are kept, missing and "
                         "failed ones run; its plan and options are reused (any given must match them)")
-    from dpcompare.compare.script import add_script_arguments
 
     add_script_arguments(p.add_argument_group(SCRIPT), compare=True)
     add_config_options(p, exclude=NOT_OPTIONS, defaults=TRAIN_DEFAULTS, helps=TRAIN_HELPS)
     deprecate(p, "--resume", "--continue")
-    # comparisons stored before compare wrote --tensorboard relative to its own default kept --no-tensorboard
-    p.add_argument("--no-tensorboard", dest="tensorboard", action=Warned, nargs=0, const=False, new="--trackers none")
+    # compare's TensorBoard switch until 0.3 (off by default, as --trackers is now): comparisons stored with it
+    p.add_argument("--tensorboard", dest="log", action=Renamed, nargs=0, const="tensorboard",
+                   new="--trackers tensorboard")
 
 
 def _add_placement(g: Any) -> None:
@@ -177,7 +186,7 @@ def _variant(a: Arm) -> str:
 def plan_flags(c: Comparison) -> list[str]:
     """The comparison's own flags (not the train settings) that rebuild its plan: to print how to reproduce it,
     and for --continue."""
-    s, default = c.schedule, StoppingRule()
+    s, default = c.stopping, StoppingRule()
     flags = ["--np", ",".join(map(str, c.nps))]
     if any(a.knobs or a.label != a.name for a in c.arms):
         flags += ["--variants", *map(_variant, c.arms)]
@@ -216,10 +225,10 @@ def plan_flags(c: Comparison) -> list[str]:
     return flags
 
 
-class _StoredParser(argparse.ArgumentParser):
+class _StoredParser(Parser):
     """compare's options, for flags compare wrote itself: an error is the stored file's, one line."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         raise ConfigError(f"the stored comparison's flags cannot be read back ({message}); start a new "
                           "comparison with another --out")
 
@@ -234,7 +243,6 @@ def stored_args(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.Names
 def write_comparison_config(c: Comparison) -> None:
     """OUT/config.toml: the comparison's plan and train settings (what --continue reads from results.json), which
     rerun it with ``dpcompare compare --config OUT/config.toml --out NEW``."""
-    from dpcompare.options import CONFIG_FILE, config_settings, write_config
 
     p = Parser(prog="dpcompare compare", add_help=False)
     add_arguments(p)

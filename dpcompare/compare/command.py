@@ -15,19 +15,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpcompare.backends import registry
 from dpcompare.compare.axes import AXES, axes_of
 from dpcompare.compare.cmdline import SCRIPT, add_arguments, stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
+from dpcompare.compare.script import check_elastic_arms, script_plan
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE
 from dpcompare.errors import ConfigError
 from dpcompare.files import RESULTS
-from dpcompare.options import START, add_config_file_option
+from dpcompare.options import START, add_config_file_option, config_from_args
 
 #: options that are this invocation's own choice, never taken from or checked against a stored comparison
-OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers")
+OWN_OPTIONS = ("out", "overwrite", "progress", "resume_dir", "func", "workers", "plan", "print_config")
 
 
 def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
@@ -66,19 +68,17 @@ def resumed_args(a: argparse.Namespace) -> argparse.Namespace:
 
 def comparison_of(a: argparse.Namespace) -> Comparison:
     """The comparison that compare's parsed arguments ask for."""
-    from dpcompare.options import config_from_args
-
     base = list(a.variants or ()) or [Arm.named(s) for s in a.strategies]
     script = _script_of(a, base)
     cfg = config_from_args(a, strategy="horovod" if script else base[0].strategy, out=a.out)
     repeats = a.repeats if a.repeats != 0 else (1 if a.seeds else 3)  # 0: not given
-    schedule = StoppingRule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
+    stopping = StoppingRule(repeats=repeats, target_ci=a.target_ci / 100.0, max_repeats=a.max_repeats,
                         time_budget=a.time_budget, equivalence=a.equivalence / 100.0,
                         seeds=tuple(seed_list(a.seeds, cfg.seed)), accuracy_equivalence=a.accuracy_equivalence / 100.0)
     options = RunOptions(overwrite=a.overwrite, progress=a.progress, run_timeout=a.run_timeout or None,
                          resume=bool(a.resume_dir), workers=a.workers or "fresh",
                          project_link=a.project_link, bind=a.bind, disturbed=a.rerun_disturbed / 100.0)
-    c = Comparison(cfg, tuple(base), tuple(a.np), schedule, Path(a.out), options, tuple(a.sweep or ()),
+    c = Comparison(cfg, tuple(base), tuple(a.np), stopping, Path(a.out), options, tuple(a.sweep or ()),
                    lab=getattr(a, "lab", None), axes=axes_of(a.sweep or (), a), replay=a.replay, script=script)
     c.all_arms  # noqa: B018  (labels that would share a run folder: refused before anything runs)
     refuse_unrunnable(c)
@@ -92,8 +92,6 @@ def refuse_unrunnable(c: Comparison) -> None:
     to the script."""
     if c.script is not None:
         return
-    from dpcompare.backends import registry
-
     for arm in c.all_arms:
         if arm.elastic:
             continue
@@ -106,8 +104,6 @@ def refuse_unrunnable(c: Comparison) -> None:
 
 def _script_of(a: argparse.Namespace, arms: list[Arm]) -> Any:
     """The Horovod script this comparison runs (``--script``), checked against the rest of the plan; else None."""
-    from dpcompare.compare.script import check_elastic_arms, script_plan
-
     if a.script is not None:
         check_elastic_arms(arms)
     plan = script_plan(a, [x.strategy for x in arms], Path(a.out))
@@ -129,6 +125,10 @@ def _cmd_compare(a: argparse.Namespace) -> int:
         if a.overwrite:
             raise ConfigError("--continue continues a comparison and --overwrite replaces it; pass one of them")
         a = resumed_args(a)
+    if a.plan:
+        from dpcompare.compare.preview import print_plan
+
+        return print_plan(comparison_of(a))
     return run_compare(comparison_of(a))
 
 
@@ -137,7 +137,7 @@ SECTIONS = {START: ("--config", "--strategies", "--np", "--model", "--dataset", 
                     "--target-ci", "--lab", "--out", "--overwrite"),
             "what to compare": ("--variants", "--sweep", "--seeds", "--fault", "--replay"),
             "verdicts": ("--equivalence", "--accuracy-equivalence"),
-            HOW_LONG: ("--max-repeats", "--time-budget", "--run-timeout"), WHERE: ("--workers",),
+            HOW_LONG: ("--plan", "--max-repeats", "--time-budget", "--run-timeout"), WHERE: ("--workers",),
             SCRIPT: (), TRAINING: (), KNOBS: (), OUTPUT: ("--project-link", "--continue"), "comparison": ()}
 
 
@@ -158,6 +158,7 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                "  dpcompare compare --strategies ddp,horovod --sweep batch_size=16,64 --out runs/sweep\n"
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
                "  dpcompare compare --continue runs/ab   # continue an interrupted comparison\n"
+               "  dpcompare compare --sweep batch-size=16,64 --repeats 5 --plan   # the runs it would start, then exit\n"
                "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
                "  # --lab needs root; sudo resets PATH, so: sudo -E env PATH=$PATH dpcompare ...\n"
                "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
@@ -167,4 +168,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
     add_config_file_option(p)
     add_arguments(p)
+    p.add_argument("--plan", action="store_true",
+                   help="print the runs this comparison would start (arms × process counts × blocks, up to "
+                        "--max-repeats with --repeats auto) and what its time is known to be, then exit without "
+                        "running anything")
     p.set_defaults(func=_cmd_compare)

@@ -191,9 +191,9 @@ def figures(run_dir: Path, fault: dict[str, Any] | None, t_start: float | None) 
 def same_weights(run_dir: Path, other_dir: Path) -> dict[str, Any]:
     """The final states of two runs (their newest checkpoints), compared tensor by tensor: ``equal`` when every
     tensor of the model is bit for bit the same, with the largest absolute difference and the steps taken."""
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
-    from dpcompare import checkpoint
+    from dpcompare import checkpoint  # here, not at the top: it loads torch and numpy
 
     paths = [checkpoint.latest_checkpoint(d) for d in (run_dir, other_dir)]
     if None in paths:

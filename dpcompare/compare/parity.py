@@ -10,6 +10,7 @@ OUT/<strategy>/stdout.log and stderr.log).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -20,14 +21,29 @@ from rich.console import Console
 from rich.table import Table
 
 from dpcompare import backends, knobs
+from dpcompare.argtypes import nonneg_float, positive_int
 from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
+from dpcompare.compare.plan import parse_strategies
+from dpcompare.compare.script import add_script_arguments, port_notes, script_plan
 from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE, TrainConfig
+from dpcompare.data.plugins import check_workload, resolve_workload
 from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY, atomic_write_json
+from dpcompare.lab import session
+from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.calls import LAYER_ARM
-from dpcompare.options import START
+from dpcompare.options import (
+    CONFIG_FILE,
+    START,
+    add_config_file_option,
+    add_config_options,
+    config_from_args,
+    given_settings,
+    train_argv,
+    write_config,
+)
 from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
@@ -54,9 +70,6 @@ SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "-
 
 
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_float, positive_int
-    from dpcompare.compare.plan import parse_strategies
-    from dpcompare.options import add_config_file_option, add_config_options
 
     p = sub.add_parser(
         "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
@@ -81,8 +94,6 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help="largest allowed |difference| against the one-process reference, whose sums over the "
                         "processes' gradients are taken in another order (default: 1e-5)")
     p.add_argument("--no-single", dest="single", action="store_false", help="skip the one-process reference")
-    from dpcompare.lab.spec import lab_spec_arg
-
     p.add_argument("--lab", type=lab_spec_arg, metavar="hosts=N,link=RATE[,slots=K]",
                    help="run the distributed runs across an emulated cluster made for this check and removed after "
                         f"it (root, iproute2, tbf; {docs_page('lab')}); the one-process run stays on this host")
@@ -95,7 +106,6 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
                    help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
-    from dpcompare.compare.script import add_script_arguments
 
     add_script_arguments(p.add_argument_group(SCRIPT), compare=False)
     add_config_options(p, exclude=("strategy",), defaults={"out": "runs/parity"},
@@ -123,8 +133,6 @@ def judge(cfg: TrainConfig) -> tuple[str, float, str | None]:
 def model_traits(cfg: TrainConfig) -> ModelTraits:
     """What one batch forward and backward on the CPU shows of the model ``cfg`` trains (a plug-in's pre-check
     already ran; a built-in workload is checked here, before any run)."""
-    from dpcompare.data.plugins import check_workload, resolve_workload
-
     workload = resolve_workload(cfg).workload
     return workload.traits or check_workload(workload)
 
@@ -186,8 +194,7 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
     """Run ``cfg`` as ``np_`` processes (on ``pool``'s job, or across ``lab`` when given; ``single`` as one
     process on this host), its output in its folder, stopped after ``timeout`` seconds; its final weights and
     loss curve."""
-    from dpcompare import checkpoint
-    from dpcompare.options import train_argv
+    from dpcompare import checkpoint  # here, not at the top: it loads torch and numpy
 
     distributed = backends.facts(cfg.strategy).distributed
     out = Path(cfg.out)
@@ -333,10 +340,6 @@ def refuse_nothing_to_compare(a: argparse.Namespace, runs: list[str], single_not
 def _run_all(a: argparse.Namespace, runs: dict[str, TrainConfig], console: Console) -> dict[str, dict[str, Any]]:
     """Every run, the distributed ones across ``--lab`` when given (made for them, removed after them), else on one
     persistent worker job unless ``--workers fresh``."""
-    import contextlib
-
-    from dpcompare.lab import session
-
     pool = None
     if a.workers == "persistent" and a.lab is None:
         from dpcompare.compare.workers import WorkerPool
@@ -352,8 +355,6 @@ def _lab_json(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_parity(a: argparse.Namespace) -> int:
-    from dpcompare.options import config_from_args
-
     console = Console(highlight=False)
     if a.strategies is None:
         a.strategies = ["horovod", "native"] if a.script is not None else ["ddp", "horovod"]
@@ -411,8 +412,6 @@ def run_parity(a: argparse.Namespace) -> int:
 
 def _write_config(a: argparse.Namespace, out: Path) -> None:
     """OUT/config.toml: the settings this check was given (file and flags), which rerun it with --config."""
-    from dpcompare.options import CONFIG_FILE, given_settings, write_config
-
     settings = given_settings(a)
     if settings is not None:
         write_config(out / CONFIG_FILE, a.commands[a.command], settings)
@@ -420,8 +419,6 @@ def _write_config(a: argparse.Namespace, out: Path) -> None:
 
 def _script_parity(a: argparse.Namespace, console: Console) -> int:
     """``parity --script``: the script's final weights under each arm (:mod:`dpcompare.compare.script`)."""
-    from dpcompare.options import config_from_args
-
     out = Path(a.out)
     if (out / "parity.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} already holds a parity result; pass --overwrite or another --out")
@@ -443,8 +440,6 @@ def _final_weights(run_dir: Path) -> dict[str, Any]:
 
 def run_script_parity(a: argparse.Namespace, cfg: TrainConfig, console: Any) -> int:
     """``parity --script``: the script under each arm, its final weights compared tensor by tensor."""
-    from dpcompare.compare.script import port_notes, script_plan
-    from dpcompare.lab import session
 
     arms, out = list(a.strategies), Path(a.out)
     plan = script_plan(a, arms, out)

@@ -325,7 +325,7 @@ def child_config(cfg: TrainConfig, spec: RunSpec, run_dir: Path, step_log: bool 
         elastic.update(checkpoint_steps=cfg.checkpoint_steps or every, save_final=True)
     child = dataclasses.replace(cfg, **{**elastic, **dict(arm.knobs)}, **seed, strategy=spec.strategy,
                                 out=str(run_dir), overwrite=True, progress="lines", step_log=step_log or cfg.step_log)
-    return configured(child, arm)
+    return with_arm(child, arm)
 
 
 def launch_options(cfg: TrainConfig, arm: Arm, bind: str = "none", np: int = 1) -> dict[str, Any]:
@@ -344,7 +344,7 @@ def launch_options(cfg: TrainConfig, arm: Arm, bind: str = "none", np: int = 1) 
     return options
 
 
-def configured(cfg: TrainConfig, arm: Arm) -> TrainConfig:
+def with_arm(cfg: TrainConfig, arm: Arm) -> TrainConfig:
     """``cfg`` with what the arm's axes set in a run's train settings (``threads``: its thread count)."""
     for name, value in arm.axes:
         if AXES[name].configure is not None:
@@ -411,13 +411,13 @@ class RunOptions:
 class Comparison:
     """What ``run_compare`` runs: the shared train ``config``, the ``arms`` (variants or one per strategy)
     crossed with ``sweeps`` (of train settings) and ``axes`` (:mod:`.axes`; an axis named in ``sweeps`` moves
-    there), at every process count of ``nps``, in the blocks the stopping rule ``schedule`` decides, into
+    there), at every process count of ``nps``, in the blocks the ``stopping`` rule decides, into
     ``out``."""
 
     config: TrainConfig
     arms: tuple[Arm, ...]
     nps: tuple[int, ...]
-    schedule: StoppingRule = field(default_factory=StoppingRule)
+    stopping: StoppingRule = field(default_factory=StoppingRule)
     out: Path = Path("runs/compare")
     options: RunOptions = field(default_factory=RunOptions)
     sweeps: tuple[tuple[str, tuple[Any, ...]], ...] = ()
@@ -432,8 +432,8 @@ class Comparison:
         object.__setattr__(self, "out", Path(self.out))
         object.__setattr__(self, "axes", ordered([*self.axes, *axes_of(self.sweeps)]))
         object.__setattr__(self, "sweeps", tuple((n, tuple(v)) for n, v in self.sweeps if n not in AXES))
-        if isinstance(self.schedule, int | type(None)):
-            object.__setattr__(self, "schedule", StoppingRule(repeats=self.schedule))
+        if isinstance(self.stopping, int | type(None)):
+            object.__setattr__(self, "stopping", StoppingRule(repeats=self.stopping))
         for name, values in self.axes:
             AXES[name].check(self, values)
         self._check_lab()

@@ -13,11 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dpcompare import backends
 from dpcompare.compare.axes import AXES, LINK
+from dpcompare.compare.cmdline import stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunSpec
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
 from dpcompare.files import MEMORY_KINDS, METRICS, RESULTS, SCHEMA, SUMMARY
+from dpcompare.native.calls import SCRIPT_ARM_FACTS
+from dpcompare.versions import versions
 
 REPORT_FILES = ("report.html", "plots")
 ERROR_TAIL_LINES = 40
@@ -101,9 +105,6 @@ def _memory_mb(memory: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def environment(strategies: Sequence[str] | None = None) -> dict[str, Any]:
-    from dpcompare import backends
-    from dpcompare.versions import versions
-
     return {**versions(), "platform": platform.platform(), "machine": platform.machine(),
             "hostname": platform.node(), "cpus": os.cpu_count(),
             "strategies": {n: _strategy_facts(n) for n in (strategies or backends.names())}}
@@ -111,8 +112,6 @@ def environment(strategies: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _strategy_facts(name: str) -> dict[str, Any]:
     """What results.json records about an arm's strategy; the native layer (a ``--script`` arm) is no strategy."""
-    from dpcompare import backends
-    from dpcompare.native.calls import SCRIPT_ARM_FACTS
 
     if name in SCRIPT_ARM_FACTS:
         return dict(SCRIPT_ARM_FACTS[name])
@@ -147,7 +146,7 @@ def _lab_json(c: Comparison) -> dict[str, Any]:
 
 def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli: list[str]) -> dict[str, Any]:
     """The results object a comparison starts with (no runs yet, ``complete`` false)."""
-    schedule = c.schedule.to_json()
+    schedule = c.stopping.to_json()
     return {
         "schema": SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "complete": False,
@@ -223,8 +222,6 @@ def resume_state(out: Path, fresh: dict[str, Any]) -> tuple[dict[str, Any], dict
 
 def same_train_settings(old: Any, new: Any) -> bool:
     """Whether two stored train-flag lists set the same train settings when compare reads them back."""
-    from dpcompare.compare.cmdline import stored_args
-
     if not isinstance(old, list) or not isinstance(new, list):
         return False
     try:

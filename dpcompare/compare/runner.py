@@ -17,7 +17,7 @@ from dpcompare.compare import fault_runs, records
 from dpcompare.compare.axes import AXES, FAULT
 from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch, why_disturbed
-from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, configured, launch_options
+from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, launch_options, with_arm
 from dpcompare.compare.stopping import stop_reason
 from dpcompare.errors import ConfigError
 from dpcompare.files import METRICS, RESULTS, STEP_LOG, SUMMARY, atomic_write_json
@@ -28,6 +28,7 @@ from dpcompare.launch.jobs import dpcompare_command, run_job
 from dpcompare.launch.mpirun import dpcompare_argv, in_slurm_allocation, job_command, job_env
 from dpcompare.native.calls import SCRIPT_ELASTIC
 from dpcompare.options import train_argv
+from dpcompare.prediction.command import project
 from dpcompare.progress import ProgressLine
 
 #: how a fresh run starts: (command, run folder, environment, timeout) → (exit code or None, seconds)
@@ -41,7 +42,7 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     ranks placed as ``bind`` (or the arm's ``bind`` axis) says. With a ``script`` (``--script``), the script in the
     run's arm."""
     if script is not None:
-        seeded = configured(cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed), spec.arm)
+        seeded = with_arm(cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed), spec.arm)
         return script.command(spec.strategy, spec.np, run_dir, seeded, lab, elastic=elastic_launch(spec, run_dir, lab),
                               step_log=step_log, launch=None if lab else launch_options(seeded, spec.arm, bind, spec.np))
     child = child_config(cfg, spec, run_dir, step_log, replay)
@@ -84,6 +85,7 @@ class _Run:
         # srun's ranks are not this process's descendants: their CPU time would count as other processes'
         self.watch_load = not in_slurm_allocation()
         self.pool: Any = None
+        self.again = 0  # runs of disturbed blocks, run again (--rerun-disturbed)
         if c.options.workers == "persistent":
             from dpcompare.compare.workers import WorkerPool
 
@@ -182,6 +184,7 @@ class _Run:
             self.results.setdefault("disturbed", []).append(
                 {"block": blocks, "try": attempt, "why": why, "runs": [r["dir"] for r in mine], "counted": last})
             if not last:
+                self.again += len(mine)  # the progress line's total grows by the runs to do again
                 del self.results["runs"][start:]
                 self.results.setdefault("disturbed_runs", []).extend(mine)
             self.save()
@@ -191,7 +194,7 @@ class _Run:
 
     def run_specs(self, blocks: int, done: int, planned: int, bar: Any, reuse: bool = True) -> int:
         """Run every run of block number ``blocks`` once (``reuse``: a resumed comparison's kept runs are reused)."""
-        for spec in block(self.arms, self.c.nps, blocks, self.c.schedule.seeds):
+        for spec in block(self.arms, self.c.nps, blocks, self.c.stopping.seeds):
             done += 1
             self.results["config"]["order"].append(spec.name)
             if reuse and spec.name in self.kept:
@@ -209,7 +212,8 @@ class _Run:
             self.results["runs"].append(rec)
             self.save()
             bar.update(advance=1)
-            bar.print(_finished_line(done, self.per_block * max(planned, blocks + 1), spec, rec), markup=True)
+            bar.print(_finished_line(done, self.per_block * max(planned, blocks + 1) + self.again, spec, rec),
+                      markup=True)
         return done
 
 
@@ -230,7 +234,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     as its own job (through ``launch``); ``persistent`` runs them in one long-lived job per process count
     (:mod:`dpcompare.compare.workers`).
     """
-    from dpcompare.report.table import console_for_report
+    from dpcompare.report.table import console_for_report  # here, not at the top: it loads numpy and scipy
 
     if under_launcher():
         raise ConfigError("run compare as one process: it starts mpirun (or srun) for every run itself")
@@ -243,7 +247,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
     with session(c.lab, say) as lab:
         run = _Run(c, console, launch, lab)
         run.save()
-        schedule = c.schedule
+        schedule = c.stopping
         planned = schedule.blocks if schedule.blocks is not None else schedule.max_repeats
         if c.options.progress != "none":
             _announce(run)
@@ -257,7 +261,7 @@ def run_compare(c: Comparison, *, console: Any = None, launch: Launch = run_job)
 
 
 def _announce(run: _Run) -> None:
-    s, c = run.c.schedule, run.c
+    s, c = run.c.stopping, run.c
     how = (f"{s.repeats} repeat{'s' if s.repeats != 1 else ''}"
            + (f" × seeds {','.join(map(str, s.seeds))}" if s.seeds else "")
            if s.repeats is not None
@@ -272,8 +276,6 @@ def _announce(run: _Run) -> None:
 def _project(c: Comparison, console: Any) -> None:
     """Traced runs: ``dpcompare predict`` them onto ``--project-link`` into OUT/projected for the report. A model
     that cannot be built (a strategy without a schedule, an unreadable trace) costs a line, not the comparison."""
-    from dpcompare.prediction.command import project
-
     if not c.options.project_link or not c.config.trace:
         return
     try:
@@ -288,12 +290,13 @@ def _project(c: Comparison, console: Any) -> None:
 
 def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
     """Verdicts into results.json (now complete), the report, and the exit code."""
+    # here, not at the top: it loads numpy and scipy and matplotlib
     from dpcompare.report import attribution, faults, noise, render, stats
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
-    verdicts = stats.verdicts(results, equivalence=c.schedule.equivalence,
-                              accuracy_equivalence=c.schedule.accuracy_equivalence)
+    verdicts = stats.verdicts(results, equivalence=c.stopping.equivalence,
+                              accuracy_equivalence=c.stopping.accuracy_equivalence)
     results["verdicts"] = [v.to_json() for v in verdicts]
     results["noise"] = noise.floors(verdicts)  # what each throughput verdict could resolve
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]
@@ -323,6 +326,7 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
 
 def _finished_line(done: int, total: int, spec: RunSpec, rec: dict[str, Any]) -> str:
+    # here, not at the top: it loads numpy and scipy
     from dpcompare.report.fmt import headline, metric_label, metric_value, rate
 
     if rec["status"] == "diverged":

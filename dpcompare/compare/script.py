@@ -22,10 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpcompare.argtypes import positive_int
 from dpcompare.errors import ConfigError
-from dpcompare.files import SUMMARY
+from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command
 from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS, SCRIPT_ELASTIC
+from dpcompare.native.migrate import port_warnings, scan_script
+from dpcompare.native.port import write_port
+from dpcompare.native.summary import script_summary
 
 if TYPE_CHECKING:
     from dpcompare.compare.plan import Arm
@@ -74,8 +78,6 @@ class ScriptPlan:
 
     def summarize(self, run_dir: Path, cfg: TrainConfig) -> None:
         """RUN/summary.json from the ranks' records, in the shape compare's records read."""
-        from dpcompare.files import atomic_write_json
-        from dpcompare.native.summary import script_summary
 
         summary = script_summary(run_dir, cfg.warmup_steps, self.metric_name)
         if summary is None or summary["exit_code"] != 0:
@@ -109,8 +111,6 @@ class ScriptPlan:
 
 def add_script_arguments(p: Any, compare: bool) -> None:
     """``--script FILE [...] -- ARGS``: the options of a script comparison (compare's and parity's)."""
-    from dpcompare.argtypes import positive_int
-
     p.add_argument("--script", type=Path, metavar="FILE",
                    help="compare a Horovod PyTorch script run unchanged instead of dpcompare's training: the arms "
                         f"({', '.join(SCRIPT_ARMS)}) run it on real Horovod, on dpcompare's native layer, or its DDP "
@@ -172,8 +172,6 @@ def ddp_script(script: Path, given: Path | None, out: Path) -> Path:
     dest = out / f"{script.stem}_ddp.py"
     if dest.is_file():
         return dest
-    from dpcompare.native.migrate import scan_script
-    from dpcompare.native.port import write_port
 
     result = write_port(scan_script(script), dest)
     if result["written"] is None:
@@ -187,7 +185,7 @@ def port_notes(plan: ScriptPlan, arms: list[str]) -> list[str]:
     """Where the ddp arm is expected to compute other numbers (migrate's warnings), when it runs."""
     if PORT_ARM not in arms:
         return []
-    from dpcompare.native.migrate import port_warnings, scan_script
+    from dpcompare.native.migrate import scan_script
     from dpcompare.native.port import write_port
 
     scan = scan_script(plan.path)

@@ -53,8 +53,9 @@ def settled_early(log_ratios: Sequence[float], equivalence: float = EQUIVALENCE,
     Stopping on a decision at the nominal 5 % after every block would be optional stopping: an A/A pair
     would be called faster or slower about one time in four over 40 looks (see the tests).
     """
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
 
+    # here, not at the top: it loads numpy and scipy
     from dpcompare.report.stats import decide, equivalence_confidence, t_half_width
 
     d = np.asarray(log_ratios, dtype=float)
@@ -104,7 +105,7 @@ def stop_reason(results: dict[str, Any], schedule: StoppingRule, blocks: int, el
         seeds = f" × {len(schedule.seeds)} seeds" if schedule.seeds else ""
         return f"{schedule.repeats} repeat{'s' if schedule.repeats != 1 else ''}{seeds} as asked" if (
             blocks >= (schedule.blocks or 0)) else None
-    from dpcompare.report import stats
+    from dpcompare.report import stats  # here, not at the top: it loads numpy and scipy
 
     if blocks >= schedule.min_blocks:  # the rule: see the module's docstring
         vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]

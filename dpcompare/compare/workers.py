@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from dpcompare.launch.env import detect_launch_env
 from dpcompare.launch.jobs import leave, start_job, stop_job
+from dpcompare.training import command as train_command
 
 #: seconds a new worker job may take until every rank has connected
 START_TIMEOUT = 300.0
@@ -80,8 +82,6 @@ def _output_to(stdout: str, stderr: str) -> Iterator[None]:
 
 def run_train(argv: list[str], stdout: str, stderr: str) -> int:
     """One ``dpcompare train`` in this process, its output in the run's logs; its exit code."""
-    from dpcompare.training import command as train_command
-
     base_env = dict(os.environ)
     _reset_peak_rss()
     with _output_to(stdout, stderr):
@@ -99,8 +99,6 @@ def run_train(argv: list[str], stdout: str, stderr: str) -> int:
 
 def serve(address: str, key_file: str) -> int:
     from mpi4py import MPI  # noqa: F401  (MPI is the worker's: Horovod then leaves it running at shutdown)
-
-    from dpcompare.launch.env import detect_launch_env
 
     rank = detect_launch_env().rank
     host, port = address.rsplit(":", 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from dpcompare import models
 from dpcompare.data.workload import Metric, Workload
 
 if TYPE_CHECKING:
@@ -29,10 +30,9 @@ def builtin(cfg: TrainConfig) -> Workload:
 
     The loop builds the data first and the model second (from the run seed), as before workloads.
     """
-    from torch import nn
+    from torch import nn  # here, not at the top: dpcompare --help loads this module
 
-    from dpcompare import models
-    from dpcompare.data.datasets import build_dataset
+    from dpcompare.data.datasets import build_dataset  # here, not at the top: it loads torch and numpy
 
     @functools.cache
     def data() -> DataBundle:

@@ -13,6 +13,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def cache_dir() -> Path:
 
 def _digits_split() -> dict[str, np.ndarray]:
     """scikit-learn's digits, split 80/20 (stratified, ``random_state=0``) by scikit-learn itself."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # only --dataset digits needs scikit-learn
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
@@ -55,8 +56,6 @@ def _digits(**_: object) -> DataBundle:
     # A fixed split, independent of the run seed, so every run evaluates on the same 360 images. Importing
     # scikit-learn costs every process 1-2 s (most of a short run's start-up), so the split it makes is kept
     # in the cache, keyed by its version, and read back with numpy.
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         path = cache_dir() / f"digits-sklearn-{version('scikit-learn')}.npz"
     except PackageNotFoundError:
@@ -115,7 +114,7 @@ class SeededAugment(Dataset):
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, Any]:
-        from torchvision.transforms import functional as F
+        from torchvision.transforms import functional as F  # optional: torchvision may not be installed
 
         img, y = self.base[index]
         state = np.random.SeedSequence([self.seed % 2**63, self.epoch, index]).generate_state(1, np.uint64)[0]

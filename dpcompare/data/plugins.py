@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dpcompare import models
+from dpcompare.data.builtin import builtin
 from dpcompare.data.catalog import TEXT_DATASETS
 from dpcompare.data.workload import ModelTraits, Workload
 from dpcompare.errors import ConfigError
@@ -81,8 +82,6 @@ def _builtin(cfg: TrainConfig) -> Workload:
         from dpcompare.data.text import text_workload
 
         return text_workload(cfg)
-    from dpcompare.data.builtin import builtin
-
     return builtin(cfg)
 
 
@@ -95,7 +94,7 @@ def _with_plugin_model(cfg: TrainConfig) -> Workload:
 
     @functools.cache
     def bundle() -> Any:
-        from dpcompare.data.datasets import build_dataset
+        from dpcompare.data.datasets import build_dataset  # here, not at the top: it loads torch and numpy
 
         return build_dataset(cfg.dataset, cfg.data_dir, cfg.input_shape, cfg.samples, cfg.augment)
 
@@ -200,7 +199,7 @@ def check_workload(w: Workload, batch_size: int = 2) -> ModelTraits:
     Any failure is one ConfigError naming the workload's source and what went wrong. The run's random streams
     are left as they were.
     """
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     who = w.source if w.source != "builtin" else w.name
     with torch.random.fork_rng(devices=[]):  # leave the run's random streams as they were
@@ -239,7 +238,7 @@ class _Stage(Exception):
 
 def _first_batch(w: Workload, batch_size: int, who: str) -> tuple[Any, Any]:
     """The first ``batch_size`` training samples through the workload's collate: (inputs, target)."""
-    from torch.utils.data import default_collate
+    from torch.utils.data import default_collate  # here, not at the top: dpcompare --help loads this module
 
     try:
         train, _ = w.build_data()
@@ -258,7 +257,7 @@ def _first_batch(w: Workload, batch_size: int, who: str) -> tuple[Any, Any]:
 
 def _forward_backward(w: Workload, model: Any, inputs: Any, target: Any, who: str) -> ModelTraits:
     """One batch forward in training mode and the loss's backward; what they showed of the model."""
-    import torch
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     model.train()
     before = torch.get_rng_state()
@@ -287,7 +286,7 @@ def _forward_backward(w: Workload, model: Any, inputs: Any, target: Any, who: st
 def model_traits(model: Any, drew_random: bool) -> ModelTraits:
     """What one forward and backward left on ``model``'s parameters (``drew_random``: the forward drew random
     numbers)."""
-    from torch import nn
+    from torch import nn  # here, not at the top: dpcompare --help loads this module
 
     params = list(model.named_parameters())
     dropouts = sorted({type(m).__name__ for m in model.modules() if "dropout" in type(m).__name__.lower()})

@@ -23,6 +23,7 @@ import json
 import re
 import statistics
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +175,7 @@ def two_modes(times: Sequence[float]) -> dict | None:
     time's label (1: slow); None for one mode or fewer than :data:`MIN_FOR_MODES` times. Two k-means clusters of
     the log times (scipy.cluster.vq.kmeans2, seeded) count as two modes when each holds at least two times and 15 %
     of them, Ashman's D = √2·|μ₁−μ₂|/√(σ₁²+σ₂²) exceeds 2 and the slow median is 15 % or more above the fast one."""
-    import warnings
-
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
     from scipy.cluster.vq import kmeans2
 
     x = np.asarray(times, dtype=float)
@@ -220,7 +219,7 @@ def analyse(raw_rows: list[dict], ranks: int, link_bps: int | None, **extra: obj
 def fits(rows: list[dict], ranks: int, link_bps: int | None) -> list[dict]:
     """α-β per backend and collective: α from a line through the smallest third of sizes, β from the largest
     third (:func:`dpcompare.trace.fit_line`, the one α-β fit: one stray iteration does not tilt them)."""
-    from scipy.stats import pearsonr
+    from scipy.stats import pearsonr  # here, not at the top: dpcompare --help loads this module
 
     out = []
     for key in sorted({(r["backend"], r["collective"]) for r in rows}):
@@ -250,7 +249,7 @@ def write(doc: dict, out: Path) -> None:
 
 def tables(doc: dict) -> list[object]:
     """rich tables: one per collective, a row per size, time / busbw / % of link per backend; then the fits."""
-    from rich.table import Table
+    from rich.table import Table  # here, not at the top: dpcompare --help loads this module
 
     out: list[object] = []
     link = doc.get("lab", {}).get("link_bps")

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dpcompare.argtypes import format_rate_bits
+from dpcompare.argtypes import format_rate_bits, nonneg_float, nonneg_int, positive_int
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.lab import bench, hosts, netns
 from dpcompare.lab.spec import LabSpec, lab_spec_arg, link_arg
+from dpcompare.launch.commands import command_words, run_printed
+from dpcompare.options import deprecate
 from dpcompare.trace import collective_name
 from dpcompare.versions import docs_page
 
@@ -141,8 +143,6 @@ def _link_or_state(text: str) -> int | str | None:
 
 
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
-    from dpcompare.options import deprecate
 
     p = sub.add_parser("lab", help="an emulated cluster on this machine: hosts in namespaces, shaped links",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,7 +219,6 @@ def add_lab_to_launch(sub: Any) -> None:
 
 
 def _launch_in_lab(a: argparse.Namespace, sub: Any) -> int:
-    from dpcompare.launch.commands import command_words, run_printed
 
     if a.hosts or a.hostfile or a.mpi_net or a.iface or a.launcher == "srun" or a.mpi == "mpich":
         raise ConfigError("--lab places the ranks itself (Open MPI's mpirun inside the lab's host 0): leave out "

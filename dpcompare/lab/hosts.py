@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fcntl
 import ipaddress
 import json
 import os
@@ -467,8 +468,6 @@ def sweep(name: str | None = None) -> list[str]:
 @contextlib.contextmanager
 def _subnets_locked() -> Iterator[None]:
     """Hold the labs' subnet lock (an flock on a file in the state folder) while a subnet is picked and saved."""
-    import fcntl
-
     with open(state_root() / ".subnet.lock", "a") as f:  # not atomic: an empty lock file, never read
         fcntl.flock(f, fcntl.LOCK_EX)
         yield

@@ -24,9 +24,7 @@ a discovery script which hosts are up. The lab gives it:
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import socket
 import subprocess
 from collections.abc import Sequence
@@ -128,14 +126,6 @@ def start_sshd(directory: Path, namespace: str, address: str) -> None:
     _run(["ip", "netns", "exec", namespace, SSHD, "-f", str(d / "sshd_config"), "-o", f"ListenAddress={address}",
           "-o", f"PidFile={d / f'sshd-{namespace}.pid'}",
           "-o", "SetEnv=" + " ".join(f"{var}={ompi}" for var in OMPI_HOST_FOLDER_VARS)])
-
-
-def stop_sshd(directory: Path, namespace: str) -> None:
-    """End the sshd of ``namespace`` if it runs (a killed host's is gone already)."""
-    pidfile = directory / "ssh" / f"sshd-{namespace}.pid"
-    with contextlib.suppress(OSError, ValueError):
-        os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
-    pidfile.unlink(missing_ok=True)
 
 
 DISCOVER = """\

@@ -27,7 +27,7 @@ def _elements(size: int, collective: str, n: int) -> int:
 
 def _mpi_ops(comm: object, collective: str, count: int, n: int) -> Callable[[], None]:
     import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI  # optional: mpi4py may not be installed
 
     send = np.ones(count, dtype=np.float32)
     if collective == ALL_REDUCE:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     backends, collectives = a.backends.split(","), a.collectives.split(",")
 
     env = detect_launch_env()
-    from mpi4py import MPI
+    from mpi4py import MPI  # optional: mpi4py may not be installed
 
     comm = MPI.COMM_WORLD
     n = comm.Get_size()

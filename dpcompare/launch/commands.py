@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dpcompare.argtypes import nonneg_int as _nonneg
+from dpcompare.argtypes import positive_int as _positive
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.files import atomic_write_text
 from dpcompare.launch import mpirun, slurm
@@ -137,8 +139,6 @@ def _cmd_slurm(a: argparse.Namespace, sub: Any) -> int:
 
 
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_int as _nonneg
-    from dpcompare.argtypes import positive_int as _positive
 
     p = sub.add_parser("launch", help="print and run the mpirun (or srun) line that starts N processes",
                        description=LAUNCH_DESCRIPTION, epilog=LAUNCH_EPILOG,

@@ -183,8 +183,6 @@ def _let_the_reporting_rank_speak() -> None:
     """A rank that stays silent about a refusal every rank meets waits before it exits: mpirun and torchrun kill
     the whole job when the first rank exits non-zero, and a silent rank exiting first would kill rank 0 before it
     printed the one line that says what to do. Rank 0's exit ends this wait (the launcher stops the job)."""
-    import time
-
     time.sleep(SILENT_RANK_GRACE_S)
 
 

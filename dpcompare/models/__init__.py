@@ -25,20 +25,20 @@ Builder = Callable[..., "nn.Module"]
 
 
 def _convnet(shape: tuple[int, ...], n: int, **kw: object) -> nn.Module:
-    from dpcompare.models.convnet import ConvNet
+    from dpcompare.models.convnet import ConvNet  # here, not at the top: it loads torch
 
     return ConvNet(shape, n)
 
 
 def _mlp(shape: tuple[int, ...], n: int, width: int = 256, **kw: object) -> nn.Module:
-    from dpcompare.models.mlp import MLP
+    from dpcompare.models.mlp import MLP  # here, not at the top: it loads torch
 
     return MLP(shape, n, width)
 
 
 def _resnet(arch: str) -> Builder:
     def build(shape: tuple[int, ...], n: int, **kw: object) -> nn.Module:
-        from dpcompare.models.resnet import resnet
+        from dpcompare.models.resnet import resnet  # here, not at the top: it loads torch
 
         return resnet(arch, shape, n)
     return build
@@ -46,7 +46,7 @@ def _resnet(arch: str) -> Builder:
 
 def _gpt(size: str) -> Builder:
     def build(shape: tuple[int, ...], n: int, seed: int = 0, **kw: object) -> nn.Module:
-        from dpcompare.models.gpt import GPT, config_for
+        from dpcompare.models.gpt import GPT, config_for  # here, not at the top: it loads torch
 
         c = config_for(size, vocab_size=n)
         if shape[0] > c.block_size:
@@ -81,6 +81,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **opt
 
 
 def has_batchnorm(model: nn.Module) -> bool:
-    from torch import nn
+    from torch import nn  # here, not at the top: dpcompare --help loads this module
 
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

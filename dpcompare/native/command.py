@@ -8,12 +8,20 @@ with ``--np N`` dpcompare starts the N ranks itself through the launch room's on
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.launch.jobs import leave
+from dpcompare.launch.mpirun import job_env
+from dpcompare.native.migrate import report, scan_script
+from dpcompare.native.port import write_port
+from dpcompare.native.runner import add_run_arguments, check_out, parse_target, run_script, target_words
+from dpcompare.native.summary import DEFAULT_WARMUP, write_summary
 
 #: the exit code of a job stopped at ``--run-timeout`` (timeout(1)'s)
 TIMED_OUT = 124
@@ -65,8 +73,6 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
 
 def _launch(a: argparse.Namespace) -> int:
     from dpcompare.launch.jobs import dpcompare_command, run_job
-    from dpcompare.launch.mpirun import job_env
-    from dpcompare.native.runner import check_out, parse_target
 
     parse_target(a.target)  # refuse a missing script before starting anyone
     if a.out:
@@ -89,8 +95,6 @@ def _launch(a: argparse.Namespace) -> int:
 
 def _summarize(a: argparse.Namespace) -> None:
     """OUT/summary.json from every rank's record, and one line about it."""
-    from dpcompare.native.summary import write_summary
-
     summary = write_summary(a.out, a.warmup_steps, a.metric)
     if summary is None:
         sys.stderr.write(f"dpcompare script: no rank left a record in {a.out}\n")
@@ -103,16 +107,12 @@ def _summarize(a: argparse.Namespace) -> None:
 
 
 def _cmd_script(a: argparse.Namespace) -> int:
-    from dpcompare.native.runner import target_words
-
     a.target = target_words(a)
     if not a.target:
         raise ConfigError("expected the script after --, e.g. `dpcompare script -- python train.py ARGS` "
                           "(or -m MODULE ARGS)")
     if a.np is not None:
         return _launch(a)
-    from dpcompare.launch.jobs import leave
-    from dpcompare.native.runner import parse_target, run_script
 
     code = run_script(a.arm, parse_target(a.target), a.out, a.seed, a.overwrite, a.threads, a.step_log, a.timeout,
                       a.commit_dir)
@@ -121,9 +121,6 @@ def _cmd_script(a: argparse.Namespace) -> int:
 
 
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
-    from dpcompare.native.runner import add_run_arguments
-    from dpcompare.native.summary import DEFAULT_WARMUP
 
     p = sub.add_parser("script", help="run a Horovod PyTorch script unchanged on native torch.distributed "
                                       "(or on real Horovod)", description=DESCRIPTION, epilog=EPILOG,
@@ -175,11 +172,6 @@ def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
 
 
 def _cmd_migrate(a: argparse.Namespace) -> int:
-    import json
-
-    from dpcompare.native.migrate import report, scan_script
-    from dpcompare.native.port import write_port
-
     scan = scan_script(Path(a.script))
     if not scan.uses:
         raise ConfigError(f"{a.script}: no `import horovod` and no Horovod call found")

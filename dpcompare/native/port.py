@@ -18,12 +18,13 @@ import libcst as cst
 from dpcompare.files import atomic_write_text
 from dpcompare.native.migrate import Scan
 from dpcompare.native.port_elastic import elastic_pass
+from dpcompare.native.port_lightning import port_lightning
 from dpcompare.native.port_passes import accumulation, calls, distributed_optimizer, flag_guards, unported
 from dpcompare.native.port_tools import Edits, NoPort, Pass, after_imports, locate, module_names, statements
 
 #: the passes, in order: idioms first (a pass for an idiom goes before ``calls``), then every other call, then
 #: the refusal of what is left, then the DistributedOptimizer
-PASSES: tuple[Pass, ...] = (elastic_pass, flag_guards, accumulation, calls, unported, distributed_optimizer)
+PASSES: tuple[Pass, ...] = (elastic_pass, port_lightning, flag_guards, accumulation, calls, unported, distributed_optimizer)
 
 #: the imports a port may need, by the name it uses, added when the port uses the name and does not bind it
 IMPORTS = {"os": "import os", "contextlib": "import contextlib", "torch": "import torch",

@@ -6,7 +6,7 @@ hooks Lightning 2 refuses. :func:`port_lightning` rewrites, keeping the rest of 
 - ``pytorch_lightning`` imports → ``lightning.pytorch`` (the package the ``lightning`` extra installs);
 - ``Trainer(accelerator='horovod', gpus=G, ...)`` → ``Trainer(strategy="ddp", accelerator="gpu" if G else
   "cpu", devices=..., num_nodes=...)``, the processes torchrun started (its ``LOCAL_WORLD_SIZE`` and
-  ``WORLD_SIZE``);
+  ``WORLD_SIZE``); without ``gpus``, Lightning's own accelerator (``"auto"``);
 - ``validation_epoch_end(self, outputs)`` (and the training and test ones) → ``on_validation_epoch_end(self)``,
   the step's outputs collected in ``self.validation_step_outputs`` as Lightning 2's migration guide does;
 - a hook's ``return {..., 'log': LOGS}`` (Lightning 0.x/1.x's logging) → ``self.log_dict(LOGS, ...)`` before it,
@@ -97,16 +97,19 @@ class _Trainer(cst.CSTTransformer):
                 gpus = a.value
             else:
                 args.append(a)
-        where = "torch.cuda.is_available()" if gpus is None else cst.Module([]).code_for_node(gpus)
-        where = where if gpus is not None and gpus.lpar else f"({where})"
+        settings = [("devices", DEVICES), ("num_nodes", NUM_NODES)]
+        if gpus is not None:  # else Lightning's own choice ("auto": a GPU when there is one)
+            where = cst.Module([]).code_for_node(gpus)
+            settings.insert(0, ("accelerator", f'"gpu" if {where if gpus.lpar else f"({where})"} else "cpu"'))
         comma = args[0].comma if args and args[0].comma is not cst.MaybeSentinel.DEFAULT else cst.Comma(
             whitespace_after=cst.SimpleWhitespace(" "))
         extra = [cst.Arg(keyword=cst.Name(k), value=cst.parse_expression(v), comma=comma,
                          equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-                 for k, v in (("accelerator", f'"gpu" if {where} else "cpu"'), ("devices", DEVICES),
-                              ("num_nodes", NUM_NODES))]
+                 for k, v in settings]
         self.ported += 1
-        return updated.with_changes(args=[args[0].with_changes(comma=comma), *extra, *args[1:]])
+        new = [args[0].with_changes(comma=comma), *extra, *args[1:]]
+        new[-1] = new[-1].with_changes(comma=updated.args[-1].comma)  # the call's own end: a trailing comma or none
+        return updated.with_changes(args=new)
 
 
 def _log_line(logs: cst.BaseExpression, sync: bool) -> cst.SimpleStatementLine:

@@ -18,7 +18,7 @@ rolled back. Its step count is the job's: rolled back to the commit's at a reset
 on disk (:data:`dpcompare.native.elastic.extras`) for a restarted worker. A DDP port on torchrun's elastic agent
 (the ``ddp`` arm with a commit folder: ``ddp-elastic``) logs ``start`` as it starts, at the step its commit was
 written after (:func:`resumed_step`: the port's helpers know nothing of the recorder; its step lines name the
-commit on disk as they are written).
+commit on disk as they are written), and ``commit`` at the first step that sees a new one.
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class Recorder:
         self.step_log = step_log
         self.hvd: Any = None
         self._commit: Path | None = None  # a DDP port's commit on torchrun: step lines name the one on disk
+        self._seen: str | None = None     # the last commit logged
         self.total = 0          # the job's optimizer steps (rolled back with the state)
         self.committed = 0      # ... as of the last commit
         self.t0 = time.perf_counter()
@@ -110,10 +111,21 @@ class Recorder:
         self.cpu_all.append(time.process_time())
         if len(self.step_ends) == self.threads_at_step:
             self.threads_before = thread_cpu_s()
+        seen = self._port_commit()
         self.total += 1
         if self.step_log:
-            seen = {} if self._commit is None else {"commit": commit_key(self._commit)}
             self.log(step=self.total, world_size=self._now()[1], samples=1, **seen)
+
+    def _port_commit(self) -> dict[str, Any]:
+        """A DDP port on torchrun: the commit on disk, for the step line; a new one is logged as a commit at the
+        steps done before this one (it was written before this step, or after the previous one)."""
+        if self._commit is None:
+            return {}
+        key = commit_key(self._commit)
+        if key is not None and key != self._seen:
+            self._seen = key
+            self.log(event="commit", step=self.total)
+        return {"commit": key}
 
     # -- the step log and elastic runs ------------------------------------------------------------------------
     def _now(self) -> tuple[int, int]:
@@ -183,6 +195,7 @@ class Recorder:
 
     def watch_every_optimizer(self) -> None:
         """The ``ddp`` arm: torch's global step hooks time every optimizer's ``step()``."""
+        # here, not at the top: dpcompare --help loads this module
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         if os.environ.get(ELASTIC_DIR_VAR) and "TORCHELASTIC_RESTART_COUNT" in os.environ:
@@ -206,6 +219,7 @@ class Recorder:
         self.step_log = True
         self._commit = Path(os.environ[ELASTIC_DIR_VAR]) / "commit.pt"  # the port's helpers' name, as the layer's
         self.total = self.committed = resumed_step(self.out / STEP_LOG, self._commit)
+        self._seen = commit_key(self._commit)  # the commit it restores is no new one
         self.log(event="start", step=self.total, world_size=self._now()[1])
 
     # -- the horovod.torch module ---------------------------------------------------------------------------

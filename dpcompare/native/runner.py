@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from dpcompare.argtypes import nonneg_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch import liveness
-from dpcompare.launch.env import detect_launch_env, reporting_rank
+from dpcompare.launch.env import detect_launch_env, ranks_sharing_cpus, reporting_rank
 from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
 from dpcompare.native.record import ELASTIC_DIR_VAR, OUT_VAR, PARAMS, Recorder, rank_file
 
@@ -72,7 +73,7 @@ def _real_horovod() -> ModuleType:
 
 def _torchrun_env() -> None:
     """torchrun's variables from the launcher that started this rank (a torchrun launch is left as it is)."""
-    from dpcompare.launch.rendezvous import ensure_rendezvous
+    from dpcompare.launch.rendezvous import ensure_rendezvous  # here, not at the top: it loads psutil
 
     env = detect_launch_env()
     if env.launcher == "torchrun":
@@ -132,9 +133,7 @@ def _execute(target: Target) -> int:
 
 def set_threads(threads: int) -> None:
     """torch's CPU threads for this rank: ``threads``, or (0) the cores divided among the ranks sharing them."""
-    import torch
-
-    from dpcompare.launch.env import ranks_sharing_cpus
+    import torch  # here, not at the top: dpcompare --help loads this module
 
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(detect_launch_env())))
 
@@ -207,8 +206,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The script runner's one command line (``python -m dpcompare.native`` and ``dpcompare script`` both read
     it): what ``import horovod`` means, the records, seed and threads, and the target, ``-m MODULE`` as Python
     takes it (everything after the module is the module's)."""
-    from dpcompare.argtypes import nonneg_int
-
     p.add_argument("--as", dest="arm", choices=ARMS, default="native",
                    help="native: dpcompare's layer; horovod: the real library; ddp: a torchrun script "
                         "(default: native)")

@@ -11,7 +11,17 @@ from typing import Any
 from dpcompare.argtypes import format_rate_bits, fraction, nonneg_int, positive_float, positive_int, rate_bits
 from dpcompare.config import OUTPUT
 from dpcompare.errors import ConfigError
-from dpcompare.options import START, Parser
+from dpcompare.options import START, Parser, add_config_file_option, deprecate, given_settings, write_config
+from dpcompare.prediction.network import (
+    Bench,
+    Link,
+    Network,
+    load_bucket,
+    load_calibration,
+    load_profiles,
+    parse_duration,
+)
+from dpcompare.report.projection import FOLDER
 from dpcompare.versions import docs_page
 
 DEFAULT_HOSTS = "2,4,8,...,1024"
@@ -48,15 +58,6 @@ def source(folder: Path, world_size: int) -> str:
 
 
 def _network(a: argparse.Namespace) -> Any:
-    from dpcompare.prediction.network import (
-        Link,
-        Network,
-        load_bucket,
-        load_calibration,
-        load_profiles,
-        parse_duration,
-    )
-
     alpha = parse_duration(a.latency)
     intra = None
     if a.ranks_per_host > 1:
@@ -74,7 +75,7 @@ def _network(a: argparse.Namespace) -> Any:
 def _overlap(a: argparse.Namespace, profiles: list[Any], over: dict[str, Any]) -> Any:
     """The overlap to correct every curve by: measured from ``--overlap-from`` against the predicted run of its
     strategy (else the first), or the stated assumption."""
-    from dpcompare.prediction import overlap, strategies, sweep
+    from dpcompare.prediction import overlap, strategies, sweep  # here, not at the top: it loads numpy
 
     if not a.overlap_from:
         return overlap.Overlap()
@@ -91,7 +92,7 @@ def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list
     """One profile per arm: the traced repeats of an arm in one comparison (``runs/ARM-npN-r0``, ``-r1``, ...)
     pooled (:func:`.profile.pooled`), each carrying the launches' spread estimated from all arms together
     (:func:`.profile.with_spread`), so that the band holds what moves between launches."""
-    from dpcompare.prediction import strategies
+    from dpcompare.prediction import strategies  # here, not at the top: it loads numpy
     from dpcompare.prediction.profile import pooled, with_spread
 
     groups: dict[tuple[Path, str, str], list[Any]] = {}
@@ -105,8 +106,7 @@ def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list
 
 
 def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
-    from dpcompare.prediction import interval, strategies, sweep
-    from dpcompare.prediction.network import Bench
+    from dpcompare.prediction import interval, strategies, sweep  # here, not at the top: it loads numpy
 
     if a.straggler_from_trace and not a.floor_from_trace:
         raise ConfigError("--straggler-from-trace takes its wait out of the trace's floor: add --floor-from-trace")
@@ -140,7 +140,7 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
 
 
 def _cmd_predict(a: argparse.Namespace) -> int:
-    from dpcompare.prediction import output, sweep
+    from dpcompare.prediction import output, sweep  # here, not at the top: it loads numpy and scipy and rich
 
     hosts = parse_host_counts(a.hosts)
     curves = _curves(a, hosts, _network(a))
@@ -173,8 +173,6 @@ def _cmd_predict(a: argparse.Namespace) -> int:
 def _write_config(a: argparse.Namespace, out: Path) -> None:
     """OUT/prediction.toml (not config.toml: OUT is often the run's own folder): the settings this prediction was
     given, which rerun it with ``dpcompare predict --config``."""
-    from dpcompare.options import given_settings, write_config
-
     settings = given_settings(a)
     if settings is not None:
         write_config(out / CONFIG_FILE, a.commands[a.command], settings)
@@ -183,8 +181,6 @@ def _write_config(a: argparse.Namespace, out: Path) -> None:
 def project(folder: Path, link_bps: int) -> Path | None:
     """``dpcompare predict FOLDER --link LINK --out FOLDER/projected --quiet`` (LINK: ``link_bps`` bits/s), for a
     comparison whose runs were traced: the report's "Projected to a cluster" section. None when no run was traced."""
-    from dpcompare.report.projection import FOLDER
-
     if not any((folder / "runs").glob("*/trace.json")):
         return None
     (folder / FOLDER).mkdir(exist_ok=True)
@@ -223,7 +219,7 @@ SECTIONS = {START: ("--config", "--link", "--host-counts", "--strategies", "--la
 
 def _what_if_flags(p: Parser) -> None:
     """The knobs a prediction may change from the traced run's, and their old spellings."""
-    from dpcompare.options import Warned, deprecate
+    from dpcompare.options import Warned
 
     p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
                    "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
@@ -252,7 +248,6 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                "  dpcompare predict runs/traced --link 25gbit --host-counts 2,4,8,...,64\n"
                "  dpcompare predict runs/traced --strategies ddp,horovod --grad-compression fp16 --link 10gbit",
         formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)
-    from dpcompare.options import add_config_file_option
 
     add_config_file_option(p)
     p.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="a traced run folder or a compare --out folder")

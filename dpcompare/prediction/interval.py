@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from dpcompare.errors import ConfigError
+from dpcompare.files import atomic_write_json
 from dpcompare.versions import docs_page
 
 LEVEL = 0.9
@@ -87,6 +88,4 @@ def load(spec: str | None) -> ModelError | None:
 
 
 def write(path: Path, me: ModelError) -> Path:
-    from dpcompare.files import atomic_write_json
-
     return atomic_write_json(path, me.as_dict())

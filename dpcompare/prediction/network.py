@@ -130,7 +130,7 @@ class Network:
         if collective != ALL_REDUCE or f is None or n < 2 or f[2] < 2:
             return 0.0
         a, b, n0 = f
-        return a * (n - 1) / (n0 - 1) + b * nbytes * ((n - 1) / n) / ((n0 - 1) / n0)
+        return a * (n - 1) / (n0 - 1) + b * nbytes * bus_factor(ALL_REDUCE, n) / bus_factor(ALL_REDUCE, n0)
 
     def wait(self, backend: str) -> float:
         """Seconds an all-reduce's ranks wait for the last one to arrive (the traced median; 0 without ``waits``):
@@ -289,8 +289,8 @@ def trace_link(ops: list[tuple[float, float]], ranks: int) -> Link | None:
         return None
     a, b, n = line
     if b > 0:
-        return Link(a / (2 * (n - 1)), 2 * (n - 1) / n / b)
-    return Link(0.0, statistics.median(2 * (n - 1) / n * nb / t for nb, t in ops))
+        return Link(a / latency_steps(ALL_REDUCE, n), bus_factor(ALL_REDUCE, n) / b)
+    return Link(0.0, statistics.median(bus_factor(ALL_REDUCE, n) * nb / t for nb, t in ops))
 
 
 # -- calibration ------------------------------------------------------------------------------------------
@@ -346,7 +346,8 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
 
     Reads the JSON ``dpcompare lab bench --out-file FILE`` writes (``rows``: the median time per size; ``fits``:
     ``backend``, ``collective``, ``alpha_s``, ``busbw_Bps``; ``ranks``; ``lab.link_bps``). With ``fit="range"``
-    (the default) α and B are a least-squares line through every size the bench measured, one effective α and B
+    (the default) α and B are the α-β fit's line (:func:`~dpcompare.trace.fit_line`) through every size the bench
+    measured, one effective α and B
     over the range training's buckets fall in; ``fit="ends"`` keeps the bench's own fits (α from the smallest
     sizes, B from the largest), which make the middle sizes too fast when a library's speed per byte changes
     with the size (Open MPI's all-reduce in the lab: 1 MiB at 11 % of 1 Gbit/s, 16 MiB at 37 %; docs/predict.md).
@@ -381,7 +382,7 @@ def share_at(profile: tuple[tuple[float, ...], tuple[float, ...]], nbytes: float
     shaped link's burst, free up to its size and at the link's rate beyond); the nearest end's share outside
     them. Interpolating the share itself would carry a burst-sized message's speed (many times the link's) into
     the sizes past it."""
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
 
     sizes, shares = profile
     if nbytes <= sizes[0] or nbytes >= sizes[-1]:
@@ -399,7 +400,7 @@ def _mode_time(times: Any, labels: Any, mode: str) -> float:
     """One size's time in ``mode`` from its repeats and their mode labels (1: the slow mode; None: one mode):
     the median, a mode's median, or the two-component mixture's expectation (each mode's median weighted by its
     share of the repeats)."""
-    import numpy as np
+    import numpy as np  # here, not at the top: dpcompare --help loads this module
 
     if labels is None or labels.min() == labels.max():
         return float(np.median(times))
@@ -421,7 +422,7 @@ class Bench:
     def load(cls, path: str | Path, back_to_back: bool = True) -> Bench | None:
         """None for a file without measured rows or its link rate (a ``fits``-only calibration); the sizes timed
         back to back under ``(backend + BACK_TO_BACK, collective)`` (left out with ``back_to_back=False``)."""
-        import numpy as np
+        import numpy as np  # here, not at the top: dpcompare --help loads this module
 
         data = json.loads(Path(path).read_text())
         top = data if isinstance(data, dict) else {}

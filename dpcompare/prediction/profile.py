@@ -313,8 +313,8 @@ def _allreduce_wait(events: list[dict[str, Any]]) -> float | None:
 def _in_flight(comm: list[dict[str, Any]], lo: float, hi: float) -> tuple[float, float]:
     """(seconds some collective was in flight, seconds of those between ``lo`` and ``hi``) for trace events in µs:
     the union of their spans, so two collectives at once count once (a GPU trace's NCCL stream events alike)."""
-    spans = tr._union((e["ts"], e["ts"] + e.get("dur", 0)) for e in comm)
-    return tr._length(spans) / 1e6, tr._length(tr._clip(spans, lo, hi)) / 1e6
+    spans = tr.union_spans((e["ts"], e["ts"] + e.get("dur", 0)) for e in comm)
+    return tr.spans_length(spans) / 1e6, tr.spans_length(tr.clip_spans(spans, lo, hi)) / 1e6
 
 
 def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:

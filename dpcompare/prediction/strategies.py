@@ -9,8 +9,9 @@ from pathlib import Path
 
 from dpcompare.backends.catalog import STRATEGIES
 from dpcompare.errors import ConfigError
+from dpcompare.prediction.network import floor_from
 from dpcompare.prediction.profile import Profile, find_runs, load_profile
-from dpcompare.prediction.schedule import Schedule
+from dpcompare.prediction.schedule import Knobs, Schedule
 
 
 @functools.cache
@@ -50,16 +51,12 @@ def modelled_as(p: Profile, asked: list[str] | None) -> list[str]:
 
 def _traced_backend(p: Profile) -> str | None:
     """The backend ``p``'s own strategy communicated on (None: its strategy has no schedule)."""
-    from dpcompare.prediction.schedule import Knobs
-
     return schedule(p.strategy)(p, Knobs()).backend() if p.strategy in schedules() else None
 
 
 def trace_floors(p: Profile) -> dict[str, tuple[float, float, int]]:
     """{backend: floor} from the all-reduces traced in ``p`` (under its own strategy's backend), for
     :attr:`.network.Network.floors`; empty when its strategy has no schedule or it traced none."""
-    from dpcompare.prediction.network import floor_from
-
     backend = _traced_backend(p)
     f = floor_from(p.measured.get("allreduces") or [], p.world_size) if backend else None
     return {backend: f} if backend and f else {}

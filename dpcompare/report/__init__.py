@@ -69,6 +69,7 @@ def render(folder: str | Path, console: Any = None, quiet: bool = False, recompu
     The verdicts are the ones compare stored in results.json; ``recompute`` (``dpcompare report --recompute``)
     draws them again from the runs, as happens anyway when none were stored (an unfinished comparison).
     """
+    # here, not at the top: it loads numpy and scipy and matplotlib and rich
     from dpcompare.report import attribution, axes, faults, html, plots, projection, stats, table, traces
 
     folder = Path(folder)

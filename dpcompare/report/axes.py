@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib
 
 from dpcompare.report.groups import WITHIN, Group, arm_order, np_order, recorded_axes, shown_without, valued
-from dpcompare.report.plots import RC, Plot, _new, _save, colors
+from dpcompare.report.plots import RC, Plot, colors, new_figure, save_figure
 
 
 def axis_plots(results: dict[str, Any], groups: Sequence[Group], folder: Path) -> list[Plot]:
@@ -33,7 +33,7 @@ def axis_plot(results: dict[str, Any], groups: Sequence[Group], name: str, axis:
     col, title = colors(series), str(axis.get("title") or name)
     drawn = False
     with matplotlib.rc_context(RC):
-        fig, ax = _new(6.0, 4.0)
+        fig, ax = new_figure(6.0, 4.0)
         for s in series:
             for n in np_order(results):
                 pts = sorted((order.index(at[g.arm]), g.step_ms_median) for g in groups if g.arm in at
@@ -51,7 +51,7 @@ def axis_plot(results: dict[str, Any], groups: Sequence[Group], name: str, axis:
         ax.set_ylim(bottom=0)
         ax.set_title(f"Step time against {name}")
         ax.legend(loc="best")
-        _save(fig, path)
+        save_figure(fig, path)
     return Plot(f"axis-{name}", path, f"Step time against {name}",
                 f"Every arm ran at every {title}, the arms of one value side by side in each block. "
                 + str(axis.get("note") or ""))

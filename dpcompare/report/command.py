@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dpcompare.report import render
+
 
 def _cmd_report(a: argparse.Namespace) -> int:
-    from dpcompare.report import render
-
     render(a.dir, quiet=a.quiet, recompute=a.recompute)
     return 0
 

@@ -22,6 +22,7 @@ import matplotlib
 
 from dpcompare.files import ACCURACY_EQUIVALENCE, FAULT
 from dpcompare.report.groups import arm_of, final_metric, metric_of, np_order, twins, valued
+from dpcompare.report.html import data_uri
 from dpcompare.report.intervals import (
     CONFIDENCE,
     EQUIVALENCE,
@@ -33,7 +34,7 @@ from dpcompare.report.intervals import (
     paired_diff_ci,
     paired_log_ratio_ci,
 )
-from dpcompare.report.plots import RC, Plot, _save, colors
+from dpcompare.report.plots import RC, Plot, colors, save_figure
 
 
 def _runs(results: dict[str, Any], arm: str, np_: int) -> dict[int, dict[str, Any]]:
@@ -241,8 +242,6 @@ def section(results: dict[str, Any], plot: Plot | None) -> str:
 
 
 def _uri(path: Path) -> str:
-    from dpcompare.report.html import data_uri
-
     return data_uri(path)
 
 
@@ -263,7 +262,7 @@ def plot(results: dict[str, Any], path: Path) -> Plot | None:
         for ax, (arm, f, c) in zip(axes, runs, strict=True):
             _panel(ax, clean.get(arm, arm), f, c, col[clean.get(arm, arm)])
         axes[-1].set_xlabel("seconds since the job started")
-        _save(fig, path)
+        save_figure(fig, path)
     return Plot("fault", path, "Throughput over time, the fault marked",
                 "Samples per second (steps completed per time bin) of each arm's first run with the fault (solid) and the "
                 "same block's run without it (pale); the red line is the fault (the host's link down, then its "

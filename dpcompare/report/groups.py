@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpcompare.files import FAULT, LINK, MEMORY_KINDS, PHASES
+from dpcompare.knobs import exact_equivalents
 from dpcompare.report.intervals import CONFIDENCE, Interval, mean_ci
 
 
@@ -309,8 +310,6 @@ def per_seed(results: dict[str, Any], arm: str, np_: int, key: str) -> dict[int,
 
 def exact_by_construction(results: dict[str, Any]) -> bool:
     """Every arm trains the same model bit for bit: they differ only in strategy and exact knobs."""
-    from dpcompare.knobs import exact_equivalents
-
     arms = (results.get("config") or {}).get("arms") or []
     return bool(arms) and exact_equivalents([dict(a.get("knobs") or {}) for a in arms])
 

@@ -415,7 +415,7 @@ def _verdict_item(v: Verdict) -> str:
             how = f" ({_e(v.method)} interval over {v.blocks} blocks{units})"
         blocks = (f"<details><summary>{_e(v.other)}/{_e(v.baseline)} throughput ratio per block{how}</summary>"
                   f'<p class="ratios">{" ".join(f"{x:.3f}" for x in v.block_ratios)}</p></details>')
-    floor = f'<p class="tiny">{_e(noise.floor_words(noise.verdict_floor(v)))}</p>' if v.block_ratios else ""
+    floor = f'<p class="muted">{_e(noise.floor_words(noise.verdict_floor(v)))}</p>' if v.block_ratios else ""
     return f'<li><strong class="outcome-{_e(v.outcome)}">{_e(v.full_text)}</strong>{floor}{blocks}</li>'
 
 
@@ -429,7 +429,7 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
     shared = "".join(f'<p class="tiny"><strong>np={r.np}:</strong> {_e(regime.shared_line(r))}</p>'
                      for r in regime.regimes(results) if r.shared and r.np in {v.np for v in verdicts})
     verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
-               + "</ul>" + shared + "".join(f'<p class="tiny">{_e(x)}</p>' for x in noise.setting_lines(results))
+               + "</ul>" + shared + "".join(f'<p class="muted">{_e(x)}</p>' for x in noise.setting_lines(results))
                + "</div>")
     why = _attribution_card(attributions)
     regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})

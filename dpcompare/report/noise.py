@@ -91,11 +91,12 @@ def floor_words(noise: dict[str, Any]) -> str:
     """One line for the report: the floor and the spread it comes from."""
     if noise.get("floor") is None:
         return "noise floor unknown (fewer than 2 blocks)"
-    units = noise["units"]
-    what = "block" if noise.get("unit_blocks", 1) == 1 else f"unit of {noise['unit_blocks']} blocks"
+    units, unit = noise["units"], noise.get("unit_blocks", 1)
+    spread = (f"per-block spread {noise['block_sd']:.3f} of the log ratio over {units} blocks" if unit == 1 else
+              f"spread {noise['block_sd']:.3f} of the log ratio per unit of {unit} blocks, over {units} units")
     need = noise.get("blocks_to_2pct")
-    return (f"noise floor ±{100 * noise['floor']:.1f} % (per-{what} spread {noise['block_sd']:.3f} of the log ratio "
-            f"over {units}); ±2 % would take about {need if need is not None else 'too many'} blocks")
+    return (f"noise floor ±{100 * noise['floor']:.1f} % ({spread}); ±2 % would take about "
+            f"{need if need is not None else 'too many'} blocks")
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def binding_words(binding: dict[str, Any] | None) -> str | None:
                                                                           f"binding {binding.get('bind')}")
     threads = binding.get("threads")
     affinity = binding.get("horovod_thread_affinity")
-    return (f"{where}; intra-op threads per rank: {threads if threads else 'torch default'}; "
+    return (f"{where}; intra-op threads per rank: {threads if threads else 'cores ÷ processes (--threads 0)'}; "
             f"HOROVOD_THREAD_AFFINITY: {affinity if affinity else 'unset'}")
 
 
@@ -185,7 +186,8 @@ def disturbed_words(results: dict[str, Any]) -> str | None:
         return None
     again = [d for d in entries if not d.get("counted")]
     kept = [d for d in entries if d.get("counted")]
-    why = "; ".join(f"block {d['block']}: {d['why']}" for d in entries[:3]) + ("; …" if len(entries) > 3 else "")
+    why = "; ".join(f"block {d['block']}, try {d['try']}: {d['why']}" for d in entries[:3]) + (
+        "; …" if len(entries) > 3 else "")
     parts = [f"{len(again)} disturbed block{'s' if len(again) != 1 else ''} run again, not counted"] if again else []
     if kept:
         parts.append(f"{len(kept)} still disturbed after its last try, counted anyway")

@@ -98,11 +98,11 @@ def _series(runs: Sequence[dict[str, Any]], arms: Sequence[str], nps: Sequence[i
                 yield Series(a, n, rs, col[a], *_np_style(nps, n), lw, alpha)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     return atomic_write_figure(path, fig, dpi=DPI, bbox_inches="tight", pad_inches=0.15, metadata={"Software": None})
 
 
-def _new(w: float, h: float, ncols: int = 1) -> tuple[Figure, Any]:
+def new_figure(w: float, h: float, ncols: int = 1) -> tuple[Figure, Any]:
     fig = Figure(figsize=(w, h), layout="constrained")
     axes = fig.subplots(1, ncols)
     return fig, axes
@@ -130,7 +130,7 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
     strategies, nps = strategy_order(results), np_order(results)
     name, scale_m, label = _metric_axis(runs)
     with matplotlib.rc_context(RC):
-        fig, (ax_l, ax_a) = _new(10, 3.9, 2)
+        fig, (ax_l, ax_a) = new_figure(10, 3.9, 2)
         for ser in _series(runs, strategies, nps):
             for ax, value, scale in ((ax_l, lambda row: row.get("train_loss"), 1.0), (ax_a, _metric_value, scale_m)):
                 by_epoch: dict[int, list[float]] = {}
@@ -156,7 +156,7 @@ def curves(results: dict[str, Any], path: Path) -> Plot | None:
         order = [f"{s} · np={n}" for n in nps for s in strategies if f"{s} · np={n}" in entries]
         fig.legend([entries[k] for k in order], order, loc="outside lower center", handlelength=3.2,
                    ncols=max(1, len(order) // max(1, len({k.split(" · ")[0] for k in order}))))
-        _save(fig, path)
+        save_figure(fig, path)
     return Plot("curves", path, f"Loss and {name} per epoch",
                 "Mean over repeats (shaded: min–max). Same seed and data order for every strategy, so matching "
                 "curves mean the strategies computed the same thing; the first strategy is drawn wide and pale "
@@ -189,7 +189,7 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
     width = 0.8 / max(len(strategies), 1)
     no_ci = False
     with matplotlib.rc_context(RC):
-        fig, ax = _new(max(5.5, 1.6 + 1.5 * len(nps) * len(strategies) ** 0.5 * 1.3), 4.2)
+        fig, ax = new_figure(max(5.5, 1.6 + 1.5 * len(nps) * len(strategies) ** 0.5 * 1.3), 4.2)
         # Whiskers far beyond every measurement (2 repeats on a noisy machine) would flatten the bars:
         # the axis stops at 1.4 × the largest measurement and longer whiskers end in an arrow.
         seen = max(max([g.samples_per_sec.mean, *g.throughputs]) for g in groups if g.samples_per_sec)
@@ -222,7 +222,7 @@ def throughput(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence
         ax.grid(axis="x", visible=False)
         ax.set_title("Throughput")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes, clear of the labels
-        _save(fig, path)
+        save_figure(fig, path)
     cap = ("Bars: mean over repeats; whiskers: 95 % t-interval; dots: individual repeats. Throughput is the "
            "global rate over the timed steps, decided by the slowest rank.")
     if no_ci:
@@ -236,7 +236,7 @@ def breakdown(groups: Sequence[Group], path: Path) -> Plot | None:
     if not gs:
         return None
     with matplotlib.rc_context(RC):
-        fig, ax = _new(10, 1.3 + 0.55 * len(gs))
+        fig, ax = new_figure(10, 1.3 + 0.55 * len(gs))
         labels = [f"{g.arm} · np={g.np}" for g in gs]
         y = list(range(len(gs)))[::-1]
         total = max(sum(g.phases_ms.values()) for g in gs)
@@ -259,7 +259,7 @@ def breakdown(groups: Sequence[Group], path: Path) -> Plot | None:
         ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.02 + 0.02 * (8 - min(len(gs), 8)) / 8), ncols=2,
                   fontsize=8.5)
         ax.set_title("Where a step's time goes", pad=42)
-        _save(fig, path)
+        save_figure(fig, path)
     return Plot("breakdown", path, "Step-time breakdown",
                 "Medians per phase of a training step. DDP all-reduces gradient buckets from autograd hooks while "
                 "backward() still runs, so its communication lands in the backward bar; Horovod's "
@@ -273,7 +273,7 @@ def scaling(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence[in
         return None
     col = colors(strategies)
     with matplotlib.rc_context(RC):
-        fig, (ax_s, ax_e) = _new(10, 3.9, 2)
+        fig, (ax_s, ax_e) = new_figure(10, 3.9, 2)
         ax_s.plot(nps, nps, color="#999999", ls="--", lw=1, label="ideal (linear)")
         ax_e.axhline(100, color="#999999", ls="--", lw=1, label="ideal")
         for si, s in enumerate(strategies):
@@ -298,7 +298,7 @@ def scaling(groups: Sequence[Group], strategies: Sequence[str], nps: Sequence[in
         ax_e.set_title("Scaling efficiency")
         ax_e.set_ylabel("throughput(np) / (np · throughput(1))  %")
         ax_e.set_ylim(0, max(110, *(100 * g.efficiency + 15 for g in groups if g.efficiency)))
-        _save(fig, path)
+        save_figure(fig, path)
     return Plot("scaling", path, "Scaling",
                 "Speed-up and efficiency against the same strategy at np=1 (means over repeats). Efficiency "
                 "below 100 % is time spent communicating or waiting; on a machine with fewer cores than "
@@ -315,7 +315,7 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
     col = colors(arms)
     shown = [v for v in verdicts if v.block_ratios and v.metric == "throughput"]
     with matplotlib.rc_context(RC):
-        fig, axes = _new(10, 3.9, 2 if shown else 1)
+        fig, axes = new_figure(10, 3.9, 2 if shown else 1)
         ax_r, ax_b = (axes[0], axes[1]) if shown else (axes, None)
         for s in arms:
             for n in nps:
@@ -349,7 +349,7 @@ def drift(results: dict[str, Any], verdicts: Sequence[Verdict], path: Path) -> P
             ax_b.set_ylabel("throughput ratio other / baseline")
             ax_b.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax_b.legend(loc="best", fontsize=8)
-        _save(fig, path)
+        save_figure(fig, path)
     return Plot("drift", path, "Drift and pairing",
                 "Left: every run's throughput in the order the runs ran; a shared machine drifts, and both arms of a "
                 "block drift together. Right: the ratio of the two arms within each block (dots), the verdict's "
@@ -366,7 +366,7 @@ def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
     arms, nps = strategy_order(results), np_order(results)
     target = tta_target(results)
     with matplotlib.rc_context(RC):
-        fig, (ax_t, ax_s) = _new(10, 3.9, 2)
+        fig, (ax_t, ax_s) = new_figure(10, 3.9, 2)
         for ser in _series(runs, arms, nps):
             by_step: dict[int, list[tuple[float, float]]] = {}
             for r in ser.runs:
@@ -393,7 +393,7 @@ def accuracy_curves(results: dict[str, Any], path: Path) -> Plot | None:
         ax_s.set_xlabel("optimizer step")
         ax_s.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_s.legend(loc="lower right", fontsize=8)
-        _save(fig, path)
+        save_figure(fig, path)
     n_seeds = len({r.get("seed") for r in runs})
     return Plot("accuracy", path, f"Test {name} against time and steps",
                 f"Mean over {n_seeds} seed{'s' if n_seeds != 1 else ''} (and repeats) at every evaluation point "

@@ -15,7 +15,7 @@ SHOWN = (2, 8, 64, 1024)
 
 def section(folder: str | Path) -> str:
     """HTML for the report, or "" when the comparison was not projected."""
-    from dpcompare.report.html import data_uri
+    from dpcompare.report.html import data_uri  # here, not at the top: it loads numpy and scipy and matplotlib
 
     where = Path(folder) / FOLDER
     try:

@@ -81,9 +81,9 @@ from dpcompare.report.verdicts import (  # noqa: F401
     METRICS,
     OUTCOMES,
     Verdict,
-    _ratio_ci,
     accuracy_verdict,
     accuracy_verdicts,
+    ratio_ci,
     throughput_verdict,
     time_to_accuracy_verdicts,
 )
@@ -166,7 +166,7 @@ def _throughput_pair(results: dict[str, Any], n: int, b: Group, o: Group, eq: fl
                    len(reps), text, "" if seeded else accuracy_verdict(s, base, b.accuracies, o.accuracies,
                                                                         confidence, b.metric),
                    method, [y / x for x, y in zip(xb, xo, strict=True)], reps, sps_ratio,
-                   needed if outcome == "undecided" else None, eq, _ratio_ci(log_eq_iv), unit_blocks=unit)
+                   needed if outcome == "undecided" else None, eq, ratio_ci(log_eq_iv), unit_blocks=unit)
 
 
 def _at_value(results: dict[str, Any], text: str, base: str, other: str, n: int) -> str:

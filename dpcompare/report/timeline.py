@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dpcompare import trace as tr
+from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write_figure
+from dpcompare.options import deprecate
 
 COMM_COLOR, COMM_PHASE_COLOR, GRAD_COLOR, WAIT_COLOR = "#2f6db5", "#15365c", "#333333", "#c0303a"
 LANES = ("compute", "grad ready", "all-reduce")
@@ -24,8 +26,6 @@ LANES = ("compute", "grad ready", "all-reduce")
 
 def load_trace(path: str | Path) -> dict[str, Any]:
     """A trace.json (or a run folder holding one), checked enough to draw; ConfigError (one line) otherwise."""
-    from dpcompare.errors import ConfigError
-
     path = Path(path)
     if path.is_dir():
         path = path / tr.TRACE_FILE
@@ -77,7 +77,7 @@ def step_window(data: dict[str, Any], step: int | None = None) -> tuple[int, flo
 
 
 def _draw_run(ax: Any, data: dict[str, Any], step: int, t0: float, title: str) -> None:
-    from dpcompare.report.plots import PHASE_COLORS
+    from dpcompare.report.plots import PHASE_COLORS  # here, not at the top: it loads numpy and scipy and matplotlib
 
     events = data["traceEvents"]
     ranks = sorted(tr.steps_by_rank(events))
@@ -156,7 +156,7 @@ def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    from dpcompare.errors import ConfigError
+    # here, not at the top: it loads numpy and scipy and matplotlib
     from dpcompare.report.plots import DPI, PHASE_COLORS, RC
 
     loaded = []
@@ -196,7 +196,6 @@ def _cmd_timeline(a: argparse.Namespace) -> int:
 
 
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.options import deprecate
 
     p = sub.add_parser("timeline", help="draw one traced step of one or more runs (PNG) on one time axis",
                        description="Draw one step recorded by `dpcompare train --trace N`: per rank the compute "

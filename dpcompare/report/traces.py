@@ -15,6 +15,7 @@ from typing import Any
 from dpcompare import trace as tr
 from dpcompare.files import SUMMARY
 from dpcompare.report.groups import arm_of
+from dpcompare.report.timeline import load_trace, render
 
 PNG = "timeline.png"
 
@@ -33,8 +34,7 @@ def traced_arms(folder: Path, results: dict[str, Any]) -> dict[str, Path]:
 
 def section(folder: str | Path, results: dict[str, Any], plots_dir: str | Path) -> str:
     """HTML for the report (a heading, the picture, a table), or "" when no run was traced."""
-    from dpcompare.report.html import data_uri
-    from dpcompare.report.timeline import load_trace, render
+    from dpcompare.report.html import data_uri  # here, not at the top: it loads matplotlib
 
     folder = Path(folder)
     arms = traced_arms(folder, results)

@@ -172,7 +172,7 @@ def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | N
         return "undecided", (f"{other} vs {baseline} at np={np_} undecided: {_pct(ratio - 1, True)} % from 1 block, "
                              "no interval; run at least 3 repeats")
     lo, hi = math.exp(log_iv.lo), math.exp(log_iv.hi)  # type: ignore[arg-type]
-    eq_ci = _ratio_ci(log_eq_iv)
+    eq_ci = ratio_ci(log_eq_iv)
     outcome = decide(lo, hi, equivalence, eq_ci)
     dg = 1 if hi - lo < 0.1 else 0  # one decimal for the whole verdict when the interval is narrower than 10 %
     if outcome == "faster":
@@ -195,7 +195,7 @@ def throughput_verdict(other: str, baseline: str, np_: int, log_iv: Interval | N
     return outcome, f"{other} vs {baseline} at np={np_} undecided: interval {span}, {more}"
 
 
-def _ratio_ci(log_iv: Interval | None) -> tuple[float, float] | None:
+def ratio_ci(log_iv: Interval | None) -> tuple[float, float] | None:
     return (math.exp(log_iv.lo), math.exp(log_iv.hi)) if log_iv is not None and log_iv.has_ci else None  # type: ignore[arg-type]
 
 
@@ -327,7 +327,7 @@ def _time_to_accuracy_pair(results: dict[str, Any], n: int, base: str, s: str, o
     assert log_iv is not None
     speed = math.exp(log_iv.mean)
     # the time ratio other ÷ baseline is 1/speed: its equivalence interval, for the "equal" outcome
-    eq_speed = _ratio_ci(log_eq_iv)
+    eq_speed = ratio_ci(log_eq_iv)
     eq_time = None if eq_speed is None else (1 / eq_speed[1], 1 / eq_speed[0])
     steps = (f"; steps to it: {statistics.fmean(so):.0f} vs {statistics.fmean(sb):.0f}" if sb and so else "")
     outcome, text = _time_to_accuracy_words(f"time to {tgt}", s, base, n, log_iv, eq_speed, eq_time, eq, len(reps),

@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE
+from dpcompare.data.plugins import resolve_workload
+from dpcompare.launch.env import detect_launch_env
+from dpcompare.launch.jobs import run_command
 from dpcompare.options import START, add_config_file_option, add_config_options, config_from_args
 
 EPILOG = """examples:
@@ -22,9 +25,6 @@ your own job (a plug-in; `dpcompare workloads` explains them):
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from dpcompare.data.plugins import resolve_workload
-    from dpcompare.launch.env import detect_launch_env
-
     job = resolve_workload(config_from_args(a))  # a plug-in that does not import or fit: one line, before any group
     # imported after: a plug-in that does not import is refused without the cost of importing torch
     from dpcompare.training.loop import train
@@ -51,8 +51,6 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     """``dpcompare train ARGV`` in this process (how a persistent compare worker runs a run); its exit code."""
-    from dpcompare.launch.jobs import run_command
-
     p = argparse.ArgumentParser(prog="dpcompare train")
     add_config_options(p)
     return run_command("train", _cmd_train, p.parse_args(list(argv)))

@@ -21,6 +21,7 @@ import csv
 import importlib
 import io
 import json
+import logging
 import math
 import os
 import time
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY, atomic_write_text
+from dpcompare.versions import versions
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -222,9 +224,7 @@ def mlflow_store(uri: str | None, out: Path) -> str:
 
 def mlflow_client(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` (a local sqlite file's folder is created first)."""
-    import logging
-
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # optional: the mlflow extra
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial MLflow database tables..."
     if uri.startswith("sqlite:///"):
@@ -267,7 +267,7 @@ class MlflowTracker(Tracker):
         self.log_config(config, {})
 
     def log_config(self, config: Mapping[str, Any], versions: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param, RunTag  # optional: the mlflow extra
 
         params = [Param(k, _text(v)[:6000]) for k, v in config.items()]
         tags = [RunTag(f"versions.{k}", str(v)) for k, v in versions.items()]
@@ -275,7 +275,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[i:i + 100], tags=tags if i == 0 else [])
 
     def _metrics(self, values: Mapping[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional: the mlflow extra
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
@@ -365,8 +365,6 @@ def open_trackers(cfg: TrainConfig, run_info: Mapping[str, Any], out: Path, is_m
     """
     if not is_main:
         return Trackers()
-    from dpcompare.versions import versions
-
     names = selected(cfg)
     for name in names:  # all or nothing: a missing tool stops the run before any tool opened
         require(name)
