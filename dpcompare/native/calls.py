@@ -24,7 +24,8 @@ _NATIVE_COMMUNICATION = {
                 "(fixed after step 2 from rank 0's timings) becomes ready",
     "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
 }
-#: the launcher of each script arm's elastic mode (``compare --script ... --strategies horovod-elastic,native-elastic``):
+#: the launcher of each script arm's elastic mode
+#: (``compare --script ... --strategies horovod-elastic,native-elastic``):
 #: the script under real Horovod Elastic (horovodrun with a host discovery script), under the layer on torchrun's
 #: elastic agents, or its DDP port (``ddp-elastic``: migrate's elastic helpers) on torchrun's elastic agents
 SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun", "ddp": "torchrun"}
