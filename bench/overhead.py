@@ -164,7 +164,9 @@ def main() -> int:
             h = statistics.median(x for rnd in r["hand"] for x in rnd)
             d = statistics.median(x for rnd in r["dpcompare"] for x in rnd)
             # Paired within a round (same minute of machine noise): the spread says how sure the ratio is.
-            paired = [statistics.median(o) / statistics.median(m) for o, m in zip(r["dpcompare"], r["hand"], strict=True)]
+            paired = [
+                statistics.median(o) / statistics.median(m) for o, m in zip(r["dpcompare"], r["hand"], strict=True)
+            ]
             q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
             table.add_row(s, f"{h:,.0f}", f"{d:,.0f}", f"{d / h:.3f}", f"{q1:.3f} – {q3:.3f}")
     Console().print(table)

@@ -425,8 +425,11 @@ class CpuClock:
 
     def _busiest(self, helpers_ms: float) -> list[dict[str, Any]]:
         before, now, me = self._threads or {}, thread_cpu_s(), threading.get_native_id()
-        spent = {tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items()
-                 if tid != me}
+        spent = {
+            tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1])
+            for tid, (name, cpu) in now.items()
+            if tid != me
+        }
         total = sum(s for _, s in spent.values())
         if total <= 0:
             return []

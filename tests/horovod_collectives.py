@@ -96,7 +96,9 @@ def outside_the_set():
 def dynamic_sets():
     single = hvd.add_process_set([1])
     first_id = single.process_set_id
-    alone = flat(hvd.allreduce(torch.tensor([5.0]), name="alone", op=hvd.Sum, process_set=single)) if rank == 1 else None
+    alone = (
+        flat(hvd.allreduce(torch.tensor([5.0]), name="alone", op=hvd.Sum, process_set=single)) if rank == 1 else None
+    )
     try:
         hvd.add_process_set([0, 2])
         duplicate = "added"

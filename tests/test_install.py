@@ -104,7 +104,9 @@ def test_pip_install_keeps_torch_and_doctor_says_what_is_missing(tmp_path):
              "--warmup-steps", "2", "--threads", "1", "--no-tensorboard", "--progress", "none", "--out", str(out)],
             env=env)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == 6 and summary["versions"]["torch"] == before["torch_build"]
+    assert (
+        summary["world_size"] == 2 and summary["steps"] == 6 and summary["versions"]["torch"] == before["torch_build"]
+    )
     assert p.returncode == 0
 
 

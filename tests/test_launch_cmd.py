@@ -17,7 +17,9 @@ from dpcompare.launch import mpirun
 from dpcompare.launch.slurm import parse_time
 
 OPENMPI_VERSION = "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
-HYDRA_VERSION = "HYDRA build details:\n    Version:                                 4.0.2\n    Release Date: unreleased\n"
+HYDRA_VERSION = (
+    "HYDRA build details:\n    Version:                                 4.0.2\n    Release Date: unreleased\n"
+)
 INTEL_VERSION = "Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)\n"
 TRAIN = ["train", "--strategy", "horovod", "--dataset", "digits"]
 

@@ -670,7 +670,9 @@ def strategy_interface(path: Path) -> dict[str, list[str]]:
             kind = next((k for k, d in (("property", "property"), ("must", "abstractmethod"), ("final", "final"))
                          if d in decorators), "may")
             kinds[kind].append(node.name)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id.endswith("_class"):
+        elif (
+            isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id.endswith("_class")
+        ):
             kinds["parts"].append(node.target.id)
     return kinds
 

@@ -333,7 +333,10 @@ def test_the_native_layer_and_predict_fuse_with_one_planner():
     grads = [Grad(str(i), 0.0, b * MB) for i, b in enumerate(sizes)]
     plan = knobs.horovod_fusion(range(6), [b * MB for b in sizes], threshold=2 * MB)
     assert [[int(g.name) for g in group] for group in fuse(grads, 2 * MB)] == plan == [[0], [1], [2, 3, 4], [5]]
-    assert Knobs().horovod_fusion_mb * MB == knobs.HOROVOD_FUSION_BYTES and Knobs().horovod_cycle_ms == knobs.HOROVOD_CYCLE_MS
+    assert (
+        Knobs().horovod_fusion_mb * MB == knobs.HOROVOD_FUSION_BYTES
+        and Knobs().horovod_cycle_ms == knobs.HOROVOD_CYCLE_MS
+    )
 
 
 def test_overlap_from_a_run_whose_collectives_missed_backward_says_so(tmp_path):

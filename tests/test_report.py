@@ -352,10 +352,14 @@ def test_the_terminal_table_warns_of_tiny_steps_and_says_why(handmade: Path) -> 
     console = Console(record=True, width=200)
     render(handmade, console=console)
     text = console.export_text()
-    assert "fixed per-step costs decide this verdict" in text and re.search(r"note: steps of 1[67]\.\d ms \(np=2\)", text)
+    assert "fixed per-step costs decide this verdict" in text
+    assert re.search(r"note: steps of 1[67]\.\d ms \(np=2\)", text)
     why = text[text.index("why: horovod's step 1.5"):].splitlines()
     assert "optimizer +2.00 ms" in why[0] and "backward −2.00 ms" in why[0]
-    assert why[1].strip().startswith("in optimizer — ddp: nothing; horovod: step() waits") and len(why[0]) + len(why[1]) < 240
+    assert (
+        why[1].strip().startswith("in optimizer — ddp: nothing; horovod: step() waits")
+        and len(why[0]) + len(why[1]) < 240
+    )
     assert not why[2].strip().startswith(("in ", "why"))  # two lines, no more
 
 

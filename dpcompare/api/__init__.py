@@ -76,7 +76,9 @@ def compare_runs(runs: list[str | Path]) -> list[dict[str, Any]]:
         try:
             s = json.loads((run / SUMMARY).read_text())
         except (OSError, ValueError) as e:
-            raise ConfigError(f"{run} holds no readable summary.json ({type(e).__name__}); is it a finished run?") from None
+            raise ConfigError(
+                f"{run} holds no readable summary.json ({type(e).__name__}); is it a finished run?"
+            ) from None
         metric = s.get("metric") or {"name": "accuracy", "higher_is_better": True}
         rows.append({"run": str(run), "strategy": s["strategy"], "world_size": s["world_size"],
                      "final_train_loss": s.get("final_train_loss"), "metric": metric["name"],

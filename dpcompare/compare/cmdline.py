@@ -170,7 +170,9 @@ def project_link_arg(text: str) -> int | None:
     try:
         return parse_rate_bits(text)
     except ConfigError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a link rate (e.g. 25gbit, 200gbit, 10gbit) or none") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a link rate (e.g. 25gbit, 200gbit, 10gbit) or none"
+        ) from None
 
 
 def train_flags(cfg: TrainConfig) -> list[str]:

@@ -210,7 +210,9 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
                       f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
         rc, seconds = run_job(cmd, out, job_env(), timeout)
     if rc != 0:
-        what = f"failed (exit {rc})" if rc is not None else f"took longer than --run-timeout {timeout:g} s and was stopped"
+        what = (
+            f"failed (exit {rc})" if rc is not None else f"took longer than --run-timeout {timeout:g} s and was stopped"
+        )
         raise RuntimeError(f"{cfg.strategy} run {what}; its output is in {out}/stdout.log and stderr.log:\n"
                            f"{log_tail(out)}")
     path = checkpoint.latest_checkpoint(out)
@@ -288,7 +290,9 @@ def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, 
         table.add_column(f"{s} (tol {tol[s]:g})", justify="right")
     fmt = lambda v, t: f"[green]{v:.2e}[/]" if v <= t else f"[red]{v:.2e}[/]"  # noqa: E731
     for k, v in results[ref]["weights"].items():
-        table.add_row(k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others))
+        table.add_row(
+            k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others)
+        )
     table.add_section()
     table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
     table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
@@ -311,7 +315,8 @@ def _cause_cell(d: dict[str, Any]) -> str:
 def _verdict(mode: str, passed: bool, ref: str, diffs: dict[str, dict[str, Any]], tol: dict[str, float]) -> str:
     if mode == "distance":
         return "[yellow]NOT MEANT TO MATCH[/]: " + ", ".join(
-            f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items())
+            f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items()
+        )
     if passed:
         return "[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
     over = [s for s, d in diffs.items() if d["weights_max"] > tol[s] or d["loss_max"] > tol[s]]

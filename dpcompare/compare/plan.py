@@ -446,7 +446,9 @@ class Comparison:
             what = next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
             what = what or ("--replay" if self.replay else None)
             if what:
-                raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; {docs_page('elastic')})")
+                raise ConfigError(
+                    f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; {docs_page('elastic')})"
+                )
             return
         if self.options.workers == "persistent":
             raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "

@@ -157,7 +157,9 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         return q
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
-    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, metavar="N", help="number of hosts (default 2)")
+    up.add_argument(
+        "--host-count", dest="hosts", type=positive_int, default=2, metavar="N", help="number of hosts (default 2)"
+    )
     deprecate(up, "--hosts", "--host-count")
     up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")

@@ -255,7 +255,9 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
     p.add_argument("--link", type=rate_bits, default="25gbit", metavar="RATE",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
-    p.add_argument("--latency", default="5us", metavar="TIME", help="inter-host latency per message step (alpha), e.g. 5us")
+    p.add_argument(
+        "--latency", default="5us", metavar="TIME", help="inter-host latency per message step (alpha), e.g. 5us"
+    )
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
                    help="ranks per host (hierarchical collectives on --intra-link inside a host; default 1)")
     p.add_argument("--intra-link", type=rate_bits, default=None, metavar="RATE",

@@ -332,7 +332,9 @@ def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
             last = max((e["ts"] for e in ticks), default=bw["ts"] + bw["dur"])
             waits = sum(e["dur"] for e in tr.events_in(events, st, tr.CAT_WAIT))
             opt = ph.get("optimizer")
-            comm, overlapped = _in_flight(tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"]))
+            comm, overlapped = _in_flight(
+                tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"])
+            )
             rows.append({"step": st["dur"] / 1e6, "rank": rank,
                          "data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0, "forward": ph["forward"]["dur"] / 1e6,
                          "backward": min(last - bw["ts"], bw["dur"]) / 1e6,

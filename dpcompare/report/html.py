@@ -174,7 +174,9 @@ def _evidence(groups: Sequence[Group], strategies: Sequence[str]) -> str:
             b, o = shift.get("backward", 0.0), shift.get("optimizer", 0.0)
             text += (f"; against np=1, backward {_signed_ms(b)} and optimizer {_signed_ms(o)} per step")
             if max(b, o) >= MEASURABLE_MS:
-                text += f": the cost of going distributed sits in <strong>{'backward' if b >= o else 'optimizer'}</strong>"
+                text += (
+                    f": the cost of going distributed sits in <strong>{'backward' if b >= o else 'optimizer'}</strong>"
+                )
         items.append(f"<li>{text}.</li>")
     if not items:
         return ""

@@ -189,8 +189,8 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
         console.print("[bold]Verdict[/]: one arm only, nothing to compare", soft_wrap=True)
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     for r in failed:
-        console.print(f"  [red]{r.get('status', 'failed')}[/] {arm_of(r)}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
-                      soft_wrap=True, highlight=False)
+        console.print(f"  [red]{r.get('status', 'failed')}[/] {arm_of(r)}-np{r['np']}-r{r['repeat']}: "
+                      f"{fmt.headline(r.get('error'))}", soft_wrap=True, highlight=False)
     if not results.get("complete", True):
         console.print("[yellow]results.json is incomplete: the comparison was interrupted[/] "
                       "(`dpcompare compare --continue DIR` continues it)")
