@@ -5,9 +5,9 @@
 
 For each strategy one ``mpirun -np N`` job sets up the process group once, then alternates the
 hand-written loop and ``dpcompare.training.loop.train`` (same model, data, batch and steps), swapping the
-order every round so machine noise hits both alike; the ratio's spread over rounds is printed too. Throughput is measured the same way for both:
-training samples of all ranks per epoch divided by the slowest rank's wall time for that epoch, the
-first epoch of every segment left out as warm-up. Prints dpcompare's median throughput as a ratio of
+order every round so machine noise hits both alike; the ratio's spread over rounds is printed too. Throughput is
+measured the same way for both: training samples of all ranks per epoch divided by the slowest rank's wall time for that
+epoch, the first epoch of every segment left out as warm-up. Prints dpcompare's median throughput as a ratio of
 the hand-written loop's (target: >= 0.99).
 """
 

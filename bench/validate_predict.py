@@ -14,12 +14,12 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
 2. **overlap**: a short traced run of each on a link slow enough for communication to matter (``--overlap-link``,
    not one of the validated rates), for ``predict --overlap-from``;
 3. per link rate: ``lab bench`` (gloo and/or Open MPI, ``--bench-repeats`` mpirun jobs: both of Open MPI's speeds;
-   each size after the idle gap and back to back) and every strategy and workload run untraced ``--repeats`` times (the measured step: the median of the runs'
-   ``step_ms_median``). The load average is recorded before every run.
+   each size after the idle gap and back to back) and every strategy and workload run untraced ``--repeats`` times (the
+   measured step: the median of the runs' ``step_ms_median``). The load average is recorded before every run.
 
 Step 1 is interleaved with step 3 by default: each configuration traced right before its own measured runs
-(``--no-interleave``: all traces first, as bench/predict-validation.md's runs 1-7); then a short step is traced and timed for
-``--min-seconds`` at least (more steps than ``--trace`` and ``--steps``; since run 11).
+(``--no-interleave``: all traces first, as bench/predict-validation.md's runs 1-7); then a short step is traced and
+timed for ``--min-seconds`` at least (more steps than ``--trace`` and ``--steps``; since run 11).
 
 ``analyse`` predicts every configuration in the code ``dpcompare predict`` runs (``sweep.curve``: the point, its
 95 % bootstrap band, both modes), under each candidate calibration. The calibration is **chosen on the mlp family

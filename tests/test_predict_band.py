@@ -257,7 +257,8 @@ def test_the_bench_says_two_speeds_and_the_model_carries_the_mixture(tmp_path):
 
 def test_horovod_negotiates_at_the_fixed_cost_the_bench_measured(tmp_path):
     """The bench's smallest all-reduce (1 MiB in ~10.3 ms on 1 Gbit/s at 2 ranks: 8.4 ms of wire) leaves ~1.9 ms
-    that a message of a few bytes pays too: each Horovod cycle's negotiation costs that; without a bench, 2⌈log2 n⌉·α."""
+    that a message of a few bytes pays too: each Horovod cycle's negotiation costs that; without a bench,
+    2⌈log2 n⌉·α."""
     path, _ = bench_file(tmp_path, [0.29, 0.3, 0.31] * 2)
     net = Network(2, Link.of(5e-6, 1e9), profiles=load_profiles(path))
     wire = net.inter.time("all_reduce", 2**20, 2)

@@ -311,8 +311,8 @@ TEXT_PX, CHAR_PX, CELL_PAD_PX = 1120 - 48 - 46, 7.5, 18
 
 
 def test_the_report_fits_1300_px_and_states_attribution_and_regime(handmade: Path) -> None:
-    """No table wider than the page at 1300 px (text width by characters, 7.5 px each at 13.5 px tabular figures, plus padding),
-    wrappers that scroll inside the card, long values that wrap; the verdict card's attribution and regime."""
+    """No table wider than the page at 1300 px (text width by characters, 7.5 px each at 13.5 px tabular figures, plus
+    padding), wrappers that scroll inside the card, long values that wrap; the verdict card's attribution and regime."""
     results = json.loads((handmade / "results.json").read_text())
     for r in results["runs"]:  # a sharded-looking run: the memory columns must not join the main table
         r["memory_mb"] = {"params": 0.06, "grads": 0.06, "optimizer_state": 0.12, "total": 0.24}

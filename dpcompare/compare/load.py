@@ -14,8 +14,8 @@ What the machine spent beyond that went to other processes::
 
 A rank need not descend from the comparing process at all: the elastic arms' ranks on a lab's hosts are started
 through ssh, by that host's sshd. Every process whose command line names the run's folder (each rank's ``--out``)
-is the job's too, however it was started (compare names the folder across a lab): a thread samples their CPU time twice a second while the run runs (a
-process that ends between two samples loses at most its last half second).
+is the job's too, however it was started (compare names the folder across a lab): a thread samples their CPU time twice
+a second while the run runs (a process that ends between two samples loses at most its last half second).
 
 Busy is user + nice + system time; interrupt and soft-interrupt time is left out (the ranks' own loopback
 traffic lands there, charged to no process). The report's threshold: :data:`dpcompare.report.regime.SHARED_SHARE`.

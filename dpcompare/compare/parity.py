@@ -3,8 +3,8 @@
 Runs the same K steps under each strategy (and, where that is exact in arithmetic, one process with
 the global batch), then compares the final weights tensor by tensor and the loss curves step by step. With
 ``--script`` it runs a user's Horovod script under real Horovod and the native layer (or its DDP port) and
-compares the final weights its optimizer held (:mod:`.script`). Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
-OUT/<strategy>/stdout.log and stderr.log).
+compares the final weights its optimizer held (:mod:`.script`). Each run is a job of :mod:`dpcompare.launch.jobs` (its
+own session, ``--run-timeout``, its output in OUT/<strategy>/stdout.log and stderr.log).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ from dpcompare.versions import docs_page
 DESCRIPTION = """\
 An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
 namespace), each host's link shaped in both directions with the kernel's tbf qdisc. mpirun reaches the hosts
-through a remote agent instead of ssh; horovodrun through an sshd inside each host (none in the root namespace). Needs root and iproute2 (ip, tc); shaping needs tbf. Bandwidth only:
-without netem no latency or loss can be added, and an unshaped veth is CPU-bound (13-25 Gbit/s here).
+through a remote agent instead of ssh; horovodrun through an sshd inside each host (none in the root namespace). Needs
+root and iproute2 (ip, tc); shaping needs tbf. Bandwidth only: without netem no latency or loss can be added, and an
+unshaped veth is CPU-bound (13-25 Gbit/s here).
 """
 
 EPILOG = """\

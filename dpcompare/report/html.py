@@ -51,7 +51,8 @@ td.l, th.l { text-align: left; white-space: normal; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .scroll { background:
   linear-gradient(to right, #fff 30%, #fff0), linear-gradient(to left, #fff 30%, #fff0) 100% 0,
-  radial-gradient(farthest-side at 0 50%, #0003, #0000), radial-gradient(farthest-side at 100% 50%, #0003, #0000) 100% 0;
+  radial-gradient(farthest-side at 0 50%, #0003, #0000),
+  radial-gradient(farthest-side at 100% 50%, #0003, #0000) 100% 0;
   background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%, 12px 100%;
   background-attachment: local, local, scroll, scroll; }
 td:first-child { white-space: normal; overflow-wrap: break-word; min-width: 9em; }
