@@ -140,7 +140,8 @@ _SETTING = re.compile(r"(?:at most|at least|below|under|above|up to|every|defaul
                       r"threshold|limit|cap|margin|e\.g\.|≥|≤|<|>)\s*$", re.I)
 _NOT_PROSE = [re.compile(p, re.S) for p in (r"```.*?```", r"`[^`]*`", r"\{\{.*?\}\}", r"\{%.*?%\}",
                                             r"<!--.*?-->", r"\]\([^)]*\)", r"<https?://[^>]*>")]
-_EXEMPT = {"cli.md", "layout.md", "results-schema.md", "measurements.md"}  # generated; rules; a schema; all from the file
+# generated; rules; a schema; all from the file
+_EXEMPT = {"cli.md", "layout.md", "results-schema.md", "measurements.md"}
 
 
 def quoted_measurements(text: str) -> list[str]:

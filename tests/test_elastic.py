@@ -50,7 +50,8 @@ def test_torchrun_and_horovodrun_lines() -> None:
     conf = dict(
         kv.split("=") for kv in next(w for w in cmd if w.startswith("--rdzv-conf=")).split("=", 1)[1].split(",")
     )
-    assert conf == {"last_call_timeout": "3", "keep_alive_interval": "1", "keep_alive_max_attempt": "5"}  # fast recovery
+    # fast recovery
+    assert conf == {"last_call_timeout": "3", "keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
     assert cmd[-3:] == ["--no-python", "/venv/bin/dpcompare", "train"] and "--local-addr=10.0.0.2" in cmd
     h = horovodrun_command(["dpcompare", "train"], np=3, min_np=2, max_np=3, discovery_script="/lab/discover.sh",
                            iface="dplab0", slots=1)

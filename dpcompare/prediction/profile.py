@@ -51,7 +51,8 @@ from dpcompare.report.timeline import load_trace
 
 PROBE_MIN_STEPS = 8  #: untraced steps (per rank) needed before the tracing's own cost is taken out
 PROBE_APPLY_BELOW = 0.9  #: below this untraced-over-traced ratio the tracing clearly slowed the run
-UNTRACED_MODES = ("auto", "always", "never")  #: when the compute is scaled to the untraced steps (``--untraced-compute``)
+#: when the compute is scaled to the untraced steps (``--untraced-compute``)
+UNTRACED_MODES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)

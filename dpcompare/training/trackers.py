@@ -158,7 +158,8 @@ class CsvTracker(Tracker):
 
     def __init__(self, out: Path, history: Sequence[Mapping[str, Any]] = ()) -> None:
         self.out = out
-        self.rows: list[Mapping[str, Any]] = list(history)  # a resumed run's earlier epochs, as metrics.jsonl keeps them
+        # a resumed run's earlier epochs, as metrics.jsonl keeps them
+        self.rows: list[Mapping[str, Any]] = list(history)
         self._write_metrics()
 
     def log_epoch(self, step: int, row: Mapping[str, Any]) -> None:
