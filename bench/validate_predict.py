@@ -250,9 +250,15 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
     noise = sweep.Noise(Bench.load(cal, b2b) if cal else None, floor, replicates)
     c = sweep.curve(p, rec["strategy"], knobs, net, [rec["hosts"]], rec["workload"], noise, ov)
     lo, hi = c.band(0)
-    return {"predicted_ms": c.steps[0].step * 1e3, "low_ms": lo * 1e3, "high_ms": hi * 1e3,
-            "no_overlap_ms": c.steps[0].no_overlap * 1e3, "modes_ms": [x * 1e3 for x in c.modes[1]] if c.modes else None,
-            "overlap": ov.as_dict(), "band_advice": c.band_advice}
+    return {
+        "predicted_ms": c.steps[0].step * 1e3,
+        "low_ms": lo * 1e3,
+        "high_ms": hi * 1e3,
+        "no_overlap_ms": c.steps[0].no_overlap * 1e3,
+        "modes_ms": [x * 1e3 for x in c.modes[1]] if c.modes else None,
+        "overlap": ov.as_dict(),
+        "band_advice": c.band_advice,
+    }
 
 
 def first_bench(log: list[dict[str, Any]]) -> str:

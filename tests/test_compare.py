@@ -98,7 +98,11 @@ def test_run_record_ok() -> None:
     rec = records_m.run_record(plan_m.RunSpec("ddp", 2, 1), "runs/ddp-np2-r1", 0, 9.87654, fake_summary(),
                              [{"epoch": 1}], "", command=["mpirun"])
     assert rec["status"] == "ok" and rec["error"] is None
-    assert (rec["samples_per_sec"], rec["step_ms"], rec["peak_rss_mb"]) == (5000.0, {"median": 12.0, "p95": 15.0}, 410.0)
+    assert (rec["samples_per_sec"], rec["step_ms"], rec["peak_rss_mb"]) == (
+        5000.0,
+        {"median": 12.0, "p95": 15.0},
+        410.0,
+    )
     assert rec["phases_ms"]["optimizer"] == 9.0 and rec["metrics"] == [{"epoch": 1}] and rec["wall_seconds"] == 9.877
 
 
@@ -281,7 +285,11 @@ def test_repeats_auto_stops_at_the_target_and_records_verdicts_and_arms(tmp_path
     res = json.loads((tmp_path / "results.json").read_text())
     stop = res["config"]["stop"]
     assert stop["blocks"] == 6 and "settled beyond doubt" in stop["reason"]  # the minimum of 6, exact ratios
-    assert res["config"]["arms"][1] == {"label": "ddp/optimizer=adam", "strategy": "ddp", "knobs": {"optimizer": "adam"}}
+    assert res["config"]["arms"][1] == {
+        "label": "ddp/optimizer=adam",
+        "strategy": "ddp",
+        "knobs": {"optimizer": "adam"},
+    }
     assert {(r["arm"], r["dir"]) for r in res["runs"]} >= {("ddp/optimizer=adam", "runs/ddp-optimizer-adam-np2-r0")}
     (v,) = res["verdicts"]
     assert (v["baseline"], v["other"], v["outcome"], v["blocks"]) == ("ddp/optimizer=sgd", "ddp/optimizer=adam",

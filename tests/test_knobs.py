@@ -173,7 +173,12 @@ def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_t
     for k in ("strategy 'ddp' → 'horovod'", "accumulate 1 → 2", "amp 'bf16' → 'fp16'", "static_graph True → False"):
         assert k in changed[0], changed[0]
     s = summary(out)
-    assert s["steps"] == 12 and s["comm"]["optimizer_steps"] == 8 and s["global_batch_size"] == 32 * 2 * 2 and "global 128" in p.stdout
+    assert (
+        s["steps"] == 12
+        and s["comm"]["optimizer_steps"] == 8
+        and s["global_batch_size"] == 32 * 2 * 2
+        and "global 128" in p.stdout
+    )
     c = s["comm"]
     assert (c["compression"], c["wire_dtype"], c["backward_passes_per_step"], c["op"]) == (
         "FP16Compressor", "float16", 2, "Average")

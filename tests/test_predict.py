@@ -354,9 +354,13 @@ def test_the_floor_line_holds_against_operations_that_waited_and_a_trace_link_ha
 
 def test_predict_refusals_are_one_line(tmp_path):
     run = fake_run(tmp_path / "r")
-    for args, words in ((["--ranks-per-host", "4"], "--intra-link"), (["--link", "fast"], "link rate"),
-                        (["--strategies", "adam"], "no model of strategy"),
-                        (["--model-error", str(tmp_path / "none.json")], "not a model-error file"), ([], "no trace.json")):
+    for args, words in (
+        (["--ranks-per-host", "4"], "--intra-link"),
+        (["--link", "fast"], "link rate"),
+        (["--strategies", "adam"], "no model of strategy"),
+        (["--model-error", str(tmp_path / "none.json")], "not a model-error file"),
+        ([], "no trace.json"),
+    ):
         target = str(run) if words != "no trace.json" else str(tmp_path / "nothing")
         p = dpcompare("predict", target, *args, check=False)
         assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
@@ -557,8 +561,12 @@ def burst_net(burst: float, hosts: int = 2) -> Network:
     """A 0.5 MiB/ms link whose calibration timed Open MPI's and gloo's all-reduces at ten times the link (what a full
     tbf bucket does to small messages), with a bucket of ``burst`` bytes."""
     fast = ((1.0, float(2**30)), (10.0, 10.0))
-    return Network(hosts, Link(0.0, MB / (2 * MS)), profiles={("mpi", "all_reduce"): fast, ("gloo", "all_reduce"): fast},
-                   burst=burst)
+    return Network(
+        hosts,
+        Link(0.0, MB / (2 * MS)),
+        profiles={("mpi", "all_reduce"): fast, ("gloo", "all_reduce"): fast},
+        burst=burst,
+    )
 
 
 def test_back_to_back_all_reduces_pay_for_the_burst_they_find_empty():

@@ -185,8 +185,14 @@ def parity_diff(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     la, lb = ref["losses"], other["losses"]
     loss = max((abs(x - y) for x, y in zip(la, lb, strict=False)), default=0.0) if len(la) == len(lb) else float("inf")
     parted = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y), None)
-    return {"per_tensor": per_tensor, "weights_max": max(per_tensor.values(), default=0.0), "loss_max": loss,
-            "steps": len(la), "first_step": parted, "largest": max(per_tensor, key=per_tensor.__getitem__, default=None)}
+    return {
+        "per_tensor": per_tensor,
+        "weights_max": max(per_tensor.values(), default=0.0),
+        "loss_max": loss,
+        "steps": len(la),
+        "first_step": parted,
+        "largest": max(per_tensor, key=per_tensor.__getitem__, default=None),
+    }
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = None,
@@ -394,8 +400,14 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: {**parity_diff(results[ref], results[s]),
-                 "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
+    diffs = {
+        s: {
+            **parity_diff(results[ref], results[s]),
+            "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits),
+        }
+        for s in results
+        if s != ref
+    }
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}
     console.print(_table(a, results, ref, diffs, tol))

@@ -239,7 +239,11 @@ def _model_of(loc: Located, call: ast.Call, wrapped: str) -> str | None:
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [wrapped] \
                 and isinstance(node.value, ast.Call) and node.value.args:
             first = node.value.args[0]
-            if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute) and first.func.attr == "parameters":
+            if (
+                isinstance(first, ast.Call)
+                and isinstance(first.func, ast.Attribute)
+                and first.func.attr == "parameters"
+            ):
                 return ast.unparse(first.func.value)
     return None
 

@@ -336,12 +336,19 @@ def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
             comm, overlapped = _in_flight(
                 tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"])
             )
-            rows.append({"step": st["dur"] / 1e6, "rank": rank,
-                         "data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0, "forward": ph["forward"]["dur"] / 1e6,
-                         "backward": min(last - bw["ts"], bw["dur"]) / 1e6,
-                         "optimizer": max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0,
-                         "ready": {e["name"]: (e["ts"] - bw["ts"]) / 1e6 for e in ticks},
-                         "comm": comm, "overlapped": overlapped})
+            rows.append(
+                {
+                    "step": st["dur"] / 1e6,
+                    "rank": rank,
+                    "data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0,
+                    "forward": ph["forward"]["dur"] / 1e6,
+                    "backward": min(last - bw["ts"], bw["dur"]) / 1e6,
+                    "optimizer": max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0,
+                    "ready": {e["name"]: (e["ts"] - bw["ts"]) / 1e6 for e in ticks},
+                    "comm": comm,
+                    "overlapped": overlapped,
+                }
+            )
             for e in ticks:
                 if (e.get("args") or {}).get("bytes"):
                     tick_bytes[e["name"]] = float(e["args"]["bytes"])

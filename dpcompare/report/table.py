@@ -78,8 +78,13 @@ def _columns(groups: Sequence[Group], others: dict[tuple[str, int], float] | Non
         cols.append(("scaling eff.", "scaling\neff.",
                      lambda g: fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else ""))
     if cpu and any(cpu.values()):
-        cols.append(("other threads' CPU", "CPU ms/step\nmain / other",
-                     lambda g: "–" if not (c := cpu.get((g.arm, g.np))) else f"{fmt.ms(c['main'])} / {fmt.ms(c['helpers'])}"))
+        cols.append(
+            (
+                "other threads' CPU",
+                "CPU ms/step\nmain / other",
+                lambda g: "–" if not (c := cpu.get((g.arm, g.np))) else f"{fmt.ms(c['main'])} / {fmt.ms(c['helpers'])}",
+            )
+        )
     if others:
         def other(g: Group) -> str:
             share = others.get((g.arm, g.np))
