@@ -158,9 +158,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         return q
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
-    up.add_argument(
-        "--host-count", dest="hosts", type=positive_int, default=2, metavar="N", help="number of hosts (default 2)"
-    )
+    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, metavar="N",
+                    help="number of hosts (default 2)")
     deprecate(up, "--hosts", "--host-count")
     up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
@@ -195,12 +194,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         deprecate(b, old, new)
 
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
-    s.add_argument(
-        "rate",
-        type=_link_or_state,
-        metavar="RATE|down|up",
-        help="a rate (1gbit, 100kbit, unlimited), or down/up with --host",
-    )
+    s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up",
+                   help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
     s.add_argument("--host", type=nonneg_int, help="only this host's link (0-based)")
     for name, func, what in (("kill", _kill, "a host dies: its link down, then every process in it killed"),
                              ("revive", _revive, "a dead host comes back: its link up, its sshd started")):

@@ -24,15 +24,8 @@ from dpcompare.native.port_tools import Edits, NoPort, Pass, after_imports, loca
 
 #: the passes, in order: idioms first (a pass for an idiom goes before ``calls``), then every other call, then
 #: the refusal of what is left, then the DistributedOptimizer
-PASSES: tuple[Pass, ...] = (
-    elastic_pass,
-    port_lightning,
-    flag_guards,
-    accumulation,
-    calls,
-    unported,
-    distributed_optimizer,
-)
+PASSES: tuple[Pass, ...] = (elastic_pass, port_lightning, flag_guards, accumulation, calls, unported,
+                            distributed_optimizer)
 
 #: the imports a port may need, by the name it uses, added when the port uses the name and does not bind it
 IMPORTS = {"os": "import os", "contextlib": "import contextlib", "torch": "import torch",

@@ -115,12 +115,8 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
     for s in asked or []:
         strategies.schedule(s)
-    over = {
-        "bucket_mb": a.bucket_mb,
-        "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb,
-        "horovod_cycle_ms": a.horovod_cycle_ms,
-        "grad_compression": a.compression,
-    }
+    over = {"bucket_mb": a.bucket_mb, "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb,
+            "horovod_cycle_ms": a.horovod_cycle_ms, "grad_compression": a.compression}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     model_error = interval.load(a.model_error)
     folders, profiles = _arms(strategies.profile_runs(a.run_dirs), a.untraced_compute)
@@ -259,9 +255,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
     p.add_argument("--link", type=rate_bits, default="25gbit", metavar="RATE",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
-    p.add_argument(
-        "--latency", default="5us", metavar="TIME", help="inter-host latency per message step (alpha), e.g. 5us"
-    )
+    p.add_argument("--latency", default="5us", metavar="TIME",
+                   help="inter-host latency per message step (alpha), e.g. 5us")
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
                    help="ranks per host (hierarchical collectives on --intra-link inside a host; default 1)")
     p.add_argument("--intra-link", type=rate_bits, default=None, metavar="RATE",
@@ -271,12 +266,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help="a `dpcompare lab bench --out-file FILE` JSON: measured alpha and bandwidth share per backend "
                         "and collective")
     _trace_flags(p)
-    p.add_argument(
-        "--strategies",
-        default=None,
-        metavar="A,B[,...]",
-        help="model these strategies on every run's compute (default: each run's own; ddp,horovod for single)",
-    )
+    p.add_argument("--strategies", default=None, metavar="A,B[,...]",
+                   help="model these strategies on every run's compute (default: each run's own; ddp,horovod for single)")
     _what_if_flags(p)
     p.add_argument("--bootstrap", type=nonneg_int, default=200, metavar="N",
                    help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the bench's "
@@ -289,18 +280,9 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help="widen each band by the model's own error as a validation measured it, into a 90 %% "
                         "interval: a model-error file a validation wrote (default: the latest validation's, see "
                         f"{docs_page('predict')}; none: the band alone)")
-    p.add_argument(
-        "--threshold",
-        type=fraction,
-        default=0.8,
-        metavar="FRACTION",
-        help="efficiency to report falling below (default 0.8)",
-    )
-    p.add_argument(
-        "--out",
-        default=None,
-        metavar="DIR",
-        help="folder for prediction.png and prediction.json (default: the first RUN_DIR)",
-    )
+    p.add_argument("--threshold", type=fraction, default=0.8, metavar="FRACTION",
+                   help="efficiency to report falling below (default 0.8)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for prediction.png and prediction.json (default: the first RUN_DIR)")
     p.add_argument("--quiet", action="store_true", help="write the files without printing the tables")
     p.set_defaults(func=_cmd_predict)

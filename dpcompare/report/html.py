@@ -117,17 +117,11 @@ def _table(groups: Sequence[Group], strategies: Sequence[str], results: dict[str
     rows = []
     for g in groups:
         ok_cls = "ok" if g.ok == g.runs else "failed"
-        cells = [
-            f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
-            str(g.np),
-            f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>',
-            _e(fmt.sps(g.samples_per_sec)),
-            f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
-            *(fmt.ms(g.phases_ms.get(p)) for p in PHASES),
-            _e(fmt.accuracy(g)),
-            "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}",
-            fmt.mb(g.peak_rss_mb),
-        ]
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
+                 str(g.np), f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>', _e(fmt.sps(g.samples_per_sec)),
+                 f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
+                 *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
+                 "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}", fmt.mb(g.peak_rss_mb)]
         if several_np:
             cells.append(fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else "")
         if any(cpu.values()):
@@ -143,14 +137,8 @@ def _memory_table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
         return ""
     col = colors(strategies)
     head = ["arm", "np", *(f"{MEMORY_LABELS[k]}<br>MB/rank" for k in MEMORY_KINDS)]
-    rows = [
-        [
-            f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
-            str(g.np),
-            *(fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS),
-        ]
-        for g in groups
-    ]
+    rows = [[f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
+             str(g.np), *(fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS)] for g in groups]
     return ('<h3>Memory per rank</h3>' + _html_table(head, rows)
             + '<p class="muted" style="font-size:13px;margin:10px 0 0">Tensors held by the largest rank at the end '
               "of training (a sharded strategy counts only its own shards).</p>")
@@ -279,13 +267,9 @@ def _accuracy_table(results: dict[str, Any], groups: Sequence[Group], strategies
     for g in groups:
         ok = [r for r in results.get("runs", []) if arm_of(r) == g.arm and int(r["np"]) == g.np
               and r.get("status") == "ok"]
-        cells = [
-            f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
-            str(g.np),
-            str(len({r.get("seed") for r in ok})),
-            _e(fmt.accuracy(g)),
-            "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}",
-        ]
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
+                 str(g.np), str(len({r.get("seed") for r in ok})), _e(fmt.accuracy(g)),
+                 "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}"]
         if target:
             hit = [r for r in ok if r.get("time_to_accuracy_s") is not None]
             means = {k: sum(float(r[k]) for r in hit) / len(hit) if hit else None
@@ -355,11 +339,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     train = cfg.get("train") or {}
     title = " vs ".join(strategies) if strategies else "comparison"
 
-    body = [
-        f"<h1>dpcompare: {_e(title)}</h1>",
-        f'<p class="sub">{_subtitle(results)}</p>',
-        *map(_lead_card, [lead] if lead else []),
-    ]
+    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>',
+            *map(_lead_card, [lead] if lead else [])]
     if verdicts:
         body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
@@ -383,13 +364,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     body.extend(_accuracy_section(results, groups, acc_verdicts, acc_plots, strategies))
     body.extend(extra)
 
-    body.append(
-        "<h2>Why the phases differ</h2>"
-        + mechanisms.cards(results, strategies)
-        + EVIDENCE_NOTE
-        + _evidence(groups, strategies)
-        + _mechanisms(results, strategies)
-    )
+    body.append("<h2>Why the phases differ</h2>" + mechanisms.cards(results, strategies) + EVIDENCE_NOTE
+                + _evidence(groups, strategies) + _mechanisms(results, strategies))
     body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
     body.append("<h2>Configuration</h2>"
                 f'<div class="card"><p style="margin-top:0">Reproduce with:</p><pre>{_e(command_line(results))}</pre>'
