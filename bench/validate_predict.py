@@ -365,7 +365,8 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
     out = [f"Calibration chosen on the {CHOOSING} family alone: **{chosen}**. Load average during the measured runs: "
            f"{min(loads, default=0):.2f}–{max(loads, default=0):.2f}.", "",
            f"Interval: {me.describe()}.", "",
-           "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | measured inside the band |"
+           "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | measured inside the "
+           "band |"
            " inside the interval | from the choosing set |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     held = [r for r in t if not r["choosing_set"]]
     for name, part in [*((f, [r for r in t if r["family"] == f]) for f in fams), ("held out, all", held),
@@ -388,11 +389,13 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
         if s["n"]:
             out.append(f"| {how} | {s['median_abs_pct']:.1f} % | {s['worst_abs_pct']:.1f} % | "
                        f"{s['signed_mean_pct']:+.1f} % | {s['in_band']} of {s['n']} |")
-    out += ["", "| round | hosts | link | strategy | workload | predicted ms (95 % band) | interval | measured ms | error "
+    out += ["", "| round | hosts | link | strategy | workload | predicted ms (95 % band) | interval | measured ms | "
+                "error "
             "| in band | in interval |", "|---:|---:|---|---|---|---:|---:|---:|---:|---|---|"]
     out += [f"| {r['round']} | {r['hosts']} | {r['link']} | {r['strategy']} | {r['workload']}"
             f"{' *' if r['choosing_set'] else ''} | {r['predicted_ms']:.0f} ({r['low_ms']:.0f}–{r['high_ms']:.0f}) | "
-            f"{r['interval_low_ms']:.0f}–{r['interval_high_ms']:.0f} | {r['measured_ms']:.0f} | {r['error_pct']:+.1f} % "
+            f"{r['interval_low_ms']:.0f}–{r['interval_high_ms']:.0f} | {r['measured_ms']:.0f} | {r['error_pct']:+.1f} "
+            "% "
             f"| {'yes' if r['in_band'] else 'no'} | {'yes' if r['in_interval'] else 'no'} |" for r in t]
     return "\n".join(out) + "\n\n\\* the choosing set\n"
 
@@ -467,7 +470,8 @@ def parse() -> argparse.Namespace:
     m.add_argument("--rounds", type=int, default=2, help="times the whole procedure runs, trace to measurement")
     m.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
                    help="trace each configuration on the unshaped lab right before its measured runs, so that the "
-                   "machine's speed cannot move between them (the procedure of runs 8-10 in bench/predict-validation.md); "
+                   "machine's speed cannot move between them (the procedure of runs 8-10 in "
+                   "bench/predict-validation.md); "
                    "--no-interleave: all traces first, as runs 1-7")
     m.add_argument("--steps", type=int, default=6, help="timed steps per measured run")
     m.add_argument("--warmup", type=int, default=3, help="untimed steps first")

@@ -201,7 +201,8 @@ def test_a_remeasure_writes_its_figures_into_the_file():
                             "date": "2026-12-02", "command": "bash bench/remeasure.sh suite"}
     assert figures.record(new, "suite", "[quiet] quiet: load average 0.2\nnothing measured\n", when) is new
     trackers = figures.record({}, "trackers", "import wandb: 0.5 s (median of 3; 0.4–0.7)\n"
-                              "mlflow run in a fresh sqlite store: create, 10 epochs logged, end: 3.1 s (median of 3; 2.9–3.3)\n", when)
+                              "mlflow run in a fresh sqlite store: create, 10 epochs logged, end: 3.1 s (median of 3; "
+                              "2.9–3.3)\n", when)
     assert trackers["trackers"]["wandb_import"] == "0.5 s (0.4–0.7)"
     assert trackers["trackers"]["mlflow_run"] == "3.1 s (2.9–3.3)"
 

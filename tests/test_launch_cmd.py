@@ -203,7 +203,8 @@ def test_job_command_signature_outside_slurm(fake_mpi) -> None:
     (["--np", "0", "--", *TRAIN], "launch: error: argument --np: '0' must be at least 1"),
     (["--np", "2"], "launch: error: expected a dpcompare command after -- (got nothing;"),
     (["--np", "2", "--", "launch", "--np", "2"], "launch: error: expected a dpcompare command after -- (got 'launch';"),
-    (["--np", "2", "--", "train", "--strategy", "nope"], "train: error: argument --strategy: unknown strategy nope; choose from ddp"),
+    (["--np", "2", "--", "train", "--strategy", "nope"], "train: error: argument --strategy: unknown strategy nope; "
+                                                         "choose from ddp"),
     (["--np", "2", "--hosts", "a", "--hostfile", "f", "--", *TRAIN], "launch: error: argument --hostfile: not allowed "
                                                                      "with argument --hosts"),
     (["--np", "2", "--hostfile", "/nonexistent/hosts", "--", *TRAIN], "launch: error: --hostfile /nonexistent/hosts: "

@@ -163,7 +163,8 @@ def test_what_the_port_cannot_follow_is_named_and_no_port_is_written(tmp_path: P
 
     head = ("import horovod.torch as hvd\nimport torch\n\nhvd.init()\nmodel = torch.nn.Linear(2, 2)\n"
             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
-    cases = {"op=hvd.Sum: DDP averages": "opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),"
+    cases = {"op=hvd.Sum: DDP averages": "opt = hvd.DistributedOptimizer(opt, "
+                                         "named_parameters=model.named_parameters(),"
                                          " op=hvd.Sum)\n",
              "is not in the block that runs model's forward": (
                  "opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), "

@@ -305,7 +305,8 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert best == {"horovod (on ddp-np2)"} and out["who_wins"] == [
         "fastest at 2–64 hosts: horovod (on ddp-np2)", "no crossover between 2 and 64 hosts"]
     # the knob advice: one per curve, in its words; fp16 halves DDP's all-reduced bytes, so its exposed time
-    advice = [re.match(r"(.+) at 2 hosts: --[a-z-]+(?: fp16)? would cut exposed communication from ([\d.]+) to ([\d.]+) ms "
+    advice = [re.match(r"(.+) at 2 hosts: --[a-z-]+(?: fp16)? would cut exposed communication from ([\d.]+) to "
+                       r"([\d.]+) ms "
                        r"\(step -(\d+) %, efficiency (\d+) % → (\d+) %\)$", a) for a in out["knob_advice"]]
     assert all(advice) and [m[1] for m in advice] == list(steps), out["knob_advice"]  # type: ignore[index]
     cut = {m[1]: (float(m[2]), float(m[3]), int(m[5]), int(m[6])) for m in advice}  # type: ignore[index]

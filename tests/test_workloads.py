@@ -230,7 +230,8 @@ def test_train_with_a_missing_plugin_is_one_line_under_mpirun(tmp_path: Path) ->
              "--out", str(tmp_path / "r")], check=False, env=mpi_env(), cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.startswith("dpcompare")]  # mpirun adds its banner
-    assert "Traceback" not in p.stderr and lines == ["dpcompare train: error: --workload nowhere:thing: cannot import 'nowhere' (ModuleNotFoundError: "
+    assert "Traceback" not in p.stderr and lines == ["dpcompare train: error: --workload nowhere:thing: cannot import "
+                                                     "'nowhere' (ModuleNotFoundError: "
                      "No module named 'nowhere'); give a module on PYTHONPATH or in this folder, or a "
                      "path/to/file.py"], p.stderr
 

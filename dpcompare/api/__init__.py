@@ -147,6 +147,7 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                        description="List the built-in workloads, models and datasets, and show how to bring your own "
                                    "(--workload, --model and --dataset plug-ins, or dpcompare.train from Python).",
                        epilog="examples:\n  dpcompare workloads\n"
-                              "  mpirun -np 2 dpcompare train --strategy ddp --workload path/to/bench.py:workload   # your own",
+                              "  mpirun -np 2 dpcompare train --strategy ddp --workload path/to/bench.py:workload   # "
+                              "your own",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=_cmd_workloads)

@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
                    help="arms with their own train settings instead of --strategies, e.g. base=ddp "
-                        "fp16=horovod:grad-compression=fp16 (knobs: train's flags without their dashes, e.g. batch-size, "
+                        "fp16=horovod:grad-compression=fp16 (knobs: train's flags without their dashes, e.g. "
+                        "batch-size, "
                         "min-steps, trackers; TrainConfig's field names work too)")
     swept = "; ".join(f"{a.name}={a.metavar}: {a.help}" for a in AXES.values() if a.pairs != TWIN)
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
@@ -140,7 +141,8 @@ def _add_stopping_rule(g: Any) -> None:
                         "blocks until every throughput verdict is precise enough to decide: from 10 blocks on, its "
                         "95 %% interval within ±--target-ci and its equivalence interval within half of "
                         "±--equivalence (so that no difference can come out equal); sooner once within ±--target-ci "
-                        "if settled beyond doubt at 99.9 %% (from 6 blocks on). A rule on the spread only, so looking after every block "
+                        "if settled beyond doubt at 99.9 %% (from 6 blocks on). A rule on the spread only, so looking "
+                        "after every block "
                         "keeps the verdicts' 5 %% error rate (default: 3, or 1 per seed with --seeds)")
     g.add_argument("--seeds", type=parse_seeds, metavar="N|S1,S2,...",
                    help="run every block under another seed (initial weights and sampling), the same for every arm "
@@ -148,7 +150,8 @@ def _add_stopping_rule(g: Any) -> None:
                         "the seeds (with --target-accuracy also time-to-accuracy verdicts)")
     g.add_argument("--accuracy-equivalence", type=positive_float, default=0.5, metavar="POINTS",
                    help="arms whose paired difference of final test accuracy has its 95 %% interval inside "
-                        "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 %%) "
+                        "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 "
+                        "%%) "
                         "(default: 0.5)")
     g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
                    help="with --repeats auto: the 95 %% interval half-width to reach, in %%; the equivalence "

@@ -72,7 +72,8 @@ SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "-
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser(
-        "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
+        "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor "
+                       "by tensor",
         description="Run the same K steps under each strategy at --np processes, and under `single`: one process "
                     "that replays the --np processes (each one's batch, random state and BatchNorm statistics, "
                     "one after the other; under --sync-bn the global batch in one pass), then print the largest "
@@ -99,7 +100,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                         f"it (root, iproute2, tbf; {docs_page('lab')}); the one-process run stays on this host")
     p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
                    help="how the distributed runs start. persistent: one job of --np processes runs them one after "
-                        "another (Python, torch and MPI start once; each run still builds its data, model and optimizer "
+                        "another (Python, torch and MPI start once; each run still builds its data, model and "
+                        "optimizer "
                         "and joins and leaves its strategy's process group). fresh: each is its own mpirun/srun job. "
                         "The one-process reference is always its own process; under --lab every run is its own job "
                         "(default: persistent, unlike compare's fresh: parity compares weights, not start-up times)")

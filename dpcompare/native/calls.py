@@ -117,7 +117,8 @@ CALLS: dict[str, Call] = {
     "allgather_async": Call("dist.all_gather(parts, t, async_op=True)"),
     "grouped_allgather": Call("dist.all_gather on each tensor"),
     "grouped_allgather_async": Call("dist.all_gather(..., async_op=True) on each tensor"),
-    "broadcast": Call("dist.broadcast(t.clone(), src=root_rank)"), "broadcast_": Call("dist.broadcast(t, src=root_rank)"),
+    "broadcast": Call("dist.broadcast(t.clone(), src=root_rank)"), "broadcast_": Call("dist.broadcast(t, "
+                                                                                      "src=root_rank)"),
     "broadcast_async": Call("dist.broadcast(t.clone(), src=root_rank, async_op=True)"),
     "broadcast_async_": Call("dist.broadcast(t, src=root_rank, async_op=True)"),
     "alltoall": Call("dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes)",
@@ -167,7 +168,8 @@ CALLS: dict[str, Call] = {
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
                     note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
-                         "restarted workers, which resume from it (" + docs_page("elastic") + "); migrate's port does the same "
+                         "restarted workers, which resume from it (" + docs_page("elastic") + "); migrate's port does "
+                                                                                              "the same "
                          "with helpers it writes (TorchState, ElasticSampler, elastic_run)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),

@@ -221,7 +221,8 @@ def _what_if_flags(p: Parser) -> None:
     """The knobs a prediction may change from the traced run's, and their old spellings."""
     from dpcompare.options import Warned
 
-    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
+    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, "
+                                                                                        "as train's: "
                    "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
     p.add_argument("--fusion-mb", dest="horovod_fusion_mb", type=positive_float, action=Warned, new="--bucket-mb",
                    default=None)
@@ -267,10 +268,12 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                         "and collective")
     _trace_flags(p)
     p.add_argument("--strategies", default=None, metavar="A,B[,...]",
-                   help="model these strategies on every run's compute (default: each run's own; ddp,horovod for single)")
+                   help="model these strategies on every run's compute (default: each run's own; ddp,horovod for "
+                        "single)")
     _what_if_flags(p)
     p.add_argument("--bootstrap", type=nonneg_int, default=200, metavar="N",
-                   help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the bench's "
+                   help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the "
+                        "bench's "
                         "repeats (default 200; 0: no band)")
     p.add_argument("--overlap-from", default=None, metavar="RUN_DIR",
                    help="a traced run of the same workload on a slow link (e.g. a short run on a shaped lab): how much "

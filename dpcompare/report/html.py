@@ -306,7 +306,8 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
                     + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
                        "the same initial weights and data order. Accuracy: the difference of final test accuracy "
                        "(other − baseline) per seed, with a 95 % Student-t interval over the seeds; <em>equal</em> "
-                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or ACCURACY_EQUIVALENCE):g} points "
+                       "when it lies inside "
+                       f"±{100 * float(cfg.get('accuracy_equivalence') or ACCURACY_EQUIVALENCE):g} points "
                        "(--accuracy-equivalence). Arms that differ only in strategy and exact knobs must match "
                        "exactly; the report checks that they do. " if seeds else "")
                     + ("Time to accuracy: training time until the test accuracy first reached "
@@ -355,7 +356,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + '<p class="muted" style="font-size:13px;margin:10px 0 0">Step and phase times are medians '
                       "over the timed steps (warm-up excluded): step times of the slowest rank, phases averaged "
                       "over ranks, then averaged over repeats. Peak RSS is the largest resident memory of any "
-                      "rank. CPU ms/step: CPU time per timed step of the thread that runs the steps and of all the process's "
+                      "rank. CPU ms/step: CPU time per timed step of the thread that runs the steps and of all the "
+                      "process's "
                       "other threads (background and communication threads), mean over ranks and runs.</p>"
                     + _memory_table(groups, strategies) + "</div>")
     for p in plots:
