@@ -56,8 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--blocks", default="10", help="blocks per launch, or auto: compare's stopping rule (default: 10)")
     p.add_argument("--honest", type=int, nargs="?", const=20, metavar="N",
                    help="N A/A comparisons (default N: 20) at compare's stopping rule (--pairs aa --launches N, "
-                        "--blocks auto unless "
-                        "given): how many intervals contain equality")
+                        "--blocks auto unless given): how many intervals contain equality")
     p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
     p.add_argument("--hvd-affinity", metavar="CORES",

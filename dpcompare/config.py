@@ -133,8 +133,7 @@ class TrainConfig:
     deterministic: bool = opt(False, "on a GPU: PyTorch's deterministic algorithms "
                                      "(torch.use_deterministic_algorithms, "
                                      "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the "
-                                     "same "
-                                     "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
+                                     "same bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
                               resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int,
                       group=WHERE, metavar="N")
@@ -239,8 +238,7 @@ class TrainConfig:
                    type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.argtypes", "TRACKERS")()),
                    group=OUTPUT, metavar="LIST", flag="--trackers", renamed_from=("--log",))
     mlflow_uri: str | None = opt(None, "--trackers mlflow: the tracking store: a folder (it gets mlflow.db), a "
-                                       "FILE.db, "
-                                       "sqlite:///FILE.db or a server's http(s):// address (default: "
+                                       "FILE.db, sqlite:///FILE.db or a server's http(s):// address (default: "
                                        "$MLFLOW_TRACKING_URI, else OUT/mlflow.db)",
                                  group=OUTPUT, metavar="URI")
     progress: str = opt("auto", "auto: a progress bar on a terminal, one line per epoch otherwise",

@@ -163,8 +163,7 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
                "  # --lab needs root; sudo resets PATH, so: sudo -E env PATH=$PATH dpcompare ...\n"
                "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model "
-               "mlp "
-               "--out runs/links\n"
+               "mlp --out runs/links\n"
                "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)

@@ -101,10 +101,10 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
                    help="how the distributed runs start. persistent: one job of --np processes runs them one after "
                         "another (Python, torch and MPI start once; each run still builds its data, model and "
-                        "optimizer "
-                        "and joins and leaves its strategy's process group). fresh: each is its own mpirun/srun job. "
-                        "The one-process reference is always its own process; under --lab every run is its own job "
-                        "(default: persistent, unlike compare's fresh: parity compares weights, not start-up times)")
+                        "optimizer and joins and leaves its strategy's process group). fresh: each is its own "
+                        "mpirun/srun job. The one-process reference is always its own process; under --lab every run "
+                        "is its own job (default: persistent, unlike compare's fresh: parity compares weights, not "
+                        "start-up times)")
     p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
                    help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")

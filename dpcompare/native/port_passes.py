@@ -339,9 +339,8 @@ def accumulation(tree: cst.Module) -> tuple[cst.Module, list[str]]:
                        "migrate): the gradients are all-reduced once per N backward() calls, summed over them")
     return tree, [f"backward_passes_per_step={ast.unparse(passes)}: the port runs all but every N-th forward and "
                   f"backward() under {model}.no_sync(), so DDP all-reduces once per N passes (summed over the passes, "
-                  "averaged "
-                  "over the ranks) as Horovod does; a step after fewer passes averages what accumulated in full "
-                  "precision"]
+                  "averaged over the ranks) as Horovod does; a step after fewer passes averages what accumulated in "
+                  "full precision"]
 
 
 # -- every other call ----------------------------------------------------------------------------------------

@@ -202,8 +202,7 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--untraced-compute", choices=("auto", "always", "never"), default="auto",
                    help="scale the traced compute to the steps the run took after its traced window (8 or more), "
                         "taking the tracing's own cost out: auto where their forward ran under 0.9× the traced "
-                        "one's, always, or never "
-                        "(default: auto)")
+                        "one's, always, or never (default: auto)")
 
 
 #: the section of predict's --help for the knobs it can change
@@ -273,8 +272,7 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     _what_if_flags(p)
     p.add_argument("--bootstrap", type=nonneg_int, default=200, metavar="N",
                    help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the "
-                        "bench's "
-                        "repeats (default 200; 0: no band)")
+                        "bench's repeats (default 200; 0: no band)")
     p.add_argument("--overlap-from", default=None, metavar="RUN_DIR",
                    help="a traced run of the same workload on a slow link (e.g. a short run on a shaped lab): how much "
                         "communication hides behind compute and how much compute it slows are measured from it "

@@ -357,8 +357,7 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                       "over the timed steps (warm-up excluded): step times of the slowest rank, phases averaged "
                       "over ranks, then averaged over repeats. Peak RSS is the largest resident memory of any "
                       "rank. CPU ms/step: CPU time per timed step of the thread that runs the steps and of all the "
-                      "process's "
-                      "other threads (background and communication threads), mean over ranks and runs.</p>"
+                      "process's other threads (background and communication threads), mean over ranks and runs.</p>"
                     + _memory_table(groups, strategies) + "</div>")
     for p in plots:
         body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
