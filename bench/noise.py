@@ -175,7 +175,8 @@ def pair_summary(pair: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
            for p, n in to.items()},
         "components": components(launches),
         "verdicts": [launch["verdict"] and {k: launch["verdict"].get(k) for k in
-                                            ("outcome", "ratio", "ci_low", "ci_high", "blocks")} for launch in launches],
+                                            ("outcome", "ratio", "ci_low", "ci_high",
+                                             "blocks")} for launch in launches],
         "disturbed_blocks": sum(launch["disturbed"] for launch in launches),
         "folders": [launch["folder"] for launch in launches],
         **({"coverage": coverage([launch["verdict"] for launch in launches])} if PAIRS[pair][0] == PAIRS[pair][1]

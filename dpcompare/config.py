@@ -24,7 +24,8 @@ OUTPUT = "output and checkpoints"
 NETWORK = WHERE
 
 
-def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
+def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
+        type: Callable[[str], Any] | None = None,
         choices: Callable[[], list[str]] | list[str] | None = None, group: str = TRAINING, resume: bool = False,
         metavar: str | None = None, hidden: bool = False, renamed_from: tuple[str, ...] = (),
         deprecated: str | None = None) -> Any:

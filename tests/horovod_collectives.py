@@ -138,7 +138,8 @@ def reducescatter():
             "int_prescale": flat(hvd.reducescatter(ints, name="rs.ip", op=hvd.Sum, prescale_factor=1.5)),
             "int_average": flat(hvd.reducescatter(ints, name="rs.ia")),
             "grouped": [list(x.shape) for x in g] + [flat(x) for x in g],
-            "in_pair": flat(hvd.reducescatter(t, name="rs.pair", op=hvd.Sum, process_set=pair)) if pair.included() else None}
+            "in_pair": flat(hvd.reducescatter(t, name="rs.pair", op=hvd.Sum,
+                                              process_set=pair)) if pair.included() else None}
 
 
 @check

@@ -232,7 +232,8 @@ def run_entry(strategy: str, np: int, repeat: int, sps: float, acc: float = 0.96
 
 
 def failed_run(strategy: str, np: int, repeat: int) -> dict[str, Any]:
-    return {"strategy": strategy, "np": np, "repeat": repeat, "status": "failed", "dir": f"runs/{strategy}-np{np}-r{repeat}",
+    return {"strategy": strategy, "np": np, "repeat": repeat, "status": "failed",
+            "dir": f"runs/{strategy}-np{np}-r{repeat}",
             "error": "Traceback (most recent call last):\nRuntimeError: <boom> & friends\n-----\nmpirun noise",
             "samples_per_sec": None, "step_ms": None, "phases_ms": None, "final_test_accuracy": None,
             "final_train_loss": None, "peak_rss_mb": None, "wall_seconds": 1.0, "metrics": []}

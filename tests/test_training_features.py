@@ -275,7 +275,8 @@ def test_gpt_tiny_with_every_feature_is_exact_under_every_strategy(tmp_path: Pat
     from conftest import dpcompare
 
     p = dpcompare("parity", "--np", "2", "--strategies", "ddp,horovod,zero,fsdp", "--model", "gpt-tiny",
-                  "--dataset", "pydoc", "--seq-len", "32", "--batch-size", "4", "--steps", "4", "--clip-grad-norm", "1.0",
+                  "--dataset", "pydoc", "--seq-len", "32", "--batch-size", "4", "--steps", "4", "--clip-grad-norm",
+                  "1.0",
                   "--lr-schedule", "cosine", "--lr-warmup-steps", "1", "--optimizer", "adamw", "--weight-decay",
                   "0.1", "--out", str(tmp_path / "p"))
     result = json.loads((tmp_path / "p" / "parity.json").read_text())

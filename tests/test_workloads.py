@@ -211,7 +211,8 @@ def test_plugin_flags_reach_child_jobs(plugin: str) -> None:
 
 def test_slurm_script_carries_the_plugin(plugin: str, tmp_path: Path) -> None:
     out = tmp_path / "job.sbatch"
-    dpcompare("slurm", "--nodes", "1", "--tasks-per-node", "2", "--time", "00:10:00", "--out-file", str(out), "--", "train",
+    dpcompare("slurm", "--nodes", "1", "--tasks-per-node", "2", "--time", "00:10:00", "--out-file", str(out), "--",
+              "train",
               "--strategy", "ddp", "--workload", f"{plugin}:workload")
     assert f"--workload {plugin}:workload" in out.read_text()
 

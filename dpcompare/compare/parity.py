@@ -62,7 +62,8 @@ ADAPTIVE = ("adam", "adamw")
 #: the section of parity's --help for a Horovod script
 SCRIPT = "a Horovod script (dpcompare parity --script train.py -- ARGS)"
 #: parity's --help by concern: what a first user needs first
-SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size", "--tolerance",
+SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size",
+                    "--tolerance",
                     "--script", "--out", "--overwrite"),
             "what to compare": ("--single-tolerance", "--no-single"), HOW_LONG: ("--run-timeout",),
             WHERE: ("--lab", "--workers"),

@@ -157,7 +157,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     png = output.plot(curves, out / output.PNG_FILE, a.threshold, title)
     inputs = {"runs": a.run_dirs, "hosts": hosts, "link": inter_link, "latency": a.latency,
               "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
-              "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","), "floor_from_trace": a.floor_from_trace,
+              "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","),
+              "floor_from_trace": a.floor_from_trace,
               "straggler_from_trace": a.straggler_from_trace, "untraced_compute": a.untraced_compute,
               "bootstrap": a.bootstrap, "overlap_from": a.overlap_from, "model_error": a.model_error}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)

@@ -447,7 +447,8 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
                     and e.get("ph") == "M"), None)
     samples = _samples(rows)
     return Profile(
-        run=str(folder), strategy=strategy, sharded=sharded, world_size=int(other.get("world_size") or summary.get("world_size") or 1),
+        run=str(folder), strategy=strategy, sharded=sharded,
+        world_size=int(other.get("world_size") or summary.get("world_size") or 1),
         **{k: _median([r[k] for r in rows]) for k in PHASES}, grads=grads, samples=samples,
         traced_step=samples.slowest_step(np.arange(len(samples))),
         batch=int(other.get("batch_size") or summary.get("batch_size") or 1), buffer_bytes=buffers,
