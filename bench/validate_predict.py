@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Validate ``dpcompare predict`` in the lab on workloads it was not tuned on: predicted (with its band) against
+r"""Validate ``dpcompare predict`` in the lab on workloads it was not tuned on: predicted (with its band) against
 measured step time.
 
     sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --out /tmp/validate      # root: namespaces
-    .venv/bin/python bench/validate_predict.py analyse /tmp/validate --markdown table.md --plot bench/data/predict-validation.png
-    sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --quick --out /tmp/vq     # minutes: the plumbing
+    .venv/bin/python bench/validate_predict.py analyse /tmp/validate --markdown table.md \
+        --plot bench/data/predict-validation.png
+    # minutes: the plumbing
+    sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --quick --out /tmp/vq
 
 ``measure`` runs the whole procedure a user follows, ``--rounds`` times from the start (each round its own traces,
 benches and measurements), per host count H (one lab of H hosts, one rank per host):

@@ -101,7 +101,8 @@ Plug-ins: your own job under every strategy, with no change to dpcompare.
                x = torch.randn(512, 16); y = x.sum(1, keepdim=True)
                ds = torch.utils.data.TensorDataset(x, y)
                return ds, ds
-           mse = Metric("mse", higher_is_better=False, batch=lambda out, y: (float(F.mse_loss(out, y, reduction="sum")), y.numel()))
+           mse = Metric("mse", higher_is_better=False,
+                        batch=lambda out, y: (float(F.mse_loss(out, y, reduction="sum")), y.numel()))
            return Workload("regression", build_model=lambda: torch.nn.Linear(16, 1), build_data=data,
                            loss=F.mse_loss, metrics=(mse,))
 

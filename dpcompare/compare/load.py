@@ -115,7 +115,8 @@ def why_disturbed(loads: list[dict[str, Any] | None], share: float) -> str | Non
     others = max((x.get("others_cpu_share") or 0.0 for x in loads if x), default=0.0)
     steal = max((x.get("steal_share") or 0.0 for x in loads if x), default=0.0)
     if steal > share / STEAL_FACTOR:
-        return f"the hypervisor stole {100 * steal:.0f} % of the cores during a run (over {100 * share / STEAL_FACTOR:g} %)"
+        return (f"the hypervisor stole {100 * steal:.0f} % of the cores during a run "
+                f"(over {100 * share / STEAL_FACTOR:g} %)")
     if others > share:
         return f"other processes took {100 * others:.0f} % of the cores during a run (over {100 * share:g} %)"
     return None

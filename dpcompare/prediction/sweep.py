@@ -220,8 +220,9 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     runs = p.samples.launches if p.samples is not None else 1
     spread = p.spread if p.spread is not None and p.spread.df > 0 else None
     repeats = noise.bench.repeats if noise.bench is not None else None
-    how = (f" within each of {runs} traced runs" if runs > 1 else "") + ", the step less its bytes' time on the link " \
-        "scaled by the launches' spread (Student's t)" if spread else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
+    how = ((f" within each of {runs} traced runs" if runs > 1 else "") + ", the step less its bytes' time on the link "
+           "scaled by the launches' spread (Student's t)" if spread
+           else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else ""))
     c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced, "traced_runs": runs,
                    "launch_spread": spread.as_dict() if spread else None, "bench_repeats_per_size": repeats,
                    "method": "percentile bootstrap over the traced (rank, step) rows" + how

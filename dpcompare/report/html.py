@@ -301,7 +301,8 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
             cls = ' class="failed"' if v.outcome == "mismatch" else ""
             items.append(f"<li><strong{cls}>{_e(what)}: {_e(v.outcome)}</strong> {_e(v.full_text)}</li>")
         seeds = cfg.get("seeds") or []
-        body.append(f'<div class="card verdict"><strong>Test {_e(name)} verdicts</strong><ul>' + "".join(items) + "</ul>"
+        body.append(f'<div class="card verdict"><strong>Test {_e(name)} verdicts</strong><ul>' + "".join(items)
+                    + "</ul>"
                     + '<p class="muted" style="margin:10px 0 0;font-size:13px">'
                     + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
                        "the same initial weights and data order. Accuracy: the difference of final test accuracy "
