@@ -108,9 +108,7 @@ def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tm
     right after the commit at step 20 (or a later one, when the steps outrun the host's death; three epochs, 132
     steps of ~10 ms, so that the job is still running when it dies: at one epoch it once ended first): real Horovod
     Elastic rolls back in its survivor, the layer's worker is restarted by torchrun and restores the commit from disk;
-    both finish alone. Compare's own --timeout (300 s): both notice the lost host in seconds, Horovod by its ssh
-    session, the layer's survivor by the missed heartbeats (dpcompare/launch/liveness.py), so each pause is far below
-    the collective timeout. Without the fault the two arms end with the same weights, bit for bit."""
+    both finish alone. Without the fault the two arms end with the same weights, bit for bit."""
     import torch
 
     _need_a_lab_with_ssh()
@@ -119,7 +117,7 @@ def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tm
     script = Path(__file__).parents[1] / "examples" / "horovod" / "elastic_mnist.py"
     p = dpcompare("compare", "--script", str(script), "--strategies", "horovod-elastic,native-elastic", "--lab",
                   f"hosts=2,name={name}", "--np", "2", "--fault", "host=1,at-step=20", "--repeats", "1",
-                  "--min-steps", "0", "--metric", "val_accuracy", "--progress", "none",
+                  "--timeout", "5", "--min-steps", "0", "--metric", "val_accuracy", "--progress", "none",
                   "--out", str(out), "--", "--epochs", "3", "--batches-per-commit", "5", check=False, timeout=1200)
     assert not _ns_left(name)
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])

@@ -9,7 +9,7 @@ each row's **score** is how far the measured step fell outside the band, as a fr
 inside). At level L the interval widens every band on each side by the ⌈(n+1)·L⌉-th smallest of the n scores
 times the predicted step: where later configurations err as the choosing set did, the interval holds the measured
 step with probability at least L. Whether they do is what the held-out families of the validation show
-(docs/predict.md).
+(bench/predict-validation.md; the user's guide: docs/predict.md).
 
 ``--model-error FILE`` reads another validation's figure (``validate_predict.py analyse --model-error-out FILE``),
 ``none`` leaves the band alone. May import: numpy and the top-level modules.
@@ -53,7 +53,7 @@ class ModelError:
 
 
 #: the figure `dpcompare predict` uses unless told otherwise: the mlp rows (the choosing set) of the validation in
-#: docs/predict.md "Result", calibration profilefloor, 2 and 4 hosts on the lab, 2-core AMD EPYC
+#: bench/predict-validation.md (its "Result"), calibration profilefloor, 2 and 4 hosts on the lab, 2-core AMD EPYC
 VALIDATED = ModelError(widen=0.105, level=LEVEL, n=24, source="the 2026-11-26 lab validation's choosing set (mlp2048)")
 
 

@@ -350,7 +350,8 @@ def load_calibration(path: str | Path, fit: str = "range") -> dict[tuple[str, st
     measured, one effective α and B
     over the range training's buckets fall in; ``fit="ends"`` keeps the bench's own fits (α from the smallest
     sizes, B from the largest), which make the middle sizes too fast when a library's speed per byte changes
-    with the size (Open MPI's all-reduce in the lab: 1 MiB at 11 % of 1 Gbit/s, 16 MiB at 37 %; docs/predict.md).
+    with the size (Open MPI's all-reduce in the lab: 1 MiB at 11 % of 1 Gbit/s, 16 MiB at 37 %;
+    bench/predict-validation.md).
     Also accepted, per record: a fit as ``latency_s`` (per message step) and ``bandwidth_bps`` (bits/s), or
     points (``sizes`` in bytes + ``times_s``, or ``points`` as [bytes, seconds]) fitted here; ``ranks`` and
     ``link_bps`` per record or at the top level.
