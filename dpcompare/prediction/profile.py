@@ -23,9 +23,9 @@ row's compute can be scaled by the untraced forward over the traced forward, per
 (:func:`probe_ratio`; the forward carries no gradient communication). Horovod's handle watcher slowed a 20 ms step
 by a tenth to a third on two shared cores, some launches and not others, while elsewhere the ratio is noise (0.73 to
 1.14 in run 27, bench/predict-validation.md). So by default (``untraced="auto"``,
-``predict --untraced-compute auto``; kept by run 28) a profile is scaled only where the ratio says the tracing clearly slowed it (below
-:data:`PROBE_APPLY_BELOW`); ``always`` scales every profile with enough untraced steps, ``never`` keeps the
-compute as traced.
+``predict --untraced-compute auto``; kept by run 28) a profile is scaled only where the ratio says the tracing clearly
+slowed it (below :data:`PROBE_APPLY_BELOW`); ``always`` scales every profile with enough untraced steps, ``never``
+keeps the compute as traced.
 
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
