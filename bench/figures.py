@@ -33,7 +33,8 @@ PATTERNS: dict[str, dict[str, tuple[re.Pattern[str], int]]] = {
               "pytest_s": (re.compile(r"passed[^\n]* in ([\d.]+)s"), 0),
               "solitary_s": (re.compile(r"passed[^\n]* in ([\d.]+)s"), 1),
               "total_s": (re.compile(r"make test: ([\d.]+) s wall"), -1)},
-    "demo": {"verdict": (re.compile(r"((?:horovod|ddp|zero|fsdp)\S* [\d.]+ % (?:faster|slower) than \S+ at np=\d+)"), -1),
+    "demo": {"verdict": (re.compile(r"((?:horovod|ddp|zero|fsdp)\S* [\d.]+ % (?:faster|slower) than \S+ at np=\d+)"),
+                         -1),
              "ci": (re.compile(r"at np=\d+ \((95 % CI [^)]*)\)"), -1),
              "total_s": (re.compile(r"make demo: ([\d.]+) s wall"), -1)},
     "trackers": {key: (re.compile(rf"^{line}[^\n]*?: ([\d.]+ s) \(median of \d+; ([^)]*)\)", re.M), -1)

@@ -90,8 +90,11 @@ def main() -> int:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="paired blocks per model and link (default: 5)")
     p.add_argument("--models", default="resnet18,gpt-mini")
-    p.add_argument("--arms", default=",".join(ARMS),
-                   help="the arms to run (default: horovod,native,ddp; native,ddp is the 5 %% goal alone, a third faster)")
+    p.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help="the arms to run (default: horovod,native,ddp; native,ddp is the 5 %% goal alone, a third faster)",
+    )
     p.add_argument("--per-iter", type=int, default=5, help="optimizer steps per iteration of the script (default: 5)")
     p.add_argument("--iters", type=int, default=4, help="iterations of the script per run (default: 4)")
     p.add_argument("--links", default="unlimited,1gbit", help="unlimited (this machine) and lab link rates")

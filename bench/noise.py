@@ -55,8 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--launches", type=int, default=4, help="comparisons (worker jobs) per pair (default: 4)")
     p.add_argument("--blocks", default="10", help="blocks per launch, or auto: compare's stopping rule (default: 10)")
     p.add_argument("--honest", type=int, nargs="?", const=20, metavar="N",
-                   help="N A/A comparisons (default N: 20) at compare's stopping rule (--pairs aa --launches N, --blocks auto unless "
-                        "given): how many intervals contain equality")
+                   help="N A/A comparisons (default N: 20) at compare's stopping rule (--pairs aa --launches N, "
+                        "--blocks auto unless given): how many intervals contain equality")
     p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
     p.add_argument("--hvd-affinity", metavar="CORES",
@@ -175,7 +175,8 @@ def pair_summary(pair: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
            for p, n in to.items()},
         "components": components(launches),
         "verdicts": [launch["verdict"] and {k: launch["verdict"].get(k) for k in
-                                            ("outcome", "ratio", "ci_low", "ci_high", "blocks")} for launch in launches],
+                                            ("outcome", "ratio", "ci_low", "ci_high",
+                                             "blocks")} for launch in launches],
         "disturbed_blocks": sum(launch["disturbed"] for launch in launches),
         "folders": [launch["folder"] for launch in launches],
         **({"coverage": coverage([launch["verdict"] for launch in launches])} if PAIRS[pair][0] == PAIRS[pair][1]

@@ -5,9 +5,9 @@
 
 For each strategy one ``mpirun -np N`` job sets up the process group once, then alternates the
 hand-written loop and ``dpcompare.training.loop.train`` (same model, data, batch and steps), swapping the
-order every round so machine noise hits both alike; the ratio's spread over rounds is printed too. Throughput is measured the same way for both:
-training samples of all ranks per epoch divided by the slowest rank's wall time for that epoch, the
-first epoch of every segment left out as warm-up. Prints dpcompare's median throughput as a ratio of
+order every round so machine noise hits both alike; the ratio's spread over rounds is printed too. Throughput is
+measured the same way for both: training samples of all ranks per epoch divided by the slowest rank's wall time for that
+epoch, the first epoch of every segment left out as warm-up. Prints dpcompare's median throughput as a ratio of
 the hand-written loop's (target: >= 0.99).
 """
 
@@ -164,7 +164,9 @@ def main() -> int:
             h = statistics.median(x for rnd in r["hand"] for x in rnd)
             d = statistics.median(x for rnd in r["dpcompare"] for x in rnd)
             # Paired within a round (same minute of machine noise): the spread says how sure the ratio is.
-            paired = [statistics.median(o) / statistics.median(m) for o, m in zip(r["dpcompare"], r["hand"], strict=True)]
+            paired = [
+                statistics.median(o) / statistics.median(m) for o, m in zip(r["dpcompare"], r["hand"], strict=True)
+            ]
             q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (paired[0],) * 3
             table.add_row(s, f"{h:,.0f}", f"{d:,.0f}", f"{d / h:.3f}", f"{q1:.3f} – {q3:.3f}")
     Console().print(table)

@@ -3,8 +3,8 @@
 
     python bench/predict_seed003.py [--gpus-per-node 4] [--link 200gbit]
 
-Inputs, all assumptions (bench/predict-validation.md, "Seed 003", says where they come from): ResNet-50's parameter tensors from
-torchvision (25.6 M parameters, 102 MB of fp32 gradients); 2,470 images/s per A100 with mixed precision at
+Inputs, all assumptions (bench/predict-validation.md, "Seed 003", says where they come from): ResNet-50's parameter
+tensors from torchvision (25.6 M parameters, 102 MB of fp32 gradients); 2,470 images/s per A100 with mixed precision at
 256 images per GPU (NVIDIA DeepLearningExamples, ResNet-50 v1.5 PyTorch, DGX A100, 1 GPU), so 103.6 ms of
 compute per step, one third forward and two thirds backward, the optimizer and data loading free; gradients
 ready one after another at equal intervals over backward in reverse parameter order. Prints the model's step

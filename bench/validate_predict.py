@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Validate ``dpcompare predict`` in the lab on workloads it was not tuned on: predicted (with its band) against
+r"""Validate ``dpcompare predict`` in the lab on workloads it was not tuned on: predicted (with its band) against
 measured step time.
 
     sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --out /tmp/validate      # root: namespaces
-    .venv/bin/python bench/validate_predict.py analyse /tmp/validate --markdown table.md --plot bench/data/predict-validation.png
-    sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --quick --out /tmp/vq     # minutes: the plumbing
+    .venv/bin/python bench/validate_predict.py analyse /tmp/validate --markdown table.md \
+        --plot bench/data/predict-validation.png
+    # minutes: the plumbing
+    sudo PYTHONPATH=$PWD .venv/bin/python bench/validate_predict.py measure --quick --out /tmp/vq
 
 ``measure`` runs the whole procedure a user follows, ``--rounds`` times from the start (each round its own traces,
 benches and measurements), per host count H (one lab of H hosts, one rank per host):
@@ -14,12 +16,12 @@ benches and measurements), per host count H (one lab of H hosts, one rank per ho
 2. **overlap**: a short traced run of each on a link slow enough for communication to matter (``--overlap-link``,
    not one of the validated rates), for ``predict --overlap-from``;
 3. per link rate: ``lab bench`` (gloo and/or Open MPI, ``--bench-repeats`` mpirun jobs: both of Open MPI's speeds;
-   each size after the idle gap and back to back) and every strategy and workload run untraced ``--repeats`` times (the measured step: the median of the runs'
-   ``step_ms_median``). The load average is recorded before every run.
+   each size after the idle gap and back to back) and every strategy and workload run untraced ``--repeats`` times (the
+   measured step: the median of the runs' ``step_ms_median``). The load average is recorded before every run.
 
 Step 1 is interleaved with step 3 by default: each configuration traced right before its own measured runs
-(``--no-interleave``: all traces first, as bench/predict-validation.md's runs 1-7); then a short step is traced and timed for
-``--min-seconds`` at least (more steps than ``--trace`` and ``--steps``; since run 11).
+(``--no-interleave``: all traces first, as bench/predict-validation.md's runs 1-7); then a short step is traced and
+timed for ``--min-seconds`` at least (more steps than ``--trace`` and ``--steps``; since run 11).
 
 ``analyse`` predicts every configuration in the code ``dpcompare predict`` runs (``sweep.curve``: the point, its
 95 % bootstrap band, both modes), under each candidate calibration. The calibration is **chosen on the mlp family
@@ -250,9 +252,15 @@ def predict(rec: dict[str, Any], how: str, one: str, replicates: int, p: Profile
     noise = sweep.Noise(Bench.load(cal, b2b) if cal else None, floor, replicates)
     c = sweep.curve(p, rec["strategy"], knobs, net, [rec["hosts"]], rec["workload"], noise, ov)
     lo, hi = c.band(0)
-    return {"predicted_ms": c.steps[0].step * 1e3, "low_ms": lo * 1e3, "high_ms": hi * 1e3,
-            "no_overlap_ms": c.steps[0].no_overlap * 1e3, "modes_ms": [x * 1e3 for x in c.modes[1]] if c.modes else None,
-            "overlap": ov.as_dict(), "band_advice": c.band_advice}
+    return {
+        "predicted_ms": c.steps[0].step * 1e3,
+        "low_ms": lo * 1e3,
+        "high_ms": hi * 1e3,
+        "no_overlap_ms": c.steps[0].no_overlap * 1e3,
+        "modes_ms": [x * 1e3 for x in c.modes[1]] if c.modes else None,
+        "overlap": ov.as_dict(),
+        "band_advice": c.band_advice,
+    }
 
 
 def first_bench(log: list[dict[str, Any]]) -> str:
@@ -359,7 +367,8 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
     out = [f"Calibration chosen on the {CHOOSING} family alone: **{chosen}**. Load average during the measured runs: "
            f"{min(loads, default=0):.2f}–{max(loads, default=0):.2f}.", "",
            f"Interval: {me.describe()}.", "",
-           "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | measured inside the band |"
+           "| family | configurations | median \\|error\\| | worst \\|error\\| | signed mean | measured inside the "
+           "band |"
            " inside the interval | from the choosing set |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     held = [r for r in t if not r["choosing_set"]]
     for name, part in [*((f, [r for r in t if r["family"] == f]) for f in fams), ("held out, all", held),
@@ -382,11 +391,13 @@ def report(tables: dict[str, list[dict[str, Any]]], chosen: str, me: interval.Mo
         if s["n"]:
             out.append(f"| {how} | {s['median_abs_pct']:.1f} % | {s['worst_abs_pct']:.1f} % | "
                        f"{s['signed_mean_pct']:+.1f} % | {s['in_band']} of {s['n']} |")
-    out += ["", "| round | hosts | link | strategy | workload | predicted ms (95 % band) | interval | measured ms | error "
+    out += ["", "| round | hosts | link | strategy | workload | predicted ms (95 % band) | interval | measured ms | "
+                "error "
             "| in band | in interval |", "|---:|---:|---|---|---|---:|---:|---:|---:|---|---|"]
     out += [f"| {r['round']} | {r['hosts']} | {r['link']} | {r['strategy']} | {r['workload']}"
             f"{' *' if r['choosing_set'] else ''} | {r['predicted_ms']:.0f} ({r['low_ms']:.0f}–{r['high_ms']:.0f}) | "
-            f"{r['interval_low_ms']:.0f}–{r['interval_high_ms']:.0f} | {r['measured_ms']:.0f} | {r['error_pct']:+.1f} % "
+            f"{r['interval_low_ms']:.0f}–{r['interval_high_ms']:.0f} | {r['measured_ms']:.0f} | {r['error_pct']:+.1f} "
+            "% "
             f"| {'yes' if r['in_band'] else 'no'} | {'yes' if r['in_interval'] else 'no'} |" for r in t]
     return "\n".join(out) + "\n\n\\* the choosing set\n"
 
@@ -461,7 +472,8 @@ def parse() -> argparse.Namespace:
     m.add_argument("--rounds", type=int, default=2, help="times the whole procedure runs, trace to measurement")
     m.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=True,
                    help="trace each configuration on the unshaped lab right before its measured runs, so that the "
-                   "machine's speed cannot move between them (the procedure of runs 8-10 in bench/predict-validation.md); "
+                   "machine's speed cannot move between them (the procedure of runs 8-10 in "
+                   "bench/predict-validation.md); "
                    "--no-interleave: all traces first, as runs 1-7")
     m.add_argument("--steps", type=int, default=6, help="timed steps per measured run")
     m.add_argument("--warmup", type=int, default=3, help="untimed steps first")

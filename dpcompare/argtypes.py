@@ -172,7 +172,8 @@ def parse_rate_bits(text: str, *, unlimited: bool = False) -> int | None:
     bps = round(float(m.group(1)) * _RATE_UNITS[m.group(2)]) if m else 0
     if bps <= 0:
         raise ConfigError(f"link rate {text!r}: write a number and a unit, e.g. 1gbit, 200mbit or 300gbyte (bits: "
-                          "bit, kbit, mbit, gbit, tbit; bytes: byte ... tbyte)" + (", or unlimited" if unlimited else ""))
+                          "bit, kbit, mbit, gbit, tbit; bytes: byte ... tbyte)"
+                          + (", or unlimited" if unlimited else ""))
     return bps
 
 

@@ -138,7 +138,9 @@ def _read(path: str | Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln.split("error:", 1)[-1].strip() for ln in lines if "Unsupported" in ln), lines[0] if lines else "")
+        why = next(
+            (ln.split("error:", 1)[-1].strip() for ln in lines if "Unsupported" in ln), lines[0] if lines else ""
+        )
         why = why.split(" was not an allowed global")[0]
         raise CheckpointError(f"checkpoint {path} holds pickled objects that torch.load(weights_only=True) refuses "
                               f"({why[:100]}); re-save it with plain tensors and containers only") from None

@@ -24,7 +24,8 @@ OUTPUT = "output and checkpoints"
 NETWORK = WHERE
 
 
-def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None, type: Callable[[str], Any] | None = None,
+def opt(default: Any, help: str | Callable[[], str], *, flag: str | None = None,
+        type: Callable[[str], Any] | None = None,
         choices: Callable[[], list[str]] | list[str] | None = None, group: str = TRAINING, resume: bool = False,
         metavar: str | None = None, hidden: bool = False, renamed_from: tuple[str, ...] = (),
         deprecated: str | None = None) -> Any:
@@ -75,7 +76,8 @@ class TrainConfig:
     # -- training ---------------------------------------------------------------------------------
     strategy: str = opt("single", _described("dpcompare.backends.catalog", "STRATEGIES",
                                              "how gradients are synchronised: ", "; MODULE:CLASS or path/to/file.py:"
-                                             f"CLASS: your own Strategy subclass ({docs_page('layout', 'how-to-add-a-strategy')})"),
+                                             "CLASS: your own Strategy subclass "
+                                             f"({docs_page('layout', 'how-to-add-a-strategy')})"),
                         type=t.strategy_arg, choices=_names("dpcompare.backends.catalog", "STRATEGIES",
                                                             kind=t.PluginNames), resume=True)
     workload: str | None = opt(None, "your own training job instead of --model/--dataset: a dpcompare Workload (or a "
@@ -129,9 +131,10 @@ class TrainConfig:
                                "hvd.SyncBatchNorm; GPUs only)", resume=True)
     device: str = opt("auto", "auto: one GPU per process when CUDA is available, else CPU",
                       choices=["auto", "cpu", "cuda"], resume=True, group=WHERE)
-    deterministic: bool = opt(False, "on a GPU: PyTorch's deterministic algorithms (torch.use_deterministic_algorithms, "
-                                     "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the same "
-                                     "bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
+    deterministic: bool = opt(False, "on a GPU: PyTorch's deterministic algorithms "
+                                     "(torch.use_deterministic_algorithms, "
+                                     "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the "
+                                     "same bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
                               resume=True)
     threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int,
                       group=WHERE, metavar="N")
@@ -231,11 +234,12 @@ class TrainConfig:
     log: str = opt("tensorboard", _described("dpcompare.argtypes", "TRACKERS",
                                              "where the reporting rank also logs epoch metrics, step-time phases, "
                                              "the config and the versions, comma-separated: ",
-                                             "; none: only dpcompare's own files. The one switch for TensorBoard (default: %(default)s)"),
+                                             "; none: only dpcompare's own files. The one switch for TensorBoard "
+                                             "(default: %(default)s)"),
                    type=t.tracker_list, choices=lambda: t.NameList(_names("dpcompare.argtypes", "TRACKERS")()),
                    group=OUTPUT, metavar="LIST", flag="--trackers", renamed_from=("--log",))
-    mlflow_uri: str | None = opt(None, "--trackers mlflow: the tracking store: a folder (it gets mlflow.db), a FILE.db, "
-                                       "sqlite:///FILE.db or a server's http(s):// address (default: "
+    mlflow_uri: str | None = opt(None, "--trackers mlflow: the tracking store: a folder (it gets mlflow.db), a "
+                                       "FILE.db, sqlite:///FILE.db or a server's http(s):// address (default: "
                                        "$MLFLOW_TRACKING_URI, else OUT/mlflow.db)",
                                  group=OUTPUT, metavar="URI")
     progress: str = opt("auto", "auto: a progress bar on a terminal, one line per epoch otherwise",

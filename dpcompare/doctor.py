@@ -107,7 +107,9 @@ def report() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     info: dict[str, Any] = {
         "versions": versions(),
         "torch_distributed": {"available": dist.is_available(), "gloo": dist.is_gloo_available(),

@@ -144,7 +144,9 @@ class Renamed(argparse.Action):
         super().__init__(option_strings, dest, **kw)
         self.new = new
 
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: str | None = None
+    ) -> None:
         warn_renamed(str(option_string), self.new)
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 

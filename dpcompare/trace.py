@@ -309,10 +309,10 @@ def communication_figures(events: Sequence[dict[str, Any]], world_size: int | No
     backward's computation: between the start of ``backward`` and its last gradient-ready tick; DDP's backward
     also waits for the last buckets, which is not hidden) and ``exposed_ms_per_step`` (the rest: the step waited);
     ``overlap_pct`` = ``hidden_pct``; ``collectives``: per kind (all_reduce, broadcast, all_gather,
-    reduce_scatter, sparse_all_reduce) what :func:`_collective_figures` gives, nccl-tests' algbw and busbw with ``world_size`` ranks
-    (default: the ranks in the trace) and busbw as a share of ``link`` (bits/s); ``allreduce_bytes_per_step`` and
-    ``allreduce_ops_per_step``: the all-reduces (DDP: buckets; Horovod: fused operations);
-    ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for them (Horovod).
+    reduce_scatter, sparse_all_reduce) what :func:`_collective_figures` gives, nccl-tests' algbw and busbw with
+    ``world_size`` ranks (default: the ranks in the trace) and busbw as a share of ``link`` (bits/s);
+    ``allreduce_bytes_per_step`` and ``allreduce_ops_per_step``: the all-reduces (DDP: buckets; Horovod: fused
+    operations); ``wait_ms_per_step``: time blocked in ``optimizer.step()`` waiting for them (Horovod).
     """
     starts = aligned_starts(events)
     rows = [_step_row(events, st, starts) for steps in steps_by_rank(events).values() for st in steps]
@@ -425,8 +425,11 @@ class CpuClock:
 
     def _busiest(self, helpers_ms: float) -> list[dict[str, Any]]:
         before, now, me = self._threads or {}, thread_cpu_s(), threading.get_native_id()
-        spent = {tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in now.items()
-                 if tid != me}
+        spent = {
+            tid: (unnamed(name, now, me), cpu - before.get(tid, (name, 0.0))[1])
+            for tid, (name, cpu) in now.items()
+            if tid != me
+        }
         total = sum(s for _, s in spent.values())
         if total <= 0:
             return []

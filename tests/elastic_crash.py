@@ -2,9 +2,9 @@
 
 In the first run of the job's workers (``TORCHELASTIC_RESTART_COUNT`` 0), rank ``CRASH_RANK`` (``any``: every
 worker this process's agent starts) meets the fault at its ``CRASH_STEP``-th call of an optimizer's step (torch's
-global step hook, which the DistributedOptimizer's inner step also calls): ``CRASH_HOW`` ``error`` raises ``hvd.HorovodInternalError`` there, ``kill``
-kills the worker (SIGKILL), ``host`` kills its torchrun agent and then itself, as a host losing power. Without
-``CRASH_HOW`` nothing happens. Then the script runs as ``__main__``.
+global step hook, which the DistributedOptimizer's inner step also calls): ``CRASH_HOW`` ``error`` raises
+``hvd.HorovodInternalError`` there, ``kill`` kills the worker (SIGKILL), ``host`` kills its torchrun agent and then
+itself, as a host losing power. Without ``CRASH_HOW`` nothing happens. Then the script runs as ``__main__``.
 """
 
 import os

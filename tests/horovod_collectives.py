@@ -96,7 +96,9 @@ def outside_the_set():
 def dynamic_sets():
     single = hvd.add_process_set([1])
     first_id = single.process_set_id
-    alone = flat(hvd.allreduce(torch.tensor([5.0]), name="alone", op=hvd.Sum, process_set=single)) if rank == 1 else None
+    alone = (
+        flat(hvd.allreduce(torch.tensor([5.0]), name="alone", op=hvd.Sum, process_set=single)) if rank == 1 else None
+    )
     try:
         hvd.add_process_set([0, 2])
         duplicate = "added"
@@ -136,7 +138,8 @@ def reducescatter():
             "int_prescale": flat(hvd.reducescatter(ints, name="rs.ip", op=hvd.Sum, prescale_factor=1.5)),
             "int_average": flat(hvd.reducescatter(ints, name="rs.ia")),
             "grouped": [list(x.shape) for x in g] + [flat(x) for x in g],
-            "in_pair": flat(hvd.reducescatter(t, name="rs.pair", op=hvd.Sum, process_set=pair)) if pair.included() else None}
+            "in_pair": flat(hvd.reducescatter(t, name="rs.pair", op=hvd.Sum,
+                                              process_set=pair)) if pair.included() else None}
 
 
 @check

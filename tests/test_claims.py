@@ -140,7 +140,8 @@ _SETTING = re.compile(r"(?:at most|at least|below|under|above|up to|every|defaul
                       r"threshold|limit|cap|margin|e\.g\.|≥|≤|<|>)\s*$", re.I)
 _NOT_PROSE = [re.compile(p, re.S) for p in (r"```.*?```", r"`[^`]*`", r"\{\{.*?\}\}", r"\{%.*?%\}",
                                             r"<!--.*?-->", r"\]\([^)]*\)", r"<https?://[^>]*>")]
-_EXEMPT = {"cli.md", "layout.md", "results-schema.md", "measurements.md"}  # generated; rules; a schema; all from the file
+# generated; rules; a schema; all from the file
+_EXEMPT = {"cli.md", "layout.md", "results-schema.md", "measurements.md"}
 
 
 def quoted_measurements(text: str) -> list[str]:
@@ -200,7 +201,8 @@ def test_a_remeasure_writes_its_figures_into_the_file():
                             "date": "2026-12-02", "command": "bash bench/remeasure.sh suite"}
     assert figures.record(new, "suite", "[quiet] quiet: load average 0.2\nnothing measured\n", when) is new
     trackers = figures.record({}, "trackers", "import wandb: 0.5 s (median of 3; 0.4–0.7)\n"
-                              "mlflow run in a fresh sqlite store: create, 10 epochs logged, end: 3.1 s (median of 3; 2.9–3.3)\n", when)
+                              "mlflow run in a fresh sqlite store: create, 10 epochs logged, end: 3.1 s (median of 3; "
+                              "2.9–3.3)\n", when)
     assert trackers["trackers"]["wandb_import"] == "0.5 s (0.4–0.7)"
     assert trackers["trackers"]["mlflow_run"] == "3.1 s (2.9–3.3)"
 

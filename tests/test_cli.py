@@ -17,7 +17,8 @@ from conftest import FAST, dpcompare, needs_mpi
     (["train", "--strategy", "tests/nonexistent.py:S"], "no file tests/nonexistent.py"),
     (["train", "--model", "nope"], "unknown model 'nope'; choose from convnet, mlp"),
     (["train", "--dataset", "mnist"], "MNIST/raw/{train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-                                      "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte} under --data-dir DIR (none given)"),
+                                      "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte} under --data-dir DIR (none "
+                                      "given)"),
     (["train", "--dataset", "mnist", "--data-dir", "/nonexistent"],
      "under --data-dir /nonexistent (no such folder); missing train-images-idx3-ubyte"),
     (["train", "--batch-size", "0"], "at least 1"),

@@ -103,7 +103,9 @@ def test_old_spellings_warn_once_and_mean_the_new_flag(capsys: pytest.CaptureFix
     for old, new in old_new:
         a, b = cli.parse(old), cli.parse(new)
         skip = ("argv", "commands", "func")
-        assert {k: v for k, v in vars(a).items() if k not in skip} == {k: v for k, v in vars(b).items() if k not in skip}
+        assert {k: v for k, v in vars(a).items() if k not in skip} == {
+            k: v for k, v in vars(b).items() if k not in skip
+        }
         err = capsys.readouterr().err.splitlines()
         assert len(err) == sum(x.startswith("--") and x not in new for x in old) and all("use --" in e for e in err)
     cli.parse(["predict", "r", "--fp16"])

@@ -34,7 +34,13 @@ def test_help_starts_with_what_a_first_user_needs() -> None:
         assert start[:2] == ["-h", "--config"] and "--out" in start, start
     predict = [a.option_strings[0] for a in firsts["predict"].sections[START] if a.option_strings]
     assert predict == ["-h", "--config", "--host-counts", "--link", "--latency", "--strategies", "--threshold", "--out"]
-    shown = {f for sec in firsts["predict"].sections.values() for a in sec if a.help != "==SUPPRESS==" for f in a.option_strings}
+    shown = {
+        f
+        for sec in firsts["predict"].sections.values()
+        for a in sec
+        if a.help != "==SUPPRESS=="
+        for f in a.option_strings
+    }
     for flag in ("--host-counts", "--horovod-cycle-ms", "--grad-compression", "--bootstrap", "--overlap-from",
                  "--model-error"):
         assert flag in shown and flag in predict + [f for t, s in firsts["predict"].sections.items() if t != "options"

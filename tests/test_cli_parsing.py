@@ -102,7 +102,9 @@ def test_compare_plan_lists_the_runs_and_their_time_then_exits(tmp_path, capsys:
     assert cli.main([*argv, "--repeats", "auto", "--max-repeats", "10", "--time-budget", "900"]) == 0
     text = capsys.readouterr().out
     assert "from 6 to at most 10 blocks (48 to 80 runs)" in text
-    assert "time: about 13 min 08 s for the 75 runs left (the median of the 4 ok runs" in text and "10.5 s a run" in text
+    assert (
+        "time: about 13 min 08 s for the 75 runs left (the median of the 4 ok runs" in text and "10.5 s a run" in text
+    )
     assert "--time-budget 900 s: no block starts that would end after 15 min 00 s" in text
 
 

@@ -98,7 +98,11 @@ def test_run_record_ok() -> None:
     rec = records_m.run_record(plan_m.RunSpec("ddp", 2, 1), "runs/ddp-np2-r1", 0, 9.87654, fake_summary(),
                              [{"epoch": 1}], "", command=["mpirun"])
     assert rec["status"] == "ok" and rec["error"] is None
-    assert (rec["samples_per_sec"], rec["step_ms"], rec["peak_rss_mb"]) == (5000.0, {"median": 12.0, "p95": 15.0}, 410.0)
+    assert (rec["samples_per_sec"], rec["step_ms"], rec["peak_rss_mb"]) == (
+        5000.0,
+        {"median": 12.0, "p95": 15.0},
+        410.0,
+    )
     assert rec["phases_ms"]["optimizer"] == 9.0 and rec["metrics"] == [{"epoch": 1}] and rec["wall_seconds"] == 9.877
 
 
@@ -211,8 +215,8 @@ def test_compare_ddp_vs_horovod_end_to_end_and_a_failing_arm(tmp_path: Path) -> 
     ratio = (a["step_ms"]["median"] / b["step_ms"]["median"])
     assert (v["np"], v["baseline"], v["other"], v["blocks"], v["outcome"]) == (2, "ddp", "horovod", 1, "undecided")
     assert v["ratio"] == pytest.approx(ratio, rel=1e-4) and v["ci_low"] is None and v["ci_high"] is None
-    assert v["text"].startswith(f"horovod vs ddp at np=2 undecided: {100 * (ratio - 1):+.{0 if abs(ratio - 1) >= 0.1 else 1}f}"
-                                .replace("-", "−"))
+    digits = 0 if abs(ratio - 1) >= 0.1 else 1
+    assert v["text"].startswith(f"horovod vs ddp at np=2 undecided: {100 * (ratio - 1):+.{digits}f}".replace("-", "−"))
     assert (v_single["other"], v_single["outcome"], v_single["blocks"]) == ("single", "undecided", 0)
     assert "no comparison" in v_single["text"]
     assert v["text"] in p.stdout and render(out, quiet=True).verdicts == [v["text"], v_single["text"]]
@@ -281,7 +285,11 @@ def test_repeats_auto_stops_at_the_target_and_records_verdicts_and_arms(tmp_path
     res = json.loads((tmp_path / "results.json").read_text())
     stop = res["config"]["stop"]
     assert stop["blocks"] == 6 and "settled beyond doubt" in stop["reason"]  # the minimum of 6, exact ratios
-    assert res["config"]["arms"][1] == {"label": "ddp/optimizer=adam", "strategy": "ddp", "knobs": {"optimizer": "adam"}}
+    assert res["config"]["arms"][1] == {
+        "label": "ddp/optimizer=adam",
+        "strategy": "ddp",
+        "knobs": {"optimizer": "adam"},
+    }
     assert {(r["arm"], r["dir"]) for r in res["runs"]} >= {("ddp/optimizer=adam", "runs/ddp-optimizer-adam-np2-r0")}
     (v,) = res["verdicts"]
     assert (v["baseline"], v["other"], v["outcome"], v["blocks"]) == ("ddp/optimizer=sgd", "ddp/optimizer=adam",
@@ -389,7 +397,9 @@ def test_repeats_auto_keeps_an_a_a_pair_from_looking_different(monkeypatch) -> N
     """Looking after every block must not make two identical arms 'faster' or 'slower' more than about 5 %
     of the time (noise as on a shared 2-core machine at its worst, sd 0.15 per block); stopping at the
     first nominal decision instead (optional stopping) is shown to be far off."""
-    share = _simulate_a_a(monkeypatch, 0.15, schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=30), 200, 11)
+    share = _simulate_a_a(
+        monkeypatch, 0.15, schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=30), 200, 11
+    )
     false = share["faster"] + share["slower"]
     print(f"false faster/slower: {false:.3f} with stop_reason, {share['naive']:.3f} stopping naively")
     assert false <= 0.09 and share["naive"] >= 0.15
@@ -405,7 +415,9 @@ def test_repeats_auto_lets_an_a_a_pair_end_equal(monkeypatch) -> None:
     with monkeypatch.context() as m:
         m.setattr(schedule_m, "RESOLUTION", 100.0)  # any width within --target-ci will do: the rule before
         before = _simulate_a_a(**old)
-    share = _simulate_a_a(monkeypatch, 0.07, schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60), 200, 5)
+    share = _simulate_a_a(
+        monkeypatch, 0.07, schedule_m.StoppingRule(repeats=None, target_ci=0.05, max_repeats=60), 200, 5
+    )
     print(f"A/A outcomes: {share}; stopping within ±5 % alone: {before}")
     assert share["equal"] >= 0.8 and share["faster"] + share["slower"] <= 0.08
     assert before["equal"] <= 0.7 and before["undecided"] >= 0.25
@@ -442,7 +454,10 @@ def test_threads_is_an_axis_declared_once(tmp_path: Path) -> None:
     assert {s: n for s, n in seen} == {"ddp-threads-1": 1, "ddp-threads-2": 2, "horovod-threads-1": 1,
                                         "horovod-threads-2": 2}
     res = json.loads((out / "results.json").read_text())
-    assert [(a["knobs"], a["axes"]) for a in res["config"]["arms"]][:2] == [({}, {"threads": "1"}), ({}, {"threads": "2"})]
+    assert [(a["knobs"], a["axes"]) for a in res["config"]["arms"]][:2] == [
+        ({}, {"threads": "1"}),
+        ({}, {"threads": "2"}),
+    ]
     assert res["config"]["axes"]["threads"]["pairs"] == "within"
     words = {(v["baseline"], v["other"]): (v["outcome"], v["text"]) for v in res["verdicts"]}
     assert set(words) == {("ddp/threads=1", "horovod/threads=1"), ("ddp/threads=2", "horovod/threads=2")}

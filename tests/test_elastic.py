@@ -47,8 +47,11 @@ def test_torchrun_and_horovodrun_lines() -> None:
                            endpoint="10.0.0.1:29400", run_id="r1", max_restarts=3, local_addr="10.0.0.2")
     assert cmd[:3] == ["torchrun", "--nnodes=2:3", "--nproc-per-node=1"]
     assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=10.0.0.1:29400" in cmd and "--max-restarts=3" in cmd
-    conf = dict(kv.split("=") for kv in next(w for w in cmd if w.startswith("--rdzv-conf=")).split("=", 1)[1].split(","))
-    assert conf == {"last_call_timeout": "3", "keep_alive_interval": "1", "keep_alive_max_attempt": "5"}  # fast recovery
+    conf = dict(
+        kv.split("=") for kv in next(w for w in cmd if w.startswith("--rdzv-conf=")).split("=", 1)[1].split(",")
+    )
+    # fast recovery
+    assert conf == {"last_call_timeout": "3", "keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
     assert cmd[-3:] == ["--no-python", "/venv/bin/dpcompare", "train"] and "--local-addr=10.0.0.2" in cmd
     h = horovodrun_command(["dpcompare", "train"], np=3, min_np=2, max_np=3, discovery_script="/lab/discover.sh",
                            iface="dplab0", slots=1)
@@ -155,7 +158,9 @@ def test_the_step_watch_reads_whole_lines_only(tmp_path: Path) -> None:
     watch = fault_runs.StepWatch(path)
     assert [r["step"] for r in watch.poll()] == [1] and watch.last_step() == 1
     with open(path, "a") as f:
-        f.write('ld_size": 2, "t": 2.0}\n' + json.dumps({"event": "reset", "step": 1, "world_size": 1, "t": 3.0}) + "\n")
+        f.write(
+            'ld_size": 2, "t": 2.0}\n' + json.dumps({"event": "reset", "step": 1, "world_size": 1, "t": 3.0}) + "\n"
+        )
     assert [r.get("event") for r in watch.poll()] == [None, "reset"]
     assert watch.last_step() == 2 and watch.recovered_after(2.5) and not watch.recovered_after(3.0)
 

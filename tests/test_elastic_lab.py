@@ -2,10 +2,10 @@
 
 ``compare --fault host=2,at-step=20 --replay --strategies ddp-elastic,horovod-elastic``: torchrun restarts every
 process with the two survivors from the step-20 checkpoint; Horovod Elastic's survivors roll back to their
-step-20 commit (or a later one, every 10 steps, when the steps outrun the host's death). Both finish; the records hold the pause, the steps redone and the world sizes; a clean run
-resumed from the same step at two processes ends with the same weights, bit for bit; the report draws the fault.
-Also: the ssh the lab gives horovodrun lives inside its hosts only. Needs root, iproute2, tbf, sshd, Open MPI and
-Horovod: skips locally with the reason, fails under CI.
+step-20 commit (or a later one, every 10 steps, when the steps outrun the host's death). Both finish; the records hold
+the pause, the steps redone and the world sizes; a clean run resumed from the same step at two processes ends with the
+same weights, bit for bit; the report draws the fault. Also: the ssh the lab gives horovodrun lives inside its hosts
+only. Needs root, iproute2, tbf, sshd, Open MPI and Horovod: skips locally with the reason, fails under CI.
 """
 
 from __future__ import annotations
@@ -106,9 +106,9 @@ def test_both_elastic_arms_survive_a_lost_host_and_lose_nothing(tmp_path: Path) 
 def test_an_elastic_script_survives_a_lost_host_under_horovod_and_on_torchrun(tmp_path: Path) -> None:
     """``compare --script elastic_mnist.py --strategies horovod-elastic,native-elastic``, two hosts, host 1 lost
     right after the commit at step 20 (or a later one, when the steps outrun the host's death; three epochs, 132
-    steps of ~10 ms, so that the job is still running when it dies: at one epoch it once ended first): real Horovod Elastic rolls back in its survivor, the layer's worker is
-    restarted by torchrun and restores the commit from disk; both finish alone. Without the fault the two arms
-    end with the same weights, bit for bit."""
+    steps of ~10 ms, so that the job is still running when it dies: at one epoch it once ended first): real Horovod
+    Elastic rolls back in its survivor, the layer's worker is restarted by torchrun and restores the commit from disk;
+    both finish alone. Without the fault the two arms end with the same weights, bit for bit."""
     import torch
 
     _need_a_lab_with_ssh()

@@ -65,8 +65,8 @@ def pip_install_here(env_python: Path, tmp: Path) -> subprocess.CompletedProcess
 def versions_in(env_python: Path, *names: str) -> dict[str, str | None]:
     code = ("import importlib.metadata as md, json, sys\n"
             "def v(n):\n    try: return md.version(n)\n    except md.PackageNotFoundError: return None\n"
-            "import torch\n"
-            "print(json.dumps({'torch_file': torch.__file__, 'torch_build': torch.__version__, **{n: v(n) for n in sys.argv[1:]}}))")
+            "import torch\nprint(json.dumps({'torch_file': torch.__file__, 'torch_build': torch.__version__, **{n: "
+            "v(n) for n in sys.argv[1:]}}))")
     return json.loads(run([str(env_python), "-c", code, *names], env=clean_env(env_python)).stdout)
 
 
@@ -104,7 +104,9 @@ def test_pip_install_keeps_torch_and_doctor_says_what_is_missing(tmp_path):
              "--warmup-steps", "2", "--threads", "1", "--no-tensorboard", "--progress", "none", "--out", str(out)],
             env=env)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == 6 and summary["versions"]["torch"] == before["torch_build"]
+    assert (
+        summary["world_size"] == 2 and summary["steps"] == 6 and summary["versions"]["torch"] == before["torch_build"]
+    )
     assert p.returncode == 0
 
 

@@ -166,14 +166,20 @@ def test_fp16_ddp_checkpoint_resumes_under_horovod_with_accumulation_and_knobs_t
     # 11 steps of 2 micro-batches per epoch: the checkpoint ends epoch 1, so epoch 2 runs steps 5-12
     p = dpcompare("train", "--strategy", "horovod", *MLP, "--max-steps", "12", "--resume",
                   str(ddp_fp16 / "checkpoints" / "epoch-1.pt"), "--accumulate", "2", "--grad-compression", "fp16",
-                  "--bucket-mb", "0.05", "--horovod-cycle-ms", "2", "--horovod-ops", "mpi", "--mpi-allreduce", "recursive-doubling", "--amp", "fp16",
+                  "--bucket-mb", "0.05", "--horovod-cycle-ms", "2", "--horovod-ops", "mpi", "--mpi-allreduce",
+                  "recursive-doubling", "--amp", "fp16",
                   "--progress", "lines", "--out", str(out), np=2)
     changed = [x for x in p.stdout.splitlines() if "differs from the checkpoint's run" in x]
     assert len(changed) == 1
     for k in ("strategy 'ddp' → 'horovod'", "accumulate 1 → 2", "amp 'bf16' → 'fp16'", "static_graph True → False"):
         assert k in changed[0], changed[0]
     s = summary(out)
-    assert s["steps"] == 12 and s["comm"]["optimizer_steps"] == 8 and s["global_batch_size"] == 32 * 2 * 2 and "global 128" in p.stdout
+    assert (
+        s["steps"] == 12
+        and s["comm"]["optimizer_steps"] == 8
+        and s["global_batch_size"] == 32 * 2 * 2
+        and "global 128" in p.stdout
+    )
     c = s["comm"]
     assert (c["compression"], c["wire_dtype"], c["backward_passes_per_step"], c["op"]) == (
         "FP16Compressor", "float16", 2, "Average")

@@ -93,7 +93,11 @@ def test_analysis_recovers_alpha_and_beta() -> None:
     big = max(doc["rows"], key=lambda r: r["bytes"])
     assert big["busbw_pct_of_link"] == pytest.approx(100, abs=0.1)
     (fit,) = doc["fits"]  # an older worker's "allreduce", in dpcompare's own spelling
-    assert fit["collective"] == "all_reduce" and fit["alpha_s"] == pytest.approx(alpha, rel=1e-3) and fit["busbw_pct_of_link"] == pytest.approx(100)
+    assert (
+        fit["collective"] == "all_reduce"
+        and fit["alpha_s"] == pytest.approx(alpha, rel=1e-3)
+        and fit["busbw_pct_of_link"] == pytest.approx(100)
+    )
 
 
 def test_without_root_or_iproute2_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

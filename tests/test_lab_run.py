@@ -170,7 +170,9 @@ def test_the_lost_host_is_named_in_one_line_and_kept_with_the_run(tmp_path: Path
 
     lab = Lab("nolab", "dplab-nolab-sw", "10.250.250.0/24", 1, None,
               [Host(i, f"dplab-nolab-h{i}", f"10.250.250.{i + 1}", f"dplab-h{i}") for i in range(2)])
-    mpirun_says = "ORTE has lost communication with a remote daemon.\n  Remote daemon: [[26165,0],1] on node 10.250.250.2\n"
+    mpirun_says = (
+        "ORTE has lost communication with a remote daemon.\n  Remote daemon: [[26165,0],1] on node 10.250.250.2\n"
+    )
     line = lab.lost_line(mpirun_says)
     assert line is not None and "lost host 1 (10.250.250.2" in line and "\n" not in line
     assert lab.lost_line("some other failure") is None

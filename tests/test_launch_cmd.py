@@ -17,7 +17,9 @@ from dpcompare.launch import mpirun
 from dpcompare.launch.slurm import parse_time
 
 OPENMPI_VERSION = "mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
-HYDRA_VERSION = "HYDRA build details:\n    Version:                                 4.0.2\n    Release Date: unreleased\n"
+HYDRA_VERSION = (
+    "HYDRA build details:\n    Version:                                 4.0.2\n    Release Date: unreleased\n"
+)
 INTEL_VERSION = "Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)\n"
 TRAIN = ["train", "--strategy", "horovod", "--dataset", "digits"]
 
@@ -201,7 +203,8 @@ def test_job_command_signature_outside_slurm(fake_mpi) -> None:
     (["--np", "0", "--", *TRAIN], "launch: error: argument --np: '0' must be at least 1"),
     (["--np", "2"], "launch: error: expected a dpcompare command after -- (got nothing;"),
     (["--np", "2", "--", "launch", "--np", "2"], "launch: error: expected a dpcompare command after -- (got 'launch';"),
-    (["--np", "2", "--", "train", "--strategy", "nope"], "train: error: argument --strategy: unknown strategy nope; choose from ddp"),
+    (["--np", "2", "--", "train", "--strategy", "nope"], "train: error: argument --strategy: unknown strategy nope; "
+                                                         "choose from ddp"),
     (["--np", "2", "--hosts", "a", "--hostfile", "f", "--", *TRAIN], "launch: error: argument --hostfile: not allowed "
                                                                      "with argument --hosts"),
     (["--np", "2", "--hostfile", "/nonexistent/hosts", "--", *TRAIN], "launch: error: --hostfile /nonexistent/hosts: "

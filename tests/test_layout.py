@@ -70,8 +70,15 @@ ROOMS: dict[str, frozenset[str]] = {
     "native": frozenset({"launch"}),
 }
 #: torch-free tables any module may read (what keeps ``dpcompare --help`` light)
-CATALOGS = frozenset({"dpcompare.backends.catalog", "dpcompare.data.catalog", "dpcompare.models", "dpcompare.models.catalog",
-                      "dpcompare.launch.openmpi"})
+CATALOGS = frozenset(
+    {
+        "dpcompare.backends.catalog",
+        "dpcompare.data.catalog",
+        "dpcompare.models",
+        "dpcompare.models.catalog",
+        "dpcompare.launch.openmpi",
+    }
+)
 #: ``import_module(variable)`` in ``module:function`` → the table (module, name) whose strings it imports
 FOLLOWED: dict[str, tuple[str, str, str]] = {
     "dpcompare.cli:build_parser": ("dpcompare.cli", "COMMAND_MODULES", ""),
@@ -602,10 +609,14 @@ def declared_knobs(pkg: Path) -> tuple[set[str], set[str], set[str]]:
     fields = {n.target.id for n in ast.walk(ast.parse((pkg / "config.py").read_text()))
               if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and isinstance(n.value, ast.Call)
               and any(k.arg == "group" and getattr(k.value, "id", "") == "KNOBS" for k in n.value.keywords)}
-    table = {k.value for n in ast.walk(ast.parse((pkg / "knobs.py").read_text()))
-             if isinstance(n, ast.AnnAssign | ast.Assign) and "TABLE" in {getattr(t, "id", "") for t in
-                                                                          getattr(n, "targets", [getattr(n, "target", None)])}
-             for k in getattr(n.value, "keys", []) if isinstance(k, ast.Constant)}
+    table = {
+        k.value
+        for n in ast.walk(ast.parse((pkg / "knobs.py").read_text()))
+        if isinstance(n, ast.AnnAssign | ast.Assign)
+        and "TABLE" in {getattr(t, "id", "") for t in getattr(n, "targets", [getattr(n, "target", None)])}
+        for k in getattr(n.value, "keys", [])
+        if isinstance(k, ast.Constant)
+    }
     honoured: set[str] = set()
     for n in ast.walk(ast.parse((pkg / "backends" / "catalog.py").read_text())):
         if isinstance(n, ast.Assign) and any(getattr(t, "id", "").endswith("KNOBS") for t in n.targets):
@@ -670,7 +681,9 @@ def strategy_interface(path: Path) -> dict[str, list[str]]:
             kind = next((k for k, d in (("property", "property"), ("must", "abstractmethod"), ("final", "final"))
                          if d in decorators), "may")
             kinds[kind].append(node.name)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id.endswith("_class"):
+        elif (
+            isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id.endswith("_class")
+        ):
             kinds["parts"].append(node.target.id)
     return kinds
 

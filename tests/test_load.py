@@ -100,7 +100,9 @@ def test_a_verdict_from_a_shared_machine_says_so(tmp_path: Path) -> None:
     assert len(shares) == 4 and min(shares) >= SHARED_SHARE, shares  # two busy processes on the cores
     assert "shared machine: other processes took up to" in text and "This verdict describes a shared machine" in text
     assert text.index("• horovod equal to ddp") < text.index("shared machine:")  # the verdict line stays first
-    assert "Shared machine:" in page and "other processes&#x27; CPU" in page and "shared machine: other processes" in page
+    assert (
+        "Shared machine:" in page and "other processes&#x27; CPU" in page and "shared machine: other processes" in page
+    )
 
 
 def test_the_jobs_own_runs_do_not_make_a_shared_machine(tmp_path: Path) -> None:

@@ -200,7 +200,9 @@ def test_unsupported_call_is_one_line_and_exit_2(tmp_path: Path) -> None:
             env=mpi_env({"PYTHONPATH": str(ROOT)}))
     assert p.returncode == 2, p.stderr
     assert "layer: dpcompare.native.hvd 0.28.1+dpcompare.native" in p.stdout  # even where Horovod is installed
-    assert "import refused: import horovod.tensorflow: dpcompare's native Horovod layer covers horovod.torch" in p.stdout
+    assert (
+        "import refused: import horovod.tensorflow: dpcompare's native Horovod layer covers horovod.torch" in p.stdout
+    )
     assert "adasum refused: Unsupported" in p.stdout and "not reached" not in p.stdout
     assert p.stderr.strip().splitlines() == [
         "dpcompare script: error: hvd.init(comm=...) is not supported by dpcompare's native Horovod layer; natively: "
@@ -347,9 +349,14 @@ def test_migrate_writes_a_ddp_port_once_and_only_for_simple_scripts(tmp_path: Pa
     p = in_process(["migrate", str(tmp_path / "synthetic_benchmark.py")], env=mpi_env({"COLUMNS": "200"}))
     assert "exists and is left as it is" in p.stdout and port.read_text() == "mine"
     p = in_process(["migrate", str(tmp_path / "fp16_accumulate.py")], env=mpi_env({"COLUMNS": "200"}))
-    assert "backward_passes_per_step=args.accumulate: the port runs all but every N-th forward and backward()" in p.stdout
+    assert (
+        "backward_passes_per_step=args.accumulate: the port runs all but every N-th forward and backward()" in p.stdout
+    )
     text = (tmp_path / "fp16_accumulate_ddp.py").read_text()
-    assert "with accumulate(model):\n                loss = F.mse_loss(model(x)" in text and "return model.no_sync()" in text
+    assert (
+        "with accumulate(model):\n                loss = F.mse_loss(model(x)" in text
+        and "return model.no_sync()" in text
+    )
     assert "backward_passes_per_step" not in text.split("def main")[1].split("# the plain optimizer")[0]
 
 

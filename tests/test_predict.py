@@ -50,7 +50,9 @@ def test_hierarchy_prices_the_host_link_once_and_the_inside_on_the_fast_link():
     inter, intra = Link(5e-6, 25e9 / 8), Link(1e-6, 300e9)
     net8 = Network(2, inter, per_host=4, intra=intra)
     assert net8.ranks == 8
-    expected = intra.time("reduce_scatter", 1e8, 4) + inter.time("all_reduce", 1e8, 2) + intra.time("all_gather", 1e8, 4)
+    expected = (
+        intra.time("reduce_scatter", 1e8, 4) + inter.time("all_reduce", 1e8, 2) + intra.time("all_gather", 1e8, 4)
+    )
     assert net8.cost("all_reduce", 1e8) == pytest.approx(expected)
     # one host of 4 ranks: only the intra-host part
     assert net8.with_hosts(1).cost("all_reduce", 1e8) == pytest.approx(intra.time("all_reduce", 1e8, 4), rel=1e-9)
@@ -202,7 +204,10 @@ def fake_run(folder, strategy="ddp", with_bytes=True, world_size=2, steps=3, slo
     for rank in range(world_size):
         for k in range(steps):
             t0 = k * 30_000.0 + rank * 10
-            phases = [(n, d * slower) for n, d in (("data", 1000), ("forward", 4000), ("backward", 12_000), ("optimizer", 3000))]
+            phases = [
+                (n, d * slower)
+                for n, d in (("data", 1000), ("forward", 4000), ("backward", 12_000), ("optimizer", 3000))
+            ]
             events.append({"name": f"step {k}", "cat": "step", "ph": "X", "ts": t0, "dur": 20_000, "pid": rank,
                            "tid": 0, "args": {"step": k}})
             t = t0
@@ -300,7 +305,8 @@ def test_predict_command_on_a_compare_folder(tmp_path):
     assert best == {"horovod (on ddp-np2)"} and out["who_wins"] == [
         "fastest at 2–64 hosts: horovod (on ddp-np2)", "no crossover between 2 and 64 hosts"]
     # the knob advice: one per curve, in its words; fp16 halves DDP's all-reduced bytes, so its exposed time
-    advice = [re.match(r"(.+) at 2 hosts: --[a-z-]+(?: fp16)? would cut exposed communication from ([\d.]+) to ([\d.]+) ms "
+    advice = [re.match(r"(.+) at 2 hosts: --[a-z-]+(?: fp16)? would cut exposed communication from ([\d.]+) to "
+                       r"([\d.]+) ms "
                        r"\(step -(\d+) %, efficiency (\d+) % → (\d+) %\)$", a) for a in out["knob_advice"]]
     assert all(advice) and [m[1] for m in advice] == list(steps), out["knob_advice"]  # type: ignore[index]
     cut = {m[1]: (float(m[2]), float(m[3]), int(m[5]), int(m[6])) for m in advice}  # type: ignore[index]
@@ -324,7 +330,8 @@ def test_floor_from_trace_keeps_the_traced_all_reduce_time_and_the_traced_step_o
         out = json.loads((run / "prediction.json").read_text())
         steps[bool(flag)] = out["curves"][0]["steps"][0]
     assert out["inputs"]["floor_from_trace"] is True
-    assert steps[True]["comm_ms"] == pytest.approx(1.0, abs=0.01) and steps[False]["comm_ms"] == pytest.approx(0.1, abs=0.02)
+    assert steps[True]["comm_ms"] == pytest.approx(1.0, abs=0.01)
+    assert steps[False]["comm_ms"] == pytest.approx(0.1, abs=0.02)
     assert steps[False]["step_ms"] == pytest.approx(18.2, abs=0.1) and "floored_by_traced_step" not in steps[False]
     assert steps[True]["step_ms"] == pytest.approx(20.0) and steps[True]["floored_by_traced_step"] is True
     assert any("fell below the traced one (20.0 ms at np=2)" in n for n in out["curves"][0]["notes"])
@@ -348,9 +355,13 @@ def test_the_floor_line_holds_against_operations_that_waited_and_a_trace_link_ha
 
 def test_predict_refusals_are_one_line(tmp_path):
     run = fake_run(tmp_path / "r")
-    for args, words in ((["--ranks-per-host", "4"], "--intra-link"), (["--link", "fast"], "link rate"),
-                        (["--strategies", "adam"], "no model of strategy"),
-                        (["--model-error", str(tmp_path / "none.json")], "not a model-error file"), ([], "no trace.json")):
+    for args, words in (
+        (["--ranks-per-host", "4"], "--intra-link"),
+        (["--link", "fast"], "link rate"),
+        (["--strategies", "adam"], "no model of strategy"),
+        (["--model-error", str(tmp_path / "none.json")], "not a model-error file"),
+        ([], "no trace.json"),
+    ):
         target = str(run) if words != "no trace.json" else str(tmp_path / "nothing")
         p = dpcompare("predict", target, *args, check=False)
         assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
@@ -474,7 +485,10 @@ def test_the_traced_repeats_of_an_arm_are_pooled_into_one_curve(tmp_path):
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r0", steps=6)
     fake_run(tmp_path / "cmp" / "runs" / "ddp-np2-r1", steps=6, slower=1.3)
     fake_run(tmp_path / "cmp" / "runs" / "horovod-np2-r0", strategy="horovod", steps=6)
-    assert cli.main(["predict", str(tmp_path / "cmp"), "--host-counts", "2,4", "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    assert (
+        cli.main(["predict", str(tmp_path / "cmp"), "--host-counts", "2,4", "--out", str(tmp_path / "p"), "--quiet"])
+        == 0
+    )
     curves = {c["strategy"]: c for c in json.loads((tmp_path / "p" / "prediction.json").read_text())["curves"]}
     assert set(curves) == {"ddp", "horovod"}
     ddp, hvd = curves["ddp"], curves["horovod"]
@@ -548,8 +562,12 @@ def burst_net(burst: float, hosts: int = 2) -> Network:
     """A 0.5 MiB/ms link whose calibration timed Open MPI's and gloo's all-reduces at ten times the link (what a full
     tbf bucket does to small messages), with a bucket of ``burst`` bytes."""
     fast = ((1.0, float(2**30)), (10.0, 10.0))
-    return Network(hosts, Link(0.0, MB / (2 * MS)), profiles={("mpi", "all_reduce"): fast, ("gloo", "all_reduce"): fast},
-                   burst=burst)
+    return Network(
+        hosts,
+        Link(0.0, MB / (2 * MS)),
+        profiles={("mpi", "all_reduce"): fast, ("gloo", "all_reduce"): fast},
+        burst=burst,
+    )
 
 
 def test_back_to_back_all_reduces_pay_for_the_burst_they_find_empty():

@@ -257,7 +257,8 @@ def test_the_bench_says_two_speeds_and_the_model_carries_the_mixture(tmp_path):
 
 def test_horovod_negotiates_at_the_fixed_cost_the_bench_measured(tmp_path):
     """The bench's smallest all-reduce (1 MiB in ~10.3 ms on 1 Gbit/s at 2 ranks: 8.4 ms of wire) leaves ~1.9 ms
-    that a message of a few bytes pays too: each Horovod cycle's negotiation costs that; without a bench, 2⌈log2 n⌉·α."""
+    that a message of a few bytes pays too: each Horovod cycle's negotiation costs that; without a bench,
+    2⌈log2 n⌉·α."""
     path, _ = bench_file(tmp_path, [0.29, 0.3, 0.31] * 2)
     net = Network(2, Link.of(5e-6, 1e9), profiles=load_profiles(path))
     wire = net.inter.time("all_reduce", 2**20, 2)
@@ -333,7 +334,10 @@ def test_the_native_layer_and_predict_fuse_with_one_planner():
     grads = [Grad(str(i), 0.0, b * MB) for i, b in enumerate(sizes)]
     plan = knobs.horovod_fusion(range(6), [b * MB for b in sizes], threshold=2 * MB)
     assert [[int(g.name) for g in group] for group in fuse(grads, 2 * MB)] == plan == [[0], [1], [2, 3, 4], [5]]
-    assert Knobs().horovod_fusion_mb * MB == knobs.HOROVOD_FUSION_BYTES and Knobs().horovod_cycle_ms == knobs.HOROVOD_CYCLE_MS
+    assert (
+        Knobs().horovod_fusion_mb * MB == knobs.HOROVOD_FUSION_BYTES
+        and Knobs().horovod_cycle_ms == knobs.HOROVOD_CYCLE_MS
+    )
 
 
 def test_overlap_from_a_run_whose_collectives_missed_backward_says_so(tmp_path):

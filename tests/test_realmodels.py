@@ -83,7 +83,9 @@ def test_refusals_before_any_process_group() -> None:
     with pytest.raises(ConfigError, match="--find-unused-parameters off"):
         backends.check_model("zero", unused, off)
     backends.check_model("ddp", unused, TrainConfig())  # auto: DDP looks for them
-    with pytest.raises(ConfigError, match="--strategy horovod cannot honour it; only --strategy ddp or --strategy zero"):
+    with pytest.raises(
+        ConfigError, match="--strategy horovod cannot honour it; only --strategy ddp or --strategy zero"
+    ):
         backends.check_config("horovod", TrainConfig(find_unused_parameters="on"), 2)
     with pytest.raises(ConfigError, match="FSDP2 cannot reduce-scatter sparse gradients"):
         backends.check_model("fsdp", sparse, TrainConfig())

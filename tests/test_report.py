@@ -232,7 +232,8 @@ def run_entry(strategy: str, np: int, repeat: int, sps: float, acc: float = 0.96
 
 
 def failed_run(strategy: str, np: int, repeat: int) -> dict[str, Any]:
-    return {"strategy": strategy, "np": np, "repeat": repeat, "status": "failed", "dir": f"runs/{strategy}-np{np}-r{repeat}",
+    return {"strategy": strategy, "np": np, "repeat": repeat, "status": "failed",
+            "dir": f"runs/{strategy}-np{np}-r{repeat}",
             "error": "Traceback (most recent call last):\nRuntimeError: <boom> & friends\n-----\nmpirun noise",
             "samples_per_sec": None, "step_ms": None, "phases_ms": None, "final_test_accuracy": None,
             "final_train_loss": None, "peak_rss_mb": None, "wall_seconds": 1.0, "metrics": []}
@@ -311,8 +312,8 @@ TEXT_PX, CHAR_PX, CELL_PAD_PX = 1120 - 48 - 46, 7.5, 18
 
 
 def test_the_report_fits_1300_px_and_states_attribution_and_regime(handmade: Path) -> None:
-    """No table wider than the page at 1300 px (text width by characters, 7.5 px each at 13.5 px tabular figures, plus padding),
-    wrappers that scroll inside the card, long values that wrap; the verdict card's attribution and regime."""
+    """No table wider than the page at 1300 px (text width by characters, 7.5 px each at 13.5 px tabular figures, plus
+    padding), wrappers that scroll inside the card, long values that wrap; the verdict card's attribution and regime."""
     results = json.loads((handmade / "results.json").read_text())
     for r in results["runs"]:  # a sharded-looking run: the memory columns must not join the main table
         r["memory_mb"] = {"params": 0.06, "grads": 0.06, "optimizer_state": 0.12, "total": 0.24}
@@ -352,10 +353,14 @@ def test_the_terminal_table_warns_of_tiny_steps_and_says_why(handmade: Path) -> 
     console = Console(record=True, width=200)
     render(handmade, console=console)
     text = console.export_text()
-    assert "fixed per-step costs decide this verdict" in text and re.search(r"note: steps of 1[67]\.\d ms \(np=2\)", text)
+    assert "fixed per-step costs decide this verdict" in text
+    assert re.search(r"note: steps of 1[67]\.\d ms \(np=2\)", text)
     why = text[text.index("why: horovod's step 1.5"):].splitlines()
     assert "optimizer +2.00 ms" in why[0] and "backward −2.00 ms" in why[0]
-    assert why[1].strip().startswith("in optimizer — ddp: nothing; horovod: step() waits") and len(why[0]) + len(why[1]) < 240
+    assert (
+        why[1].strip().startswith("in optimizer — ddp: nothing; horovod: step() waits")
+        and len(why[0]) + len(why[1]) < 240
+    )
     assert not why[2].strip().startswith(("in ", "why"))  # two lines, no more
 
 

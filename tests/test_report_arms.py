@@ -130,7 +130,10 @@ def test_the_report_has_cards_for_the_arms_that_ran_only() -> None:
     # what compare records about the native layer (no catalog strategy): its facts, its card included
     script["environment"]["strategies"] = json.loads(json.dumps({"native": SCRIPT_ARM_FACTS["native"]}))
     page = html.render_html(script, stats.aggregate(script), [], [])
-    assert "The native layer: Horovod&#x27;s API on torch.distributed" in page and "Horovod: hooks in the optimizer" in page
+    assert (
+        "The native layer: Horovod&#x27;s API on torch.distributed" in page
+        and "Horovod: hooks in the optimizer" in page
+    )
     assert "PyTorch DDP" not in page and "DistributedDataParallel" not in page
     elastic = make_results({("ddp", 3): [5.0, 5.1], ("horovod", 3): [5.2, 5.3]})
     for r in elastic["runs"]:

@@ -28,7 +28,8 @@ if(CMAKE_CUDA_COMPILER)
 endif()
 """
 FIND_PYTORCH = ('execute_process(COMMAND ${PY_EXE} -c "import torch; from torch.utils.cpp_extension import '
-                'CUDA_HOME; print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else False)"\n')
+                'CUDA_HOME; print(True if ((torch.version.cuda is not None) and (CUDA_HOME is not None)) else '
+                'False)"\n')
 SETUP_PY = "        config = 'Debug' if self.debug or os.environ.get('HOROVOD_DEBUG') == \"1\" else 'RelWithDebInfo'\n"
 
 

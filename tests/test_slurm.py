@@ -99,7 +99,8 @@ def test_generated_sbatch_script_runs_two_tasks_with_srun(slurm_cluster: None, t
 def test_compare_inside_an_allocation_launches_with_srun(slurm_cluster: None, tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     p = subprocess.run(["salloc", "-n", "2", DPCOMPARE, "compare", "--np", "2", "--strategies", "ddp",
-                        "--repeats", "1", *(f for f in FAST if f != "--no-tensorboard"), "--epochs", "1", "--out", str(out)],
+                        "--repeats", "1", *(f for f in FAST if f != "--no-tensorboard"), "--epochs", "1", "--out",
+                        str(out)],
                        capture_output=True, text=True, timeout=JOB_LIMIT_S, env=mpi_env(), cwd=tmp_path)
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     (run,) = json.loads((out / "results.json").read_text())["runs"]

@@ -192,7 +192,8 @@ def test_the_transformer_recipe_example_steps_with_its_own_pieces(tmp_path: Path
     s = summary(tmp_path / "r")
     assert s["stepping"]["optimizer"] == "AdamW" and s["stepping"]["lr_scheduler"] == "SequentialLR"
     assert [g["weight_decay"] for g in s["stepping"]["param_groups"]] == [0.1, 0.0]
-    assert s["stepping"]["clip_grad_norm"] == 1.0 and s["stepping"]["final_lr"] == pytest.approx(1e-3 * (0.01 + 0.99 * 3 / 20))
+    assert s["stepping"]["clip_grad_norm"] == 1.0
+    assert s["stepping"]["final_lr"] == pytest.approx(1e-3 * (0.01 + 0.99 * 3 / 20))
     assert "dpcompare: single · 1 process (none) · cpu · gpt-tiny recipe (" in p.stdout
 
 
@@ -248,7 +249,10 @@ def test_parity_never_gives_an_empty_reason() -> None:
     from dpcompare.compare.parity import _verdict, parity_diff
 
     w = {"a": torch.zeros(2), "b": torch.zeros(3)}
-    ref, other = {"weights": w, "losses": [1.0, 2.0, 3.0]}, {"weights": {**w, "b": torch.ones(3)}, "losses": [1.0, 2.5, 3.0]}
+    ref, other = (
+        {"weights": w, "losses": [1.0, 2.0, 3.0]},
+        {"weights": {**w, "b": torch.ones(3)}, "losses": [1.0, 2.5, 3.0]},
+    )
     d = {**parity_diff(ref, other), "causes": []}
     assert (d["first_step"], d["largest"]) == (1, "b")
     text = _verdict("exact", False, "ddp", {"single": d}, {"single": 1e-5})
@@ -271,7 +275,8 @@ def test_gpt_tiny_with_every_feature_is_exact_under_every_strategy(tmp_path: Pat
     from conftest import dpcompare
 
     p = dpcompare("parity", "--np", "2", "--strategies", "ddp,horovod,zero,fsdp", "--model", "gpt-tiny",
-                  "--dataset", "pydoc", "--seq-len", "32", "--batch-size", "4", "--steps", "4", "--clip-grad-norm", "1.0",
+                  "--dataset", "pydoc", "--seq-len", "32", "--batch-size", "4", "--steps", "4", "--clip-grad-norm",
+                  "1.0",
                   "--lr-schedule", "cosine", "--lr-warmup-steps", "1", "--optimizer", "adamw", "--weight-decay",
                   "0.1", "--out", str(tmp_path / "p"))
     result = json.loads((tmp_path / "p" / "parity.json").read_text())

@@ -57,8 +57,12 @@ def write_cifar(root: Path, per_batch: int = 16, n_test: int = 16) -> Path:
     rng = np.random.default_rng(1)
     for i, name in enumerate(CIFAR_FILES[:-1]):
         n = n_test if name == "test_batch" else per_batch
-        batch = {"batch_label": f"batch {i}", "labels": [int(v) for v in rng.integers(0, 10, n)],
-                 "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "filenames": [f"{i}_{k}.png" for k in range(n)]}
+        batch = {
+            "batch_label": f"batch {i}",
+            "labels": [int(v) for v in rng.integers(0, 10, n)],
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "filenames": [f"{i}_{k}.png" for k in range(n)],
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
     meta = {"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
             "num_cases_per_batch": per_batch, "num_vis": 3072}

@@ -211,7 +211,8 @@ def test_plugin_flags_reach_child_jobs(plugin: str) -> None:
 
 def test_slurm_script_carries_the_plugin(plugin: str, tmp_path: Path) -> None:
     out = tmp_path / "job.sbatch"
-    dpcompare("slurm", "--nodes", "1", "--tasks-per-node", "2", "--time", "00:10:00", "--out-file", str(out), "--", "train",
+    dpcompare("slurm", "--nodes", "1", "--tasks-per-node", "2", "--time", "00:10:00", "--out-file", str(out), "--",
+              "train",
               "--strategy", "ddp", "--workload", f"{plugin}:workload")
     assert f"--workload {plugin}:workload" in out.read_text()
 
@@ -230,7 +231,8 @@ def test_train_with_a_missing_plugin_is_one_line_under_mpirun(tmp_path: Path) ->
              "--out", str(tmp_path / "r")], check=False, env=mpi_env(), cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.startswith("dpcompare")]  # mpirun adds its banner
-    assert "Traceback" not in p.stderr and lines == ["dpcompare train: error: --workload nowhere:thing: cannot import 'nowhere' (ModuleNotFoundError: "
+    assert "Traceback" not in p.stderr and lines == ["dpcompare train: error: --workload nowhere:thing: cannot import "
+                                                     "'nowhere' (ModuleNotFoundError: "
                      "No module named 'nowhere'); give a module on PYTHONPATH or in this folder, or a "
                      "path/to/file.py"], p.stderr
 

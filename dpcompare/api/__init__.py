@@ -76,7 +76,9 @@ def compare_runs(runs: list[str | Path]) -> list[dict[str, Any]]:
         try:
             s = json.loads((run / SUMMARY).read_text())
         except (OSError, ValueError) as e:
-            raise ConfigError(f"{run} holds no readable summary.json ({type(e).__name__}); is it a finished run?") from None
+            raise ConfigError(
+                f"{run} holds no readable summary.json ({type(e).__name__}); is it a finished run?"
+            ) from None
         metric = s.get("metric") or {"name": "accuracy", "higher_is_better": True}
         rows.append({"run": str(run), "strategy": s["strategy"], "world_size": s["world_size"],
                      "final_train_loss": s.get("final_train_loss"), "metric": metric["name"],
@@ -99,7 +101,8 @@ Plug-ins: your own job under every strategy, with no change to dpcompare.
                x = torch.randn(512, 16); y = x.sum(1, keepdim=True)
                ds = torch.utils.data.TensorDataset(x, y)
                return ds, ds
-           mse = Metric("mse", higher_is_better=False, batch=lambda out, y: (float(F.mse_loss(out, y, reduction="sum")), y.numel()))
+           mse = Metric("mse", higher_is_better=False,
+                        batch=lambda out, y: (float(F.mse_loss(out, y, reduction="sum")), y.numel()))
            return Workload("regression", build_model=lambda: torch.nn.Linear(16, 1), build_data=data,
                            loss=F.mse_loss, metrics=(mse,))
 
@@ -145,6 +148,7 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                        description="List the built-in workloads, models and datasets, and show how to bring your own "
                                    "(--workload, --model and --dataset plug-ins, or dpcompare.train from Python).",
                        epilog="examples:\n  dpcompare workloads\n"
-                              "  mpirun -np 2 dpcompare train --strategy ddp --workload path/to/bench.py:workload   # your own",
+                              "  mpirun -np 2 dpcompare train --strategy ddp --workload path/to/bench.py:workload   # "
+                              "your own",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=_cmd_workloads)

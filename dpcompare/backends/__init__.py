@@ -18,7 +18,8 @@ from dpcompare.backends.registry import check_config, check_model, create, facts
 if TYPE_CHECKING:
     from dpcompare.backends.base import Strategy, StrategyUnavailable
 
-__all__ = ["Strategy", "StrategyUnavailable", "check_config", "check_model", "create", "facts", "get", "names", "one_process", "register"]
+__all__ = ["Strategy", "StrategyUnavailable", "check_config", "check_model", "create", "facts", "get", "names",
+           "one_process", "register"]
 
 
 def __getattr__(name: str) -> Any:  # Strategy and StrategyUnavailable live with torch in base.py

@@ -56,8 +56,8 @@ class Strategy(ABC):
     """One way of running data-parallel training.
 
     Built-in strategies register themselves by ``name`` and take ``summary``, ``knobs``, ``communication``,
-    ``distributed`` and ``sync_mechanism`` from their line in :mod:`~dpcompare.backends.catalog`; a strategy outside the package
-    (``--strategy path/to/file.py:Class``) declares them here, as class attributes.
+    ``distributed`` and ``sync_mechanism`` from their line in :mod:`~dpcompare.backends.catalog`; a strategy outside the
+    package (``--strategy path/to/file.py:Class``) declares them here, as class attributes.
     """
 
     name: ClassVar[str]

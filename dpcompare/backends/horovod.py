@@ -46,7 +46,8 @@ HOROVOD_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_O
 
 
 def mpi_allreduce_env(algorithm: str) -> dict[str, str]:
-    """:func:`~dpcompare.launch.openmpi.mpi_allreduce_mca` as environment variables (Open MPI reads them at MPI_Init)."""
+    """:func:`~dpcompare.launch.openmpi.mpi_allreduce_mca` as environment variables (Open MPI reads them at
+    MPI_Init)."""
     return {f"OMPI_MCA_{k}": v for k, v in mpi_allreduce_mca(algorithm).items()}
 
 

@@ -39,7 +39,8 @@ class HandleWatcher:
     def __init__(self, recorder: tr.TraceRecorder, poll: Callable[[int], bool]) -> None:
         self.recorder, self._poll = recorder, poll
         self._pending: dict[int, tuple[str, int, float, str]] = {}  # handle → (tensor, bytes, enqueued_us, collective)
-        self.done: list[tuple[str, int, float, float, str]] = []  # (tensor, bytes, enqueued_us, completed_us, collective)
+        # (tensor, bytes, enqueued_us, completed_us, collective)
+        self.done: list[tuple[str, int, float, float, str]] = []
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()

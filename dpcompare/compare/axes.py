@@ -207,7 +207,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
          f"({docs_page('elastic')})", metavar="host=I,at-step=S[,back-at-step=B]", tag=lambda f: f.tag,
          check=_check_fault),
     Axis("threads", parse_threads, WITHIN, "torch's intra-op threads per rank: every arm runs at every count, "
-         "with verdicts per count (a --script run too); 0: --threads' own default, cores ÷ processes", metavar="N1,N2", words="at {value} thread(s) per rank",
+         "with verdicts per count (a --script run too); 0: --threads' own default, cores ÷ processes", metavar="N1,N2",
+         words="at {value} thread(s) per rank",
          title="intra-op threads per rank", order=int, configure=_threads),
     Axis("bind", parse_bind, WITHIN, "where the ranks run: none (the scheduler's choice, mpirun --bind-to none) or "
          "core (each rank bound to its own cores, as many as its threads): every arm runs at every binding, with "

@@ -68,8 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one twice (ddp,ddp) is an A/A control whose verdict should be equal (default: ddp,horovod)")
     g.add_argument("--variants", type=parse_variant, nargs="+", metavar="NAME=STRATEGY[:KNOB=V,...]",
                    help="arms with their own train settings instead of --strategies, e.g. base=ddp "
-                        "fp16=horovod:grad-compression=fp16 (knobs: train's flags without their dashes, e.g. batch-size, "
-                        "min-steps, trackers; TrainConfig's field names work too)")
+                        "fp16=horovod:grad-compression=fp16 (knobs: train's flags without their dashes, e.g. "
+                        "batch-size, min-steps, trackers; TrainConfig's field names work too)")
     swept = "; ".join(f"{a.name}={a.metavar}: {a.help}" for a in AXES.values() if a.pairs != TWIN)
     g.add_argument("--sweep", type=parse_sweep, action="append", metavar="KNOB=V1,V2[,...]",
                    help="cross every arm with every value of a train setting (labels like ddp/batch_size=64); "
@@ -140,16 +140,17 @@ def _add_stopping_rule(g: Any) -> None:
                         "blocks until every throughput verdict is precise enough to decide: from 10 blocks on, its "
                         "95 %% interval within ±--target-ci and its equivalence interval within half of "
                         "±--equivalence (so that no difference can come out equal); sooner once within ±--target-ci "
-                        "if settled beyond doubt at 99.9 %% (from 6 blocks on). A rule on the spread only, so looking after every block "
-                        "keeps the verdicts' 5 %% error rate (default: 3, or 1 per seed with --seeds)")
+                        "if settled beyond doubt at 99.9 %% (from 6 blocks on). A rule on the spread only, so looking "
+                        "after every block keeps the verdicts' 5 %% error rate (default: 3, or 1 per seed with "
+                        "--seeds)")
     g.add_argument("--seeds", type=parse_seeds, metavar="N|S1,S2,...",
                    help="run every block under another seed (initial weights and sampling), the same for every arm "
                         "of the block: N seeds counted from --seed, or these seeds; adds accuracy verdicts over "
                         "the seeds (with --target-accuracy also time-to-accuracy verdicts)")
     g.add_argument("--accuracy-equivalence", type=positive_float, default=0.5, metavar="POINTS",
                    help="arms whose paired difference of final test accuracy has its 95 %% interval inside "
-                        "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 %%) "
-                        "(default: 0.5)")
+                        "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 "
+                        "%%) (default: 0.5)")
     g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
                    help="with --repeats auto: the 95 %% interval half-width to reach, in %%; the equivalence "
                         "interval must also reach half of --equivalence (default: 5)")
@@ -170,7 +171,9 @@ def project_link_arg(text: str) -> int | None:
     try:
         return parse_rate_bits(text)
     except ConfigError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a link rate (e.g. 25gbit, 200gbit, 10gbit) or none") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a link rate (e.g. 25gbit, 200gbit, 10gbit) or none"
+        ) from None
 
 
 def train_flags(cfg: TrainConfig) -> list[str]:

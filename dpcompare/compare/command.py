@@ -158,11 +158,12 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                "  dpcompare compare --strategies ddp,horovod --sweep batch_size=16,64 --out runs/sweep\n"
                "  dpcompare report runs/ab      # re-render the report from results.json\n"
                "  dpcompare compare --continue runs/ab   # continue an interrupted comparison\n"
-               "  dpcompare compare --sweep batch-size=16,64 --repeats 5 --plan   # the runs it would start, then exit\n"
+               "  dpcompare compare --sweep batch-size=16,64 --repeats 5 --plan   # the runs it would start, then "
+               "exit\n"
                "  dpcompare compare --config runs/ab/config.toml --out runs/ab2   # rerun it\n"
                "  # --lab needs root; sudo resets PATH, so: sudo -E env PATH=$PATH dpcompare ...\n"
-               "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model mlp "
-               "--out runs/links\n"
+               "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=2 --sweep link=unlimited,1gbit,200mbit --model "
+               "mlp --out runs/links\n"
                "  sudo -E env PATH=$PATH dpcompare compare --lab hosts=3 --np 3 --fault host=2,at-step=40 "
                "--strategies ddp-elastic,horovod-elastic --out runs/fault",
         formatter_class=argparse.RawDescriptionHelpFormatter, sections=SECTIONS)

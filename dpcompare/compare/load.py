@@ -14,8 +14,8 @@ What the machine spent beyond that went to other processes::
 
 A rank need not descend from the comparing process at all: the elastic arms' ranks on a lab's hosts are started
 through ssh, by that host's sshd. Every process whose command line names the run's folder (each rank's ``--out``)
-is the job's too, however it was started (compare names the folder across a lab): a thread samples their CPU time twice a second while the run runs (a
-process that ends between two samples loses at most its last half second).
+is the job's too, however it was started (compare names the folder across a lab): a thread samples their CPU time twice
+a second while the run runs (a process that ends between two samples loses at most its last half second).
 
 Busy is user + nice + system time; interrupt and soft-interrupt time is left out (the ranks' own loopback
 traffic lands there, charged to no process). The report's threshold: :data:`dpcompare.report.regime.SHARED_SHARE`.
@@ -115,7 +115,8 @@ def why_disturbed(loads: list[dict[str, Any] | None], share: float) -> str | Non
     others = max((x.get("others_cpu_share") or 0.0 for x in loads if x), default=0.0)
     steal = max((x.get("steal_share") or 0.0 for x in loads if x), default=0.0)
     if steal > share / STEAL_FACTOR:
-        return f"the hypervisor stole {100 * steal:.0f} % of the cores during a run (over {100 * share / STEAL_FACTOR:g} %)"
+        return (f"the hypervisor stole {100 * steal:.0f} % of the cores during a run "
+                f"(over {100 * share / STEAL_FACTOR:g} %)")
     if others > share:
         return f"other processes took {100 * others:.0f} % of the cores during a run (over {100 * share:g} %)"
     return None

@@ -3,8 +3,8 @@
 Runs the same K steps under each strategy (and, where that is exact in arithmetic, one process with
 the global batch), then compares the final weights tensor by tensor and the loss curves step by step. With
 ``--script`` it runs a user's Horovod script under real Horovod and the native layer (or its DDP port) and
-compares the final weights its optimizer held (:mod:`.script`). Each run is a job of :mod:`dpcompare.launch.jobs` (its own session, ``--run-timeout``, its output in
-OUT/<strategy>/stdout.log and stderr.log).
+compares the final weights its optimizer held (:mod:`.script`). Each run is a job of :mod:`dpcompare.launch.jobs` (its
+own session, ``--run-timeout``, its output in OUT/<strategy>/stdout.log and stderr.log).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ ADAPTIVE = ("adam", "adamw")
 #: the section of parity's --help for a Horovod script
 SCRIPT = "a Horovod script (dpcompare parity --script train.py -- ARGS)"
 #: parity's --help by concern: what a first user needs first
-SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size", "--tolerance",
+SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "--dataset", "--batch-size",
+                    "--tolerance",
                     "--script", "--out", "--overwrite"),
             "what to compare": ("--single-tolerance", "--no-single"), HOW_LONG: ("--run-timeout",),
             WHERE: ("--lab", "--workers"),
@@ -72,7 +73,8 @@ SECTIONS = {START: ("--config", "--strategies", "--np", "--steps", "--model", "-
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser(
-        "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor by tensor",
+        "parity", help="run ddp and horovod (or any --strategies) for K steps and compare weights and losses tensor "
+                       "by tensor",
         description="Run the same K steps under each strategy at --np processes, and under `single`: one process "
                     "that replays the --np processes (each one's batch, random state and BatchNorm statistics, "
                     "one after the other; under --sync-bn the global batch in one pass), then print the largest "
@@ -99,10 +101,11 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                         f"it (root, iproute2, tbf; {docs_page('lab')}); the one-process run stays on this host")
     p.add_argument("--workers", choices=("fresh", "persistent"), default="persistent", metavar="fresh|persistent",
                    help="how the distributed runs start. persistent: one job of --np processes runs them one after "
-                        "another (Python, torch and MPI start once; each run still builds its data, model and optimizer "
-                        "and joins and leaves its strategy's process group). fresh: each is its own mpirun/srun job. "
-                        "The one-process reference is always its own process; under --lab every run is its own job "
-                        "(default: persistent, unlike compare's fresh: parity compares weights, not start-up times)")
+                        "another (Python, torch and MPI start once; each run still builds its data, model and "
+                        "optimizer and joins and leaves its strategy's process group). fresh: each is its own "
+                        "mpirun/srun job. The one-process reference is always its own process; under --lab every run "
+                        "is its own job (default: persistent, unlike compare's fresh: parity compares weights, not "
+                        "start-up times)")
     p.add_argument("--run-timeout", type=nonneg_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
                    help="stop a run that takes longer (all its processes) and fail the check; each run's output is "
                         f"in OUT/<strategy>/stdout.log and stderr.log (default: {DEFAULT_RUN_TIMEOUT:g}; 0: no limit)")
@@ -185,8 +188,14 @@ def parity_diff(ref: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     la, lb = ref["losses"], other["losses"]
     loss = max((abs(x - y) for x, y in zip(la, lb, strict=False)), default=0.0) if len(la) == len(lb) else float("inf")
     parted = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y), None)
-    return {"per_tensor": per_tensor, "weights_max": max(per_tensor.values(), default=0.0), "loss_max": loss,
-            "steps": len(la), "first_step": parted, "largest": max(per_tensor, key=per_tensor.__getitem__, default=None)}
+    return {
+        "per_tensor": per_tensor,
+        "weights_max": max(per_tensor.values(), default=0.0),
+        "loss_max": loss,
+        "steps": len(la),
+        "first_step": parted,
+        "largest": max(per_tensor, key=per_tensor.__getitem__, default=None),
+    }
 
 
 def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = None,
@@ -210,7 +219,9 @@ def _run_one(cfg: TrainConfig, np_: int, console: Console, lab: Lab | None = Non
                       f"(batch {cfg.batch_size}/process): {' '.join(cmd[:6])} …")
         rc, seconds = run_job(cmd, out, job_env(), timeout)
     if rc != 0:
-        what = f"failed (exit {rc})" if rc is not None else f"took longer than --run-timeout {timeout:g} s and was stopped"
+        what = (
+            f"failed (exit {rc})" if rc is not None else f"took longer than --run-timeout {timeout:g} s and was stopped"
+        )
         raise RuntimeError(f"{cfg.strategy} run {what}; its output is in {out}/stdout.log and stderr.log:\n"
                            f"{log_tail(out)}")
     path = checkpoint.latest_checkpoint(out)
@@ -288,7 +299,9 @@ def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, 
         table.add_column(f"{s} (tol {tol[s]:g})", justify="right")
     fmt = lambda v, t: f"[green]{v:.2e}[/]" if v <= t else f"[red]{v:.2e}[/]"  # noqa: E731
     for k, v in results[ref]["weights"].items():
-        table.add_row(k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others))
+        table.add_row(
+            k, "×".join(map(str, v.shape)) or "scalar", *(fmt(diffs[s]["per_tensor"][k], tol[s]) for s in others)
+        )
     table.add_section()
     table.add_row("[bold]all weights[/]", "", *(fmt(diffs[s]["weights_max"], tol[s]) for s in others))
     table.add_row("[bold]loss curve[/]", f"{a.steps} steps", *(fmt(diffs[s]["loss_max"], tol[s]) for s in others))
@@ -311,7 +324,8 @@ def _cause_cell(d: dict[str, Any]) -> str:
 def _verdict(mode: str, passed: bool, ref: str, diffs: dict[str, dict[str, Any]], tol: dict[str, float]) -> str:
     if mode == "distance":
         return "[yellow]NOT MEANT TO MATCH[/]: " + ", ".join(
-            f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items())
+            f"{s} is {d['weights_max']:.2e} (weights) / {d['loss_max']:.2e} (loss) from {ref}" for s, d in diffs.items()
+        )
     if passed:
         return "[green]PASS[/]: " + ", ".join(f"{s} matches {ref} within {tol[s]:g}" for s in diffs)
     over = [s for s, d in diffs.items() if d["weights_max"] > tol[s] or d["loss_max"] > tol[s]]
@@ -389,8 +403,14 @@ def run_parity(a: argparse.Namespace) -> int:
         return 1
 
     ref = strategies[0]
-    diffs = {s: {**parity_diff(results[ref], results[s]),
-                 "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits)} for s in results if s != ref}
+    diffs = {
+        s: {
+            **parity_diff(results[ref], results[s]),
+            "causes": known_causes(s, ref, base, a.np, results[s].get("summary", {}), traits),
+        }
+        for s in results
+        if s != ref
+    }
     tol = {s: (max(a.tolerance, knob_tol) if backends.facts(s).distributed else a.single_tolerance)
            for s in diffs}
     console.print(_table(a, results, ref, diffs, tol))

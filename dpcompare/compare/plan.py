@@ -401,7 +401,8 @@ class RunOptions:
     run_timeout: float | None = None  # seconds; a run past it is stopped and recorded failed
     resume: bool = False  # continue the comparison in ``out``: its ok runs are kept
     workers: str = "fresh"  # fresh: a job per run; persistent: one job per process count
-    project_link: int | None = 25 * 10**9  # traced runs: predict them onto a cluster on this link, bits/s (None: do not)
+    # traced runs: predict them onto a cluster on this link, bits/s (None: do not)
+    project_link: int | None = 25 * 10**9
     bind: str = "none"  # where the ranks run (launch.mpirun.BINDINGS); an arm's ``bind`` axis overrides it
     disturbed: float = 0.0  # others' CPU or steal share above which a block is run again (0: never)
     disturbed_tries: int = 3  # tries of a block before a disturbed one is counted anyway
@@ -446,7 +447,9 @@ class Comparison:
             what = next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
             what = what or ("--replay" if self.replay else None)
             if what:
-                raise ConfigError(f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; {docs_page('elastic')})")
+                raise ConfigError(
+                    f"{what} needs hosts to lose: add --lab hosts=3 (root, iproute2; {docs_page('elastic')})"
+                )
             return
         if self.options.workers == "persistent":
             raise ConfigError("--workers persistent does not run across a lab (its job would outlive the link "

@@ -43,8 +43,16 @@ def child_command(cfg: Any, spec: RunSpec, run_dir: Path, lab: Lab | None = None
     run's arm."""
     if script is not None:
         seeded = with_arm(cfg if spec.seed is None else dataclasses.replace(cfg, seed=spec.seed), spec.arm)
-        return script.command(spec.strategy, spec.np, run_dir, seeded, lab, elastic=elastic_launch(spec, run_dir, lab),
-                              step_log=step_log, launch=None if lab else launch_options(seeded, spec.arm, bind, spec.np))
+        return script.command(
+            spec.strategy,
+            spec.np,
+            run_dir,
+            seeded,
+            lab,
+            elastic=elastic_launch(spec, run_dir, lab),
+            step_log=step_log,
+            launch=None if lab else launch_options(seeded, spec.arm, bind, spec.np),
+        )
     child = child_config(cfg, spec, run_dir, step_log, replay)
     how = elastic_launch(spec, run_dir, lab)
     options = {"elastic": how} if how else {} if lab else launch_options(child, spec.arm, bind, spec.np)

@@ -94,7 +94,9 @@ def _keyed(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]
 def _verdict_scalars(verdicts: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, v in _keyed(verdicts).items():
-        out.update(scalars({k: v.get(k) for k in ("ratio", "ci_low", "ci_high", "blocks")}, key.replace(".", "/") + "/"))
+        out.update(
+            scalars({k: v.get(k) for k in ("ratio", "ci_low", "ci_high", "blocks")}, key.replace(".", "/") + "/")
+        )
     return out
 
 

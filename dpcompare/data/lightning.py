@@ -214,7 +214,9 @@ def _scheduler_config(s: Any) -> dict[str, Any]:
     return dict(s) if isinstance(s, Mapping) else {"scheduler": s}
 
 
-def _scheduler(cfg: TrainConfig, who: str, configs: list[dict[str, Any]]) -> Callable[[torch.optim.Optimizer, int], Any]:
+def _scheduler(
+    cfg: TrainConfig, who: str, configs: list[dict[str, Any]]
+) -> Callable[[torch.optim.Optimizer, int], Any]:
     """``build_scheduler(optimizer, total_steps)``: configure_optimizers' scheduler, moved onto the optimizer the
     strategy wrapped (Horovod's and ZeRO's are other objects), stepped per optimizer step (``interval: step``) or
     every epoch's steps (``interval: epoch``, when the run is given in epochs)."""

@@ -118,7 +118,9 @@ def _with_plugin_dataset(cfg: TrainConfig) -> Workload:
     base = _builtin(dataclasses.replace(cfg, dataset="tokens" if lm else "synthetic"))
     factory = load_attr(cfg.dataset, "--dataset")
     given = _call(factory, "--dataset", cfg.dataset, cfg)
-    if not (isinstance(given, tuple | list) and len(given) in (2, 3) and all(hasattr(d, "__getitem__") for d in given[:2])):
+    if not (
+        isinstance(given, tuple | list) and len(given) in (2, 3) and all(hasattr(d, "__getitem__") for d in given[:2])
+    ):
         raise ConfigError(f"--dataset {cfg.dataset} gave {_describe(given)}; expected (train, test) or "
                           "(train, test, num_classes) torch Datasets of (input, target) pairs")
     train, test = given[0], given[1]

@@ -103,7 +103,9 @@ def text_data(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     loader = globals()[TEXT_DATASETS[cfg.dataset][0]]
     train, test = loader(seq_len=cfg.seq_len, samples=cfg.samples)
     if len(train) == 0 or len(test) == 0:
-        raise ConfigError(f"--seq-len {cfg.seq_len} leaves no whole sample in --dataset {cfg.dataset}; use a shorter one")
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} leaves no whole sample in --dataset {cfg.dataset}; use a shorter one"
+        )
     return train, test
 
 

@@ -316,8 +316,9 @@ def mode_lines(doc: dict) -> list[str]:
         if m:
             slow = round(m["slow_share"] * n)
             when = " back to back" if r.get("back_to_back") else ""
-            out.append(f"two speeds{when}: {r['backend']} {r['collective']} {r['bytes']:,} bytes: {m['fast_s'] * 1e3:.3g} ms "
-                       f"({n - slow} of {n}) and {m['slow_s'] * 1e3:.3g} ms ({slow} of {n}); predict uses the mixture")
+            out.append(f"two speeds{when}: {r['backend']} {r['collective']} {r['bytes']:,} bytes: "
+                       f"{m['fast_s'] * 1e3:.3g} ms ({n - slow} of {n}) and {m['slow_s'] * 1e3:.3g} ms ({slow} of "
+                       f"{n}); predict uses the mixture")
         elif n < MIN_FOR_MODES:
             few.add(f"{r['backend']} {r['collective']}")
     if few:

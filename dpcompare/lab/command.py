@@ -20,8 +20,9 @@ from dpcompare.versions import docs_page
 DESCRIPTION = """\
 An emulated cluster on one machine: N hosts (Linux network namespaces) on one switch (a bridge in its own
 namespace), each host's link shaped in both directions with the kernel's tbf qdisc. mpirun reaches the hosts
-through a remote agent instead of ssh; horovodrun through an sshd inside each host (none in the root namespace). Needs root and iproute2 (ip, tc); shaping needs tbf. Bandwidth only:
-without netem no latency or loss can be added, and an unshaped veth is CPU-bound (13-25 Gbit/s here).
+through a remote agent instead of ssh; horovodrun through an sshd inside each host (none in the root namespace). Needs
+root and iproute2 (ip, tc); shaping needs tbf. Bandwidth only: without netem no latency or loss can be added, and an
+unshaped veth is CPU-bound (13-25 Gbit/s here).
 """
 
 EPILOG = """\
@@ -157,7 +158,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         return q
 
     up = action("up", _up, "create N hosts on one switch, every link shaped to --link both ways")
-    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, metavar="N", help="number of hosts (default 2)")
+    up.add_argument("--host-count", dest="hosts", type=positive_int, default=2, metavar="N",
+                    help="number of hosts (default 2)")
     deprecate(up, "--hosts", "--host-count")
     up.add_argument("--link", type=link_arg, default="unlimited", metavar="RATE",
                     help="link rate: 1gbit, 200mbit, 10gbit, 500kbit... or unlimited (default)")
@@ -192,7 +194,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
         deprecate(b, old, new)
 
     s = action("set-link", _set_link, "reshape a running lab's links, or take a host's link down/up")
-    s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up", help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
+    s.add_argument("rate", type=_link_or_state, metavar="RATE|down|up",
+                   help="a rate (1gbit, 100kbit, unlimited), or down/up with --host")
     s.add_argument("--host", type=nonneg_int, help="only this host's link (0-based)")
     for name, func, what in (("kill", _kill, "a host dies: its link down, then every process in it killed"),
                              ("revive", _revive, "a dead host comes back: its link up, its sshd started")):

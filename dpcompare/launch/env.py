@@ -132,7 +132,8 @@ def launcher_rank_size(env: Mapping[str, str] | None = None) -> tuple[int, int] 
             continue  # an allocation (salloc, the sbatch script's shell) sets SLURM_NTASKS but is no srun task
         if spec.rank in env or spec.size in env:
             try:
-                return int(env.get(spec.rank, "0").split("(")[0]), int(env.get(spec.size, "1").split("(")[0].split(",")[0])
+                rank = int(env.get(spec.rank, "0").split("(")[0])
+                return rank, int(env.get(spec.size, "1").split("(")[0].split(",")[0])
             except ValueError:
                 return 0, 1
     return None

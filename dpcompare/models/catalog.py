@@ -18,7 +18,8 @@ GPT_SIZES: dict[str, str] = {
 #: the prefix of Hugging Face architectures built from transformers' own config classes (models/hf.py)
 HF_PREFIX = "hf:"
 
-#: hf:NAME → (transformers' config class, model class, config overrides, what it is); causal LMs over the config's own vocabulary
+#: hf:NAME → (transformers' config class, model class, config overrides, what it is); causal LMs over the config's
+#: own vocabulary
 HF_ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {}, "GPT-2 small, 124 M parameters"),
     "distilgpt2": ("GPT2Config", "GPT2LMHeadModel", {"n_layer": 6}, "DistilGPT-2's shape, 82 M parameters"),

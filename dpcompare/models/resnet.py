@@ -12,8 +12,8 @@ def import_torchvision(what: str):  # noqa: ANN201
         import torchvision
     except Exception as e:  # noqa: BLE001  (CPU torch + CUDA torchvision wheels fail with OSError/RuntimeError)
         raise ConfigError(f"{what} needs torchvision, which does not import here ({type(e).__name__}); "
-                          "set up the full flavour (`make setup`; the lean DPCOMPARE_FLAVOUR=cpu has none) or install a "
-                          "torchvision matching your torch: pip install -e '.[vision]'") from None
+                          "set up the full flavour (`make setup`; the lean DPCOMPARE_FLAVOUR=cpu has none) or install "
+                          "a torchvision matching your torch: pip install -e '.[vision]'") from None
     return torchvision
 
 

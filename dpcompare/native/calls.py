@@ -24,7 +24,8 @@ _NATIVE_COMMUNICATION = {
                 "(fixed after step 2 from rank 0's timings) becomes ready",
     "optimizer": "wait for the all-reduces still running, and reduce unused parameters' zero gradients",
 }
-#: the launcher of each script arm's elastic mode (``compare --script ... --strategies horovod-elastic,native-elastic``):
+#: the launcher of each script arm's elastic mode
+#: (``compare --script ... --strategies horovod-elastic,native-elastic``):
 #: the script under real Horovod Elastic (horovodrun with a host discovery script), under the layer on torchrun's
 #: elastic agents, or its DDP port (``ddp-elastic``: migrate's elastic helpers) on torchrun's elastic agents
 SCRIPT_ELASTIC = {"horovod": "horovodrun", "native": "torchrun", "ddp": "torchrun"}
@@ -116,7 +117,8 @@ CALLS: dict[str, Call] = {
     "allgather_async": Call("dist.all_gather(parts, t, async_op=True)"),
     "grouped_allgather": Call("dist.all_gather on each tensor"),
     "grouped_allgather_async": Call("dist.all_gather(..., async_op=True) on each tensor"),
-    "broadcast": Call("dist.broadcast(t.clone(), src=root_rank)"), "broadcast_": Call("dist.broadcast(t, src=root_rank)"),
+    "broadcast": Call("dist.broadcast(t.clone(), src=root_rank)"), "broadcast_": Call("dist.broadcast(t, "
+                                                                                      "src=root_rank)"),
     "broadcast_async": Call("dist.broadcast(t.clone(), src=root_rank, async_op=True)"),
     "broadcast_async_": Call("dist.broadcast(t, src=root_rank, async_op=True)"),
     "alltoall": Call("dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes)",
@@ -166,7 +168,8 @@ CALLS: dict[str, Call] = {
     "global_process_set": Call("dist.group.WORLD (the default)"),
     "elastic": Call("torchrun --nnodes MIN:MAX --max-restarts N with the script's own checkpoints",
                     note="the layer runs hvd.elastic on torchrun's elastic agent: a commit is written for the "
-                         "restarted workers, which resume from it (" + docs_page("elastic") + "); migrate's port does the same "
+                         "restarted workers, which resume from it (" + docs_page("elastic") + "); migrate's port does "
+                                                                                              "the same "
                          "with helpers it writes (TorchState, ElasticSampler, elastic_run)"),
     # the optimizer's methods
     "optimizer.synchronize": Call("nothing: DDP has averaged the gradients when backward() returns"),

@@ -208,7 +208,10 @@ class GradientFusion:
         return [self.compression.compress(torch.zeros((), dtype=p.dtype))[0].dtype for p in self.params]
 
     def _nbytes(self) -> list[int]:
-        return [p.numel() * torch.empty((), dtype=d).element_size() for p, d in zip(self.params, self._wire_dtypes(), strict=True)]
+        return [
+            p.numel() * torch.empty((), dtype=d).element_size()
+            for p, d in zip(self.params, self._wire_dtypes(), strict=True)
+        ]
 
     def _kinds(self) -> list[Any]:
         return [(d, p.device) for p, d in zip(self.params, self._wire_dtypes(), strict=True)]

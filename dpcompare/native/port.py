@@ -24,7 +24,8 @@ from dpcompare.native.port_tools import Edits, NoPort, Pass, after_imports, loca
 
 #: the passes, in order: idioms first (a pass for an idiom goes before ``calls``), then every other call, then
 #: the refusal of what is left, then the DistributedOptimizer
-PASSES: tuple[Pass, ...] = (elastic_pass, port_lightning, flag_guards, accumulation, calls, unported, distributed_optimizer)
+PASSES: tuple[Pass, ...] = (elastic_pass, port_lightning, flag_guards, accumulation, calls, unported,
+                            distributed_optimizer)
 
 #: the imports a port may need, by the name it uses, added when the port uses the name and does not bind it
 IMPORTS = {"os": "import os", "contextlib": "import contextlib", "torch": "import torch",
@@ -70,7 +71,11 @@ def imports(tree: cst.Module) -> tuple[cst.Module, list[str]]:
         stmt = loc.statement(node)
         if first and needed and loc.parents.get(stmt) is tree:
             edits.replace[stmt] = lambda u: cst.FlattenSentinel(
-                [s.with_changes(leading_lines=u.leading_lines) if i == 0 else s for i, s in enumerate(statements(needed))])
+                [
+                    s.with_changes(leading_lines=u.leading_lines) if i == 0 else s
+                    for i, s in enumerate(statements(needed))
+                ]
+            )
             first = False
         elif stmt not in edits.replace:
             edits.remove(stmt)  # its comments stay

@@ -239,7 +239,11 @@ def _model_of(loc: Located, call: ast.Call, wrapped: str) -> str | None:
         if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [wrapped] \
                 and isinstance(node.value, ast.Call) and node.value.args:
             first = node.value.args[0]
-            if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute) and first.func.attr == "parameters":
+            if (
+                isinstance(first, ast.Call)
+                and isinstance(first.func, ast.Attribute)
+                and first.func.attr == "parameters"
+            ):
                 return ast.unparse(first.func.value)
     return None
 
@@ -330,12 +334,13 @@ def accumulation(tree: cst.Module) -> tuple[cst.Module, list[str]]:
         a for a in u.args if not (a.keyword and a.keyword.value == "backward_passes_per_step")])
     edits.insert_after(loc.statement(node), f"set_backward_passes({ast.unparse(passes)})\n")
     _accumulation_edits(loc, edits, ast.unparse(assign.targets[0]), model)
-    tree = add_helpers(_forward_to_backward(edits.apply(), model), ACCUMULATE, "Horovod's backward_passes_per_step on DDP (written by dpcompare "
+    tree = add_helpers(_forward_to_backward(edits.apply(), model), ACCUMULATE, "Horovod's backward_passes_per_step on "
+                                                                               "DDP (written by dpcompare "
                        "migrate): the gradients are all-reduced once per N backward() calls, summed over them")
     return tree, [f"backward_passes_per_step={ast.unparse(passes)}: the port runs all but every N-th forward and "
-                  f"backward() under {model}.no_sync(), so DDP all-reduces once per N passes (summed over the passes, averaged "
-                  "over the ranks) as Horovod does; a step after fewer passes averages what accumulated in full "
-                  "precision"]
+                  f"backward() under {model}.no_sync(), so DDP all-reduces once per N passes (summed over the passes, "
+                  "averaged over the ranks) as Horovod does; a step after fewer passes averages what accumulated in "
+                  "full precision"]
 
 
 # -- every other call ----------------------------------------------------------------------------------------

@@ -59,7 +59,9 @@ class Located:
         """The statement (a whole line, or a compound statement) ``node`` is part of."""
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             return node
-        return next(a for a in self.ancestors(node) if isinstance(a, (cst.SimpleStatementLine, cst.BaseCompoundStatement)))
+        return next(
+            a for a in self.ancestors(node) if isinstance(a, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+        )
 
     def code(self, node: cst.CSTNode) -> str:
         return self.tree.code_for_node(node).strip()  # any node, of this tree or not

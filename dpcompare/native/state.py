@@ -3,8 +3,8 @@
 ``init()`` reads the launcher (mpirun, srun, torchrun, horovodrun) through :mod:`dpcompare.launch.env`, meets the
 other ranks through :mod:`dpcompare.launch.rendezvous` and starts one process group: gloo for CPU tensors, and NCCL
 for CUDA tensors when this torch has CUDA and a GPU is visible, and a second gloo group of the layer's own for
-the ranks' agreement on each collective (:mod:`.negotiation`). Local ranks are the launcher's; cross ranks (Horovod's: the
-rank among the processes with the same local rank) come from one small all-gather at init.
+the ranks' agreement on each collective (:mod:`.negotiation`). Local ranks are the launcher's; cross ranks (Horovod's:
+the rank among the processes with the same local rank) come from one small all-gather at init.
 """
 
 from __future__ import annotations

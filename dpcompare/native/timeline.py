@@ -11,9 +11,9 @@ shape. Only rank 0 writes, as only Horovod's coordinator does.
 
 What differs, because torch.distributed has no negotiation and no background thread: ``NEGOTIATE_<OP>`` is a
 zero-length span at the call, with no per-rank ready ticks; ``<OP>`` runs from the call until the result is waited
-for (``synchronize``, or the optimizer's ``step()``), not until the transfer ended; ``CYCLE_START`` (``mark_cycles``) marks each collective's
-start, there being no cycle. The DistributedOptimizer's fused all-reduces show as overlapping ``ALLREDUCE`` spans
-of their gradients, as Horovod's fusion does.
+for (``synchronize``, or the optimizer's ``step()``), not until the transfer ended; ``CYCLE_START`` (``mark_cycles``)
+marks each collective's start, there being no cycle. The DistributedOptimizer's fused all-reduces show as overlapping
+``ALLREDUCE`` spans of their gradients, as Horovod's fusion does.
 
 As in Horovod, ``start_timeline`` needs ``HOROVOD_TIMELINE`` set (to ``DYNAMIC`` or a file) before ``hvd.init()``.
 """

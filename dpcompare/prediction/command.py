@@ -115,8 +115,8 @@ def _curves(a: argparse.Namespace, hosts: list[int], net: Any) -> list[Any]:
     asked = [s.strip() for s in a.strategies.split(",") if s.strip()] if a.strategies else None
     for s in asked or []:
         strategies.schedule(s)
-    over = {"bucket_mb": a.bucket_mb, "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb, "horovod_cycle_ms": a.horovod_cycle_ms,
-            "grad_compression": a.compression}
+    over = {"bucket_mb": a.bucket_mb, "horovod_fusion_mb": a.horovod_fusion_mb or a.bucket_mb,
+            "horovod_cycle_ms": a.horovod_cycle_ms, "grad_compression": a.compression}
     noise = sweep.Noise(Bench.load(a.calibration) if a.calibration else None, a.floor_from_trace, a.bootstrap)
     model_error = interval.load(a.model_error)
     folders, profiles = _arms(strategies.profile_runs(a.run_dirs), a.untraced_compute)
@@ -157,7 +157,8 @@ def _cmd_predict(a: argparse.Namespace) -> int:
     png = output.plot(curves, out / output.PNG_FILE, a.threshold, title)
     inputs = {"runs": a.run_dirs, "hosts": hosts, "link": inter_link, "latency": a.latency,
               "ranks_per_host": a.ranks_per_host, "intra_link": intra_link, "calibration": a.calibration,
-              "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","), "floor_from_trace": a.floor_from_trace,
+              "threshold": a.threshold, "strategies": a.strategies and a.strategies.split(","),
+              "floor_from_trace": a.floor_from_trace,
               "straggler_from_trace": a.straggler_from_trace, "untraced_compute": a.untraced_compute,
               "bootstrap": a.bootstrap, "overlap_from": a.overlap_from, "model_error": a.model_error}
     js = output.write_json(out / output.JSON_FILE, inputs, curves, lines, a.threshold)
@@ -202,8 +203,7 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--untraced-compute", choices=("auto", "always", "never"), default="auto",
                    help="scale the traced compute to the steps the run took after its traced window (8 or more), "
                         "taking the tracing's own cost out: auto where their forward ran under 0.9× the traced "
-                        "one's, always, or never "
-                        "(default: auto)")
+                        "one's, always, or never (default: auto)")
 
 
 #: the section of predict's --help for the knobs it can change
@@ -221,7 +221,8 @@ def _what_if_flags(p: Parser) -> None:
     """The knobs a prediction may change from the traced run's, and their old spellings."""
     from dpcompare.options import Warned
 
-    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, as train's: "
+    p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, "
+                                                                                        "as train's: "
                    "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")
     p.add_argument("--fusion-mb", dest="horovod_fusion_mb", type=positive_float, action=Warned, new="--bucket-mb",
                    default=None)
@@ -255,7 +256,8 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help=f"host counts (default {DEFAULT_HOSTS}; '...' continues the ratio)")
     p.add_argument("--link", type=rate_bits, default="25gbit", metavar="RATE",
                    help="inter-host link rate, e.g. 25gbit, 200gbit, 1gbit (default 25gbit)")
-    p.add_argument("--latency", default="5us", metavar="TIME", help="inter-host latency per message step (alpha), e.g. 5us")
+    p.add_argument("--latency", default="5us", metavar="TIME",
+                   help="inter-host latency per message step (alpha), e.g. 5us")
     p.add_argument("--ranks-per-host", type=positive_int, default=1, metavar="G",
                    help="ranks per host (hierarchical collectives on --intra-link inside a host; default 1)")
     p.add_argument("--intra-link", type=rate_bits, default=None, metavar="RATE",
@@ -265,12 +267,13 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help="a `dpcompare lab bench --out-file FILE` JSON: measured alpha and bandwidth share per backend "
                         "and collective")
     _trace_flags(p)
-    p.add_argument("--strategies", default=None, metavar="A,B[,...]", help="model these strategies on every run's compute (default: "
-                   "each run's own; ddp,horovod for single)")
+    p.add_argument("--strategies", default=None, metavar="A,B[,...]",
+                   help="model these strategies on every run's compute (default: each run's own; ddp,horovod for "
+                        "single)")
     _what_if_flags(p)
     p.add_argument("--bootstrap", type=nonneg_int, default=200, metavar="N",
-                   help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the bench's "
-                        "repeats (default 200; 0: no band)")
+                   help="bootstrap replicates for each figure's 95 %% band, drawn from the traced steps and the "
+                        "bench's repeats (default 200; 0: no band)")
     p.add_argument("--overlap-from", default=None, metavar="RUN_DIR",
                    help="a traced run of the same workload on a slow link (e.g. a short run on a shaped lab): how much "
                         "communication hides behind compute and how much compute it slows are measured from it "
@@ -279,8 +282,9 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
                    help="widen each band by the model's own error as a validation measured it, into a 90 %% "
                         "interval: a model-error file a validation wrote (default: the latest validation's, see "
                         f"{docs_page('predict')}; none: the band alone)")
-    p.add_argument("--threshold", type=fraction, default=0.8, metavar="FRACTION", help="efficiency to report falling below (default 0.8)")
-    p.add_argument("--out", default=None, metavar="DIR", help="folder for prediction.png and prediction.json (default: the first "
-                   "RUN_DIR)")
+    p.add_argument("--threshold", type=fraction, default=0.8, metavar="FRACTION",
+                   help="efficiency to report falling below (default 0.8)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="folder for prediction.png and prediction.json (default: the first RUN_DIR)")
     p.add_argument("--quiet", action="store_true", help="write the files without printing the tables")
     p.set_defaults(func=_cmd_predict)

@@ -12,8 +12,8 @@ Assumptions:
   bucket refilled waits for the bytes it lacks; the bucket is full when backward starts.
 - ``optimizer.step()`` starts when backward's compute is done and then waits for the last all-reduce; the
   optimizer then runs. Horovod syncs no buffers.
-- No slowdown of compute by the background thread (on a shared CPU there is: :mod:`.overlap`, when measured); weak scaling; fp16 or bf16
-  compression halves the bytes and costs nothing else.
+- No slowdown of compute by the background thread (on a shared CPU there is: :mod:`.overlap`, when measured); weak
+  scaling; fp16 or bf16 compression halves the bytes and costs nothing else.
 """
 
 from __future__ import annotations

@@ -262,9 +262,9 @@ FLOOR_POINTS = 1000
 
 def floor_from(ops: list[tuple[float, float]], ranks: int) -> tuple[float, float, int] | None:
     """(a seconds, b seconds per byte, ranks) of a traced run's all-reduces given as (bytes, seconds): the
-    α-β fit's line (:func:`~dpcompare.trace.fit_line`), or the median time when they all had one size; None without any or at one rank. On an unlimited
-    link (a lab host's unshaped veth, shared memory) this is what the library itself costs on those CPUs:
-    copies, the reduction, progress threads. A
+    α-β fit's line (:func:`~dpcompare.trace.fit_line`), or the median time when they all had one size; None without any
+    or at one rank. On an unlimited link (a lab host's unshaped veth, shared memory) this is what the library itself
+    costs on those CPUs: copies, the reduction, progress threads. A
     median line, not least squares: a traced operation that waited for a late peer or for a core that backward
     held is slower by that wait only, never faster, and the operation a step waits for at its end runs with
     backward's compute done. At most :data:`FLOOR_POINTS` operations, evenly spread (the fit's cost grows with

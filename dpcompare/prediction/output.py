@@ -96,7 +96,8 @@ def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]],
         if chk := c.measured.get("self_check"):
             lat = f", {chk['alpha_us']:g} us a step" if chk.get("alpha_us") else ""
             console.print(f"  self-check at the traced size (np={c.measured['world_size']}, all-reduces at "
-                          f"{chk['busbw_gbit']:g} Gbit/s{lat} as traced): model {chk['model_step_ms']:.2f} ms per step, "
+                          f"{chk['busbw_gbit']:g} Gbit/s{lat} as traced): model {chk['model_step_ms']:.2f} ms per "
+                          "step, "
                           f"traced {chk['traced_step_ms']:.2f} ms ({chk['error_pct']:+.0f} %)", style="dim")
         for note in c.notes:
             console.print(f"  note: {note}", style="dim")

@@ -23,9 +23,9 @@ row's compute can be scaled by the untraced forward over the traced forward, per
 (:func:`probe_ratio`; the forward carries no gradient communication). Horovod's handle watcher slowed a 20 ms step
 by a tenth to a third on two shared cores, some launches and not others, while elsewhere the ratio is noise (0.73 to
 1.14 in run 27, bench/predict-validation.md). So by default (``untraced="auto"``,
-``predict --untraced-compute auto``; kept by run 28) a profile is scaled only where the ratio says the tracing clearly slowed it (below
-:data:`PROBE_APPLY_BELOW`); ``always`` scales every profile with enough untraced steps, ``never`` keeps the
-compute as traced.
+``predict --untraced-compute auto``; kept by run 28) a profile is scaled only where the ratio says the tracing clearly
+slowed it (below :data:`PROBE_APPLY_BELOW`); ``always`` scales every profile with enough untraced steps, ``never``
+keeps the compute as traced.
 
 What it cannot separate: communication that slows the compute it overlaps (two cores shared with gloo's or
 Horovod's thread), DDP's buffer broadcast inside the measured forward, and, for a traced ``fsdp`` run, the
@@ -51,7 +51,8 @@ from dpcompare.report.timeline import load_trace
 
 PROBE_MIN_STEPS = 8  #: untraced steps (per rank) needed before the tracing's own cost is taken out
 PROBE_APPLY_BELOW = 0.9  #: below this untraced-over-traced ratio the tracing clearly slowed the run
-UNTRACED_MODES = ("auto", "always", "never")  #: when the compute is scaled to the untraced steps (``--untraced-compute``)
+#: when the compute is scaled to the untraced steps (``--untraced-compute``)
+UNTRACED_MODES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -332,13 +333,22 @@ def _per_step(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
             last = max((e["ts"] for e in ticks), default=bw["ts"] + bw["dur"])
             waits = sum(e["dur"] for e in tr.events_in(events, st, tr.CAT_WAIT))
             opt = ph.get("optimizer")
-            comm, overlapped = _in_flight(tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"]))
-            rows.append({"step": st["dur"] / 1e6, "rank": rank,
-                         "data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0, "forward": ph["forward"]["dur"] / 1e6,
-                         "backward": min(last - bw["ts"], bw["dur"]) / 1e6,
-                         "optimizer": max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0,
-                         "ready": {e["name"]: (e["ts"] - bw["ts"]) / 1e6 for e in ticks},
-                         "comm": comm, "overlapped": overlapped})
+            comm, overlapped = _in_flight(
+                tr.events_in(events, st, tr.CAT_COMM), bw["ts"], min(last, bw["ts"] + bw["dur"])
+            )
+            rows.append(
+                {
+                    "step": st["dur"] / 1e6,
+                    "rank": rank,
+                    "data": ph["data"]["dur"] / 1e6 if "data" in ph else 0.0,
+                    "forward": ph["forward"]["dur"] / 1e6,
+                    "backward": min(last - bw["ts"], bw["dur"]) / 1e6,
+                    "optimizer": max(opt["dur"] - waits, 0.0) / 1e6 if opt else 0.0,
+                    "ready": {e["name"]: (e["ts"] - bw["ts"]) / 1e6 for e in ticks},
+                    "comm": comm,
+                    "overlapped": overlapped,
+                }
+            )
             for e in ticks:
                 if (e.get("args") or {}).get("bytes"):
                     tick_bytes[e["name"]] = float(e["args"]["bytes"])
@@ -437,7 +447,8 @@ def load_profile(folder: str | Path, is_sharded: Callable[[str], bool] = lambda 
                     and e.get("ph") == "M"), None)
     samples = _samples(rows)
     return Profile(
-        run=str(folder), strategy=strategy, sharded=sharded, world_size=int(other.get("world_size") or summary.get("world_size") or 1),
+        run=str(folder), strategy=strategy, sharded=sharded,
+        world_size=int(other.get("world_size") or summary.get("world_size") or 1),
         **{k: _median([r[k] for r in rows]) for k in PHASES}, grads=grads, samples=samples,
         traced_step=samples.slowest_step(np.arange(len(samples))),
         batch=int(other.get("batch_size") or summary.get("batch_size") or 1), buffer_bytes=buffers,

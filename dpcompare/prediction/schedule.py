@@ -135,9 +135,14 @@ class Schedule:
     def describe_knobs(self) -> str:
         """The knobs this schedule reads, as the flags spell them."""
         k = self.knobs
-        said = {"bucket_mb": f"bucket {k.bucket_mb:g} MB", "horovod_fusion_mb": f"fusion {k.horovod_fusion_mb:g} MB",
-                "horovod_cycle_ms": f"cycle {k.horovod_cycle_ms:g} ms", "grad_compression": f"{k.grad_compression} on the wire" if k.grad_compression != "none"
-                else "fp32 on the wire"}
+        said = {
+            "bucket_mb": f"bucket {k.bucket_mb:g} MB",
+            "horovod_fusion_mb": f"fusion {k.horovod_fusion_mb:g} MB",
+            "horovod_cycle_ms": f"cycle {k.horovod_cycle_ms:g} ms",
+            "grad_compression": f"{k.grad_compression} on the wire"
+            if k.grad_compression != "none"
+            else "fp32 on the wire",
+        }
         return ", ".join(said[t] for t in self.tunable)
 
 

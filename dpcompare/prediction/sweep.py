@@ -108,9 +108,11 @@ class Curve:
         return out
 
     def as_dict(self, threshold: float) -> dict[str, Any]:
-        return {"label": self.label, "strategy": self.strategy, "run": self.run, "knobs": dataclasses.asdict(self.knobs),
+        return {"label": self.label, "strategy": self.strategy, "run": self.run,
+                "knobs": dataclasses.asdict(self.knobs),
                 "one_host_step_ms": round(self.base.step * 1e3, 4), "threshold": threshold,
-                "below_threshold_at_hosts": self.below(threshold), "advice": self.advice, "notes": self.notes, "traced_run": self.measured,
+                "below_threshold_at_hosts": self.below(threshold), "advice": self.advice, "notes": self.notes,
+                "traced_run": self.measured,
                 "band": self.band_info, "band_advice": self.band_advice, "overlap": self.overlap.as_dict(),
                 "model_error": self.model_error.as_dict() if self.model_error else None,
                 "steps": [self.step_dict(i) for i in range(len(self.steps))]}
@@ -127,7 +129,8 @@ def knobs_of(p: Profile, over: dict[str, Any]) -> Knobs:
     return Knobs(**mine)
 
 
-MEASURED = ("step_ms", "step_ms_median", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step", "allreduce_ops_per_step",
+MEASURED = ("step_ms", "step_ms_median", "backward_ms", "comm_ms_per_step", "overlap_pct", "wait_ms_per_step",
+            "allreduce_ops_per_step",
             "allreduce_bytes_per_step", "allreduce_wait_s", "pooled_runs")
 
 
@@ -173,8 +176,9 @@ def curve(p: Profile, name: str, knobs: Knobs, net: Network, hosts: Sequence[int
                        f"({floor * 1e3:.1f} ms at np={p.world_size}): the traced step is given (--floor-from-trace: "
                        "a slower link cannot make it shorter)")
     if noise.bench is not None and noise.bench.bimodal:
-        fast, slow = ([floored(ov.apply(sched.run(dataclasses.replace(net, profiles={**net.profiles, **noise.bench.profiles(
-            m)}).with_hosts(h))), floor, p.world_size).step for h in counts] for m in ("fast", "slow"))
+        fast, slow = ([floored(ov.apply(sched.run(
+            dataclasses.replace(net, profiles={**net.profiles, **noise.bench.profiles(m)}).with_hosts(h))),
+            floor, p.world_size).step for h in counts] for m in ("fast", "slow"))
         c.modes = list(zip(fast, slow, strict=True))
     if noise.replicates > 0:
         _band(c, p, net, counts, noise)
@@ -216,8 +220,9 @@ def _band(c: Curve, p: Profile, net: Network, counts: Sequence[int], noise: Nois
     runs = p.samples.launches if p.samples is not None else 1
     spread = p.spread if p.spread is not None and p.spread.df > 0 else None
     repeats = noise.bench.repeats if noise.bench is not None else None
-    how = (f" within each of {runs} traced runs" if runs > 1 else "") + ", the step less its bytes' time on the link " \
-        "scaled by the launches' spread (Student's t)" if spread else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else "")
+    how = ((f" within each of {runs} traced runs" if runs > 1 else "") + ", the step less its bytes' time on the link "
+           "scaled by the launches' spread (Student's t)" if spread
+           else (f" of {runs} traced runs, the runs drawn first" if runs > 1 else ""))
     c.band_info = {"level": noise.level, "replicates": noise.replicates, "traced_steps": traced, "traced_runs": runs,
                    "launch_spread": spread.as_dict() if spread else None, "bench_repeats_per_size": repeats,
                    "method": "percentile bootstrap over the traced (rank, step) rows" + how

@@ -264,8 +264,8 @@ def plot(results: dict[str, Any], path: Path) -> Plot | None:
         axes[-1].set_xlabel("seconds since the job started")
         save_figure(fig, path)
     return Plot("fault", path, "Throughput over time, the fault marked",
-                "Samples per second (steps completed per time bin) of each arm's first run with the fault (solid) and the "
-                "same block's run without it (pale); the red line is the fault (the host's link down, then its "
+                "Samples per second (steps completed per time bin) of each arm's first run with the fault (solid) and "
+                "the same block's run without it (pale); the red line is the fault (the host's link down, then its "
                 "processes killed), the shaded span the pause until the first step after the recovery, the grey "
                 "steps (right axis) the number of processes.")
 

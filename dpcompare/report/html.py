@@ -51,7 +51,8 @@ td.l, th.l { text-align: left; white-space: normal; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .scroll { background:
   linear-gradient(to right, #fff 30%, #fff0), linear-gradient(to left, #fff 30%, #fff0) 100% 0,
-  radial-gradient(farthest-side at 0 50%, #0003, #0000), radial-gradient(farthest-side at 100% 50%, #0003, #0000) 100% 0;
+  radial-gradient(farthest-side at 0 50%, #0003, #0000),
+  radial-gradient(farthest-side at 100% 50%, #0003, #0000) 100% 0;
   background-repeat: no-repeat; background-size: 40px 100%, 40px 100%, 12px 100%, 12px 100%;
   background-attachment: local, local, scroll, scroll; }
 td:first-child { white-space: normal; overflow-wrap: break-word; min-width: 9em; }
@@ -116,8 +117,8 @@ def _table(groups: Sequence[Group], strategies: Sequence[str], results: dict[str
     rows = []
     for g in groups:
         ok_cls = "ok" if g.ok == g.runs else "failed"
-        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}', str(g.np),
-                 f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>', _e(fmt.sps(g.samples_per_sec)),
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
+                 str(g.np), f'<span class="{ok_cls}">{g.ok}/{g.runs}</span>', _e(fmt.sps(g.samples_per_sec)),
                  f"{fmt.ms(g.step_ms_median)} / {fmt.ms(g.step_ms_p95)}",
                  *(fmt.ms(g.phases_ms.get(p)) for p in PHASES), _e(fmt.accuracy(g)),
                  "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}", fmt.mb(g.peak_rss_mb)]
@@ -136,8 +137,8 @@ def _memory_table(groups: Sequence[Group], strategies: Sequence[str]) -> str:
         return ""
     col = colors(strategies)
     head = ["arm", "np", *(f"{MEMORY_LABELS[k]}<br>MB/rank" for k in MEMORY_KINDS)]
-    rows = [[f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}', str(g.np),
-             *(fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS)] for g in groups]
+    rows = [[f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
+             str(g.np), *(fmt.size_mb(g.memory_mb.get(k)) for k in MEMORY_KINDS)] for g in groups]
     return ('<h3>Memory per rank</h3>' + _html_table(head, rows)
             + '<p class="muted" style="font-size:13px;margin:10px 0 0">Tensors held by the largest rank at the end '
               "of training (a sharded strategy counts only its own shards).</p>")
@@ -174,7 +175,9 @@ def _evidence(groups: Sequence[Group], strategies: Sequence[str]) -> str:
             b, o = shift.get("backward", 0.0), shift.get("optimizer", 0.0)
             text += (f"; against np=1, backward {_signed_ms(b)} and optimizer {_signed_ms(o)} per step")
             if max(b, o) >= MEASURABLE_MS:
-                text += f": the cost of going distributed sits in <strong>{'backward' if b >= o else 'optimizer'}</strong>"
+                text += (
+                    f": the cost of going distributed sits in <strong>{'backward' if b >= o else 'optimizer'}</strong>"
+                )
         items.append(f"<li>{text}.</li>")
     if not items:
         return ""
@@ -264,8 +267,8 @@ def _accuracy_table(results: dict[str, Any], groups: Sequence[Group], strategies
     for g in groups:
         ok = [r for r in results.get("runs", []) if arm_of(r) == g.arm and int(r["np"]) == g.np
               and r.get("status") == "ok"]
-        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}', str(g.np),
-                 str(len({r.get("seed") for r in ok})), _e(fmt.accuracy(g)),
+        cells = [f'<span class="swatch" style="background:{col[g.arm]}"></span>{_e(g.arm).replace("/", "/<wbr>")}',
+                 str(g.np), str(len({r.get("seed") for r in ok})), _e(fmt.accuracy(g)),
                  "–" if g.final_train_loss is None else f"{g.final_train_loss:.4f}"]
         if target:
             hit = [r for r in ok if r.get("time_to_accuracy_s") is not None]
@@ -298,12 +301,14 @@ def _accuracy_section(results: dict[str, Any], groups: Sequence[Group], verdicts
             cls = ' class="failed"' if v.outcome == "mismatch" else ""
             items.append(f"<li><strong{cls}>{_e(what)}: {_e(v.outcome)}</strong> {_e(v.full_text)}</li>")
         seeds = cfg.get("seeds") or []
-        body.append(f'<div class="card verdict"><strong>Test {_e(name)} verdicts</strong><ul>' + "".join(items) + "</ul>"
+        body.append(f'<div class="card verdict"><strong>Test {_e(name)} verdicts</strong><ul>' + "".join(items)
+                    + "</ul>"
                     + '<p class="muted" style="margin:10px 0 0;font-size:13px">'
                     + (f"Seeds {_e(', '.join(map(str, seeds)))}: each seed is a block that every arm runs with "
                        "the same initial weights and data order. Accuracy: the difference of final test accuracy "
                        "(other − baseline) per seed, with a 95 % Student-t interval over the seeds; <em>equal</em> "
-                       f"when it lies inside ±{100 * float(cfg.get('accuracy_equivalence') or ACCURACY_EQUIVALENCE):g} points "
+                       "when it lies inside "
+                       f"±{100 * float(cfg.get('accuracy_equivalence') or ACCURACY_EQUIVALENCE):g} points "
                        "(--accuracy-equivalence). Arms that differ only in strategy and exact knobs must match "
                        "exactly; the report checks that they do. " if seeds else "")
                     + ("Time to accuracy: training time until the test accuracy first reached "
@@ -336,7 +341,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     train = cfg.get("train") or {}
     title = " vs ".join(strategies) if strategies else "comparison"
 
-    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>', *map(_lead_card, [lead] if lead else [])]
+    body = [f"<h1>dpcompare: {_e(title)}</h1>", f'<p class="sub">{_subtitle(results)}</p>',
+            *map(_lead_card, [lead] if lead else [])]
     if verdicts:
         body.append(_verdict_card(results, verdicts, strategies, attributions, groups))
     elif strategies:
@@ -351,8 +357,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
                     + '<p class="muted" style="font-size:13px;margin:10px 0 0">Step and phase times are medians '
                       "over the timed steps (warm-up excluded): step times of the slowest rank, phases averaged "
                       "over ranks, then averaged over repeats. Peak RSS is the largest resident memory of any "
-                      "rank. CPU ms/step: CPU time per timed step of the thread that runs the steps and of all the process's "
-                      "other threads (background and communication threads), mean over ranks and runs.</p>"
+                      "rank. CPU ms/step: CPU time per timed step of the thread that runs the steps and of all the "
+                      "process's other threads (background and communication threads), mean over ranks and runs.</p>"
                     + _memory_table(groups, strategies) + "</div>")
     for p in plots:
         body.append(f'<div class="card"><figure><img alt="{_e(p.title)}" src="{data_uri(p.path)}">'
@@ -360,8 +366,8 @@ def render_html(results: dict[str, Any], groups: Sequence[Group], verdicts: Sequ
     body.extend(_accuracy_section(results, groups, acc_verdicts, acc_plots, strategies))
     body.extend(extra)
 
-    body.append("<h2>Why the phases differ</h2>" + mechanisms.cards(results, strategies) + EVIDENCE_NOTE + _evidence(groups, strategies)
-                + _mechanisms(results, strategies))
+    body.append("<h2>Why the phases differ</h2>" + mechanisms.cards(results, strategies) + EVIDENCE_NOTE
+                + _evidence(groups, strategies) + _mechanisms(results, strategies))
     body.append('<h2 id="runs">Runs</h2><div class="card">' + _runs(results) + "</div>")
     body.append("<h2>Configuration</h2>"
                 f'<div class="card"><p style="margin-top:0">Reproduce with:</p><pre>{_e(command_line(results))}</pre>'

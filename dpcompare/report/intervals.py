@@ -122,7 +122,8 @@ def paired_log_ratio_ci(baseline: Sequence[float], other: Sequence[float],
         return Interval(m, m - h, m + h, int(d.size)), "t"
     res = sps.bootstrap((d,), np.mean, confidence_level=confidence, method="BCa", n_resamples=BOOTSTRAP_RESAMPLES,
                         rng=np.random.default_rng(BOOTSTRAP_SEED))
-    return Interval(m, float(res.confidence_interval.low), float(res.confidence_interval.high), int(d.size)), "bootstrap"
+    ci = res.confidence_interval
+    return Interval(m, float(ci.low), float(ci.high), int(d.size)), "bootstrap"
 
 
 def unit_means(values: Sequence[float], size: int) -> list[float]:

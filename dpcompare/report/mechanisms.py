@@ -63,8 +63,8 @@ def cards(results: dict[str, Any], arms: Sequence[str]) -> str:
     made = [c for s in strategies_run(results, arms) if (c := _card(s, recorded))]
     if not made:
         return ""
-    intro = ("<p>Every distributed strategy here averages the gradients of all processes every step; with the same seed, data "
-             "order and averaging they compute the same model. They differ in <em>where</em> the synchronisation "
-             "hooks sit and therefore <em>in which phase</em> the communication, and the waiting for it, is "
-             "counted:</p>")
+    intro = ("<p>Every distributed strategy here averages the gradients of all processes every step; with the same "
+             "seed, data order and averaging they compute the same model. They differ in <em>where</em> the "
+             "synchronisation hooks sit and therefore <em>in which phase</em> the communication, and the waiting for "
+             "it, is counted:</p>")
     return intro + '<div class="cols">' + "".join(made) + "</div>"

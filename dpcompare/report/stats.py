@@ -17,10 +17,10 @@ inside ±equivalence. Each claim is then wrong at most 5 % of the time; asking t
 inside the margin would test equivalence at 2.5 % and need about a third more blocks for nothing.
 
 This module assembles the throughput verdicts (the rule that decides how many blocks to run is
-:mod:`dpcompare.compare.stopping`'s); the pieces live in :mod:`~dpcompare.report.intervals` (intervals and decisions), :mod:`~dpcompare.report.groups`
-(arms, aggregates, pairing) and :mod:`~dpcompare.report.verdicts` (Verdict, accuracy and time to accuracy),
-and every name is importable from here too. :func:`report_verdicts` gives the report the verdicts compare
-stored in results.json, recomputing them only when asked or when none were stored.
+:mod:`dpcompare.compare.stopping`'s); the pieces live in :mod:`~dpcompare.report.intervals` (intervals and decisions),
+:mod:`~dpcompare.report.groups` (arms, aggregates, pairing) and :mod:`~dpcompare.report.verdicts` (Verdict, accuracy and
+time to accuracy), and every name is importable from here too. :func:`report_verdicts` gives the report the verdicts
+compare stored in results.json, recomputing them only when asked or when none were stored.
 """
 
 from __future__ import annotations

@@ -78,8 +78,13 @@ def _columns(groups: Sequence[Group], others: dict[tuple[str, int], float] | Non
         cols.append(("scaling eff.", "scaling\neff.",
                      lambda g: fmt.pct(g.efficiency, 0) if g.efficiency is not None and g.np > 1 else ""))
     if cpu and any(cpu.values()):
-        cols.append(("other threads' CPU", "CPU ms/step\nmain / other",
-                     lambda g: "–" if not (c := cpu.get((g.arm, g.np))) else f"{fmt.ms(c['main'])} / {fmt.ms(c['helpers'])}"))
+        cols.append(
+            (
+                "other threads' CPU",
+                "CPU ms/step\nmain / other",
+                lambda g: "–" if not (c := cpu.get((g.arm, g.np))) else f"{fmt.ms(c['main'])} / {fmt.ms(c['helpers'])}",
+            )
+        )
     if others:
         def other(g: Group) -> str:
             share = others.get((g.arm, g.np))
@@ -189,8 +194,8 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
         console.print("[bold]Verdict[/]: one arm only, nothing to compare", soft_wrap=True)
     failed = [r for r in results.get("runs", []) if r.get("status") != "ok"]
     for r in failed:
-        console.print(f"  [red]{r.get('status', 'failed')}[/] {arm_of(r)}-np{r['np']}-r{r['repeat']}: {fmt.headline(r.get('error'))}",
-                      soft_wrap=True, highlight=False)
+        console.print(f"  [red]{r.get('status', 'failed')}[/] {arm_of(r)}-np{r['np']}-r{r['repeat']}: "
+                      f"{fmt.headline(r.get('error'))}", soft_wrap=True, highlight=False)
     if not results.get("complete", True):
         console.print("[yellow]results.json is incomplete: the comparison was interrupted[/] "
                       "(`dpcompare compare --continue DIR` continues it)")

@@ -119,7 +119,8 @@ class Verdict:
         eq_ci = None if self.equivalence_ci is None else [r(x) for x in self.equivalence_ci]
         if self.metric != "throughput":
             return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": self.metric,
-                    "outcome": self.outcome, "text": self.full_text, "ci_low": r(self.ci_low), "ci_high": r(self.ci_high),
+                    "outcome": self.outcome, "text": self.full_text, "ci_low": r(self.ci_low),
+                    "ci_high": r(self.ci_high),
                     "blocks": self.blocks, "method": self.method, "equivalence": self.equivalence,
                     "equivalence_ci": eq_ci, **self.extra}
         return {"np": self.np, "baseline": self.baseline, "other": self.other, "metric": "throughput",
@@ -338,7 +339,8 @@ def _time_to_accuracy_pair(results: dict[str, Any], n: int, base: str, s: str, o
                    None if not log_iv.has_ci else 1 / math.exp(log_iv.lo),  # type: ignore[arg-type]
                    len(reps), text, method=method, metric="time_to_accuracy", equivalence=eq,
                    equivalence_ci=eq_time, extra={"target_accuracy": target, "ratio": round(1 / speed, 6),
-                                                  "block_ratios": [round(o / b, 6) for b, o in zip(xb, xo, strict=True)],
+                                                  "block_ratios": [round(o / b, 6)
+                                                                   for b, o in zip(xb, xo, strict=True)],
                                                   "reached": _reached(oks, base, s),
                                                   "mean_seconds": {base: round(statistics.fmean(xb), 6),
                                                                    s: round(statistics.fmean(xo), 6)}})

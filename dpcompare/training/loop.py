@@ -540,7 +540,8 @@ class Run:
             "strategy": strategy.name, "world_size": strategy.world_size, "model": self.workload.label,
             "batch_size": cfg.batch_size}) if steps.tracer else None
         summary = run_summary(cfg, strategy, self.workload, self.history, {
-            "lr": self.lr, "stepping": {**self.stepping, "final_lr": optim.current_lr(self.optimizer)}, "global_batch": self.global_batch, "epochs": self.epoch_done, "steps": self.global_step,
+            "lr": self.lr, "stepping": {**self.stepping, "final_lr": optim.current_lr(self.optimizer)},
+            "global_batch": self.global_batch, "epochs": self.epoch_done, "steps": self.global_step,
             "timing": timing, "memory": memory, "curve": self.curve.summary(), "run_info": self.run_info,
             "comm": {"optimizer_steps": steps.done, "micro_batches": steps.done * cfg.accumulate}},
             self.start.resume_path)

@@ -138,7 +138,11 @@ class TensorBoardTracker(Tracker):
         epoch = int(row.get("epoch", step))
         tests = {k: v for k, v in row.items() if k.startswith("test_") and k != "test_metric"}
         tests.update({f"test_{n.replace(' ', '_')}": v for n, v in (row.get("metrics") or {}).items()})
-        for k, v in {"train_loss": row.get("train_loss"), **tests, "samples_per_sec": row.get("samples_per_sec")}.items():
+        for k, v in {
+            "train_loss": row.get("train_loss"),
+            **tests,
+            "samples_per_sec": row.get("samples_per_sec"),
+        }.items():
             if v is not None:
                 self.writer.add_scalar(k, v, epoch)
 
@@ -158,7 +162,8 @@ class CsvTracker(Tracker):
 
     def __init__(self, out: Path, history: Sequence[Mapping[str, Any]] = ()) -> None:
         self.out = out
-        self.rows: list[Mapping[str, Any]] = list(history)  # a resumed run's earlier epochs, as metrics.jsonl keeps them
+        # a resumed run's earlier epochs, as metrics.jsonl keeps them
+        self.rows: list[Mapping[str, Any]] = list(history)
         self._write_metrics()
 
     def log_epoch(self, step: int, row: Mapping[str, Any]) -> None:

@@ -22,7 +22,9 @@ class Sentences(torch.utils.data.Dataset):
 
     def __init__(self, n: int, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        self.rows = [torch.randint(1, WORDS, (int(k),), generator=g) for k in torch.randint(4, LENGTH + 1, (n,), generator=g)]
+        self.rows = [
+            torch.randint(1, WORDS, (int(k),), generator=g) for k in torch.randint(4, LENGTH + 1, (n,), generator=g)
+        ]
 
     def __len__(self) -> int:
         return len(self.rows)
