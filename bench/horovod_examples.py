@@ -179,7 +179,8 @@ def _fresh(script: Path, work: Path) -> Path:
     wrapper.write_text(  # not atomic: the bench's own scratch file
         "import runpy, sys, tempfile\n"
         "args = sys.argv[1:]\n"
-        "args[args.index('--checkpoint-format') + 1] = tempfile.mkdtemp(prefix='ckpt-') + '/checkpoint-{epoch}.pth.tar'\n"
+        "args[args.index('--checkpoint-format') + 1] = "
+        "tempfile.mkdtemp(prefix='ckpt-') + '/checkpoint-{epoch}.pth.tar'\n"
         f"sys.argv = [{str(script)!r}, *args]\n"
         f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
     return wrapper

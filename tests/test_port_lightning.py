@@ -48,7 +48,8 @@ def test_a_trainer_on_one_line_stays_on_one_line() -> None:
     src = "import os\nfrom pytorch_lightning import Trainer\nt = Trainer(max_epochs=1, accelerator='horovod')\n"
     code = port_lightning(cst.parse_module(src))[0].code
     assert code.splitlines()[2] == (
-        't = Trainer(max_epochs=1, devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), num_nodes=int(os.environ.get("WORLD_SIZE", "1")) '
+        't = Trainer(max_epochs=1, devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), '
+        'num_nodes=int(os.environ.get("WORLD_SIZE", "1")) '
         '// int(os.environ.get("LOCAL_WORLD_SIZE", "1")), strategy="ddp")')
 
 
