@@ -167,8 +167,8 @@ def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> 
 def _parity(script: Path, port: Path, arms: str, work: Path, args: list[str], name: str) -> int | None:
     """``dpcompare parity`` of the script's arms and its port, into WORK/NAME and WORK/NAME.log."""
     return _run([str(BIN / "dpcompare"), "parity", "--script", str(script), "--strategies", arms, "--ddp-script",
-                 str(port), "--np", str(NP), "--out", str(work / name), "--overwrite", "--run-timeout", f"{RUN_TIMEOUT:g}",
-                 "--", *args], work / f"{name}.log", work)
+                 str(port), "--np", str(NP), "--out", str(work / name), "--overwrite",
+                 "--run-timeout", f"{RUN_TIMEOUT:g}", "--", *args], work / f"{name}.log", work)
 
 
 def _fresh(script: Path, work: Path) -> Path:
