@@ -13,6 +13,7 @@ def __getattr__(name: str) -> Any:
     """``dpcompare.train`` and ``dpcompare.compare_runs`` (:mod:`dpcompare.api`), imported on first use so that
     ``import dpcompare`` stays free of torch."""
     if name in __all__:
+        # lazy: the root package reaches the whole API: imported on first use
         from dpcompare import api
 
         return getattr(api, name)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
 
 from dpcompare.launch.jobs import leave, run_command
-from dpcompare.options import START, Parser, Renamed, print_config
+from dpcompare.options import START, Parser, Renamed, print_config, read_config
 from dpcompare.versions import __version__
 
 __all__ = ["build_parser", "entry", "leave", "main", "subcommands"]
@@ -85,8 +86,6 @@ def _given(a: argparse.Namespace, argv: list[str], raw: dict | None = None) -> a
 
 def with_config_file(parser: Parser, argv: list[str], a: argparse.Namespace) -> argparse.Namespace:
     """``--config FILE``: the arguments again, with the file's settings as the command's defaults (flags given win)."""
-    from dpcompare.options import read_config
-
     sub = a.commands[a.command]
     defaults, raw = read_config(sub, a.config)
     sub.set_defaults(**defaults)
@@ -196,8 +195,6 @@ def _renamed(p: Parser) -> list[str]:
 
 def markdown() -> str:
     """docs/cli.md: every command's flags with their defaults and help, from the parsers themselves."""
-    import os
-
     width = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal: the page, to one width
     try:

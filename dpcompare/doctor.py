@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import shutil
 from importlib import metadata
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from dpcompare import backends
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.backends.catalog import STRATEGIES
+from dpcompare.data.catalog import DATASETS
 from dpcompare.versions import docs_page, mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it); a
@@ -29,6 +31,7 @@ VISION_DATASETS = ("mnist", "cifar10", "imagefolder")
 
 def _mpi4py() -> dict[str, Any]:
     try:
+        # lazy: an optional dependency, tried where it is used
         import mpi4py
     except ImportError as e:
         return {"installed": False, "error": str(e)}
@@ -38,6 +41,7 @@ def _mpi4py() -> dict[str, Any]:
 
 def _torchvision() -> str:
     try:
+        # lazy: an optional dependency, tried where it is used
         import torchvision
     except Exception as e:  # noqa: BLE001
         return f"not usable ({type(e).__name__}); install with {_hint('torchvision')}"
@@ -79,8 +83,6 @@ def _trackers() -> dict[str, dict[str, Any]]:
 
 
 def _datasets(vision: bool) -> dict[str, str]:
-    from dpcompare.data.catalog import DATASETS
-
     return {n: "ready" if vision or n not in VISION_DATASETS else "needs torchvision" for n in DATASETS}
 
 
@@ -104,7 +106,10 @@ def missing(info: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def report() -> dict[str, Any]:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch
+
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch.distributed as dist
 
     gpus = (
@@ -136,9 +141,16 @@ def short() -> str:
 
 
 def render(info: dict[str, Any]) -> None:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch
+
+    # lazy: rich loads only when this prints
     from rich.console import Console
+
+    # lazy: rich loads only when this prints
     from rich.markup import escape
+
+    # lazy: rich loads only when this prints
     from rich.table import Table
 
     yes = lambda b: "[green]yes[/]" if b else "[red]no[/]"  # noqa: E731
@@ -180,8 +192,6 @@ def _cmd_doctor(a: Any) -> int:
         return 0
     info = report()
     if a.json:
-        import json
-
         print(json.dumps(info, indent=2))
     else:
         render(info)

@@ -113,6 +113,7 @@ def refuse_unhonoured(cfg: TrainConfig, strategy: str, honours: Mapping[str, Col
             raise ConfigError(f"{shown}: --strategy {strategy} cannot honour it; only "
                               f"{' or '.join('--strategy ' + w for w in who) or 'no strategy'} can")
     if cfg.amp != "none":
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         import torch
 
         want = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

@@ -19,7 +19,15 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from dpcompare.config import TrainConfig
+from dpcompare.config import TrainConfig, resume_relevant
+from dpcompare.errors import ConfigError
+from dpcompare.files import atomic_write_text
+from dpcompare.versions import __version__
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # tomllib's backport, Python 3.10 only
 
 #: TrainConfig's fields by name, each with its command-line description (config.opt)
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -274,8 +282,6 @@ def train_argv(cfg: TrainConfig, skip: Sequence[str] = (), defaults: Mapping[str
 
 def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """Resume-relevant settings that differ between a checkpoint's run and this one, as ``k old → new``."""
-    from dpcompare.config import resume_relevant
-
     return [f"{k} {old.get(k)!r} → {new.get(k)!r}" for k in resume_relevant() if k in old and old.get(k) != new.get(k)]
 
 
@@ -347,13 +353,6 @@ def _renamed_value(act: argparse.Action, value: Any) -> Any:
 def read_config(p: Parser, path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The settings a TOML file gives: as ``p``'s defaults (so that flags on the command line win), and as written
     (under each option's key, for the run's own config.toml). A file or a key that cannot be read is one line."""
-
-    from dpcompare.errors import ConfigError
-
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
     try:
         table = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -439,10 +438,9 @@ def config_settings(p: Parser, argv: Sequence[str]) -> dict[str, Any]:
 def write_config(path: str | Path, p: Parser, settings: Mapping[str, Any]) -> Path:
     """``path`` (atomically): the TOML configuration ``settings`` (see :func:`config_settings`) that reruns a run
     with ``dpcompare COMMAND --config path``."""
+    # lazy: needed only when a config is written
     import tomli_w
 
-    from dpcompare.files import atomic_write_text
-    from dpcompare.versions import __version__
 
     head = (f"# {p.prog} {__version__}: every setting of this run, defaults included (a changed default does not "
             f"change a rerun). Rerun it with\n#   {p.prog} --config {path} --out NEW_FOLDER\n"
@@ -489,6 +487,7 @@ def full_settings(p: Parser, settings: Mapping[str, Any]) -> dict[str, Any]:
 def print_config(a: argparse.Namespace) -> int:
     """``--print-config``: the full resolved configuration ``a`` was given (its --config file's settings, its
     flags', every other option's default) as TOML on stdout; nothing runs."""
+    # lazy: needed only when a config is written
     import tomli_w
 
     p = a.commands[a.command]

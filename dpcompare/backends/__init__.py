@@ -24,6 +24,7 @@ __all__ = ["Strategy", "StrategyUnavailable", "check_config", "check_model", "cr
 
 def __getattr__(name: str) -> Any:  # Strategy and StrategyUnavailable live with torch in base.py
     if name in ("Strategy", "StrategyUnavailable"):
+        # lazy: base.py loads torch: imported on first use
         from dpcompare.backends import base
 
         return getattr(base, name)

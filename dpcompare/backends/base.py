@@ -38,7 +38,7 @@ from dpcompare import knobs
 from dpcompare.backends.catalog import BASE_KNOBS, STRATEGIES
 from dpcompare.backends.parts import ElasticState, FullState, Precision, Restarts, Tracer, patch, tensor_bytes
 from dpcompare.config import TrainConfig
-from dpcompare.errors import DpcompareError
+from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch.env import LaunchEnv, detect_launch_env
 from dpcompare.trace import CAT_COMM
 
@@ -126,8 +126,6 @@ class Strategy(ABC):
         honours = {n: e.knobs for n, e in STRATEGIES.items()}
         knobs.refuse_unhonoured(cfg, cls.name, {**honours, cls.name: cls.knobs})
         if cfg.emulate_ranks and cls.distributed:
-            from dpcompare.errors import ConfigError
-
             raise ConfigError(f"--emulate-ranks is for one process (parity's reference), not --strategy {cls.name}")
 
     def configure(self, cfg: TrainConfig) -> None:
@@ -301,6 +299,7 @@ class Strategy(ABC):
         another factor than DDP. Here the sums differ by about 1e-16 and the float32 gradients get the same
         factor.
         """
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.tensor import DTensor
 
         whole = torch.zeros((), dtype=torch.float64)
@@ -435,6 +434,7 @@ def _rebind(optimizer: torch.optim.Optimizer, names: dict[int, str], now: dict[s
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's shard on this rank (the same storage); another tensor as it is."""
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
@@ -442,8 +442,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def require_gpu_for_sync_bn(device: torch.device, cls_name: str) -> None:
     if device.type != "cuda":
-        from dpcompare.errors import ConfigError
-
         raise ConfigError(f"--sync-bn uses {cls_name}, which runs on GPUs only; drop --sync-bn on CPU "
                           "(or use a model without BatchNorm, such as mlp)")
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 
 def _full_options(**kw: bool) -> Any:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=True, **kw)
@@ -48,6 +49,7 @@ class FSDPTracer(Tracer):
         reduce-scatter (``post_backward``, which issues it after the group's gradients are ready), patched on the
         groups for the traced steps only. Bytes: the all-gather's output, the same size as the reduce-scatter's
         input (reduce dtype aside)."""
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.fsdp import FSDPModule
 
         super().start(model, optimizer, recorder)
@@ -70,6 +72,7 @@ class FSDPState(FullState):
 
     def dicts(self, model: nn.Module, optimizer: torch.optim.Optimizer
               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         opts = _full_options(cpu_offload=True)  # only rank 0 receives the gathered tensors
@@ -80,6 +83,7 @@ class FSDPState(FullState):
         return model_sd, _fqn_to_ids(optim_sd)
 
     def load_optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         set_optimizer_state_dict(model, optimizer, _ids_to_fqn(model, optimizer, state), options=_full_options())
@@ -104,7 +108,10 @@ class FSDPStrategy(TorchDistributedStrategy):
         return contextlib.nullcontext()
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.device_mesh import init_device_mesh
+
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.fsdp import fully_shard
 
         # fully_shard shards each rank's own tensors: start every rank from rank 0's (as DDP's constructor does).
@@ -125,6 +132,7 @@ class FSDPStrategy(TorchDistributedStrategy):
     @contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[nn.Module]:
         """Gather every layer once, so that ranks may run different numbers of forward passes."""
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.distributed.fsdp import FSDPModule
 
         units = [m for m in model.modules() if isinstance(m, FSDPModule)]

@@ -340,6 +340,7 @@ def _gloo_controller() -> bool:
 def _allreduces_bf16() -> bool:
     """Whether this Horovod's torch binding has bfloat16 all-reduce kernels (0.28.1 has none)."""
     try:
+        # lazy: an optional dependency, tried where it is used
         from horovod.torch import mpi_ops
     except ImportError:
         return True  # the missing library is reported by check_available
@@ -353,6 +354,7 @@ def bf16_compressor() -> Any:
     """A Horovod ``Compressor`` that sends bfloat16 (Horovod 0.28.1 ships fp16 only), built on first use."""
     global _BF16
     if _BF16 is None:
+        # lazy: an optional dependency
         from horovod.torch.compression import Compressor
 
         class BF16Compressor(Compressor):

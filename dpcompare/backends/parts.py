@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 from torch import nn
 
+from dpcompare.errors import ConfigError
 from dpcompare.launch.env import LaunchEnv
 from dpcompare.trace import CAT_GRAD
 
@@ -110,7 +111,6 @@ class Precision:
             want = "cuda" if torch.cuda.is_available() else "cpu"
         if want == "cuda":
             if not torch.cuda.is_available():
-                from dpcompare.errors import ConfigError
                 raise ConfigError("--device cuda but torch sees no GPU; use --device cpu")
             dev = torch.device("cuda", self.env.local_rank % torch.cuda.device_count())
             torch.cuda.set_device(dev)
@@ -226,6 +226,7 @@ def patch(obj: object, name: str, value: Any) -> Callable[[], None]:
 
 def tensor_bytes(tensors: Iterable[object]) -> int:
     """Bytes held on this rank by the tensors in ``tensors`` (a DTensor counts its local shard; others skipped)."""
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     from torch.distributed.tensor import DTensor
 
     total = 0

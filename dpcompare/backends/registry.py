@@ -93,6 +93,7 @@ def create(name: str, **kwargs: object) -> Strategy:
 def _load_plugin(spec: str) -> type[Strategy]:
     """The Strategy subclass at ``spec`` (:func:`dpcompare.files.load_attr`, the one plug-in loader); a ConfigError
     of one line saying what to fix when it is not one."""
+    # lazy: it loads torch, numpy
     from dpcompare.backends.base import (
         Strategy,  # base reads the catalog, which names this module's strategies
     )

@@ -29,6 +29,7 @@ from dpcompare.argtypes import format_rate_bits, nonneg_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.files import FAULT, LINK
 from dpcompare.lab.spec import link_bps
+from dpcompare.launch.mpirun import BINDINGS
 from dpcompare.versions import docs_page
 
 if TYPE_CHECKING:
@@ -177,8 +178,6 @@ def parse_threads(text: str) -> int:
 
 # -- bind: where the ranks run ----------------------------------------------------------------------------------------
 def parse_bind(text: str) -> str:
-    from dpcompare.launch.mpirun import BINDINGS
-
     if text not in BINDINGS:
         raise argparse.ArgumentTypeError(f"bind={text!r}: choose from {', '.join(BINDINGS)}")
     return text

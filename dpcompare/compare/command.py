@@ -19,6 +19,7 @@ from dpcompare.backends import registry
 from dpcompare.compare.axes import AXES, axes_of
 from dpcompare.compare.cmdline import SCRIPT, add_arguments, stored_args
 from dpcompare.compare.plan import Arm, Comparison, RunOptions, RunSpec, child_config, seed_list
+from dpcompare.compare.preview import print_plan
 from dpcompare.compare.records import short
 from dpcompare.compare.runner import run_compare
 from dpcompare.compare.script import check_elastic_arms, script_plan
@@ -126,8 +127,6 @@ def _cmd_compare(a: argparse.Namespace) -> int:
             raise ConfigError("--continue continues a comparison and --overwrite replaces it; pass one of them")
         a = resumed_args(a)
     if a.plan:
-        from dpcompare.compare.preview import print_plan
-
         return print_plan(comparison_of(a))
     return run_compare(comparison_of(a))
 

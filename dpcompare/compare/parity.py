@@ -25,6 +25,7 @@ from dpcompare.argtypes import nonneg_float, positive_int
 from dpcompare.compare.cmdline import DEFAULT_RUN_TIMEOUT
 from dpcompare.compare.plan import parse_strategies
 from dpcompare.compare.script import add_script_arguments, port_notes, script_plan
+from dpcompare.compare.workers import WorkerPool
 from dpcompare.config import HOW_LONG, KNOBS, OUTPUT, TRAINING, WHERE, TrainConfig
 from dpcompare.data.plugins import check_workload, resolve_workload
 from dpcompare.errors import ConfigError
@@ -32,7 +33,7 @@ from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.lab import session
 from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
-from dpcompare.launch.mpirun import job_env
+from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
 from dpcompare.native.calls import LAYER_ARM
 from dpcompare.options import (
     CONFIG_FILE,
@@ -172,6 +173,7 @@ def known_causes(strategy: str, ref: str, base: TrainConfig, np_: int, summary: 
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch
 
     if a.shape != b.shape:
@@ -356,9 +358,6 @@ def _run_all(a: argparse.Namespace, runs: dict[str, TrainConfig], console: Conso
     persistent worker job unless ``--workers fresh``."""
     pool = None
     if a.workers == "persistent" and a.lab is None:
-        from dpcompare.compare.workers import WorkerPool
-        from dpcompare.launch.mpirun import in_slurm_allocation, job_command
-
         pool = WorkerPool(Path(a.out), job_env(), job_command, local=not in_slurm_allocation())
     with session(a.lab, console.print) as lab, (contextlib.closing(pool) if pool else contextlib.nullcontext()):
         return {name: _run_one(cfg, a.np, console, lab, a.run_timeout or None, pool) for name, cfg in runs.items()}
@@ -450,6 +449,7 @@ def _script_parity(a: argparse.Namespace, console: Console) -> int:
 
 # -- parity --script ------------------------------------------------------------------------------------------
 def _final_weights(run_dir: Path) -> dict[str, Any]:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch
 
     path = run_dir / "params.pt"

@@ -19,11 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpcompare.argtypes import positive_int
+from dpcompare.backends.catalog import ELASTIC_SUFFIX, check_arm_name, elastic_base
 from dpcompare.compare.axes import AXES, FAULT, TWIN, Fault, axes_of, ordered
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import LabSpec
+from dpcompare.launch.mpirun import local_cores
+from dpcompare.native.calls import SCRIPT_ARMS, script_elastic_base
 from dpcompare.options import FIELDS, flag_of, setting_name
 from dpcompare.versions import docs_page
 
@@ -44,17 +48,12 @@ class Arm:
     @classmethod
     def named(cls, name: str, label: str | None = None, knobs: tuple[tuple[str, Any], ...] = ()) -> Arm:
         """The arm of strategy ``name``, or of a strategy's elastic mode (``ddp-elastic``)."""
-        from dpcompare.backends.catalog import elastic_base
-        from dpcompare.native.calls import script_elastic_base
-
         base = elastic_base(name) or script_elastic_base(name)  # native-elastic: a script arm's (--script)
         return cls(label or name, base or name, knobs, elastic=base is not None)
 
     @property
     def name(self) -> str:
         """The strategy as ``--strategies`` names it: ``ddp``, or ``ddp-elastic`` for its elastic mode."""
-        from dpcompare.backends.catalog import ELASTIC_SUFFIX
-
         return self.strategy + (ELASTIC_SUFFIX if self.elastic else "")
 
     @property
@@ -147,9 +146,6 @@ def parse_np(text: str) -> list[int]:
 def _check_strategy(name: str) -> str:
     """A built-in strategy's name (or its elastic mode, ``ddp-elastic``) or a plug-in's ``MODULE:CLASS`` /
     ``path/to/file.py:CLASS``."""
-    from dpcompare.backends.catalog import check_arm_name
-    from dpcompare.native.calls import SCRIPT_ARMS, script_elastic_base
-
     if name in SCRIPT_ARMS or script_elastic_base(name):
         return name  # native (native-elastic) is no strategy: an arm of a script comparison (--script)
     try:
@@ -332,8 +328,6 @@ def launch_options(cfg: TrainConfig, arm: Arm, bind: str = "none", np: int = 1) 
     """How the run's job is launched (:func:`dpcompare.launch.mpirun.job_command`'s options): the comparison's
     ``bind``, or the arm's ``bind`` axis; a bound rank gets as many cores as it runs threads (``cfg``: the run's own
     settings; ``--threads 0``: the cores ÷ ``np``, as the run itself counts them)."""
-    from dpcompare.launch.mpirun import local_cores
-
     options: dict[str, Any] = {"bind": bind}
     for name, value in arm.axes:
         if AXES[name].launch is not None:
@@ -356,8 +350,6 @@ def with_arm(cfg: TrainConfig, arm: Arm) -> TrainConfig:
 
 def parse_seeds(text: str) -> int | list[int]:
     """``3`` → 3 (seeds --seed … --seed+2), ``1,7,9`` → [1, 7, 9] (these seeds)."""
-    from dpcompare.argtypes import positive_int
-
     if "," not in text:
         try:
             return positive_int(text)
@@ -383,7 +375,6 @@ def parse_repeats(text: str) -> int | None:
     """A number of blocks, or ``auto`` (None): add blocks until the verdicts are precise enough."""
     if text.strip().lower() == "auto":
         return None
-    from dpcompare.argtypes import positive_int
 
     try:
         return positive_int(text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from typing import Any
 
 from dpcompare.compare.plan import Comparison, block
@@ -82,7 +83,5 @@ def describe(c: Comparison) -> list[str]:
 
 def print_plan(c: Comparison, out: Any = None) -> int:
     """``compare --plan``: :func:`describe` on stdout; nothing runs and nothing is written."""
-    import sys
-
     (out or sys.stdout).write("\n".join(describe(c)) + "\n")
     return 0

@@ -19,6 +19,7 @@ from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_
 from dpcompare.compare.load import LoadWatch, why_disturbed
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, launch_options, with_arm
 from dpcompare.compare.stopping import stop_reason
+from dpcompare.compare.workers import WorkerPool
 from dpcompare.errors import ConfigError
 from dpcompare.files import METRICS, RESULTS, STEP_LOG, SUMMARY, atomic_write_json
 from dpcompare.lab import Lab, session
@@ -95,8 +96,6 @@ class _Run:
         self.pool: Any = None
         self.again = 0  # runs of disturbed blocks, run again (--rerun-disturbed)
         if c.options.workers == "persistent":
-            from dpcompare.compare.workers import WorkerPool
-
             self.pool = WorkerPool(c.out / "runs", self.env, job_command, local=not in_slurm_allocation())
 
     def save(self) -> None:

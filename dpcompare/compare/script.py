@@ -28,7 +28,6 @@ from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.launch.jobs import dpcompare_command
 from dpcompare.native.calls import LAYER_ARM, PORT_ARM, SCRIPT_ARMS, SCRIPT_ELASTIC
 from dpcompare.native.migrate import port_warnings, scan_script
-from dpcompare.native.port import write_port
 from dpcompare.native.summary import script_summary
 
 if TYPE_CHECKING:
@@ -172,6 +171,7 @@ def ddp_script(script: Path, given: Path | None, out: Path) -> Path:
     dest = out / f"{script.stem}_ddp.py"
     if dest.is_file():
         return dest
+    from dpcompare.native.port import write_port  # lazy: libcst is slow to import, and only a port needs it
 
     result = write_port(scan_script(script), dest)
     if result["written"] is None:
@@ -185,8 +185,7 @@ def port_notes(plan: ScriptPlan, arms: list[str]) -> list[str]:
     """Where the ddp arm is expected to compute other numbers (migrate's warnings), when it runs."""
     if PORT_ARM not in arms:
         return []
-    from dpcompare.native.migrate import scan_script
-    from dpcompare.native.port import write_port
+    from dpcompare.native.port import write_port  # lazy: libcst is slow to import, and only a port needs it
 
     scan = scan_script(plan.path)
     notes = write_port(scan, None, dry_run=True)["notes"]  # what the port's passes changed (nothing written)

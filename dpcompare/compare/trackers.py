@@ -60,6 +60,7 @@ class TrackerGroup:
             self.mlflow = None
             values = _verdict_scalars(verdicts)
             tags = {f"verdict.{k}": str(v.get("text") or v.get("outcome")) for k, v in _keyed(verdicts).items()}
+            # lazy: an optional tracker
             from mlflow.entities import Metric, RunTag
 
             now = int(time.time() * 1000)

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 from dpcompare.data.catalog import DATASETS
 from dpcompare.errors import ConfigError
 from dpcompare.files import atomic_write, one_line
+from dpcompare.models.resnet import import_torchvision
 
 
 @dataclass
@@ -44,6 +45,8 @@ def cache_dir() -> Path:
 def _digits_split() -> dict[str, np.ndarray]:
     """scikit-learn's digits, split 80/20 (stratified, ``random_state=0``) by scikit-learn itself."""
     from sklearn.datasets import load_digits  # only --dataset digits needs scikit-learn
+
+    # lazy: only the digits dataset needs it
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
@@ -251,8 +254,6 @@ def _imagefolder(data_dir: str | None, shape: tuple[int, ...] = (3, 32, 32), aug
 
 
 def _import_tv(name: str) -> Any:
-    from dpcompare.models.resnet import import_torchvision
-
     return import_torchvision(f"--dataset {name}")
 
 

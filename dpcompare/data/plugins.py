@@ -79,6 +79,7 @@ def load_workload(spec: str, cfg: TrainConfig) -> Workload:
 def _builtin(cfg: TrainConfig) -> Workload:
     """The built-in workload of ``cfg``: a language model on text, else the loop's own image classification."""
     if cfg.dataset in TEXT_DATASETS or models.is_language_model(cfg.model):
+        # lazy: it loads torch, numpy
         from dpcompare.data.text import text_workload
 
         return text_workload(cfg)
@@ -165,6 +166,7 @@ def resolve_workload(cfg: TrainConfig, given: Workload | None = None, check: boo
     if given is not None:
         w = given if given.source != "builtin" else dataclasses.replace(given, source=f"python:{given.name}")
     elif cfg.workload and cfg.workload.startswith(LIGHTNING):  # a LightningModule, without the Trainer
+        # lazy: it loads torch, numpy
         from dpcompare.data.lightning import lightning_workload
 
         w = lightning_workload(cfg.workload, load_attr(cfg.workload[len(LIGHTNING):], "--workload"), cfg)

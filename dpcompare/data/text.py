@@ -50,6 +50,7 @@ class TokenWindows(Dataset):
 
 
 def pydoc_topics() -> dict[str, str]:
+    # lazy: only the text dataset reads it
     from pydoc_data.topics import topics
 
     return topics

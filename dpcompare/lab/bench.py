@@ -176,6 +176,8 @@ def two_modes(times: Sequence[float]) -> dict | None:
     the log times (scipy.cluster.vq.kmeans2, seeded) count as two modes when each holds at least two times and 15 %
     of them, Ashman's D = √2·|μ₁−μ₂|/√(σ₁²+σ₂²) exceeds 2 and the slow median is 15 % or more above the fast one."""
     import numpy as np  # here, not at the top: dpcompare --help loads this module
+
+    # lazy: scipy is slow to import; only the statistics need it
     from scipy.cluster.vq import kmeans2
 
     x = np.asarray(times, dtype=float)

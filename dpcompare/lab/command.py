@@ -58,7 +58,10 @@ def _down(a: argparse.Namespace) -> int:
 
 
 def _status(a: argparse.Namespace) -> int:
+    # lazy: rich loads only when this prints
     from rich.console import Console
+
+    # lazy: rich loads only when this prints
     from rich.table import Table
 
     names = hosts.lab_names()
@@ -85,6 +88,7 @@ def _status(a: argparse.Namespace) -> int:
 
 
 def _bench(a: argparse.Namespace) -> int:
+    # lazy: rich loads only when this prints
     from rich.console import Console
 
     netns.preflight()

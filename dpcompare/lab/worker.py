@@ -26,6 +26,7 @@ def _elements(size: int, collective: str, n: int) -> int:
 
 
 def _mpi_ops(comm: object, collective: str, count: int, n: int) -> Callable[[], None]:
+    # lazy: numpy loads only where it is used (the command line stays light)
     import numpy as np
     from mpi4py import MPI  # optional: mpi4py may not be installed
 
@@ -38,7 +39,10 @@ def _mpi_ops(comm: object, collective: str, count: int, n: int) -> Callable[[], 
 
 
 def _gloo_ops(collective: str, count: int, n: int) -> Callable[[], None]:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch
+
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch.distributed as dist
 
     t = torch.ones(count, dtype=torch.float32)
@@ -90,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
     if "gloo" in backends:
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         import torch
+
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         import torch.distributed as dist
 
         torch.set_num_threads(1)

@@ -166,6 +166,7 @@ def run_command(name: str, func: Callable[[Any], int | None], args: Any) -> int:
                          "dpcompare's dependencies (make setup, or pip install -e .), then rerun\n")
         return 2
     except Exception as e:  # a collective failed because another process died: one line, no traceback
+        # lazy: an optional dependency, tried where it is used
         from dpcompare.launch.failures import LOST_PEER_EXIT, lost_peer_message
 
         msg = lost_peer_message(e)

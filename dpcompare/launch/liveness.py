@@ -117,6 +117,7 @@ class Monitor:
 
 
 def _client(lost_s: float) -> Any:
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch.distributed as dist
 
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.launch.slurm import default_srun_mpi
 
 FLAVORS = ("openmpi", "mpich")
 #: where the ranks run (``compare --bind``): ``none``, the scheduler's choice (Horovod's advice for its
@@ -253,7 +254,6 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
         if hosts or hostfile or mpi_net:
             raise ConfigError("--hosts, --hostfile and --mpi-net are mpirun's; under srun the Slurm allocation "
                               "decides where processes run (or use --launcher mpirun)")
-        from dpcompare.launch.slurm import default_srun_mpi
 
         return srun_command(np, argv, env=env, environ=environ, mpi=default_srun_mpi(dict(environ)), bind=bind)
     if hosts:

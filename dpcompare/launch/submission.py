@@ -22,6 +22,7 @@ start Horovod's ranks, not submitit's local tasks).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -31,10 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpcompare.argtypes import nonneg_int, positive_int
 from dpcompare.backends.catalog import mpi_started
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY
+from dpcompare.launch.rendezvous import free_port
+from dpcompare.launch.slurm import parse_time, resolve_srun_mpi
 
 #: the commands a job may run
 COMMANDS = ("train", "compare")
@@ -45,6 +49,7 @@ INSTALL_HINT = "pip install submitit (the [slurm] extra: pip install -e '.[slurm
 
 def _submitit() -> Any:
     try:
+        # lazy: an optional dependency, tried where it is used
         import submitit
     except ImportError:
         raise ConfigError(f"dpcompare submit needs submitit: {INSTALL_HINT}") from None
@@ -64,8 +69,6 @@ def _flag(words: Sequence[str], name: str) -> str | None:
 
 def minutes(time: str) -> int:
     """A Slurm time limit (``HH:MM:SS`` or ``D-HH:MM:SS``) in whole minutes, at least 1."""
-    from dpcompare.launch.slurm import parse_time
-
     days, _, rest = parse_time(time).rpartition("-")
     h, m, s = (int(x) for x in rest.split(":"))
     return max(1, (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0))
@@ -106,6 +109,7 @@ class DpcompareJob:
     def __call__(self) -> Any:
         """Run the command as this task's child; task 0 returns what it wrote (train: its summary, compare: its
         results.json path)."""
+        # lazy: an optional dependency (the submit extra)
         import submitit
 
         env = submitit.JobEnvironment()
@@ -149,6 +153,7 @@ class DpcompareJob:
 
     def checkpoint(self) -> Any:
         """submitit's hook on task 0 before a requeue: the job that continues this one from its checkpoint."""
+        # lazy: an optional dependency (the submit extra)
         import submitit
 
         self.stop()
@@ -159,7 +164,6 @@ class DpcompareJob:
         out = Path(_flag(self.words, "--out") or ".")
         if self.words[0] == "compare":
             return str(out / "results.json")
-        import json
 
         path = out / SUMMARY
         return json.loads(path.read_text()) if path.is_file() else None
@@ -223,7 +227,6 @@ def submit(words: Sequence[str], resources: Resources = Resources(), folder: str
     port = None
     if local:
         check_local(words, resources)
-        from dpcompare.launch.rendezvous import free_port
 
         port = free_port("127.0.0.1")
     executor = submitit.AutoExecutor(folder=str(folder), cluster="local" if local else None)
@@ -233,8 +236,6 @@ def submit(words: Sequence[str], resources: Resources = Resources(), folder: str
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.gpus_per_node
     if executor.cluster == "slurm":
-        from dpcompare.launch.slurm import resolve_srun_mpi
-
         mpi = resolve_srun_mpi(srun_mpi)
         params.update(slurm_srun_args=[f"--mpi={mpi}"] if mpi else [],
                       **({"slurm_partition": resources.partition} if resources.partition else {}))
@@ -255,9 +256,6 @@ def _cmd_submit(a: argparse.Namespace) -> int:
 
 
 def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    from dpcompare.argtypes import nonneg_int, positive_int
-    from dpcompare.launch.slurm import parse_time
-
     s = sub.add_parser(
         "submit", help="send a train or compare job to Slurm through submitit (requeued on preemption, resumed "
                        "from its checkpoint)",

@@ -72,6 +72,7 @@ def is_language_model(name: str) -> bool:
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **options: object) -> nn.Module:
     if name.startswith(HF_PREFIX):
+        # lazy: it loads torch, numpy
         from dpcompare.models.hf import build_hf
 
         return build_hf(name[len(HF_PREFIX):], input_shape, num_classes, **options)

@@ -25,6 +25,7 @@ def import_transformers() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
+        # lazy: an optional dependency, tried where it is used
         import transformers
     except ImportError:
         raise ConfigError("--model hf:NAME needs the transformers package: pip install -e '.[hf]'") from None

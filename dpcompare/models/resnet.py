@@ -9,6 +9,7 @@ from dpcompare.errors import ConfigError
 
 def import_torchvision(what: str):  # noqa: ANN201
     try:
+        # lazy: an optional dependency, tried where it is used
         import torchvision
     except Exception as e:  # noqa: BLE001  (CPU torch + CUDA torchvision wheels fail with OSError/RuntimeError)
         raise ConfigError(f"{what} needs torchvision, which does not import here ({type(e).__name__}); "

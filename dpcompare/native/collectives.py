@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import pickle
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpcompare.native.adasum import adasum, check
+from dpcompare.native.compression import Compression
 from dpcompare.native.negotiation import HorovodInternalError, Request, dtype_of, first_dim, negotiator
 from dpcompare.native.process_sets import (
     ProcessSet,
@@ -210,8 +213,6 @@ def start_allreduce(tensor: torch.Tensor, output: torch.Tensor, op: int, prescal
 def _adasum(buf: torch.Tensor, counts: Sequence[int], postscale: float, ps: ProcessSet,
             keep: tuple[Any, ...]) -> Pending:
     """``buf`` replaced by every rank's Adasum (:mod:`.adasum`), then post-scaled; done when it returns."""
-    from dpcompare.native.adasum import adasum, check
-
     check(size(), ps is global_process_set)
     buf.view(-1).copy_(adasum(buf.view(-1), counts))
     if postscale != 1.0:
@@ -280,8 +281,6 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """The reduced copy of ``tensor`` (Average by default); ``tensor`` is left as it was."""
-    from dpcompare.native.compression import Compression
-
     ps = check_process_set(process_set, "hvd.allreduce")
     op = resolve_op(op, average)
     compression = compression or Compression.none
@@ -350,7 +349,6 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
         base = name if name is not None else negotiator().auto_name("grouped_allreduce", None)
         return [allreduce(t, average, f"{base}.{i}", compression, op, prescale_factor, postscale_factor,
                           process_set) for i, t in enumerate(tensors)]
-    from dpcompare.native.compression import Compression
 
     compression = compression or Compression.none
     packed = [compression.compress(t) for t in tensors]
@@ -545,13 +543,12 @@ def _dumps(obj: Any) -> torch.Tensor:
     try:
         import cloudpickle as pickler  # what Horovod pickles with: lambdas and local classes travel too
     except ImportError:
+        # lazy: an optional dependency, tried where it is used
         import pickle as pickler
     return torch.frombuffer(bytearray(pickler.dumps(obj)), dtype=torch.uint8)
 
 
 def _loads(t: torch.Tensor) -> Any:
-    import pickle
-
     return pickle.loads(t.numpy().tobytes())
 
 

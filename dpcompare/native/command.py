@@ -16,10 +16,9 @@ from typing import Any
 
 from dpcompare.argtypes import nonneg_float, nonneg_int, positive_int
 from dpcompare.errors import ConfigError, LaunchError
-from dpcompare.launch.jobs import leave
+from dpcompare.launch.jobs import dpcompare_command, leave, run_job
 from dpcompare.launch.mpirun import job_env
 from dpcompare.native.migrate import report, scan_script
-from dpcompare.native.port import write_port
 from dpcompare.native.runner import add_run_arguments, check_out, parse_target, run_script, target_words
 from dpcompare.native.summary import DEFAULT_WARMUP, write_summary
 
@@ -72,8 +71,6 @@ def _per_rank_words(a: argparse.Namespace) -> list[str]:
 
 
 def _launch(a: argparse.Namespace) -> int:
-    from dpcompare.launch.jobs import dpcompare_command, run_job
-
     parse_target(a.target)  # refuse a missing script before starting anyone
     if a.out:
         check_out(a.out, a.overwrite)
@@ -146,7 +143,10 @@ def register(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
 
 # -- dpcompare migrate -------------------------------------------------------------------------------------
 def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
+    # lazy: rich loads only when this prints
     from rich.console import Console
+
+    # lazy: rich loads only when this prints
     from rich.table import Table
 
     console = Console(highlight=False)
@@ -172,6 +172,8 @@ def print_report(rep: dict[str, Any], port: dict[str, Any]) -> None:
 
 
 def _cmd_migrate(a: argparse.Namespace) -> int:
+    from dpcompare.native.port import write_port  # lazy: libcst is slow to import, and only migrate needs it
+
     scan = scan_script(Path(a.script))
     if not scan.uses:
         raise ConfigError(f"{a.script}: no `import horovod` and no Horovod call found")

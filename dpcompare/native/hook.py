@@ -86,6 +86,7 @@ class _Loader(importlib.abc.Loader):
         elif name == THREADS:
             module.in_thread = in_thread  # type: ignore[attr-defined]
         elif name in ELASTIC:
+            # lazy: the native layer loads torch: imported only for the native arm
             from dpcompare.native import elastic
 
             sys.modules[name] = elastic

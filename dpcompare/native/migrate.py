@@ -211,6 +211,7 @@ def port_warnings(scan: Scan) -> list[str]:
         out.append("BatchNorm buffers: DDP copies rank 0's buffers to every rank before each forward, Horovod "
                    "leaves each rank its own (rank 0's and the weights agree; other ranks' running statistics do not)")
     if scan.named("elastic"):
+        # lazy: it loads libcst
         from dpcompare.native.port_elastic import DIFFERENCES
 
         out += DIFFERENCES

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from dpcompare.native import state
+from dpcompare.native.process_sets import control_of
 
 KINDS = ("allreduce", "allgather", "broadcast", "barrier", "alltoall", "reducescatter")
 DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
@@ -551,8 +552,6 @@ def negotiator(process_set: int = 0) -> Negotiator:
     if process_set == 0:
         group, ranks = world.control, list(range(world.size))
     else:
-        from dpcompare.native.process_sets import control_of
-
         group, ranks = control_of(process_set)
     neg = _negotiators.get(process_set)
     if neg is None or neg.group is not group or getattr(neg, "_world", None) is not world:

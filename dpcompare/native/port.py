@@ -20,7 +20,7 @@ from dpcompare.native.migrate import Scan
 from dpcompare.native.port_elastic import elastic_pass
 from dpcompare.native.port_lightning import port_lightning
 from dpcompare.native.port_passes import accumulation, calls, distributed_optimizer, flag_guards, unported
-from dpcompare.native.port_tools import Edits, NoPort, Pass, after_imports, locate, module_names, statements
+from dpcompare.native.port_tools import Edits, NoPort, Pass, after_imports, comment, locate, module_names, statements
 
 #: the passes, in order: idioms first (a pass for an idiom goes before ``calls``), then every other call, then
 #: the refusal of what is left, then the DistributedOptimizer
@@ -87,8 +87,6 @@ def imports(tree: cst.Module) -> tuple[cst.Module, list[str]]:
 
 
 def _with_header(tree: cst.Module, source_name: str, port_name: str) -> cst.Module:
-    from dpcompare.native.port_tools import comment
-
     lines = [comment(f"DDP port of {source_name}, written by `dpcompare migrate`: review it before use."),
              comment(f"Run: torchrun --nproc-per-node N {port_name} ARGS  "
                      f"(or: dpcompare script --np N --as ddp -- python {port_name} ARGS)")]

@@ -287,6 +287,7 @@ class Recorder:
                   "step_ends_s": self.step_ends, "step_call_s": self.step_calls, "metrics": self.metrics,
                   "cpu_main_s": self.cpu_main, "cpu_all_s": self.cpu_all, "helper_threads": self._threads()}
         if self.rank == 0 and self.optimizers:
+            # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
             import torch
 
             tensors, names = self.final_tensors()

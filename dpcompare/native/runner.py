@@ -18,6 +18,7 @@ import runpy
 import sys
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
@@ -64,6 +65,7 @@ def parse_target(words: list[str]) -> Target:
 
 def _real_horovod() -> ModuleType:
     try:
+        # lazy: an optional dependency, tried where it is used
         import horovod.torch as hvd
     except Exception as e:  # noqa: BLE001  (a broken build is an ImportError or an OSError)
         raise ConfigError(f"--as horovod needs Horovod, which does not import here ({type(e).__name__}: {e}); "
@@ -86,6 +88,7 @@ def _torchrun_env() -> None:
 def prepare(arm: str, recorder: Recorder | None) -> None:
     """Make ``import horovod`` mean what ``arm`` says, and wire the recorder in."""
     if arm == "native":
+        # lazy: the native layer loads torch: imported only for the native arm
         from dpcompare.native import hook
 
         hook.install()
@@ -161,6 +164,7 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
     recorder = Recorder(out, arm, env.rank, env.world_size, step_log) if out is not None else None
     prepare(arm, recorder)
     if seed is not None:  # the same random state in every arm (for scripts that do not seed)
+        # lazy: it loads torch, numpy
         from dpcompare.checkpoint import seed_everything
 
         seed_everything(seed)
@@ -184,8 +188,7 @@ def run_script(arm: str, target: Target, out: Path | None = None, seed: int | No
 def _default_timeout(seconds: float) -> None:
     """torch's default process-group timeout, which ``init_process_group`` without ``timeout=`` reads when it
     runs (a module attribute: torch has no setting for it)."""
-    from datetime import timedelta
-
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     from torch.distributed import distributed_c10d
 
     distributed_c10d.default_pg_timeout = timedelta(seconds=seconds)
@@ -195,6 +198,7 @@ def _leave_group(arm: str) -> None:
     """The layer's process group ends with the script (Horovod's background thread does, too), the other ranks
     told, so that none waits forever for this one in a collective it will not reach."""
     if arm == "native":
+        # lazy: the native layer loads torch: imported only for the native arm
         from dpcompare.native import negotiation, state
 
         if state.is_initialized():

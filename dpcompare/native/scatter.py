@@ -42,6 +42,7 @@ from dpcompare.native.collectives import (
     scale_,
     submit,
 )
+from dpcompare.native.compression import Compression
 from dpcompare.native.negotiation import Request
 from dpcompare.native.process_sets import ProcessSet, check_process_set, global_process_set
 
@@ -174,8 +175,6 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           op: int = Average, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Each rank's rows of the reduction of each tensor (Average by default); the tensors are left as they were."""
-    from dpcompare.native.compression import Compression
-
     ps = check_process_set(process_set, "hvd.grouped_reducescatter")
     one_device(tensors)
     compression = compression or Compression.none

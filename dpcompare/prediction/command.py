@@ -11,7 +11,7 @@ from typing import Any
 from dpcompare.argtypes import format_rate_bits, fraction, nonneg_int, positive_float, positive_int, rate_bits
 from dpcompare.config import OUTPUT
 from dpcompare.errors import ConfigError
-from dpcompare.options import START, Parser, add_config_file_option, deprecate, given_settings, write_config
+from dpcompare.options import START, Parser, Warned, add_config_file_option, deprecate, given_settings, write_config
 from dpcompare.prediction.network import (
     Bench,
     Link,
@@ -93,6 +93,8 @@ def _arms(folders: list[Path], untraced: str = "auto") -> tuple[list[Path], list
     pooled (:func:`.profile.pooled`), each carrying the launches' spread estimated from all arms together
     (:func:`.profile.with_spread`), so that the band holds what moves between launches."""
     from dpcompare.prediction import strategies  # here, not at the top: it loads numpy
+
+    # lazy: it loads numpy
     from dpcompare.prediction.profile import pooled, with_spread
 
     groups: dict[tuple[Path, str, str], list[Any]] = {}
@@ -219,8 +221,6 @@ SECTIONS = {START: ("--config", "--link", "--host-counts", "--strategies", "--la
 
 def _what_if_flags(p: Parser) -> None:
     """The knobs a prediction may change from the traced run's, and their old spellings."""
-    from dpcompare.options import Warned
-
     p.add_argument("--bucket-mb", type=positive_float, default=None, metavar="MB", help="gradient bucket size in MB, "
                                                                                         "as train's: "
                    "DDP/ZeRO's bucket cap and Horovod's fusion threshold (default: the run's)")

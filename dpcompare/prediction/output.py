@@ -113,10 +113,14 @@ def show(console: Console, curves: Sequence[Curve], lines: dict[str, list[str]],
 
 
 def plot(curves: Sequence[Curve], path: Path, threshold: float, title: str) -> Path:
+    # lazy: matplotlib is slow to import; only plotting needs it
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib is slow to import; only plotting needs it
     from matplotlib.figure import Figure
+
+    # lazy: matplotlib is slow to import; only plotting needs it
     from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
     fig = Figure(figsize=(11, 4.2), dpi=120)

@@ -255,6 +255,7 @@ def plot(results: dict[str, Any], path: Path) -> Plot | None:
         return None
     col = colors([clean.get(a, a) for a, _, _ in runs])
     with matplotlib.rc_context(RC):
+        # lazy: matplotlib is slow to import; only plotting needs it
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(7.5, 2.6 * len(runs)), layout="constrained")
@@ -277,6 +278,7 @@ def _first(results: dict[str, Any], arm: str) -> dict[str, Any] | None:
 def _rates(timeline: Sequence[Sequence[float]], width: float) -> tuple[list[float], list[float]]:
     """(bin starts, samples/s): the samples whose steps completed in each ``width``-second bin, from the first
     logged step to the last (a pause shows as bins with none)."""
+    # lazy: numpy loads only where it is used (the command line stays light)
     import numpy as np
 
     t = np.asarray([p[0] for p in timeline], dtype=float)

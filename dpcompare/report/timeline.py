@@ -149,11 +149,17 @@ def _caption(data: dict[str, Any], step: int) -> str:
 def render(runs: Sequence[str | Path], path: str | Path, step: int | None = None,
            labels: Sequence[str] | None = None) -> Path:
     """Draw one step of each run (a run folder or a trace.json) on one shared time axis; write ``path``."""
+    # lazy: matplotlib is slow to import; only plotting needs it
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib is slow to import; only plotting needs it
     from matplotlib.figure import Figure
+
+    # lazy: matplotlib is slow to import; only plotting needs it
     from matplotlib.lines import Line2D
+
+    # lazy: matplotlib is slow to import; only plotting needs it
     from matplotlib.patches import Patch
 
     # here, not at the top: it loads numpy and scipy and matplotlib

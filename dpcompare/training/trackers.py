@@ -126,6 +126,7 @@ class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
     def __init__(self, out: Path) -> None:
+        # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(out / "tensorboard"))
