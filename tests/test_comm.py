@@ -35,9 +35,9 @@ def test_bus_factors_are_nccl_tests():
 
 
 def test_link_rate_from_the_environment():
-    assert tr.link_bps({tr.LINK_ENV: "200000000"}) == 2e8
-    assert tr.link_bps({tr.LINK_ENV: ""}) is None and tr.link_bps({}) is None
-    assert tr.link_bps({tr.LINK_ENV: "fast"}) is None and tr.link_bps({tr.LINK_ENV: "0"}) is None
+    assert tr.link_from_env({tr.LINK_ENV: "200000000"}) == 2e8
+    assert tr.link_from_env({tr.LINK_ENV: ""}) is None and tr.link_from_env({}) is None
+    assert tr.link_from_env({tr.LINK_ENV: "fast"}) is None and tr.link_from_env({tr.LINK_ENV: "0"}) is None
 
 
 def test_per_collective_figures_busbw_and_exposed_plus_hidden():

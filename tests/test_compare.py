@@ -367,7 +367,7 @@ def test_repeats_auto_stops_for_precision_from_ten_blocks_and_earlier_only_when_
     assert "--max-repeats 60" in schedule_m.stop_reason({}, schedule, blocks=60, elapsed=100.0)
 
 
-def _simulate_a_a(monkeypatch, sd: float, schedule: schedule_m.StoppingRule, sims: int, seed: int) -> dict[str, float]:
+def _simulate_a_a(monkeypatch, sd: float, stopping: schedule_m.StoppingRule, sims: int, seed: int) -> dict[str, float]:
     """Share of each final outcome over simulated A/A comparisons (log ratios ~ N(0, sd) per block), each
     stopped by stop_reason and judged by the verdict's own intervals and decide(); "naive" is the share
     of faster/slower had each stopped at its first nominal decision (optional stopping)."""
@@ -377,16 +377,16 @@ def _simulate_a_a(monkeypatch, sd: float, schedule: schedule_m.StoppingRule, sim
     rng = np.random.default_rng(seed)
     counts = dict.fromkeys((*stats.OUTCOMES, "naive"), 0)
     for _ in range(sims):
-        d = rng.normal(0.0, sd, schedule.max_repeats).tolist()
+        d = rng.normal(0.0, sd, stopping.max_repeats).tolist()
         naive = None
-        for n in range(schedule.min_blocks, schedule.max_repeats + 1):
+        for n in range(stopping.min_blocks, stopping.max_repeats + 1):
             iv, _ = stats.paired_log_ratio_ci([1.0] * n, np.exp(d[:n]).tolist())
             eq, _ = stats.paired_log_ratio_ci([1.0] * n, np.exp(d[:n]).tolist(), stats.equivalence_confidence())
             outcome = stats.decide(np.exp(iv.lo), np.exp(iv.hi), 0.05, (np.exp(eq.lo), np.exp(eq.hi)))
             if naive is None and outcome != "undecided":
                 naive = outcome
             _fake_verdicts(monkeypatch, d[:n])
-            if schedule_m.stop_reason({}, schedule, blocks=n, elapsed=1.0) is not None:
+            if schedule_m.stop_reason({}, stopping, blocks=n, elapsed=1.0) is not None:
                 break
         counts[outcome] += 1
         counts["naive"] += naive in ("faster", "slower")

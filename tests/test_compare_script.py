@@ -75,10 +75,14 @@ def test_compare_script_flags_are_read_back_for_resume(tmp_path: Path) -> None:
     (["--script", "nope.py"], "--script nope.py: no such file"),
     (["--script", str(EXAMPLES / "objects.py"), "--strategies", "horovod,zero"], "not zero"),
     (["--script", str(EXAMPLES / "objects.py"), "--variants", "a=horovod", "b=native"], "--variants"),
-    (["--script", str(EXAMPLES / "fp16_accumulate.py"), "--strategies", "horovod,ddp"],
-     "which dpcompare migrate did not write (backward_passes_per_step"),
+    (["--script", "UNPORTABLE", "--strategies", "horovod,ddp"],
+     "which dpcompare migrate did not write (`hvd.alltoall(x)`: no automatic translation"),
 ])
 def test_compare_script_refusals_are_one_line(args: list[str], says: str, tmp_path: Path) -> None:
+    unportable = tmp_path / "unportable.py"  # a call migrate has no translation for
+    unportable.write_text("import torch\nimport horovod.torch as hvd\n\nhvd.init()\nx = torch.zeros(2)\n"
+                          "hvd.alltoall(x)\n")
+    args = [str(unportable) if a == "UNPORTABLE" else a for a in args]
     p = in_process(["compare", *args, "--out", str(tmp_path / "o")], check=False)
     assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "No DDP port written" not in p.stderr  # one sentence, not two joined

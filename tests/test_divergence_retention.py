@@ -15,7 +15,7 @@ from dpcompare.files import remove_stale_temporaries
 from conftest import dpcompare, needs_mpi
 
 # A learning rate of a million sends mlp's loss to inf/NaN within a few steps (--lr nan is refused at parse).
-DIVERGE = ("--model", "mlp", "--width", "16", "--dataset", "digits", "--lr", "1e6", "--no-tensorboard",
+DIVERGE = ("--model", "mlp", "--width", "16", "--dataset", "digits", "--lr", "1e6", "--trackers", "none",
            "--threads", "1", "--warmup-steps", "0")
 
 
@@ -43,7 +43,7 @@ def test_run_keeps_last_n_and_removes_leftovers(tmp_path: Path) -> None:
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / ".epoch-1.pt.tmp-999999999").write_bytes(b"killed write")
     dpcompare("train", "--strategy", "single", "--model", "mlp", "--width", "16", "--dataset", "digits",
-              "--no-tensorboard", "--threads", "1", "--epochs", "5", "--checkpoint-every", "1", "--keep-last", "2",
+              "--trackers", "none", "--threads", "1", "--epochs", "5", "--checkpoint-every", "1", "--keep-last", "2",
               "--keep-every", "2", "--resume", "auto", "--out", str(out))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-2.pt", "epoch-4.pt", "epoch-5.pt"]
 
@@ -73,7 +73,7 @@ def test_every_rank_stops_at_the_same_step(tmp_path: Path, strategy: str) -> Non
 def test_compare_records_a_diverged_run(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     p = dpcompare("compare", "--np", "1", "--strategies", "single", "--repeats", "1",
-                  *(f for f in DIVERGE if f != "--no-tensorboard"), "--epochs", "2", "--out", str(out), check=False)
+                  *DIVERGE, "--epochs", "2", "--out", str(out), check=False)
     assert p.returncode == 1
     (run,) = json.loads((out / "results.json").read_text())["runs"]
     assert run["status"] == "diverged" and "diverged at step" in run["error"]

@@ -305,7 +305,7 @@ def test_a_mid_epoch_step_checkpoint_resumes_to_the_same_weights(tmp_path: Path)
     """2 processes with a checkpoint every 9 steps (mid-epoch), then the same run resumed from step 27: the final
     weights are the uninterrupted run's, bit for bit (the sampler starts part-way through the epoch)."""
     common = ["train", "--strategy", "ddp", "--model", "mlp", "--epochs", "2", "--threads", "1", "--save-final",
-              "--no-tensorboard", "--progress", "none", "--keep-last", "0"]
+              "--trackers", "none", "--progress", "none", "--keep-last", "0"]
     run(mpirun_cmd(2, *common, "--checkpoint-steps", "9", "--out", str(tmp_path / "a")), env=mpi_env())
     start = checkpoint.step_checkpoint_path(tmp_path / "a", 27)
     assert checkpoint.load_checkpoint(start)["sampler"]["position"] == 27 * 64 - 22 * 64  # 5 steps into epoch 2

@@ -57,7 +57,7 @@ def test_a_lost_link_ends_the_job_in_time_and_names_the_host(strategy: str, faul
         model = "convnet" if fault == "down" else "mlp"
         argv = [*dpcompare_argv(), "train", "--strategy", strategy, "--model", model, "--dataset", "digits",
                 "--threads", "1", "--epochs", "50", "--checkpoint-every", "1", "--timeout", str(TIMEOUT),
-                "--no-tensorboard", "--progress", "lines", "--out", str(out)]
+                "--trackers", "none", "--progress", "lines", "--out", str(out)]
         with open(log, "w") as f:
             proc = start_job(job_line(argv, 2, lab), job_env(), f, subprocess.STDOUT)
         _wait_for_file(out / "checkpoints" / "epoch-1.pt", proc, log)

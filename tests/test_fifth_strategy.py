@@ -25,7 +25,7 @@ from dpcompare.backends.base import StrategyUnavailable
 from dpcompare.backends.torchdist import TorchDistributedStrategy
 
 SPEC = f"{Path(__file__).resolve()}:HandAllReduce"  # the plug-in form: path/to/file.py:Class
-SHORT = ("--model", "mlp", "--dataset", "digits", "--threads", "1", "--no-tensorboard")
+SHORT = ("--model", "mlp", "--dataset", "digits", "--threads", "1", "--trackers", "none")
 
 
 class HandAllReduce(TorchDistributedStrategy):

@@ -101,7 +101,7 @@ def test_pip_install_keeps_torch_and_doctor_says_what_is_missing(tmp_path):
     out = tmp_path / "ddp"
     p = run(["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", dpc, "train", "--strategy", "ddp",
              "--model", "mlp", "--width", "32", "--dataset", "digits", "--epochs", "1", "--max-steps", "6",
-             "--warmup-steps", "2", "--threads", "1", "--no-tensorboard", "--progress", "none", "--out", str(out)],
+             "--warmup-steps", "2", "--threads", "1", "--trackers", "none", "--progress", "none", "--out", str(out)],
             env=env)
     summary = json.loads((out / "summary.json").read_text())
     assert (

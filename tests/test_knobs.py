@@ -18,7 +18,7 @@ from dpcompare.errors import ConfigError
 
 from conftest import dpcompare, needs_horovod, needs_mpi, summary
 
-MLP = ("--model", "mlp", "--dataset", "digits", "--no-tensorboard", "--threads", "1", "--warmup-steps", "1",
+MLP = ("--model", "mlp", "--dataset", "digits", "--trackers", "none", "--threads", "1", "--warmup-steps", "1",
        "--epochs", "0", "--progress", "none", "--count-allreduces")
 MLP_TENSORS = 6  # three Linear layers: weight and bias each
 
