@@ -102,7 +102,8 @@ _SINGLE_CARD = ("One process: no communication",
                 "The baseline: one process with the global batch, nothing communicated; every phase is compute.")
 _HOROVOD_INSTALL = (
     "module load your site's Horovod built for this torch, or build Horovod 0.28.1 into this environment with "
-    "`DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare checkout (it keeps torch and applies the "
+    "`make setup` (the checkout's .venv) or `DPCOMPARE_VENV=$VIRTUAL_ENV bash scripts/setup.sh` from a dpcompare "
+    "checkout (it keeps torch and applies the "
     "C++17 patch torch>=2.1 needs); see " + docs_page("install"))
 GLOO_THREADS = "gloo's threads"
 

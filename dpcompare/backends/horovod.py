@@ -23,6 +23,7 @@ from torch import nn
 
 from dpcompare import trace as tr
 from dpcompare.backends.base import ReduceOp, Strategy, StrategyUnavailable, require_gpu_for_sync_bn
+from dpcompare.backends.catalog import STRATEGIES
 from dpcompare.backends.horovod_elastic import HorovodElastic
 from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
@@ -37,8 +38,9 @@ T = TypeVar("T")
 
 TIMELINE_FILE = "horovod_timeline.json"
 
-INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in this Python: run `make setup` "
-                "(builds horovod 0.28.1 with the C++17 fix) or `pip install -e '.[horovod]'`")
+#: the one install advice for Horovod is its catalog entry's (doctor shows the same)
+INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in this Python: "
+                + STRATEGIES["horovod"].install)
 
 
 #: the variables Horovod reads at init that dpcompare's knobs set (recorded in summary.json's comm)
