@@ -2,13 +2,16 @@
 
 ``python bench/horovod_examples.py HOROVOD_DIR``: for each example, ``dpcompare migrate EXAMPLE --port PORT``,
 ``py_compile`` of the port, the port run under ``torchrun --standalone`` at NP processes on tiny stand-in data,
-and for the plain training scripts ``dpcompare parity --script EXAMPLE --strategies horovod,native,ddp
---ddp-script PORT``; then a table. Each step's output is kept in OUT/NAME/ (the table says where).
+for the plain training scripts ``dpcompare parity --script EXAMPLE --strategies horovod,native,ddp
+--ddp-script PORT``, and for the elastic MNIST example ``dpcompare compare --script EXAMPLE --strategies
+ddp-elastic --lab hosts=2 --fault host=1,at-step=30 --metric avg_accuracy`` (the port on torchrun's elastic agents,
+a host lost; needs root for the lab); then a table. Each step's output is kept in OUT/NAME/ (the table says where).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import py_compile
 import re
@@ -53,6 +56,7 @@ class Example:
     #: a difference migrate names, and the script's arguments that take its cause away: when the port differs,
     #: parity runs again with them, to show the named cause is the whole difference
     cause: tuple[str, tuple[str, ...]] | None = None
+    lost_host: bool = False                        # the port survives a lost host in the lab (see lost_host)
 
 
 EXAMPLES = (
@@ -66,7 +70,7 @@ EXAMPLES = (
     Example("pytorch_lightning_mnist", "examples/pytorch/pytorch_lightning_mnist.py", _mnist,
             parity="n/a (Trainer(accelerator='horovod') runs on Lightning 1.x only)"),
     Example("pytorch_mnist_elastic", "examples/elastic/pytorch/pytorch_mnist_elastic.py",
-            _mnist, parity="n/a (elastic: compare --fault checks it)"),
+            _mnist, parity="n/a (elastic: the lost-host column)", lost_host=True),
     Example("pytorch_imagenet_resnet50_elastic", "examples/elastic/pytorch/pytorch_imagenet_resnet50_elastic.py",
             lambda d, w: [*_imagenet(d, w), "--batches-per-commit", "1"],
             parity="n/a (elastic: compare --fault checks it)"),
@@ -80,17 +84,21 @@ class Row:
     compiles: str = "-"
     runs: str = "-"
     parity: str = "-"
+    lost_host: str = "-"
     notes: list[str] = field(default_factory=list)
 
 
 def write_mnist(root: Path, n_train: int = 64, n_test: int = 16) -> None:
-    """MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte as torchvision reads them (uncompressed)."""
+    """MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte as torchvision reads them (uncompressed): dim noise
+    with a bright band at rows 2k+4 and 2k+5 for digit k, so that a test accuracy means something."""
     raw = root / "MNIST" / "raw"
     raw.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
-        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
         labels = (np.arange(n) % 10).astype(np.uint8)
+        images = rng.integers(0, 64, (n, 28, 28), dtype=np.uint8)
+        for row in (0, 1):
+            images[np.arange(n), 2 * labels + 4 + row, :] = 255
         (raw / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) + labels.tobytes())
 
@@ -147,6 +155,8 @@ def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> 
     rc = _run([str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={NP}", str(port), *args],
               work / "runs.log", work)
     row.runs = _outcome(rc, work / "runs.log")
+    if example.lost_host:
+        row.lost_host = lost_host(script, data, work)
     if example.parity:
         row.parity = example.parity
         return row
@@ -162,6 +172,28 @@ def check(example: Example, hvd_dir: Path, data: Path, out: Path, arms: str) -> 
                        + (f"agree{_largest(work / 'parity-without-cause.log')}" if rc == 0
                           else _outcome(rc, work / "parity-without-cause.log")))
     return row
+
+
+def lost_host(script: Path, data: Path, work: Path) -> str:
+    """``compare --script`` of the example's port on torchrun's elastic agents (``ddp-elastic``), 2 lab hosts,
+    host 1 lost at step 30 of 150 (2 epochs of 75 steps on DATA/mnist-elastic), against the same run without the
+    fault: whether it recovered, from which step, after how long, and both runs' final ``avg_accuracy``."""
+    out = work / "lost-host"
+    rc = _run([str(BIN / "dpcompare"), "compare", "--script", str(script), "--strategies", "ddp-elastic", "--lab",
+               f"hosts=2,name=hx{os.getpid() % 10000}", "--np", "2", "--fault", "host=1,at-step=30", "--repeats", "1",
+               "--min-steps", "0", "--metric", "avg_accuracy", "--progress", "none", "--out", str(out),
+               "--overwrite", "--", "--epochs", "2", "--batch-size", "8", "--test-batch-size", "50", "--no-cuda",
+               "--data-dir", str(data / "mnist-elastic")], work / "lost-host.log", work)
+    if rc != 0:
+        return _outcome(rc, work / "lost-host.log")
+    runs = {r["arm"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    clean, hit = runs["ddp-elastic"], runs["ddp-elastic/fault=host1@30"]
+    r = hit.get("recovery") or {}
+    if hit["status"] != "ok" or not r.get("recovered"):
+        return f"no ({hit['status']}: {hit.get('error') or 'not recovered'}; lost-host.log)"
+    return (f"survives (from step {r['resumed_from_step']}, pause {r['pause_s']:.1f} s, "
+            f"2→{r['world_size_after']} ranks); avg_accuracy {hit['final_metric']:.3f}, "
+            f"without the fault {clean['final_metric']:.3f}")
 
 
 def _parity(script: Path, port: Path, arms: str, work: Path, args: list[str], name: str) -> int | None:
@@ -200,8 +232,8 @@ def _last_lines(log: Path, n: int = 3) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    head = ("example", "port written", "compiles", "runs", "parity")
-    cells = [head, *((r.name, r.written, r.compiles, r.runs, r.parity) for r in rows)]
+    head = ("example", "port written", "compiles", "runs", "parity", "lost host (lab)")
+    cells = [head, *((r.name, r.written, r.compiles, r.runs, r.parity, r.lost_host) for r in rows)]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     lines = ["  ".join(c[i].ljust(widths[i]) for i in range(len(head))).rstrip() for c in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -216,6 +248,7 @@ def main() -> int:
     data = out / "data"
     if not data.is_dir():
         write_mnist(data / "mnist")
+        write_mnist(data / "mnist-elastic", n_train=1200, n_test=200)
         write_images(data / "images")
     arms = "horovod,native,ddp" if importlib.util.find_spec("horovod") else "native,ddp"
     if arms == "native,ddp":

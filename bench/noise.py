@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="N A/A comparisons (default N: 20) at compare's stopping rule (--pairs aa --launches N, "
                         "--blocks auto unless given): how many intervals contain equality")
     p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per run (default: 200)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
     p.add_argument("--hvd-affinity", metavar="CORES",
                    help="HOROVOD_THREAD_AFFINITY for every rank (e.g. 0,1: rank i's background thread on core i)")
@@ -79,7 +80,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
     if a.quick:
         return TrainConfig(model="convnet", dataset="digits", epochs=0, max_steps=12, warmup_steps=2,
                            min_timed_steps=0, threads=a.threads, step_log=True, tensorboard=False)
-    return TrainConfig(model="convnet", dataset="digits", epochs=3, min_timed_steps=200, threads=a.threads,
+    return TrainConfig(model="convnet", dataset="digits", epochs=3, min_timed_steps=a.steps, threads=a.threads,
                        step_log=True, tensorboard=False)
 
 
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = train_config(a).warmup_steps
     pairs = {pair: pair_summary(pair, [launch_data(launch(a, pair, i), warmup) for i in range(a.launches)])
              for pair in names}
-    summary = {"settings": {k: getattr(a, k) for k in ("launches", "blocks", "bind", "threads", "hvd_affinity",
+    summary = {"settings": {k: getattr(a, k) for k in ("launches", "blocks", "bind", "steps", "threads", "hvd_affinity",
                                                         "rerun_disturbed", "quick", "honest")}, "pairs": pairs}
     atomic_write_json(Path(a.out) / "noise.json", summary)
     print_summary(summary)

@@ -22,6 +22,7 @@ import ast
 import libcst as cst
 
 from dpcompare.native.port_tools import Edits, Located, NoPort, add_helpers, locate
+from dpcompare.native.record import PORT_METRIC_EVENT
 
 #: whole calls replaced by an expression (their arguments do not matter)
 CALL_TEXT = {
@@ -53,12 +54,15 @@ DROPPED = {"broadcast_parameters": "DDP broadcasts rank 0's parameters and buffe
            "optimizer.synchronize": "DDP has averaged the gradients when backward() returns"}
 
 HELPERS = {
-    "allreduce": '''def allreduce(tensor, average=None, name=None, op=None, **_):
-    """hvd.allreduce: a copy of ``tensor`` summed over the ranks, averaged unless op says otherwise."""
+    "allreduce": f'''def allreduce(tensor, average=None, name=None, op=None, **_):
+    """hvd.allreduce: a copy of ``tensor`` summed over the ranks, averaged unless op says otherwise.
+    A runner may record it by its name: the audit event "{PORT_METRIC_EVENT}" (PEP 578; nothing when none listens)."""
     out = tensor.detach().clone()
     average = op in (None, "average") if average is None else average
     dist.all_reduce(out, op=dist.ReduceOp.SUM if average or op is None else op)
-    return out / dist.get_world_size() if average else out
+    out = out / dist.get_world_size() if average else out
+    sys.audit("{PORT_METRIC_EVENT}", name, out)
+    return out
 ''',
     "allreduce_": '''def allreduce_(tensor, average=None, name=None, op=None, **_):
     """hvd.allreduce_: ``tensor`` summed over the ranks in place, averaged unless op says otherwise."""

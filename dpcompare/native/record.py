@@ -4,7 +4,8 @@ In the Horovod arms (``native`` and ``horovod``) the ``DistributedOptimizer`` fa
 module the script sees is wrapped, so every optimizer it returns times its own ``step()`` (the instance's method is
 replaced by a bound wrapper: LR schedulers keep working, and the zero-gradient step ``broadcast_optimizer_state``
 runs on the wrapped class is not counted). In the ``ddp`` arm torch's global optimizer step hooks do the same for
-the plain optimizer. Named scalar all-reduces (``hvd.allreduce(acc, name="val_accuracy")``) are kept as metrics.
+the plain optimizer. Named scalar all-reduces (``hvd.allreduce(acc, name="val_accuracy")``) are kept as metrics: in a
+DDP port, the ``allreduce`` helper ``dpcompare migrate`` writes raises the audit event :data:`PORT_METRIC_EVENT`.
 
 Written into the runner's output folder, never beside the script: ``rank{R}.json`` per rank (step end times and
 step() durations, metrics, exit code) and, from rank 0, ``params.pt``: the tensors the optimizers held at exit,
@@ -28,6 +29,7 @@ import importlib
 import inspect
 import json
 import os
+import sys
 import threading
 import time
 import types
@@ -44,6 +46,8 @@ OUT_VAR = "DPCOMPARE_SCRIPT_OUT"
 PARAMS = "params.pt"
 #: the folder the layer's ``hvd.elastic`` keeps its commits in under torchrun (``dpcompare script --commit-dir``)
 ELASTIC_DIR_VAR = "DPCOMPARE_ELASTIC_DIR"
+#: the audit event (PEP 578) a port's ``allreduce`` helper raises with its name and result: the ``ddp`` arm's metrics
+PORT_METRIC_EVENT = "hvd.allreduce"
 
 
 def rank_file(out: Path, rank: int) -> Path:
@@ -200,6 +204,7 @@ class Recorder:
 
         if os.environ.get(ELASTIC_DIR_VAR) and "TORCHELASTIC_RESTART_COUNT" in os.environ:
             self._port_started()
+        sys.addaudithook(self._audit)  # a port's allreduce helper names its metrics in an audit event
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             self._pre = time.perf_counter()
@@ -212,6 +217,11 @@ class Recorder:
 
         register_optimizer_step_pre_hook(pre)
         register_optimizer_step_post_hook(post)
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        """A port's ``allreduce`` helper (``dpcompare migrate`` writes it) says ``hvd.allreduce(name, result)``."""
+        if event == PORT_METRIC_EVENT and len(args) == 2:
+            self._keep_metric(*args)
 
     def _port_started(self) -> None:
         """A DDP port starting on torchrun's elastic agent, before the script runs: ``start`` at the step the
@@ -230,6 +240,11 @@ class Recorder:
         DistributedOptimizer.__wrapped__ = factory  # type: ignore[attr-defined]
         return DistributedOptimizer
 
+    def _keep_metric(self, name: Any, out: Any) -> None:
+        """A named scalar all-reduce's result, kept as a metric."""
+        if name and hasattr(out, "numel") and out.numel() == 1:
+            self.metrics.setdefault(str(name), []).append(float(out.detach().float().cpu()))
+
     def _metric(self, allreduce: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(allreduce)
 
@@ -239,8 +254,7 @@ class Recorder:
                 name = signature.bind_partial(*args, **kwargs).arguments.get("name")
             except TypeError:
                 name = None
-            if name and hasattr(out, "numel") and out.numel() == 1:
-                self.metrics.setdefault(str(name), []).append(float(out.detach().float().cpu()))
+            self._keep_metric(name, out)
             return out
         recorded.__doc__ = allreduce.__doc__
         recorded.__wrapped__ = allreduce  # type: ignore[attr-defined]
