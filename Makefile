@@ -19,7 +19,7 @@ setup-dev:
 	@DPCOMPARE_EXTRAS=dev bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 --bind core \
+	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --repeats auto --target-ci 5 \
 	    --max-repeats 40 --time-budget 150 --workers persistent --model convnet --dataset digits --epochs 3 --out runs/demo --overwrite
 	@echo "open runs/demo/report.html (one self-contained file; dpcompare report runs/demo re-renders it)"
 
