@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Horovod's own PyTorch examples through the way out: for each of the six, `dpcompare migrate` writes its DDP
 # port, the port compiles, it runs (torchrun, 2 processes on this machine) and, for the three plain training
-# scripts, `dpcompare parity --script` agrees between real Horovod, the native layer and the port. Prints a
-# table: example, port written, compiles, runs, parity. The examples are read where they lie in a Horovod
+# scripts, `dpcompare parity --script` agrees between real Horovod, the native layer and the port; the elastic
+# MNIST example's port loses a host in a 2-host lab (needs root) and finishes with the metric of the run without
+# the fault. Prints a table: example, port written, compiles, runs, parity, a host lost. The examples are read where they lie in a Horovod
 # checkout (never copied here); their data is a tiny stand-in made in a temporary folder (MNIST in torchvision's
 # raw layout, an ImageFolder tree): no network.
 #
