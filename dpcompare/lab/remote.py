@@ -71,11 +71,21 @@ def sshd_problem() -> str | None:
     return None
 
 
+#: a lab host's resolv.conf: no name server (there is none inside the lab), so that a lookup of a name not in its
+#: hosts file fails at once instead of after the machine's resolver timeouts (torch's store looks up every client)
+RESOLV_CONF = ("# a dpcompare lab host: no name server, the lab's hosts are in /etc/hosts\n"
+               "options timeout:1 attempts:1\n")
+
+
 def write_hosts_files(namespaces: Sequence[tuple[str, str]]) -> None:
-    """For each (namespace, address): ``/etc/netns/NAMESPACE/hosts`` naming this machine by that address."""
+    """For each (namespace, address): ``/etc/netns/NAMESPACE/hosts`` naming this machine by that address and every
+    other lab host by its namespace's name (a peer's address resolves at once, both ways), and a resolv.conf
+    without a name server (:data:`RESOLV_CONF`)."""
     name = socket.gethostname()
     for ns, address in namespaces:
-        atomic_write_text(NETNS_ETC / ns / "hosts", f"127.0.0.1 localhost\n{address} {name}\n")
+        peers = "".join(f"{a} {n}\n" for n, a in namespaces if n != ns)
+        atomic_write_text(NETNS_ETC / ns / "hosts", f"127.0.0.1 localhost\n{address} {name}\n{peers}")
+        atomic_write_text(NETNS_ETC / ns / "resolv.conf", RESOLV_CONF)
 
 
 def remove_hosts_files(prefix: str) -> list[str]:

@@ -98,12 +98,14 @@ class Monitor:
         return None
 
     def run(self) -> None:
-        while not self.finished.wait(BEAT_S):
+        """Beat at once, then every :data:`BEAT_S`, until the job is done or a peer is lost."""
+        while not self.finished.is_set():
             why = self.tick()
             if why is not None and not self.finished.is_set():
                 self.expire(f"dpcompare: lost peer seen by rank {self.rank} of {self.size}: {why}; ending this "
                             f"worker (exit {RESTART_EXIT}) so that torchrun restarts the group with the hosts left")
                 return
+            self.finished.wait(BEAT_S)
 
     def finish(self, wait_s: float) -> None:
         """Mark the job done; the store's host waits up to ``wait_s`` for every peer to end or read the mark."""
@@ -124,6 +126,17 @@ def _client(lost_s: float) -> Any:
                          timeout=timedelta(seconds=max(lost_s, 1.0)), wait_for_workers=False)
 
 
+def _group_started(finished: threading.Event) -> bool:
+    """Wait until this process has joined its process group (False: the worker ended first)."""
+    # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
+    import torch.distributed as dist
+
+    while not dist.is_initialized():
+        if finished.wait(BEAT_S / 10):  # the group's creation has no event to wait on: its flag, read 10× a beat
+            return False
+    return True
+
+
 def start() -> bool:
     """Start the heartbeat of this worker when it is one of torchrun's elastic agent's with peers (True)."""
     global _monitor
@@ -136,7 +149,10 @@ def start() -> bool:
     monitor = Monitor(None, int(env["RANK"]), int(env["WORLD_SIZE"]), lost_s)
 
     def connect_and_run() -> None:
-        # rank 0 starts the store when the script calls init_process_group: the client waits for it
+        # rank 0 starts the store when the script calls init_process_group: connect once the group exists (a
+        # client that tried before could wait out its connection backoff and miss a peer lost meanwhile)
+        if not _group_started(monitor.finished):
+            return
         try:
             store = _client(max(lost_s, 60.0))
             store.set_timeout(timedelta(seconds=max(lost_s, 1.0)))
