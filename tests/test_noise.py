@@ -82,6 +82,22 @@ cpu0 550 10 175 2600 20 2 3 85 0 0
 """
 
 
+def test_modes_found_only_where_runs_fall_in_two_clusters() -> None:
+    rng = np.random.default_rng(7)
+    slow, fast = 6500 * np.exp(rng.normal(0, 0.03, 11)), 14000 * np.exp(rng.normal(0, 0.03, 17))
+    found = noise.modes([*fast, *slow])
+    assert [m.runs for m in found] == [11, 17]
+    assert 6000 < found[0].centre < 7000 and 13000 < found[1].centre < 15000
+    assert len(noise.modes(10000 * np.exp(rng.normal(0, 0.1, 40)))) == 1  # one broad mode is one mode
+    assert len(noise.modes([*10000 * np.exp(rng.normal(0, 0.1, 20)), 10800, 10900])) == 1  # two neighbours: no mode
+    assert noise.modes([6500, 6600, 14000, 14100, 6550]) == []  # too few runs to tell
+    runs = [{"arm": "horovod", "strategy": "horovod", "np": 2, "status": "ok", "samples_per_sec": float(t)}
+            for t in [*fast, *slow]] + [{"arm": "ddp", "strategy": "ddp", "np": 2, "status": "ok",
+                                         "samples_per_sec": float(t)} for t in 9000 * np.exp(rng.normal(0, .05, 28))]
+    (line,) = noise.setting_lines({"config": {"arms": [{"label": "ddp"}, {"label": "horovod"}]}, "runs": runs})
+    assert line.startswith("horovod at np=2 ran in two modes: 6,") and "(11 of 28 runs)" in line
+
+
 def test_steal_is_read_from_proc_stat_text() -> None:
     from dpcompare.compare.load import proc_stat_times, steal_share, why_disturbed
 

@@ -56,10 +56,24 @@ def test_paired_t_interval_matches_scipy() -> None:
     assert iv.hi - iv.mean == pytest.approx(half)
 
 
-def test_paired_bootstrap_from_ten_blocks_matches_scipy() -> None:
+def test_the_paired_interval_keeps_its_promise_over_a_few_skewed_units() -> None:
+    """A/A blocks whose ratio has a second mode (15 % of them 10 % faster, as Horovod's launches can be), true mean
+    zero: over 20 units the 95 % interval must contain it at least 94 % of the time. A BCa bootstrap from 10 units
+    on contained it 91 % of the time; Student t below 30 units does 97 %."""
+    rng = np.random.default_rng(3)
+    sims, n, hits = 400, 20, 0
+    for _ in range(sims):
+        fast = rng.random(n) < 0.15
+        d = np.where(fast, rng.normal(0.10, 0.03, n), rng.normal(0.0, 0.03, n)) - 0.015
+        iv, _ = stats.paired_log_ratio_ci(np.ones(n), np.exp(d))
+        hits += iv.lo <= 0.0 <= iv.hi  # type: ignore[operator]
+    assert hits / sims >= 0.94
+
+
+def test_paired_bootstrap_from_thirty_blocks_matches_scipy() -> None:
     rng = np.random.default_rng(7)
-    base = 1000.0 * (1 + 0.2 * rng.random(12))
-    other = base * np.exp(0.1 + 0.03 * rng.standard_normal(12))
+    base = 1000.0 * (1 + 0.2 * rng.random(30))
+    other = base * np.exp(0.1 + 0.03 * rng.standard_normal(30))
     iv, method = stats.paired_log_ratio_ci(base, other)
     ref = scipy_stats.bootstrap((np.log(other / base),), np.mean, confidence_level=0.95, method="BCa",
                                 n_resamples=9999, rng=np.random.default_rng(0)).confidence_interval

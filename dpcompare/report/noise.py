@@ -27,6 +27,13 @@ unequal sample sizes)::
 
 solved for σ²_W, σ²_B, σ²_A (a negative estimate, which sampling allows, is reported as 0). The bench
 (``bench/noise.py``) feeds it log step times, so each component reads as a relative spread.
+
+**Modes**: an arm whose per-run throughput falls in two clusters (Horovod's background thread placed well in one
+launch and badly in the next, say) is shown as two modes with how often each occurred, so a verdict's interval is
+read knowing what it averages over. Two Gaussians (scikit-learn's ``GaussianMixture``) are fitted to the log
+throughputs; two modes are reported when they beat one by the Bayesian information criterion, each holds two runs
+and a tenth of them or more, and they are separated (Ashman's D = √2 · |μ1 − μ2| / √(σ1² + σ2²) above 2, the
+usual bound for a clean separation).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from dpcompare.report.groups import arm_of, arm_order, run_throughput
 from dpcompare.report.intervals import CONFIDENCE, t_half_width
 
 #: the levels of :func:`variance_components`, outermost first
@@ -194,6 +202,64 @@ def disturbed_words(results: dict[str, Any]) -> str | None:
     return f"{', '.join(parts)} ({why})"
 
 
+#: fewer runs than this in an arm: no search for modes (two clusters of 3 are noise as often as not)
+MODE_MIN_RUNS = 8
+#: Ashman's D above this: two modes apart enough to say so
+MODE_SEPARATION = 2.0
+#: a mode holds at least this share of the runs (and 2 of them): a few outlying runs are not a mode
+MODE_MIN_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One mode of an arm's per-run throughput: its geometric-mean centre (samples/s) and how many runs fell in it."""
+
+    centre: float
+    runs: int
+
+
+def modes(throughputs: Sequence[float]) -> list[Mode]:
+    """The modes of per-run throughputs (see the module's docstring): one, or two, slower first; [] with fewer than
+    :data:`MODE_MIN_RUNS` positive values."""
+    y = np.log(np.asarray([t for t in throughputs if t and t > 0], dtype=float)).reshape(-1, 1)
+    if y.shape[0] < MODE_MIN_RUNS:
+        return []
+    one = [Mode(float(np.exp(y.mean())), int(y.shape[0]))]
+    if float(y.std()) == 0.0:
+        return one
+    from sklearn.mixture import GaussianMixture  # a second's import, only where there is something to fit
+
+    fits = [GaussianMixture(k, n_init=3, random_state=0, reg_covar=1e-8).fit(y) for k in (1, 2)]
+    two = fits[1]
+    if two.bic(y) >= fits[0].bic(y):
+        return one
+    labels = two.predict(y)
+    mu, var = two.means_.ravel(), two.covariances_.ravel()
+    ashman = math.sqrt(2.0) * abs(float(mu[0] - mu[1])) / math.sqrt(float(var[0] + var[1]))
+    counts = [int((labels == k).sum()) for k in (0, 1)]
+    if ashman <= MODE_SEPARATION or min(counts) < max(2, MODE_MIN_SHARE * y.shape[0]):
+        return one
+    found = [Mode(float(np.exp(y[labels == k].mean())), counts[k]) for k in (0, 1)]
+    return sorted(found, key=lambda m: m.centre)
+
+
+def mode_lines(results: dict[str, Any]) -> list[str]:
+    """One line per arm and process count whose per-run throughput has two modes, with how often each occurred."""
+    lines = []
+    for arm in arm_order(results):
+        runs = [r for r in results.get("runs", []) if arm_of(r) == arm and r.get("status") == "ok"]
+        for np_ in sorted({int(r["np"]) for r in runs}):
+            found = modes([t for r in runs if r["np"] == np_ and (t := run_throughput(r))])
+            if len(found) < 2:
+                continue
+            total = sum(m.runs for m in found)
+            each = " and ".join(f"{m.centre:,.0f} samples/s ({m.runs} of {total} runs)" for m in found)
+            lines.append(f"{arm} at np={np_} ran in two modes: {each}; the verdict's interval is over blocks that "
+                         "drew either, as often as they occurred here")
+    return lines
+
+
 def setting_lines(results: dict[str, Any]) -> list[str]:
-    """The report's lines on how the runs were placed and which blocks were run again."""
-    return [x for x in (binding_words((results.get("config") or {}).get("binding")), disturbed_words(results)) if x]
+    """The report's lines on how the runs were placed, which blocks were run again, and which arms ran in modes."""
+    placed = [binding_words((results.get("config") or {}).get("binding")), disturbed_words(results)]
+    return [x for x in placed if x] + mode_lines(results)
