@@ -27,7 +27,7 @@ demo: setup
 # the link, so communication decides the verdict. Needs root, iproute2 and the tbf qdisc (docs/lab.md).
 lab-demo: setup
 	$(VENV)/bin/dpcompare compare --np 2 --strategies ddp,horovod --lab hosts=2,link=1gbit,name=demo \
-	    --repeats auto --target-ci 5 --max-repeats 30 --time-budget 240 --model mlp --width 2048 --dataset digits \
+	    --repeats auto --target-ci 2 --max-repeats 30 --time-budget 240 --model mlp --width 2048 --dataset digits \
 	    --epochs 1 --max-steps 20 --min-steps 15 --warmup-steps 3 --out runs/lab-demo --overwrite
 	@echo "open runs/lab-demo/report.html; the same across links: add --sweep link=unlimited,1gbit,200mbit"
 
