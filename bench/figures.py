@@ -36,6 +36,9 @@ PATTERNS: dict[str, dict[str, tuple[re.Pattern[str], int]]] = {
     "demo": {"verdict": (re.compile(r"((?:horovod|ddp|zero|fsdp)\S* [\d.]+ % (?:faster|slower) than \S+ at np=\d+)"),
                          -1),
              "ci": (re.compile(r"at np=\d+ \((95 % CI [^)]*)\)"), -1),
+             "blocks": (re.compile(r"^compare: (\d+) blocks in", re.M), -1),
+             "comparison_s": (re.compile(r"^compare: \d+ blocks in ([\d.]+) s", re.M), -1),
+             "setup": (re.compile(r"ready in (\d+ min \d+ s|[\d.]+ s)"), -1),
              "total_s": (re.compile(r"make demo: ([\d.]+) s wall"), -1)},
     "trackers": {key: (re.compile(rf"^{line}[^\n]*?: ([\d.]+ s) \(median of \d+; ([^)]*)\)", re.M), -1)
                  for key, line in (("wandb_import", "import wandb"), ("wandb_run", "wandb offline run"),
