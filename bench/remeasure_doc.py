@@ -23,12 +23,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def block(section: str, log: str, when: datetime.datetime) -> str:
-    """The section's block: a heading with its date and the quiet check's lines, then the output as it was."""
+    """The section's block: a heading with its date and the quiet check's lines (as code: they are a log, not
+    figures the page quotes), then the output as it was."""
     text = ANSI.sub("", log).strip()
     quiet = [line.removeprefix("[quiet] ") for line in text.splitlines() if line.startswith("[quiet]")]
     body = "\n".join(line for line in text.splitlines() if not line.startswith("[quiet]"))
     return (f"<!-- remeasure:{section} -->\n### `{section}`, {when:%Y-%m-%d %H:%M} UTC\n\n"
-            + "".join(f"- {q}\n" for q in quiet) + f"\n```text\n{body}\n```\n<!-- /remeasure:{section} -->")
+            + "".join(f"- `{q}`\n" for q in quiet) + f"\n```text\n{body}\n```\n<!-- /remeasure:{section} -->")
 
 
 def update(page: str, section: str, new: str) -> str:

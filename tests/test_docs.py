@@ -64,8 +64,11 @@ def test_remeasure_writes_its_section_into_the_measurements_page() -> None:
     when = datetime.datetime(2026, 11, 26, 12, 0)
     log = "\x1b[1m== demo\x1b[0m\n[quiet] quiet: load average 0.31 0.40 0.52 (waited 0 s)\nhorovod 20 % faster\n"
     page = doc.update("# Measurements\n", "demo", doc.block("demo", log, when))
-    assert "### `demo`, 2026-11-26 12:00 UTC" in page and "- quiet: load average 0.31" in page
+    assert "### `demo`, 2026-11-26 12:00 UTC" in page and "- `quiet: load average 0.31" in page
     assert "\x1b" not in page and page.count(doc.HEADING) == 1
+    from test_claims import quoted_measurements  # the block's log is not read as figures the page quotes
+
+    assert quoted_measurements(page) == []
     again = doc.update(page, "demo", doc.block("demo", log.replace("20", "21"), when))
     assert "21 % faster" in again and "20 % faster" not in again and again.count("remeasure:demo -->") == 2
     assert doc.update(again, "suite", doc.block("suite", "690 passed", when)).count("<!-- /remeasure:") == 2
