@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Where the run-to-run noise of a comparison comes from, and how long a ±2 % verdict takes (issue 67).
 
-    python bench/noise.py [--pairs aa,dh] [--launches 4] [--blocks 10] [--bind none|core] [--threads N]
+    python bench/noise.py [--pairs aa,dh] [--launches 4] [--blocks 10] [--bind none|comm|core] [--threads N]
                           [--hvd-affinity CORES] [--rerun-disturbed PCT] [--out runs/noise] [--quick]
     python bench/noise.py --honest [N] [--blocks auto] [--out runs/noise-honest]
+    python bench/noise.py --pairs dh --target 2 --bind none,comm --launches 3 [--time-budget 300]
 
 Runs ``dpcompare compare`` on convnet/digits at np=2 with persistent workers, for the A/A pair (``aa``: ddp
 against ddp) and ddp against horovod (``dh``), ``--launches`` times each: every launch is its own comparison (its
@@ -20,6 +21,13 @@ its step log. For each pair it reports:
   comparisons at compare's own stopping rule, ``--blocks auto`` by default: the check that the intervals keep
   their promise, with its 95 % binomial interval).
 
+``--target PCT`` runs every launch at compare's stopping rule asked for ±PCT % (``--repeats auto --target-ci PCT
+--time-budget 300 --max-repeats 200``), each after a wait for a quiet machine, and says per launch how many
+minutes it took, its noise floor (did it get there?) and how many runs stalled
+(:func:`dpcompare.report.noise.stalls`: below a third of the arm's median, what widens most wide intervals here).
+``--bind`` takes a list: the launches alternate over the bindings (none, comm, none, comm, ...), so that the
+machine's drift meets each.
+
 Writes OUT/noise.json (everything above, plus each launch's results.json folder) and prints a summary. It waits
 for a quiet machine first (bench/quiet.sh), except with --quick: a tiny run (2 launches × 4 blocks of 12-step
 runs, A/A only) whose figures mean nothing, for the tests to check the output's structure.
@@ -33,6 +41,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,7 @@ from dpcompare.compare.runner import run_compare
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.files import atomic_write_json
+from dpcompare.launch.mpirun import BINDINGS
 from dpcompare.report import noise
 
 PAIRS = {"aa": ("ddp", "ddp"), "dh": ("ddp", "horovod")}
@@ -57,7 +67,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--honest", type=int, nargs="?", const=20, metavar="N",
                    help="N A/A comparisons (default N: 20) at compare's stopping rule (--pairs aa --launches N, "
                         "--blocks auto unless given): how many intervals contain equality")
-    p.add_argument("--bind", default="none", choices=("none", "core"), help="compare --bind (default: none)")
+    p.add_argument("--bind", default="none", type=_bindings,
+                   help=f"compare --bind, or a list ({','.join(BINDINGS)}) the launches alternate over (default: none)")
+    p.add_argument("--target", type=float, metavar="PCT",
+                   help="every launch at compare's stopping rule asked for ±PCT %% (see above)")
+    p.add_argument("--time-budget", type=float, default=300.0, help="with --target: seconds a launch may take")
     p.add_argument("--steps", type=int, default=200, help="timed steps per run (default: 200)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
     p.add_argument("--hvd-affinity", metavar="CORES",
@@ -75,29 +89,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def _bindings(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in BINDINGS for v in values):
+        raise argparse.ArgumentTypeError(f"--bind {text!r}: give one or more of {', '.join(BINDINGS)}")
+    return values
+
+
 def train_config(a: argparse.Namespace) -> TrainConfig:
-    """convnet/digits, every step in the step log; --quick: 12 steps per run, 2 of them warm-up."""
+    """convnet/digits, every step in the step log (not with --target: compare's own runs, so no variance
+    components); --quick: 12 steps per run, 2 of them warm-up."""
     if a.quick:
         return TrainConfig(model="convnet", dataset="digits", epochs=0, max_steps=12, warmup_steps=2,
                            min_timed_steps=0, threads=a.threads, step_log=True, tensorboard=False)
     return TrainConfig(model="convnet", dataset="digits", epochs=3, min_timed_steps=a.steps, threads=a.threads,
-                       step_log=True, tensorboard=False)
+                       step_log=not a.target, tensorboard=False)  # --target: the runs compare itself makes
 
 
-def schedule(blocks: str) -> StoppingRule:
+def schedule(a: argparse.Namespace) -> StoppingRule:
+    if a.target:
+        return StoppingRule(repeats=None, target_ci=a.target / 100, max_repeats=200, time_budget=a.time_budget)
+    blocks = a.blocks
     if blocks == "auto":
         return StoppingRule(repeats=None)  # compare's defaults: ±5 %, at most 100 blocks
     return StoppingRule(repeats=int(blocks))
 
 
-def launch(a: argparse.Namespace, pair: str, i: int) -> Path:
-    """One comparison of the pair (its own worker job); its folder."""
-    out = Path(a.out) / pair / f"launch{i}"
-    c = Comparison(train_config(a), PAIRS[pair], (2,), schedule(a.blocks), out,
-                   RunOptions(overwrite=True, progress="none", workers="persistent", bind=a.bind,
+def launch(a: argparse.Namespace, pair: str, i: int, bind: str) -> tuple[Path, dict[str, Any]]:
+    """One comparison of the pair (its own worker job) placed as ``bind``; its folder, and with --target the
+    load average at its start and its wall seconds."""
+    out = Path(a.out) / pair / (f"launch{i}" if len(a.bind) == 1 else f"{bind}-launch{i}")
+    c = Comparison(train_config(a), PAIRS[pair], (2,), schedule(a), out,
+                   RunOptions(overwrite=True, progress="none", workers="persistent", bind=bind,
                               disturbed=a.rerun_disturbed / 100.0))
+    timing: dict[str, Any] = {}
+    if a.target and not a.quick:
+        from quiet import wait_for_quiet
+
+        wait_for_quiet()
+        timing["load"] = Path("/proc/loadavg").read_text().split()[0]
+    start = time.monotonic()
     run_compare(c, console=_quiet_console())
-    return out
+    timing["seconds"] = round(time.monotonic() - start, 1)
+    return out, timing
 
 
 def _quiet_console() -> Any:
@@ -121,8 +155,10 @@ def step_times(run_dir: Path, warmup: int) -> list[float]:
     return [g for g in gaps if g <= GAP * med]
 
 
-def launch_data(folder: Path, warmup: int) -> dict[str, Any]:
-    """What one launch gives: its verdict, each arm's runs' log step times, the block log ratios and seconds."""
+def launch_data(launched: tuple[Path, dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """What one launch gives: its verdict, each arm's runs' log step times, the block log ratios and seconds, its
+    noise floor, its stalled runs, and its timing (:func:`launch`)."""
+    folder, timing = launched
     res = json.loads((folder / "results.json").read_text())
     arms = [a["label"] for a in res["config"]["arms"]]
     runs: dict[str, list[list[float]]] = {a: [] for a in arms}
@@ -132,14 +168,25 @@ def launch_data(folder: Path, warmup: int) -> dict[str, Any]:
             runs[r["arm"]].append([math.log(s) for s in step_times(folder / r["dir"], warmup)])
         block_s[r["repeat"]] = block_s.get(r["repeat"], 0.0) + float(r["wall_seconds"])
     v = next((v for v in res.get("verdicts", []) if v.get("metric", "throughput") == "throughput"), None)
+    floors = [f["floor"] for f in res.get("noise") or [] if f.get("floor") is not None]
     return {"folder": str(folder), "arms": arms, "runs": runs, "verdict": v,
             "log_ratios": [math.log(x) for x in (v or {}).get("block_ratios", [])],
-            "block_seconds": list(block_s.values()), "disturbed": len(res.get("disturbed") or [])}
+            "block_seconds": list(block_s.values()), "disturbed": len(res.get("disturbed") or []),
+            "floor": max(floors) if floors else None, "stalled": stalled_runs(res), **timing}
+
+
+def stalled_runs(res: dict[str, Any]) -> dict[str, int]:
+    """Per arm, how many runs stalled (:func:`dpcompare.report.noise.stalls`)."""
+    return {arm: len(noise.stalls([x for r in res["runs"] if r["arm"] == arm and r["status"] == "ok"
+                                   and (x := noise.run_throughput(r))]))
+            for arm in (a["label"] for a in res["config"]["arms"])}
 
 
 def components(launches: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm, the variance components of its log step times over launches, runs and steps (or why none)."""
     out: dict[str, Any] = {}
+    if not any(run for launch in launches for runs in launch["runs"].values() for run in runs):
+        return {arm: {"error": "no step logs (--target times compare's own runs)"} for arm in launches[0]["arms"]}
     for arm in launches[0]["arms"]:
         try:
             out[arm] = noise.variance_components([d["runs"][arm] for d in launches]).to_json()
@@ -179,6 +226,10 @@ def pair_summary(pair: str, launches: list[dict[str, Any]]) -> dict[str, Any]:
                                             ("outcome", "ratio", "ci_low", "ci_high",
                                              "blocks")} for launch in launches],
         "disturbed_blocks": sum(launch["disturbed"] for launch in launches),
+        "launch_floors": [launch["floor"] for launch in launches],
+        "launch_minutes": [round(launch["seconds"] / 60, 2) for launch in launches],
+        "launch_loads": [launch.get("load") for launch in launches],
+        "stalled_runs": [launch["stalled"] for launch in launches],
         "folders": [launch["folder"] for launch in launches],
         **({"coverage": coverage([launch["verdict"] for launch in launches])} if PAIRS[pair][0] == PAIRS[pair][1]
            else {}),
@@ -194,6 +245,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             shares = ", ".join(f"{lv} {c[lv]['share']:.0%} (sd {c[lv]['sd']:.4f})" for lv in noise.LEVELS) \
                 if "error" not in c else c["error"]
             print(f"  {arm}: {shares}")
+        for f, m, st in zip(s["launch_floors"], s["launch_minutes"], s["stalled_runs"], strict=True):
+            print(f"  launch: floor ±{100 * f:.1f} %, {m} min, stalled runs {st}" if f is not None else
+                  f"  launch: no floor, {m} min, stalled runs {st}")
         if "coverage" in s:
             cv = s["coverage"]
             print(f"  intervals containing equality: {cv['contain_equality']} of {cv['intervals']} "
@@ -215,10 +269,16 @@ def main(argv: list[str] | None = None) -> int:
 
         wait_for_quiet()
     warmup = train_config(a).warmup_steps
-    pairs = {pair: pair_summary(pair, [launch_data(launch(a, pair, i), warmup) for i in range(a.launches)])
-             for pair in names}
-    summary = {"settings": {k: getattr(a, k) for k in ("launches", "blocks", "bind", "steps", "threads", "hvd_affinity",
-                                                        "rerun_disturbed", "quick", "honest")}, "pairs": pairs}
+    pairs: dict[str, Any] = {}
+    for pair in names:
+        per: dict[str, list[dict[str, Any]]] = {b: [] for b in a.bind}
+        for i in range(a.launches):
+            for b in a.bind:  # alternating: the machine's drift meets every binding
+                per[b].append(launch_data(launch(a, pair, i, b), warmup))
+        pairs.update({pair if len(a.bind) == 1 else f"{pair} bind={b}": pair_summary(pair, per[b]) for b in a.bind})
+    kept = ("launches", "blocks", "bind", "target", "steps", "threads", "hvd_affinity", "rerun_disturbed", "quick",
+            "honest")
+    summary = {"settings": {k: getattr(a, k) for k in kept}, "pairs": pairs}
     atomic_write_json(Path(a.out) / "noise.json", summary)
     print_summary(summary)
     print(f"written: {Path(a.out) / 'noise.json'}")

@@ -98,6 +98,20 @@ def test_modes_found_only_where_runs_fall_in_two_clusters() -> None:
     assert line.startswith("horovod at np=2 ran in two modes: 6,") and "(11 of 28 runs)" in line
 
 
+def test_stalled_runs_are_counted_and_named_not_dropped() -> None:
+    """One run at a tenth of its arm's median throughput is no mode (too rare) but is named, with how slow it was."""
+    rng = np.random.default_rng(3)
+    hvd = [*19000 * np.exp(rng.normal(0, 0.03, 63)), 1900.0]
+    assert noise.stalls(hvd) == [pytest.approx(0.1, abs=0.01)] and noise.stalls([*hvd[:63], 9000.0]) == []
+    assert noise.stalls([]) == []
+    runs = [{"arm": "horovod", "strategy": "horovod", "np": 2, "status": "ok", "samples_per_sec": float(t)}
+            for t in hvd] + [{"arm": "ddp", "strategy": "ddp", "np": 2, "status": "ok", "samples_per_sec": 14000.0}
+                             for _ in hvd]
+    (line,) = noise.setting_lines({"config": {"arms": [{"label": "ddp"}, {"label": "horovod"}]}, "runs": runs})
+    assert line.startswith("horovod at np=2: 1 of 64 runs stalled (at 10 % of the arm's median")
+    assert "--bind comm" in line
+
+
 def test_steal_is_read_from_proc_stat_text() -> None:
     from dpcompare.compare.load import proc_stat_times, steal_share, why_disturbed
 
@@ -134,6 +148,47 @@ def test_binding_in_the_mpirun_line() -> None:
         mpirun.job_command(4, ["x"], flavor="openmpi", environ=env, cores=2, bind="core", use_srun=False)
     over = mpirun.job_command(4, ["x"], flavor="openmpi", environ=env, cores=2, use_srun=False)
     assert "--oversubscribe" in over and over[over.index("--bind-to") + 1] == "none"
+
+
+def test_bind_comm_pins_each_ranks_communication_thread() -> None:
+    """--bind comm: the ranks float as with none, the launch line tells every rank, and Horovod's strategy turns
+    that into a HOROVOD_THREAD_AFFINITY spreading the local ranks' background threads over the cores."""
+    from dpcompare.launch import mpirun
+    from dpcompare.launch.env import BIND_VAR, LaunchEnv, comm_thread_cores
+
+    env: dict[str, str] = {}
+    line = mpirun.job_command(4, ["x"], flavor="openmpi", environ=env, cores=2, bind="comm", use_srun=False)
+    assert line[line.index("--bind-to") + 1] == "none" and "--oversubscribe" in line  # no cores are claimed
+    assert line[line.index(f"{BIND_VAR}=comm") - 1] == "-x"
+    assert f"{BIND_VAR}=comm" not in mpirun.job_command(2, ["x"], flavor="openmpi", environ=env, use_srun=False)
+    srun = mpirun.job_command(2, ["x"], environ={"SLURM_JOB_ID": "1"}, bind="comm", use_srun=True)
+    assert "--cpu-bind=cores" not in srun and any(BIND_VAR + "=comm" in a for a in srun)
+    cores = sorted(os.sched_getaffinity(0))
+    two = comm_thread_cores(LaunchEnv(local_size=2), {BIND_VAR: "comm"})
+    assert two == f"{cores[0]},{cores[len(cores) // 2]}"  # 2 cores: "0,1"; 4: "0,2"
+    assert len((comm_thread_cores(LaunchEnv(local_size=5), {BIND_VAR: "comm"}) or "").split(",")) == 5
+    assert comm_thread_cores(LaunchEnv(local_size=2), {}) is None
+    assert comm_thread_cores(LaunchEnv(local_size=2), {BIND_VAR: "core"}) is None
+
+
+@pytest.mark.mpi
+@pytest.mark.horovod
+def test_bind_comm_puts_horovods_background_threads_on_cores_of_their_own(tmp_path: Path) -> None:
+    """For real: under the variable --bind comm's launch line sets, each rank's Horovod background thread is pinned
+    to the core comm_thread_cores names for its local rank (Horovod's own log says where), and the run records it."""
+    from dpcompare.launch.env import BIND_VAR, LaunchEnv, comm_thread_cores
+
+    from conftest import FAST, dpcompare, mpi_env, summary
+
+    out = tmp_path / "h"
+    env = mpi_env({BIND_VAR: "comm", "HOROVOD_LOG_LEVEL": "info"})
+    env.pop("HOROVOD_THREAD_AFFINITY", None)
+    p = dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "1", "--out", str(out), np=2, env=env)
+    expected = comm_thread_cores(LaunchEnv(local_size=2), {BIND_VAR: "comm"}) or ""
+    assert summary(out)["comm"]["HOROVOD_THREAD_AFFINITY"] == expected
+    pinned = sorted(line.rsplit(" ", 1)[1] for line in (p.stdout + p.stderr).splitlines()
+                    if "Background thread affinity" in line)
+    assert pinned == sorted(expected.split(","))
 
 
 # -- a comparison: the rerun rule, the binding and the floor in results.json and the report ---------------------------
@@ -228,6 +283,8 @@ def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path) -> None:
         cli.build_parser().parse_args(["compare", "--bind", "socket"])
     with pytest.raises(ConfigError, match="leave --bind out with --lab"):
         comparison_of(cli.build_parser().parse_args(["compare", "--bind", "core", "--lab", "hosts=2"]))
+    with pytest.raises(ConfigError, match="--bind comm .* leave --bind out with --lab"):
+        comparison_of(cli.build_parser().parse_args(["compare", "--bind", "comm", "--lab", "hosts=2"]))
 
 
 # -- the bench ---------------------------------------------------------------------------------------------------------
@@ -258,5 +315,30 @@ def test_the_noise_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     (log,) = (launch0 / "runs").glob("worker-np2-*.log")  # one worker job ran every run of the launch
     line = log.read_text().splitlines()[0].split()
     assert line[line.index("--bind-to") + 1] == bind
+    assert len(aa["stalled_runs"]) == 2 and all(set(x) == {"ddp#1", "ddp#2"} for x in aa["stalled_runs"])
+    assert len(aa["launch_floors"]) == len(aa["launch_minutes"]) == 2 and all(m > 0 for m in aa["launch_minutes"])
     assert run([sys.executable, str(ROOT / "bench" / "noise.py"), "--pairs", "xy", "--out", str(tmp_path)],
                check=False).returncode == 2
+
+
+def test_the_noise_benchs_target_mode_and_alternating_bindings() -> None:
+    """--target PCT: compare's stopping rule asked for ±PCT % within the time budget, up to 200 blocks; --bind takes
+    a list the launches alternate over; an unknown binding is refused."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_noise", ROOT / "bench" / "noise.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    a = bench.parse_args(["--pairs", "dh", "--target", "2", "--bind", "none,comm", "--launches", "3"])
+    assert a.bind == ["none", "comm"]
+    rule = bench.schedule(a)
+    assert (rule.repeats, rule.target_ci, rule.max_repeats, rule.time_budget) == (None, 0.02, 200, 300.0)
+    assert bench.schedule(bench.parse_args(["--blocks", "7"])).repeats == 7
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--bind", "none,socket"])
+    runs = [{"arm": "horovod", "status": "ok", "samples_per_sec": x} for x in (18e3, 19e3, 17e3, 2.4e3, 18.5e3)]
+    res = {"config": {"arms": [{"label": "horovod"}]}, "runs": runs}
+    assert bench.stalled_runs(res) == {"horovod": 1}

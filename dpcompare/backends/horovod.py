@@ -29,6 +29,7 @@ from dpcompare.backends.horovod_timeline import horovod_timeline_events
 from dpcompare.backends.horovod_watch import HandleWatcher
 from dpcompare.backends.parts import Tracer
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.launch.env import comm_thread_cores
 from dpcompare.launch.openmpi import mpi_allreduce_mca
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ INSTALL_HINT = ("--strategy horovod needs Horovod, which is not installed in thi
 
 
 #: the variables Horovod reads at init that dpcompare's knobs set (recorded in summary.json's comm)
-HOROVOD_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS")
+HOROVOD_VARS = ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "HOROVOD_CPU_OPERATIONS",
+                "HOROVOD_THREAD_AFFINITY")
 
 
 def mpi_allreduce_env(algorithm: str) -> dict[str, str]:
@@ -182,7 +184,9 @@ class HorovodStrategy(Strategy):
                               "--mpi), not horovodrun --gloo")
 
     def configure(self, cfg: TrainConfig) -> None:
-        """Horovod reads its fusion threshold, cycle time and CPU operations from the environment at init."""
+        """Horovod reads its fusion threshold, cycle time, CPU operations and where its background thread runs
+        (``HOROVOD_THREAD_AFFINITY``, set here under ``--bind comm`` unless the user set it) from the environment
+        at init."""
         super().configure(cfg)
         if cfg.bucket_mb:
             os.environ["HOROVOD_FUSION_THRESHOLD"] = str(int(cfg.bucket_mb * 1024 * 1024))
@@ -192,6 +196,9 @@ class HorovodStrategy(Strategy):
             os.environ["HOROVOD_CPU_OPERATIONS"] = cfg.horovod_ops
         if cfg.mpi_allreduce != "default":  # Open MPI reads its MCA parameters from the environment at MPI_Init
             os.environ.update(mpi_allreduce_env(cfg.mpi_allreduce))
+        pinned = comm_thread_cores(self.env)  # --bind comm: the background thread on a core of its own
+        if pinned and "HOROVOD_THREAD_AFFINITY" not in os.environ:
+            os.environ["HOROVOD_THREAD_AFFINITY"] = pinned
         if _gloo_controller():  # a collective waits --timeout for a lost peer, as DDP's do (Horovod's default: 30 s)
             os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, round(cfg.timeout))))
 

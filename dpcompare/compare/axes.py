@@ -185,7 +185,9 @@ def parse_bind(text: str) -> str:
 
 def _check_bind(c: Any, values: Sequence[Any]) -> None:
     if c.lab is not None and any(v != "none" for v in values):
-        raise ConfigError("bind=core places the ranks on this machine's cores; leave it out with --lab")
+        bound = next(v for v in values if v != "none")
+        raise ConfigError(f"bind={bound} places the ranks' threads on this machine's cores, which a lab's hosts "
+                          "share; leave it out with --lab")
 
 
 #: every axis, by name; results.json, the plan, compare's command line and the runner read them here
@@ -209,9 +211,10 @@ AXES: dict[str, Axis] = {a.name: a for a in (
          "with verdicts per count (a --script run too); 0: --threads' own default, cores ÷ processes", metavar="N1,N2",
          words="at {value} thread(s) per rank",
          title="intra-op threads per rank", order=int, configure=_threads),
-    Axis("bind", parse_bind, WITHIN, "where the ranks run: none (the scheduler's choice, mpirun --bind-to none) or "
-         "core (each rank bound to its own cores, as many as its threads): every arm runs at every binding, with "
-         "verdicts per binding", metavar="none,core", words="with ranks bound to {value}",
+    Axis("bind", parse_bind, WITHIN, "where the ranks run: none (the scheduler's choice, mpirun --bind-to none), "
+         "comm (as none, each rank's communication thread on a core of its own) or core (each rank bound to its own "
+         "cores, as many as its threads): every arm runs at every binding, with verdicts per binding",
+         metavar="none,comm,core", words="with ranks bound to {value}",
          title="binding of the ranks", check=_check_bind, launch=lambda v: {"bind": v}),
 )}
 

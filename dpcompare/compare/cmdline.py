@@ -121,11 +121,14 @@ def _add_placement(g: Any) -> None:
     """Where the ranks run (--bind), and what happens to a block that other work disturbed."""
     g.add_argument("--bind", choices=BINDINGS, default="none", metavar="|".join(BINDINGS),
                    help="where the ranks run. none: wherever the scheduler puts them and their threads, launch by "
-                        "launch (mpirun --bind-to none, Horovod's advice for its background thread); core: each rank "
-                        "bound to its own cores, as many as --threads (mpirun --bind-to core --map-by core or "
-                        "slot:PE=N; srun --cpu-bind=cores). Recorded in results.json and shown in the report; "
-                        "--sweep bind=none,core compares both. Horovod's background thread: set "
-                        "HOROVOD_THREAD_AFFINITY (forwarded to every rank, recorded) (default: none)")
+                        "launch (mpirun --bind-to none, Horovod's advice for its background thread); comm: the "
+                        "ranks as with none, each rank's communication thread on a core of its own (Horovod's "
+                        "background thread: HOROVOD_THREAD_AFFINITY from the local rank; DDP's gloo threads wait "
+                        "in the kernel and stay the scheduler's); core: each rank bound to its own cores, as many "
+                        "as --threads (mpirun --bind-to core --map-by core or slot:PE=N; srun --cpu-bind=cores). "
+                        "Recorded in results.json and shown in the report; --sweep bind=none,comm,core compares "
+                        "them. A HOROVOD_THREAD_AFFINITY set here wins (forwarded to every rank, recorded) "
+                        "(default: none)")
     g.add_argument("--rerun-disturbed", type=nonneg_float, default=0.0, metavar="PCT",
                    help="run a block again, not counting it, when during one of its runs other processes took more "
                         "than PCT %% of the cores or the hypervisor stole more than PCT/4 %% of them (/proc/stat); "

@@ -333,7 +333,7 @@ def launch_options(cfg: TrainConfig, arm: Arm, bind: str = "none", np: int = 1) 
         if AXES[name].launch is not None:
             options.update(AXES[name].launch(value))
     threads = cfg.threads or max(1, local_cores() // max(np, 1))
-    if options["bind"] != "none" and threads > 1:
+    if options["bind"] == "core" and threads > 1:
         options["cores_per_rank"] = threads
     return options
 
@@ -433,7 +433,8 @@ class Comparison:
     def _check_lab(self) -> None:
         """Refuse, in one line, what a lab cannot run (before anything starts); each axis checks its own values."""
         if self.lab is not None and self.options.bind != "none":
-            raise ConfigError("--bind core places the ranks on this machine's cores; leave --bind out with --lab")
+            raise ConfigError(f"--bind {self.options.bind} places the ranks' threads on this machine's cores, which a "
+                              "lab's hosts share; leave --bind out with --lab")
         if self.lab is None:
             what = next((f"--strategies {a.name}" for a in self.arms if a.elastic), None)
             what = what or ("--replay" if self.replay else None)

@@ -169,10 +169,13 @@ def new_results(c: Comparison, arms: Sequence[Arm], train_flags: list[str], cli:
 def binding(c: Comparison) -> dict[str, Any]:
     """results.json's ``config.binding``: where the ranks ran (``bind``: --bind, or ``by arm`` with a ``bind``
     axis, each arm's in ``arms[].axes``), the intra-op threads per rank (0: torch's default) and Horovod's
-    ``HOROVOD_THREAD_AFFINITY`` as forwarded to the ranks (None: unset)."""
+    ``HOROVOD_THREAD_AFFINITY`` as forwarded to the ranks (None: unset; ``--bind comm`` without it: "from the
+    local rank", each run's own value in its summary.json's ``comm``)."""
     swept = bool(c.values("bind"))
+    comm = "comm" in (c.values("bind") or [c.options.bind])
     return {"bind": "by arm" if swept else c.options.bind, "threads": c.config.threads,
-            "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY") or None}
+            "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY")
+            or ("from the local rank" if comm else None)}
 
 
 def read_run(spec: RunSpec, run_dir: Path, rel_dir: str, returncode: int | None, wall_seconds: float,

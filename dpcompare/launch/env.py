@@ -55,6 +55,22 @@ def ranks_sharing_cpus(env: LaunchEnv, environ: Mapping[str, str] = os.environ) 
         return env.local_size
 
 
+#: set on every rank by a launch line for ``--bind comm`` (:func:`dpcompare.launch.mpirun.job_command`); a strategy
+#: with a communication thread of its own pins it with :func:`comm_thread_cores`
+BIND_VAR = "DPCOMPARE_BIND"
+
+
+def comm_thread_cores(env: LaunchEnv, environ: Mapping[str, str] = os.environ) -> str | None:
+    """Under ``--bind comm``: a core for each local rank's communication thread, spread over the cores this
+    process may use, comma-separated by local rank as ``HOROVOD_THREAD_AFFINITY`` takes them ("0,1": 2 ranks on
+    2 cores; "0,2": 2 ranks on 4 cores); None under any other binding."""
+    if environ.get(BIND_VAR) != "comm":
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    ranks = max(1, env.local_size)
+    return ",".join(str(cores[(i * len(cores) // ranks) % len(cores)]) for i in range(ranks))
+
+
 # Order matters: torchrun/horovodrun can run inside an MPI or Slurm job, and mpirun inside Slurm.
 LAUNCHERS: tuple[_Launcher, ...] = (
     _Launcher("torchrun", "RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), "torchrun"),

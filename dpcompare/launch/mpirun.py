@@ -21,12 +21,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
+from dpcompare.launch.env import BIND_VAR
 from dpcompare.launch.slurm import default_srun_mpi
 
 FLAVORS = ("openmpi", "mpich")
 #: where the ranks run (``compare --bind``): ``none``, the scheduler's choice (Horovod's advice for its
-#: background thread); ``core``, each rank bound to its own cores (``cores_per_rank`` of them: its intra-op threads)
-BINDINGS = ("none", "core")
+#: background thread); ``comm``, the ranks as with ``none`` but each rank's communication thread on a core of its
+#: own (the launch line sets :data:`~dpcompare.launch.env.BIND_VAR`; Horovod's strategy turns it into
+#: ``HOROVOD_THREAD_AFFINITY``); ``core``, each rank bound to its own cores (``cores_per_rank`` of them: its
+#: intra-op threads)
+BINDINGS = ("none", "comm", "core")
 #: forwarded to every rank when set here (VIRTUAL_ENV: see :func:`forwarded_env`)
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
 FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "GLOO_", "MASTER_", "WANDB_", "MLFLOW_", "DPCOMPARE_")
@@ -132,7 +136,8 @@ def openmpi_command(np: int, argv: Sequence[str], *, hosts: str | None = None, h
                     mpirun: str = "mpirun", bind: str = "none", cores_per_rank: int = 1) -> list[str]:
     """Open MPI's ``mpirun`` with the flags Horovod's docs recommend and ``-x`` forwarding.
 
-    ``bind`` (:data:`BINDINGS`): ``none`` leaves placement to the scheduler (``--bind-to none --map-by slot``);
+    ``bind`` (:data:`BINDINGS`): ``none`` leaves placement to the scheduler (``--bind-to none --map-by slot``), as
+    does ``comm`` (whose variable ``env`` carries: see :func:`job_command`);
     ``core`` binds each rank to its own core (``--bind-to core --map-by core``), or to ``cores_per_rank`` cores
     (``--map-by slot:PE=N``) so that its intra-op threads have cores of their own.
 
@@ -157,7 +162,7 @@ def openmpi_command(np: int, argv: Sequence[str], *, hosts: str | None = None, h
 
 def _openmpi_binding(bind: str, cores_per_rank: int) -> list[str]:
     """Open MPI's placement flags for ``bind`` (:data:`BINDINGS`)."""
-    if bind == "none":
+    if bind in ("none", "comm"):  # comm: the ranks float; the variable job_command sets pins their threads
         return ["--bind-to", "none", "--map-by", "slot"]
     if bind == "core":
         return ["--bind-to", "core", "--map-by", f"slot:PE={cores_per_rank}" if cores_per_rank > 1 else "core"]
@@ -250,6 +255,8 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
     if np < 1:
         raise ConfigError(f"--np {np}: need at least one process")
     env = forwarded_env(environ, iface, current_venv())
+    if bind == "comm":
+        env[BIND_VAR] = "comm"
     if use_srun if use_srun is not None else (in_slurm_allocation(environ) and not (hosts or hostfile)):
         if hosts or hostfile or mpi_net:
             raise ConfigError("--hosts, --hostfile and --mpi-net are mpirun's; under srun the Slurm allocation "
@@ -260,7 +267,7 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
         check_slots(np, parse_hosts(hosts))
     flavor = flavor or mpi_flavor(mpirun)
     here = cores if cores is not None else local_cores()
-    if bind != "none" and not (hosts or hostfile) and np * cores_per_rank > here:
+    if bind == "core" and not (hosts or hostfile) and np * cores_per_rank > here:
         raise ConfigError(f"--bind {bind}: {np} ranks × {cores_per_rank} core(s) each but {here} cores here; lower "
                           "--np or --threads, or leave --bind out")
     if flavor == "openmpi":

@@ -34,6 +34,11 @@ read knowing what it averages over. Two Gaussians (scikit-learn's ``GaussianMixt
 throughputs; two modes are reported when they beat one by the Bayesian information criterion, each holds two runs
 and a tenth of them or more, and they are separated (Ashman's D = √2 · |μ1 − μ2| / √(σ1² + σ2²) above 2, the
 usual bound for a clean separation).
+
+**Stalls**: a run whose throughput fell below a third of its arm's median (:data:`STALL_FRACTION`) stalled as a
+whole, as when two busy-polling threads (Horovod's background threads under ``--bind none`` on 2 cores) queue for
+one core: too rare for a mode, yet one such run widens a verdict's interval several times. The report counts them
+per arm; the interval keeps them.
 """
 
 from __future__ import annotations
@@ -175,6 +180,8 @@ def binding_words(binding: dict[str, Any] | None) -> str | None:
     if not binding:
         return None
     where = {"none": "ranks not bound (mpirun --bind-to none: the scheduler places them and their threads)",
+             "comm": "ranks not bound (mpirun --bind-to none), each rank's communication thread on a core of its "
+                     "own (--bind comm; DDP's gloo threads left to the scheduler)",
              "core": "each rank bound to its own core(s) (--bind core)",
              "by arm": "binding per arm (--sweep bind=...: each arm's label says it)"}.get(str(binding.get("bind")),
                                                                           f"binding {binding.get('bind')}")
@@ -259,7 +266,37 @@ def mode_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: a run below this fraction of its arm's median throughput stalled (see the module's docstring)
+STALL_FRACTION = 1 / 3
+
+
+def stalls(throughputs: Sequence[float]) -> list[float]:
+    """The stalled runs' throughputs as fractions of the median of ``throughputs`` (slowest first)."""
+    t = [x for x in throughputs if x and x > 0]
+    if not t:
+        return []
+    mid = float(np.median(t))
+    return sorted(x / mid for x in t if x < STALL_FRACTION * mid)
+
+
+def stall_lines(results: dict[str, Any]) -> list[str]:
+    """One line per arm and process count with stalled runs: how many, how slow, and what the interval does."""
+    lines = []
+    for arm in arm_order(results):
+        runs = [r for r in results.get("runs", []) if arm_of(r) == arm and r.get("status") == "ok"]
+        for np_ in sorted({int(r["np"]) for r in runs}):
+            mine = [t for r in runs if r["np"] == np_ and (t := run_throughput(r))]
+            found = stalls(mine)
+            if found:
+                at = ", ".join(f"{100 * f:.0f} %" for f in found)
+                lines.append(f"{arm} at np={np_}: {len(found)} of {len(mine)} runs stalled (at {at} of the arm's "
+                             "median throughput); the "
+                             "verdict's interval keeps them and is wider for it (Horovod's background threads "
+                             "queueing for one core: --bind comm gives each a core)")
+    return lines
+
+
 def setting_lines(results: dict[str, Any]) -> list[str]:
     """The report's lines on how the runs were placed, which blocks were run again, and which arms ran in modes."""
     placed = [binding_words((results.get("config") or {}).get("binding")), disturbed_words(results)]
-    return [x for x in placed if x] + mode_lines(results)
+    return [x for x in placed if x] + mode_lines(results) + stall_lines(results)
