@@ -181,7 +181,7 @@ def binding_words(binding: dict[str, Any] | None) -> str | None:
         return None
     where = {"none": "ranks not bound (mpirun --bind-to none: the scheduler places them and their threads)",
              "comm": "ranks not bound (mpirun --bind-to none), each rank's communication thread on a core of its "
-                     "own (--bind comm; DDP's gloo threads left to the scheduler)",
+                     "own (--bind comm; gloo's threads, under DDP and the others, left to the scheduler)",
              "core": "each rank bound to its own core(s) (--bind core)",
              "by arm": "binding per arm (--sweep bind=...: each arm's label says it)"}.get(str(binding.get("bind")),
                                                                           f"binding {binding.get('bind')}")
