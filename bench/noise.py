@@ -4,7 +4,7 @@
     python bench/noise.py [--pairs aa,dh] [--launches 4] [--blocks 10] [--bind none|comm|core] [--threads N]
                           [--hvd-affinity CORES] [--rerun-disturbed PCT] [--out runs/noise] [--quick]
     python bench/noise.py --honest [N] [--blocks auto] [--out runs/noise-honest]
-    python bench/noise.py --pairs dh --target 2 --bind none,comm --launches 3 [--time-budget 300]
+    python bench/noise.py --pairs dh --target-ci 2 --bind none,comm --launches 3 [--time-budget 300]
 
 Runs ``dpcompare compare`` on convnet/digits at np=2 with persistent workers, for the A/A pair (``aa``: ddp
 against ddp) and ddp against horovod (``dh``), ``--launches`` times each: every launch is its own comparison (its
@@ -21,7 +21,7 @@ its step log. For each pair it reports:
   comparisons at compare's own stopping rule, ``--blocks auto`` by default: the check that the intervals keep
   their promise, with its 95 % binomial interval).
 
-``--target PCT`` runs every launch at compare's stopping rule asked for ±PCT % (``--repeats auto --target-ci PCT
+``--target-ci PCT`` runs every launch at compare's stopping rule asked for ±PCT % (``--repeats auto --target-ci PCT
 --time-budget 300 --max-repeats 200``), each after a wait for a quiet machine, and says per launch how many
 minutes it took, its noise floor (did it get there?) and how many runs stalled
 (:func:`dpcompare.report.noise.stalls`: below a third of the arm's median, what widens most wide intervals here).
@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "--blocks auto unless given): how many intervals contain equality")
     p.add_argument("--bind", default="none", type=_bindings,
                    help=f"compare --bind, or a list ({','.join(BINDINGS)}) the launches alternate over (default: none)")
-    p.add_argument("--target", type=float, metavar="PCT",
+    p.add_argument("--target-ci", dest="target", type=float, metavar="PCT",
                    help="every launch at compare's stopping rule asked for ±PCT %% (see above)")
     p.add_argument("--time-budget", type=float, default=300.0, help="with --target: seconds a launch may take")
     p.add_argument("--steps", type=int, default=200, help="timed steps per run (default: 200)")
@@ -103,7 +103,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
         return TrainConfig(model="convnet", dataset="digits", epochs=0, max_steps=12, warmup_steps=2,
                            min_timed_steps=0, threads=a.threads, step_log=True, tensorboard=False)
     return TrainConfig(model="convnet", dataset="digits", epochs=3, min_timed_steps=a.steps, threads=a.threads,
-                       step_log=not a.target, tensorboard=False)  # --target: the runs compare itself makes
+                       step_log=not a.target, tensorboard=False)  # --target-ci: the runs compare itself makes
 
 
 def schedule(a: argparse.Namespace) -> StoppingRule:
@@ -116,7 +116,7 @@ def schedule(a: argparse.Namespace) -> StoppingRule:
 
 
 def launch(a: argparse.Namespace, pair: str, i: int, bind: str) -> tuple[Path, dict[str, Any]]:
-    """One comparison of the pair (its own worker job) placed as ``bind``; its folder, and with --target the
+    """One comparison of the pair (its own worker job) placed as ``bind``; its folder, and with --target-ci the
     load average at its start and its wall seconds."""
     out = Path(a.out) / pair / (f"launch{i}" if len(a.bind) == 1 else f"{bind}-launch{i}")
     c = Comparison(train_config(a), PAIRS[pair], (2,), schedule(a), out,
@@ -177,16 +177,14 @@ def launch_data(launched: tuple[Path, dict[str, Any]], warmup: int) -> dict[str,
 
 def stalled_runs(res: dict[str, Any]) -> dict[str, int]:
     """Per arm, how many runs stalled (:func:`dpcompare.report.noise.stalls`)."""
-    return {arm: len(noise.stalls([x for r in res["runs"] if r["arm"] == arm and r["status"] == "ok"
-                                   and (x := noise.run_throughput(r))]))
-            for arm in (a["label"] for a in res["config"]["arms"])}
+    return {arm: len(noise.stalls(throughputs)) for arm, _, throughputs in noise.arm_throughputs(res)}
 
 
 def components(launches: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm, the variance components of its log step times over launches, runs and steps (or why none)."""
     out: dict[str, Any] = {}
     if not any(run for launch in launches for runs in launch["runs"].values() for run in runs):
-        return {arm: {"error": "no step logs (--target times compare's own runs)"} for arm in launches[0]["arms"]}
+        return {arm: {"error": "no step logs (--target-ci times compare's own runs)"} for arm in launches[0]["arms"]}
     for arm in launches[0]["arms"]:
         try:
             out[arm] = noise.variance_components([d["runs"][arm] for d in launches]).to_json()

@@ -322,8 +322,9 @@ def test_the_noise_bench_quick_writes_every_figure(tmp_path: Path) -> None:
 
 
 def test_the_noise_benchs_target_mode_and_alternating_bindings() -> None:
-    """--target PCT: compare's stopping rule asked for ±PCT % within the time budget, up to 200 blocks; --bind takes
-    a list the launches alternate over; an unknown binding is refused."""
+    """--target-ci PCT (compare's flag; --target, its abbreviation, as the figures ran it): compare's stopping rule
+    asked for ±PCT % within the time budget, up to 200 blocks; --bind takes a list the launches alternate over; an
+    unknown binding is refused."""
     import importlib.util
 
     from conftest import ROOT
@@ -333,12 +334,14 @@ def test_the_noise_benchs_target_mode_and_alternating_bindings() -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     a = bench.parse_args(["--pairs", "dh", "--target", "2", "--bind", "none,comm", "--launches", "3"])
+    assert bench.parse_args(["--target-ci", "2"]).target == a.target == 2.0
     assert a.bind == ["none", "comm"]
     rule = bench.schedule(a)
     assert (rule.repeats, rule.target_ci, rule.max_repeats, rule.time_budget) == (None, 0.02, 200, 300.0)
     assert bench.schedule(bench.parse_args(["--blocks", "7"])).repeats == 7
     with pytest.raises(SystemExit):
         bench.parse_args(["--bind", "none,socket"])
-    runs = [{"arm": "horovod", "status": "ok", "samples_per_sec": x} for x in (18e3, 19e3, 17e3, 2.4e3, 18.5e3)]
+    runs = [{"arm": "horovod", "np": 2, "status": "ok", "samples_per_sec": x}
+            for x in (18e3, 19e3, 17e3, 2.4e3, 18.5e3)]
     res = {"config": {"arms": [{"label": "horovod"}]}, "runs": runs}
     assert bench.stalled_runs(res) == {"horovod": 1}

@@ -68,7 +68,7 @@ def comm_thread_cores(env: LaunchEnv, environ: Mapping[str, str] = os.environ) -
         return None
     cores = sorted(os.sched_getaffinity(0))
     ranks = max(1, env.local_size)
-    return ",".join(str(cores[(i * len(cores) // ranks) % len(cores)]) for i in range(ranks))
+    return ",".join(str(cores[i * len(cores) // ranks]) for i in range(ranks))
 
 
 # Order matters: torchrun/horovodrun can run inside an MPI or Slurm job, and mpirun inside Slurm.

@@ -44,7 +44,7 @@ per arm; the interval keeps them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,19 +250,26 @@ def modes(throughputs: Sequence[float]) -> list[Mode]:
     return sorted(found, key=lambda m: m.centre)
 
 
-def mode_lines(results: dict[str, Any]) -> list[str]:
-    """One line per arm and process count whose per-run throughput has two modes, with how often each occurred."""
-    lines = []
+def arm_throughputs(results: dict[str, Any]) -> Iterator[tuple[str, int, list[float]]]:
+    """Per arm (in the report's order) and process count, the per-run statistic of its ok runs
+    (:func:`~dpcompare.report.groups.run_throughput`)."""
     for arm in arm_order(results):
         runs = [r for r in results.get("runs", []) if arm_of(r) == arm and r.get("status") == "ok"]
         for np_ in sorted({int(r["np"]) for r in runs}):
-            found = modes([t for r in runs if r["np"] == np_ and (t := run_throughput(r))])
-            if len(found) < 2:
-                continue
-            total = sum(m.runs for m in found)
-            each = " and ".join(f"{m.centre:,.0f} samples/s ({m.runs} of {total} runs)" for m in found)
-            lines.append(f"{arm} at np={np_} ran in two modes: {each}; the verdict's interval is over blocks that "
-                         "drew either, as often as they occurred here")
+            yield arm, np_, [t for r in runs if r["np"] == np_ and (t := run_throughput(r))]
+
+
+def mode_lines(results: dict[str, Any]) -> list[str]:
+    """One line per arm and process count whose per-run throughput has two modes, with how often each occurred."""
+    lines = []
+    for arm, np_, throughputs in arm_throughputs(results):
+        found = modes(throughputs)
+        if len(found) < 2:
+            continue
+        total = sum(m.runs for m in found)
+        each = " and ".join(f"{m.centre:,.0f} samples/s ({m.runs} of {total} runs)" for m in found)
+        lines.append(f"{arm} at np={np_} ran in two modes: {each}; the verdict's interval is over blocks that "
+                     "drew either, as often as they occurred here")
     return lines
 
 
@@ -282,17 +289,14 @@ def stalls(throughputs: Sequence[float]) -> list[float]:
 def stall_lines(results: dict[str, Any]) -> list[str]:
     """One line per arm and process count with stalled runs: how many, how slow, and what the interval does."""
     lines = []
-    for arm in arm_order(results):
-        runs = [r for r in results.get("runs", []) if arm_of(r) == arm and r.get("status") == "ok"]
-        for np_ in sorted({int(r["np"]) for r in runs}):
-            mine = [t for r in runs if r["np"] == np_ and (t := run_throughput(r))]
-            found = stalls(mine)
-            if found:
-                at = ", ".join(f"{100 * f:.0f} %" for f in found)
-                lines.append(f"{arm} at np={np_}: {len(found)} of {len(mine)} runs stalled (at {at} of the arm's "
-                             "median throughput); the "
-                             "verdict's interval keeps them and is wider for it (Horovod's background threads "
-                             "queueing for one core: --bind comm gives each a core)")
+    for arm, np_, throughputs in arm_throughputs(results):
+        found = stalls(throughputs)
+        if found:
+            at = " and ".join(f"{100 * f:.0f} %" for f in found)
+            lines.append(f"{arm} at np={np_}: {len(found)} of {len(throughputs)} runs stalled (at {at} of the arm's "
+                         "median of the verdict's statistic, global batch ÷ median step); the verdict's interval "
+                         "keeps them and is wider for it. Two polling threads queued on one core stall a run so: "
+                         "--bind comm gives each rank's communication thread a core of its own")
     return lines
 
 
