@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"compare --bind, or a list ({','.join(BINDINGS)}) the launches alternate over (default: none)")
     p.add_argument("--target-ci", dest="target", type=float, metavar="PCT",
                    help="every launch at compare's stopping rule asked for ±PCT %% (see above)")
-    p.add_argument("--time-budget", type=float, default=300.0, help="with --target: seconds a launch may take")
+    p.add_argument("--time-budget", type=float, default=300.0, help="with --target-ci: seconds a launch may take")
     p.add_argument("--steps", type=int, default=200, help="timed steps per run (default: 200)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (default: 0, cores ÷ ranks)")
     p.add_argument("--hvd-affinity", metavar="CORES",
@@ -97,7 +97,7 @@ def _bindings(text: str) -> list[str]:
 
 
 def train_config(a: argparse.Namespace) -> TrainConfig:
-    """convnet/digits, every step in the step log (not with --target: compare's own runs, so no variance
+    """convnet/digits, every step in the step log (not with --target-ci: compare's own runs, so no variance
     components); --quick: 12 steps per run, 2 of them warm-up."""
     if a.quick:
         return TrainConfig(model="convnet", dataset="digits", epochs=0, max_steps=12, warmup_steps=2,
