@@ -72,9 +72,9 @@ def test_a_lost_link_ends_the_job_in_time_and_names_the_host(strategy: str, faul
             pytest.fail(f"{strategy}: the job still ran {TIMEOUT + 20} s after host 1's link went {fault}")
         took = time.monotonic() - t0
         text = log.read_text()
-        # the watchdog ends it soon after the timeout (measured ~4.7 s after it); a job left to hang runs to
-        # TIMEOUT + 20
-        assert rc != 0 and took < TIMEOUT + 9, (rc, took, text[-2000:])
+        # the watchdog ends it soon after the timeout (measured ~4.7 s after it alone, 10 s once under the whole
+        # suite on a 2-core EPYC, 2026-12-03); a job left to hang runs to TIMEOUT + 20
+        assert rc != 0 and took < TIMEOUT + 14, (rc, took, text[-2000:])
         line = lab.lost_line(text)
         assert line is not None and "host 1" in line and lab.hosts[1].address in line, (line, text[-2000:])
         assert ("link is down" if fault == "down" else "crawls at 100kbit") in line, line
