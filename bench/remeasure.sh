@@ -7,7 +7,7 @@
 # A section's figures are its `figure: KEY = VALUE` lines (and, for suite and demo, what pytest and the demo
 # print: bench/figures.py's PATTERNS); a page quotes one as {{ fig.SECTION.KEY }}.
 #
-#   sudo bash bench/remeasure.sh                 # every section (the lab ones need root); about 55 min
+#   sudo bash bench/remeasure.sh                 # every section (the lab ones need root); about an hour
 #   bash bench/remeasure.sh setup demo           # only these
 #
 # Sections:
@@ -18,6 +18,7 @@
 #   predict   the np=2 mlp traces, predict's example table and its self-check (predict.md)          ~2 min
 #   lab       raw TCP through a 1 Gbit/s link; the lab bench sweep times (lab.md; root)             ~4 min
 #   trackers  wandb/mlflow import and start-up costs (trackers.md)                                  ~1 min
+#   steadiness  a fixed workload on every core: how this machine's own speed drifts (measurements.md) ~3 min
 #   tests     the lab and predict tests' durations, parity in the lab (lab.md, predict.md; root)    ~6 min
 #   suite     the whole test suite: `make test` (docs/measurements.md)                                ~22 min
 set -euo pipefail
@@ -28,7 +29,7 @@ PY=$VENV/bin/python
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONPATH=$ROOT
 T=$(mktemp -d /tmp/remeasure.XXXX)
 trap 'rm -rf "$T"' EXIT
-ALL=(setup demo concepts predict lab trackers tests suite)
+ALL=(setup demo concepts predict lab trackers steadiness tests suite)
 SECTIONS=("${@:-${ALL[@]}}")
 
 section() { printf '\n\033[1m== %s\033[0m: %s\n' "$1" "$2"; bash "$ROOT/bench/quiet.sh"; }
@@ -87,6 +88,11 @@ s_lab() {
 s_trackers() {
   section trackers "what wandb and mlflow cost a run"
   (cd "$ROOT/bench" && "$PY" trackers_cost.py)
+}
+
+s_steadiness() {
+  section steadiness "the demo's convnet step on every core at once, 120 s: the machine's own drift"
+  "$PY" "$ROOT/bench/steadiness.py" --seconds 120 --out "$T/steadiness"
 }
 
 s_tests() {

@@ -152,17 +152,22 @@ def test_binding_in_the_mpirun_line() -> None:
 
 def test_bind_comm_pins_each_ranks_communication_thread() -> None:
     """--bind comm: the ranks float as with none, the launch line tells every rank, and Horovod's strategy turns
-    that into a HOROVOD_THREAD_AFFINITY spreading the local ranks' background threads over the cores."""
+    that into a HOROVOD_THREAD_AFFINITY spreading the local ranks' background threads over the cores; the line
+    also makes MPI's waits yield (Open MPI's mpi_yield_when_idle), unless the user set that."""
     from dpcompare.launch import mpirun
     from dpcompare.launch.env import BIND_VAR, LaunchEnv, comm_thread_cores
+    from dpcompare.launch.openmpi import YIELD_VAR
 
     env: dict[str, str] = {}
     line = mpirun.job_command(4, ["x"], flavor="openmpi", environ=env, cores=2, bind="comm", use_srun=False)
     assert line[line.index("--bind-to") + 1] == "none" and "--oversubscribe" in line  # no cores are claimed
-    assert line[line.index(f"{BIND_VAR}=comm") - 1] == "-x"
-    assert f"{BIND_VAR}=comm" not in mpirun.job_command(2, ["x"], flavor="openmpi", environ=env, use_srun=False)
+    assert line[line.index(f"{BIND_VAR}=comm") - 1] == "-x" and line[line.index(f"{YIELD_VAR}=1") - 1] == "-x"
+    plain = mpirun.job_command(2, ["x"], flavor="openmpi", environ=env, use_srun=False)
+    assert f"{BIND_VAR}=comm" not in plain and not any(YIELD_VAR in a for a in plain)
+    own = mpirun.job_command(2, ["x"], flavor="openmpi", environ={YIELD_VAR: "0"}, bind="comm", use_srun=False)
+    assert own[own.index(YIELD_VAR) - 1] == "-x" and f"{YIELD_VAR}=1" not in own  # the user's 0, by name
     srun = mpirun.job_command(2, ["x"], environ={"SLURM_JOB_ID": "1"}, bind="comm", use_srun=True)
-    assert "--cpu-bind=cores" not in srun and any(BIND_VAR + "=comm" in a for a in srun)
+    assert "--cpu-bind=cores" not in srun and any(BIND_VAR + "=comm" in a and f"{YIELD_VAR}=1" in a for a in srun)
     cores = sorted(os.sched_getaffinity(0))
     two = comm_thread_cores(LaunchEnv(local_size=2), {BIND_VAR: "comm"})
     assert two == f"{cores[0]},{cores[len(cores) // 2]}"  # 2 cores: "0,1"; 4: "0,2"
@@ -175,17 +180,20 @@ def test_bind_comm_pins_each_ranks_communication_thread() -> None:
 @pytest.mark.horovod
 def test_bind_comm_puts_horovods_background_threads_on_cores_of_their_own(tmp_path: Path) -> None:
     """For real: under the variable --bind comm's launch line sets, each rank's Horovod background thread is pinned
-    to the core comm_thread_cores names for its local rank (Horovod's own log says where), and the run records it."""
+    to the core comm_thread_cores names for its local rank (Horovod's own log says where), and the run records it
+    and MPI's yield setting."""
     from dpcompare.launch.env import BIND_VAR, LaunchEnv, comm_thread_cores
+    from dpcompare.launch.openmpi import YIELD_VAR
 
     from conftest import FAST, dpcompare, mpi_env, summary
 
     out = tmp_path / "h"
-    env = mpi_env({BIND_VAR: "comm", "HOROVOD_LOG_LEVEL": "info"})
+    env = mpi_env({BIND_VAR: "comm", YIELD_VAR: "1", "HOROVOD_LOG_LEVEL": "info"})
     env.pop("HOROVOD_THREAD_AFFINITY", None)
     p = dpcompare("train", "--strategy", "horovod", *FAST, "--epochs", "1", "--out", str(out), np=2, env=env)
     expected = comm_thread_cores(LaunchEnv(local_size=2), {BIND_VAR: "comm"}) or ""
-    assert summary(out)["comm"]["HOROVOD_THREAD_AFFINITY"] == expected
+    comm = summary(out)["comm"]
+    assert comm["HOROVOD_THREAD_AFFINITY"] == expected and comm[YIELD_VAR] == "1"
     pinned = sorted(line.rsplit(" ", 1)[1] for line in (p.stdout + p.stderr).splitlines()
                     if "Background thread affinity" in line)
     assert pinned == sorted(expected.split(","))
@@ -204,6 +212,7 @@ def test_a_disturbed_block_runs_again_and_the_report_shows_floor_and_binding(
 
     from dpcompare.compare import runner as runner_m
     from dpcompare.config import TrainConfig
+    from dpcompare.launch.openmpi import YIELD_VAR
 
     watches: list[int] = []
 
@@ -236,7 +245,8 @@ def test_a_disturbed_block_runs_again_and_the_report_shows_floor_and_binding(
     (entry,) = res["disturbed"]
     assert entry["block"] == 1 and entry["try"] == 1 and not entry["counted"] and "60 %" in entry["why"]
     assert res["config"]["binding"] == {"bind": "core", "threads": TrainConfig().threads,
-                                        "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY")}
+                                        "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY"),
+                                        "mpi_yield_when_idle": os.environ.get(YIELD_VAR)}
     (floor,) = res["noise"]
     assert floor["other"] == "horovod" and floor["units"] == 3 and floor["floor"] > 0.01
     text = console.export_text()
@@ -285,6 +295,18 @@ def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path) -> None:
         comparison_of(cli.build_parser().parse_args(["compare", "--bind", "core", "--lab", "hosts=2"]))
     with pytest.raises(ConfigError, match="--bind comm .* leave --bind out with --lab"):
         comparison_of(cli.build_parser().parse_args(["compare", "--bind", "comm", "--lab", "hosts=2"]))
+
+
+def test_the_binding_line_says_how_mpi_waited() -> None:
+    """The binding line names Open MPI's yield setting where the comparison recorded it (a comparison from before
+    it was recorded says nothing of it, rather than "unset")."""
+    comm = {"bind": "comm", "threads": 0, "horovod_thread_affinity": "from the local rank", "mpi_yield_when_idle": "1"}
+    line = noise.binding_words(comm) or ""
+    assert "MPI's waits yielding the core (--bind comm" in line and line.endswith("mpi_yield_when_idle: 1")
+    assert (noise.binding_words({**comm, "bind": "none", "mpi_yield_when_idle": None}) or "").endswith(
+        "mpi_yield_when_idle: unset")
+    old = noise.binding_words({"bind": "none", "threads": 1, "horovod_thread_affinity": None}) or ""
+    assert "yield" not in old and old.endswith("HOROVOD_THREAD_AFFINITY: unset")
 
 
 # -- the bench ---------------------------------------------------------------------------------------------------------
@@ -345,3 +367,25 @@ def test_the_noise_benchs_target_mode_and_alternating_bindings() -> None:
             for x in (18e3, 19e3, 17e3, 2.4e3, 18.5e3)]
     res = {"config": {"arms": [{"label": "horovod"}]}, "runs": runs}
     assert bench.stalled_runs(res) == {"horovod": 1}
+
+
+def test_the_steadiness_bench_quick_writes_every_figure(tmp_path: Path) -> None:
+    """bench/steadiness.py --quick for real (3 s of convnet steps, a process per core, started together): the
+    structure of steadiness.json and its figure lines; a bad --chunks is refused with exit 2."""
+    from conftest import ROOT, run
+
+    bench = str(ROOT / "bench" / "steadiness.py")
+    p = run([sys.executable, bench, "--quick", "--out", str(tmp_path)], timeout=300)
+    res = json.loads((tmp_path / "steadiness.json").read_text())
+    assert len(res["processes"]) == len(os.sched_getaffinity(0))
+    for proc in res["processes"]:
+        assert proc["steps"] > 50 and proc["median_step_ms"] > 0
+        assert proc["drift"]["windows"] >= 5 and proc["drift"]["slowest_over_fastest"] >= 1
+        assert set(proc["ideal_aa"]) == {"0.25", "0.5"}
+        aa = proc["ideal_aa"]["0.5"]
+        assert aa["pairs_in_budget"] == 300 and aa["pairs_measured"] >= 2 and aa["half_width_pct"] > 0
+    assert res["settings"]["quick"] and res["settings"]["chunks"] == [0.25, 0.5]
+    for key in ("window_sd", "lag1", "slowest_over_fastest", "ideal_aa_0_5s", "command"):
+        assert f"figure: {key} = " in p.stdout
+    bad = run([sys.executable, bench, "--chunks", "1,x", "--out", str(tmp_path)], check=False)
+    assert bad.returncode == 2 and "--chunks" in bad.stderr

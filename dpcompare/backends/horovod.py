@@ -30,7 +30,7 @@ from dpcompare.backends.horovod_watch import HandleWatcher
 from dpcompare.backends.parts import Tracer
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.launch.env import comm_thread_cores
-from dpcompare.launch.openmpi import mpi_allreduce_mca
+from dpcompare.launch.openmpi import YIELD_VAR, mpi_allreduce_mca
 
 if TYPE_CHECKING:
     from dpcompare.config import TrainConfig
@@ -280,7 +280,8 @@ class HorovodStrategy(Strategy):
             "compression": getattr(compression, "__name__", type(compression).__name__),
             "wire_dtype": {"fp16": "float16", "bf16": "bfloat16"}.get(cfg.grad_compression, "float32"),
             "op": "Adasum" if cfg.adasum else "Average", "backward_passes_per_step": cfg.accumulate,
-            **{k: os.environ[k] for k in (*HOROVOD_VARS, *mpi_allreduce_env("default")) if k in os.environ}}
+            **{k: os.environ[k] for k in (*HOROVOD_VARS, *mpi_allreduce_env("default"), YIELD_VAR)
+               if k in os.environ}}
         return opt
 
     def unused_parameters_note(self) -> str:

@@ -124,11 +124,13 @@ def _add_placement(g: Any) -> None:
                         "launch (mpirun --bind-to none, Horovod's advice for its background thread); comm: the "
                         "ranks as with none, each rank's communication thread on a core of its own (Horovod's "
                         "background thread: HOROVOD_THREAD_AFFINITY from the local rank; gloo's threads, under DDP, "
-                        "ZeRO, FSDP and the native layer, wait in the kernel and stay the scheduler's); core: each "
-                        "rank bound to its own cores, as many "
+                        "ZeRO, FSDP and the native layer, wait in the kernel and stay the scheduler's) and MPI's "
+                        "waits yielding the core instead of spinning on it (Open MPI's mpi_yield_when_idle=1); "
+                        "core: each rank bound to its own cores, as many "
                         "as --threads (mpirun --bind-to core --map-by core or slot:PE=N; srun --cpu-bind=cores). "
                         "Recorded in results.json and shown in the report; --sweep bind=none,comm,core compares "
-                        "them. A HOROVOD_THREAD_AFFINITY set here wins (forwarded to every rank, recorded) "
+                        "them. A HOROVOD_THREAD_AFFINITY or OMPI_MCA_mpi_yield_when_idle set here wins (forwarded to "
+                        "every rank, recorded) "
                         "(default: none)")
     g.add_argument("--rerun-disturbed", type=nonneg_float, default=0.0, metavar="PCT",
                    help="run a block again, not counting it, when during one of its runs other processes took more "

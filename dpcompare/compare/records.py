@@ -20,6 +20,7 @@ from dpcompare.compare.plan import Arm, Comparison, RunSpec
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
 from dpcompare.files import MEMORY_KINDS, METRICS, RESULTS, SCHEMA, SUMMARY
+from dpcompare.launch.openmpi import YIELD_VAR
 from dpcompare.native.calls import SCRIPT_ARM_FACTS
 from dpcompare.versions import versions
 
@@ -170,12 +171,14 @@ def binding(c: Comparison) -> dict[str, Any]:
     """results.json's ``config.binding``: where the ranks ran (``bind``: --bind, or ``by arm`` with a ``bind``
     axis, each arm's in ``arms[].axes``), the intra-op threads per rank (0: torch's default) and Horovod's
     ``HOROVOD_THREAD_AFFINITY`` as forwarded to the ranks (None: unset; ``--bind comm`` without it: "from the
-    local rank", each run's own value in its summary.json's ``comm``)."""
+    local rank", each run's own value in its summary.json's ``comm``) and Open MPI's ``mpi_yield_when_idle`` (None:
+    unset, Open MPI's default; ``--bind comm`` sets "1" unless the environment sets it)."""
     swept = bool(c.values("bind"))
     comm = "comm" in (c.values("bind") or [c.options.bind])
     return {"bind": "by arm" if swept else c.options.bind, "threads": c.config.threads,
             "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY")
-            or ("from the local rank" if comm else None)}
+            or ("from the local rank" if comm else None),
+            "mpi_yield_when_idle": os.environ.get(YIELD_VAR) or ("1" if comm else None)}
 
 
 def read_run(spec: RunSpec, run_dir: Path, rel_dir: str, returncode: int | None, wall_seconds: float,

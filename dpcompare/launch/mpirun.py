@@ -22,14 +22,15 @@ from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
 from dpcompare.launch.env import BIND_VAR
+from dpcompare.launch.openmpi import YIELD_VAR
 from dpcompare.launch.slurm import default_srun_mpi
 
 FLAVORS = ("openmpi", "mpich")
 #: where the ranks run (``compare --bind``): ``none``, the scheduler's choice (Horovod's advice for its
 #: background thread); ``comm``, the ranks as with ``none`` but each rank's communication thread on a core of its
 #: own (the launch line sets :data:`~dpcompare.launch.env.BIND_VAR`; Horovod's strategy turns it into
-#: ``HOROVOD_THREAD_AFFINITY``); ``core``, each rank bound to its own cores (``cores_per_rank`` of them: its
-#: intra-op threads)
+#: ``HOROVOD_THREAD_AFFINITY``) and MPI's waits yielding the core (:data:`~dpcompare.launch.openmpi.YIELD_VAR`);
+#: ``core``, each rank bound to its own cores (``cores_per_rank`` of them: its intra-op threads)
 BINDINGS = ("none", "comm", "core")
 #: forwarded to every rank when set here (VIRTUAL_ENV: see :func:`forwarded_env`)
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
@@ -255,8 +256,8 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
     if np < 1:
         raise ConfigError(f"--np {np}: need at least one process")
     env = forwarded_env(environ, iface, current_venv())
-    if bind == "comm":
-        env[BIND_VAR] = "comm"
+    if bind == "comm":  # the user's own YIELD_VAR wins, as HOROVOD_THREAD_AFFINITY does
+        env.update({BIND_VAR: "comm", YIELD_VAR: environ.get(YIELD_VAR, "1")})
     if use_srun if use_srun is not None else (in_slurm_allocation(environ) and not (hosts or hostfile)):
         if hosts or hostfile or mpi_net:
             raise ConfigError("--hosts, --hostfile and --mpi-net are mpirun's; under srun the Slurm allocation "

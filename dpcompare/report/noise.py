@@ -181,14 +181,17 @@ def binding_words(binding: dict[str, Any] | None) -> str | None:
         return None
     where = {"none": "ranks not bound (mpirun --bind-to none: the scheduler places them and their threads)",
              "comm": "ranks not bound (mpirun --bind-to none), each rank's communication thread on a core of its "
-                     "own (--bind comm; gloo's threads, under DDP and the others, left to the scheduler)",
+                     "own and MPI's waits yielding the core (--bind comm; gloo's threads, under DDP and the others, "
+                     "left to the scheduler)",
              "core": "each rank bound to its own core(s) (--bind core)",
              "by arm": "binding per arm (--sweep bind=...: each arm's label says it)"}.get(str(binding.get("bind")),
                                                                           f"binding {binding.get('bind')}")
     threads = binding.get("threads")
     affinity = binding.get("horovod_thread_affinity")
+    waits = ("" if "mpi_yield_when_idle" not in binding  # recorded since --bind comm sets it
+             else f"; Open MPI's mpi_yield_when_idle: {binding['mpi_yield_when_idle'] or 'unset'}")
     return (f"{where}; intra-op threads per rank: {threads if threads else 'cores ÷ processes (--threads 0)'}; "
-            f"HOROVOD_THREAD_AFFINITY: {affinity if affinity else 'unset'}")
+            f"HOROVOD_THREAD_AFFINITY: {affinity if affinity else 'unset'}{waits}")
 
 
 def disturbed_words(results: dict[str, Any]) -> str | None:
