@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Is this machine's own speed steady? The floor under every comparison's interval, with no dpcompare in it.
+"""Is this machine's own speed steady? What its drift leaves under every comparison's interval, no dpcompare in it.
 
     python bench/steadiness.py [--seconds 120] [--procs N] [--window 1] [--chunks 0.5,1,2] [--budget 300]
                                [--out runs/steadiness] [--quick]
@@ -14,11 +14,12 @@ the ranks of an np=cores comparison keep every core busy), for ``--seconds``, ev
 - per process: the median step, and over ``--window``-second windows the log standard deviation of the
   windows' median steps, their lag-1 autocorrelation (how long a slow spell lasts) and slowest ÷ fastest window;
 - the correlation of the processes' windows (the whole machine slowing, or one core);
-- the best an A/A comparison could do here: the same workload against itself, alternating chunks of ``--chunks``
-  seconds (A, B, A, B, ...) with no start-up cost between them, paired by neighbours: the per-pair log-ratio
-  spread and the 95 % half-width (±%) its mean reaches in ``--budget`` seconds. A comparison's runs are
-  chunks with a start-up between them (compare's A/A at the demo's settings: about 2 s a run), so its floor at
-  the same budget is at best this one.
+- what an ideal A/A comparison could do here: the same workload against itself, alternating chunks of
+  ``--chunks`` seconds (A, B, A, B, ...) with no start-up cost between them, paired by neighbours: the per-pair
+  log-ratio spread and the 95 % half-width (±%) its mean reaches in ``--budget`` seconds. A comparison's runs are
+  chunks with a start-up between them (compare's A/A at the demo's settings: about 2 s a run), so expect its floor
+  at the same budget near this one or wider, for the next minutes: an estimate from ``--seconds`` of steps, on a
+  machine that may move within minutes.
 
 Writes OUT/steadiness.json and prints ``figure:`` lines (bench/figures.py records them). It waits for a quiet
 machine first (bench/quiet.sh), except with --quick (3 s, for the tests: the figures mean nothing).

@@ -476,3 +476,15 @@ def test_many_block_ratios_are_a_range_in_the_terminal() -> None:
 
     assert _ratios([1.0, 0.9]) == "1.00 0.90"
     assert _ratios([0.9, 1.0, 1.1] * 10) == "0.90 to 1.10 over 30 blocks (each in the report)"
+
+
+def test_the_load_average_shown_is_the_one_before_the_first_run() -> None:
+    """A load average trails a minute, so a later run's start counts the comparison's own runs: the card shows the
+    first run's, not the largest (3.1 here, the comparison's own two busy ranks)."""
+    from dpcompare.report.regime import others_text, regime
+
+    runs = [{"np": 2, "status": "ok", "load": {"others_cpu_share": share, "loadavg_start": [load, 0.0, 0.0],
+                                               "cores": 2}} for share, load in ((0.01, 0.4), (0.02, 3.1))]
+    r = regime({"runs": runs}, 2)
+    assert r.loadavg == 0.4 and r.others_cpu == 0.02
+    assert others_text(r) == "2 % of the 2 cores at most in a run; load average 0.40 when the first run started"

@@ -32,7 +32,7 @@ class Regime:
     tiny: bool
     sentence: str
     others_cpu: float | None = None  # the largest share of the cores other processes took during a run
-    loadavg: float | None = None     # the largest 1-minute load average at a run's start
+    loadavg: float | None = None     # the 1-minute load average when the first run started
     cores: int | None = None
     #: what the model made the strategies do (parameters without gradient, sparse gradients), one line each
     model: tuple[str, ...] = ()
@@ -130,13 +130,14 @@ def _sentence(step_ms: float | None, gradient_mb: float | None, link: str, tiny:
 
 
 def _load(runs: list[dict[str, Any]]) -> tuple[float | None, float | None, int | None]:
-    """(the largest share of the cores other processes took in a run, the largest 1-minute load average at a
-    run's start, the cores) over the runs that recorded their ``load``."""
+    """(the largest share of the cores other processes took in a run, the 1-minute load average when the first
+    run started, the cores) over the runs that recorded their ``load``. Only the first start says how busy the
+    machine was before: a load average trails a minute, so every later start counts the comparison's own runs."""
     loads = [r["load"] for r in runs if isinstance(r.get("load"), dict)]
     shares = [x["others_cpu_share"] for x in loads if x.get("others_cpu_share") is not None]
     starts = [x["loadavg_start"][0] for x in loads if x.get("loadavg_start")]
     cores = next((int(x["cores"]) for x in loads if x.get("cores")), None)
-    return max(shares, default=None), max(starts, default=None), cores
+    return max(shares, default=None), (starts[0] if starts else None), cores
 
 
 def regime(results: dict[str, Any], np_: int) -> Regime:
@@ -175,13 +176,13 @@ def others_text(r: Regime) -> str:
     if r.others_cpu is None:
         return "not recorded"
     cores = f" of the {r.cores} cores" if r.cores else " of the cores"
-    load = f"; load average {r.loadavg:.2f} at the start" if r.loadavg is not None else ""
+    load = f"; load average {r.loadavg:.2f} when the first run started" if r.loadavg is not None else ""
     return f"{100 * r.others_cpu:.0f} %{cores} at most in a run{load}"
 
 
 def shared_line(r: Regime) -> str:
     """The line beside a verdict whose runs shared the machine with other work (:attr:`Regime.shared`)."""
     cores = f"the {r.cores} cores" if r.cores else "the cores"
-    load = f", load average up to {r.loadavg:.1f}" if r.loadavg is not None else ""
+    load = f", load average {r.loadavg:.1f} when it began" if r.loadavg is not None else ""
     return (f"shared machine: other processes took up to {100 * (r.others_cpu or 0):.0f} % of {cores} during a run"
             f"{load}. This verdict describes a shared machine; rerun with nothing else running.")
