@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,10 +42,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dpcompare.files import atomic_write_json  # noqa: E402
+from dpcompare.report import noise  # noqa: E402
+from dpcompare.report.intervals import t_half_width  # noqa: E402
 
 #: one rank's batch at the demo's settings (--batch-size 32, digits: 1×8×8 images, 10 classes)
 BATCH, SHAPE, CLASSES = 32, (1, 8, 8), 10
-Z95 = statistics.NormalDist().inv_cdf(0.975)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -111,13 +111,13 @@ def drift(meds: dict[int, float]) -> dict[str, float]:
 def ideal_aa(steps: np.ndarray, start: float, chunk: float, budget: float) -> dict[str, float]:
     """The same steps as an A/A with no start-up cost: chunks of ``chunk`` s alternate A, B; each (A, B)
     neighbour pair gives a log ratio of medians; the half-width (±%) a 95 % interval on their mean reaches with
-    the pairs ``budget`` seconds hold, as if the pairs were independent."""
+    the pairs ``budget`` seconds hold, as if the pairs were independent (compare's noise floor at as many units)."""
     meds = window_medians(steps, start, chunk)
     ratios = [meds[i + 1] - meds[i] for i in sorted(meds) if i % 2 == 0 and i + 1 in meds]
-    sd = float(np.std(ratios, ddof=1))
-    pairs = budget / (2 * chunk)
+    sd = noise.block_spread(ratios) or 0.0  # compare's own spread and interval: its noise floor's definition
+    pairs = max(2, int(budget / (2 * chunk)))
     return {"pairs_measured": len(ratios), "pair_sd": sd, "pairs_in_budget": pairs,
-            "half_width_pct": 100 * float(np.expm1(Z95 * sd / np.sqrt(pairs)))}
+            "half_width_pct": 100 * float(np.expm1(t_half_width(sd, pairs)))}
 
 
 def measure(a: argparse.Namespace) -> list[np.ndarray]:

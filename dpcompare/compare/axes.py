@@ -212,7 +212,8 @@ AXES: dict[str, Axis] = {a.name: a for a in (
          words="at {value} thread(s) per rank",
          title="intra-op threads per rank", order=int, configure=_threads),
     Axis("bind", parse_bind, WITHIN, "where the ranks run: none (the scheduler's choice, mpirun --bind-to none), "
-         "comm (as none, each rank's communication thread on a core of its own) or core (each rank bound to its own "
+         "comm (as none, each rank's communication thread on a core of its own and MPI's waits yielding the core) "
+         "or core (each rank bound to its own "
          "cores, as many as its threads): every arm runs at every binding, with verdicts per binding",
          metavar="none,comm,core", words="with ranks bound to {value}",
          title="binding of the ranks", check=_check_bind, launch=lambda v: {"bind": v}),

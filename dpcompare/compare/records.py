@@ -20,6 +20,7 @@ from dpcompare.compare.plan import Arm, Comparison, RunSpec
 from dpcompare.compare.stopping import StoppingRule
 from dpcompare.errors import DIVERGED_EXIT, ConfigError
 from dpcompare.files import MEMORY_KINDS, METRICS, RESULTS, SCHEMA, SUMMARY
+from dpcompare.launch.mpirun import comm_vars
 from dpcompare.launch.openmpi import YIELD_VAR
 from dpcompare.native.calls import SCRIPT_ARM_FACTS
 from dpcompare.versions import versions
@@ -178,7 +179,7 @@ def binding(c: Comparison) -> dict[str, Any]:
     return {"bind": "by arm" if swept else c.options.bind, "threads": c.config.threads,
             "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY")
             or ("from the local rank" if comm else None),
-            "mpi_yield_when_idle": os.environ.get(YIELD_VAR) or ("1" if comm else None)}
+            "mpi_yield_when_idle": comm_vars(os.environ)[YIELD_VAR] if comm else os.environ.get(YIELD_VAR)}
 
 
 def read_run(spec: RunSpec, run_dir: Path, rel_dir: str, returncode: int | None, wall_seconds: float,

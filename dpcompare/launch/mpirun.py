@@ -241,6 +241,13 @@ def job_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def comm_vars(environ: Mapping[str, str]) -> dict[str, str]:
+    """What ``--bind comm``'s launch line sets on every rank: :data:`~dpcompare.launch.env.BIND_VAR` (a strategy
+    pins its communication thread from it) and Open MPI's yield on waits (``environ``'s own value wins, as a
+    ``HOROVOD_THREAD_AFFINITY`` set by the user does)."""
+    return {BIND_VAR: "comm", YIELD_VAR: environ.get(YIELD_VAR, "1")}
+
+
 def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostfile: str | None = None,
                 use_srun: bool | None = None, flavor: str | None = None, mpi_net: str | None = None,
                 iface: str | None = None, environ: Mapping[str, str] | None = None,
@@ -256,8 +263,8 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
     if np < 1:
         raise ConfigError(f"--np {np}: need at least one process")
     env = forwarded_env(environ, iface, current_venv())
-    if bind == "comm":  # the user's own YIELD_VAR wins, as HOROVOD_THREAD_AFFINITY does
-        env.update({BIND_VAR: "comm", YIELD_VAR: environ.get(YIELD_VAR, "1")})
+    if bind == "comm":
+        env.update(comm_vars(environ))
     if use_srun if use_srun is not None else (in_slurm_allocation(environ) and not (hosts or hostfile)):
         if hosts or hostfile or mpi_net:
             raise ConfigError("--hosts, --hostfile and --mpi-net are mpirun's; under srun the Slurm allocation "
