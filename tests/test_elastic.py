@@ -255,6 +255,10 @@ def test_a_crawling_link_is_named_as_the_lost_host(monkeypatch: pytest.MonkeyPat
     assert lab.crawling() == [lab.hosts[1]]
     line = lab.lost_line()
     assert line is not None and "host 1 (10.9.9.2" in line and "crawls at 100kbit (the others': 1gbit)" in line
+    assert "did not finish within --timeout" in line
+    mpirun_says = "ORTE has lost communication with a remote daemon.\n  Remote daemon: [[1,0],1] on node 10.9.9.2\n"
+    line = lab.lost_line(mpirun_says)  # mpirun's probes ended it first: the line says so
+    assert line is not None and "crawls at 100kbit" in line and "mpirun lost contact with its daemon" in line
     lab.hosts[0].link_bps = lab.hosts[2].link_bps = 200_000  # a slow lab, not a crawling host
     assert lab.crawling() == []
 

@@ -7,7 +7,9 @@ daemons probe their connections (core.KEEPALIVE), so mpirun notices the lost hos
 
 Crawl (100 kbit/s: the mlp's 0.34 MB of gradients take half a minute a step): the link is up, so no keepalive
 fails, and MPI waits as long as bytes trickle. The step watchdog (training/watchdog.py) ends a step that has run
---timeout seconds, the rank exits, mpirun ends the job, and the lab names the host whose link crawls.
+--timeout seconds, the rank exits, mpirun ends the job, and the lab names the host whose link crawls. Now and
+then mpirun's own probes, queued behind the trickle, fail first: it then ends the job itself, and the lab's line
+says so.
 Needs root, iproute2, Open MPI (and Horovod for its case): skips locally with the reason, fails under CI.
 """
 
@@ -78,8 +80,12 @@ def test_a_lost_link_ends_the_job_in_time_and_names_the_host(strategy: str, faul
         line = lab.lost_line(text)
         assert line is not None and "host 1" in line and lab.hosts[1].address in line, (line, text[-2000:])
         assert ("link is down" if fault == "down" else "crawls at 100kbit") in line, line
-        if fault == "crawl":  # the rank that waited said why, in one line
-            assert f"did not finish within --timeout {TIMEOUT} s" in text or "Timed out" in text, text[-2000:]
+        if fault == "crawl":  # whichever ended it said why: the rank that waited, or mpirun, whose keepalive
+            # probes to host 1's daemon can starve behind the trickle first (seen once under the whole suite)
+            waited = f"did not finish within --timeout {TIMEOUT} s" in text or "Timed out" in text
+            lost = f"on node {lab.hosts[1].address}" in text and "lost communication with a remote daemon" in text
+            assert waited or lost, text[-2000:]
+            assert ("mpirun lost contact" in line) == lost, line  # the lab's line says which
         state = checkpoint.load_checkpoint(out / "checkpoints" / "epoch-1.pt")  # written before: still loadable
         assert state["model"] and state["epoch"] == 1
     finally:

@@ -361,9 +361,12 @@ class Lab:
         if all(h.address in down for h in lost):
             why = "its link is down"
         elif all(h.address in crawl for h in lost):
+            # at a crawl either end comes first: a rank's step watchdog, or mpirun's keepalive probes stuck behind
+            # the trickle of gradients (it then says it lost the daemon)
+            then = ("and mpirun lost contact with its daemon" if named & crawl else
+                    "so its collectives did not finish within --timeout")
             why = (f"its link crawls at {format_rate_bits(lost[0].link_bps)} (the others': "
-                   f"{format_rate_bits(self._fastest_other(lost[0]))}), so its collectives did not finish within "
-                   "--timeout")
+                   f"{format_rate_bits(self._fastest_other(lost[0]))}), {then}")
         else:
             why = "mpirun lost contact with its daemon"
         return f"dpcompare lab {self.name}: lost {what}: {why}; the job was ended"
