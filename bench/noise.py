@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if a.quick:
         a.launches, a.blocks = (a.honest or 2), "4"  # 4 blocks: 2 units of 2 with persistent workers, an interval
         a.pairs = "aa" if "--pairs" not in (argv or sys.argv[1:]) else a.pairs
+    if a.target:
+        a.blocks = "auto"  # compare's stopping rule at --target-ci decides (schedule), and noise.json says so
     return a
 
 

@@ -357,7 +357,7 @@ def test_the_noise_benchs_target_mode_and_alternating_bindings() -> None:
     spec.loader.exec_module(bench)
     a = bench.parse_args(["--pairs", "dh", "--target", "2", "--bind", "none,comm", "--launches", "3"])
     assert bench.parse_args(["--target-ci", "2"]).target == a.target == 2.0
-    assert a.bind == ["none", "comm"]
+    assert a.bind == ["none", "comm"] and a.blocks == "auto"  # noise.json's settings: the rule decided, not 10
     rule = bench.schedule(a)
     assert (rule.repeats, rule.target_ci, rule.max_repeats, rule.time_budget) == (None, 0.02, 200, 300.0)
     assert bench.schedule(bench.parse_args(["--blocks", "7"])).repeats == 7

@@ -107,7 +107,8 @@ class Verdict:
 
     @property
     def half_width(self) -> float | None:
-        """Half the interval's width, as a fraction of the ratio (0.05: ±5 %)."""
+        """Half the interval's width on the ratio's own scale, as the verdict prints it (0.05: ±5 points of
+        "x % faster"; near equality the same as ±5 % of the ratio); what --target-ci is held against."""
         return None if self.ci_low is None or self.ci_high is None else (self.ci_high - self.ci_low) / 2.0
 
     @property
