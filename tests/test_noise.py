@@ -256,14 +256,16 @@ def test_a_disturbed_block_runs_again_and_the_report_shows_floor_and_binding(
     assert "noise floor ±" in page and "run again, not counted" in page and "--bind core" in page
 
 
-def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path) -> None:
+def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_compare import _parse_train, fake_launch
 
     from dpcompare import cli
+    from dpcompare.compare import records
     from dpcompare.compare import runner as runner_m
     from dpcompare.compare.cmdline import plan_flags
     from dpcompare.compare.command import comparison_of
     from dpcompare.errors import ConfigError
+    from dpcompare.launch.openmpi import YIELD_VAR
 
     out = tmp_path / "b"
     c = comparison_of(cli.build_parser().parse_args(
@@ -285,6 +287,17 @@ def test_bind_as_an_axis_and_a_flag_round_trip(tmp_path: Path) -> None:
                     "horovod-bind-none-np1-r0": "none", "horovod-bind-core-np1-r0": "core"}
     res = json.loads((out / "results.json").read_text())
     assert res["config"]["binding"]["bind"] == "by arm" and res["config"]["axes"]["bind"]["values"] == ["none", "core"]
+    monkeypatch.delenv("HOROVOD_THREAD_AFFINITY", raising=False)
+    monkeypatch.delenv(YIELD_VAR, raising=False)
+    swept = records.binding(comparison_of(cli.build_parser().parse_args(
+        ["compare", "--strategies", "ddp,horovod", "--sweep", "bind=none,comm", "--out", str(tmp_path / "s")])))
+    assert swept["horovod_thread_affinity"] == "from the local rank (the bind=comm arms)"  # not the bind=none ones'
+    assert swept["mpi_yield_when_idle"] == "1 (the bind=comm arms)"
+    assert records.binding(comparison_of(cli.build_parser().parse_args(
+        ["compare", "--bind", "comm", "--out", str(tmp_path / "c")])))["mpi_yield_when_idle"] == "1"
+    monkeypatch.setenv(YIELD_VAR, "0")  # the user's own value reached every arm
+    assert records.binding(comparison_of(cli.build_parser().parse_args(
+        ["compare", "--sweep", "bind=none,comm", "--out", str(tmp_path / "s")])))["mpi_yield_when_idle"] == "0"
     flag = comparison_of(cli.build_parser().parse_args(
         ["compare", "--bind", "core", "--rerun-disturbed", "20", "--out", str(tmp_path / "f")]))
     assert flag.options.bind == "core" and flag.options.disturbed == pytest.approx(0.2)

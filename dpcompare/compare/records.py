@@ -173,13 +173,16 @@ def binding(c: Comparison) -> dict[str, Any]:
     axis, each arm's in ``arms[].axes``), the intra-op threads per rank (0: torch's default) and Horovod's
     ``HOROVOD_THREAD_AFFINITY`` as forwarded to the ranks (None: unset; ``--bind comm`` without it: "from the
     local rank", each run's own value in its summary.json's ``comm``) and Open MPI's ``mpi_yield_when_idle`` (None:
-    unset, Open MPI's default; ``--bind comm`` sets "1" unless the environment sets it)."""
-    swept = bool(c.values("bind"))
-    comm = "comm" in (c.values("bind") or [c.options.bind])
-    return {"bind": "by arm" if swept else c.options.bind, "threads": c.config.threads,
+    unset, Open MPI's default; ``--bind comm`` sets "1" unless the environment sets it). A value only the comm arms
+    of a ``bind`` axis got says so."""
+    placements = c.values("bind") or (c.options.bind,)
+    comm = "comm" in placements
+    only = " (the bind=comm arms)" if comm and set(placements) != {"comm"} else ""
+    return {"bind": "by arm" if c.values("bind") else c.options.bind, "threads": c.config.threads,
             "horovod_thread_affinity": os.environ.get("HOROVOD_THREAD_AFFINITY")
-            or ("from the local rank" if comm else None),
-            "mpi_yield_when_idle": comm_vars(os.environ)[YIELD_VAR] if comm else os.environ.get(YIELD_VAR)}
+            or (f"from the local rank{only}" if comm else None),
+            "mpi_yield_when_idle": os.environ.get(YIELD_VAR) or (comm_vars(os.environ)[YIELD_VAR] + only if comm
+                                                                 else None)}
 
 
 def read_run(spec: RunSpec, run_dir: Path, rel_dir: str, returncode: int | None, wall_seconds: float,
