@@ -333,6 +333,7 @@ def _fake_verdicts(monkeypatch, log_ratios: list[float]) -> None:
     from types import SimpleNamespace
 
     from dpcompare.report import stats
+    from dpcompare.report.verdicts import relative_half_width
 
     def verdicts(results, equivalence):  # noqa: ANN001, ANN202
         ratios = np.exp(log_ratios).tolist()
@@ -340,8 +341,8 @@ def _fake_verdicts(monkeypatch, log_ratios: list[float]) -> None:
         eq = stats.paired_log_ratio_ci([1.0] * len(log_ratios), ratios, stats.equivalence_confidence())[0]
         lo, hi = (np.exp(iv.lo), np.exp(iv.hi)) if iv is not None and iv.has_ci else (None, None)
         return [SimpleNamespace(metric="throughput", equivalence=equivalence, block_ratios=ratios,
-                                unit_log_ratios=list(log_ratios),
-                                half_width=None if lo is None else (hi - lo) / 2,
+                                unit_log_ratios=list(log_ratios), unit_blocks=1,
+                                half_width=None if lo is None else relative_half_width(lo, hi),
                                 equivalence_ci=(np.exp(eq.lo), np.exp(eq.hi)) if lo is not None else None)]
     monkeypatch.setattr(stats, "verdicts", verdicts)
 
@@ -391,6 +392,31 @@ def _simulate_a_a(monkeypatch, sd: float, stopping: schedule_m.StoppingRule, sim
         counts[outcome] += 1
         counts["naive"] += naive in ("faster", "slower")
     return {k: v / sims for k, v in counts.items()}
+
+
+def test_the_target_is_a_share_of_the_ratio_whichever_arm_is_the_baseline(monkeypatch) -> None:
+    """--target-ci reads the interval as a fraction of the ratio: 47 % faster (1.443–1.501) is within ±2.0 %, as
+    its twin with the arms swapped is; half the width on the ratio's scale (±0.029) would not have been. A
+    comparison that ran out of time says how many blocks and minutes the target would take, and the flags."""
+    from dpcompare.report.verdicts import relative_half_width
+
+    assert relative_half_width(1.443, 1.501) == pytest.approx(relative_half_width(1 / 1.501, 1 / 1.443))
+    assert relative_half_width(1.443, 1.501) == pytest.approx(0.0199, abs=1e-4) and (1.501 - 1.443) / 2 > 0.02
+    from dpcompare.report import noise
+
+    blocks = (0.385 + 0.08 * np.random.default_rng(3).standard_normal(40)).tolist()  # ≈47 % faster, sd ≈ 0.08
+    _fake_verdicts(monkeypatch, blocks)
+    rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=200, time_budget=120)
+    line = schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0)  # 3 s a block
+    need = noise.units_to(0.02, noise.block_spread(blocks) or 0.0)
+    assert 40 < need < 200 and line == (f"±2 % (--target-ci) would take about {need} blocks, ≈{need * 3 / 60:.0f} "
+                                        f"min at this comparison's pace, by its spread so far: run it again with "
+                                        f"--time-budget {60 * -(-need * 3 // 60)}")
+    rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=40, time_budget=120)
+    assert (schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0) or "").endswith(f" --max-repeats {need}")
+    assert schedule_m.shortfall({}, schedule_m.StoppingRule(repeats=None, target_ci=0.2), blocks=40,
+                                elapsed=120.0) is None  # within the target: nothing to say
+    assert schedule_m.shortfall({}, schedule_m.StoppingRule(repeats=3), blocks=3, elapsed=9.0) is None
 
 
 def test_repeats_auto_keeps_an_a_a_pair_from_looking_different(monkeypatch) -> None:

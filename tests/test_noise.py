@@ -316,6 +316,9 @@ def test_the_binding_line_says_how_mpi_waited() -> None:
     comm = {"bind": "comm", "threads": 0, "horovod_thread_affinity": "from the local rank", "mpi_yield_when_idle": "1"}
     line = noise.binding_words(comm) or ""
     assert "MPI's waits yielding the core (--bind comm" in line and line.endswith("mpi_yield_when_idle: 1")
+    old = noise.binding_words({k: v for k, v in comm.items() if k != "mpi_yield_when_idle"}) or ""
+    assert "own (--bind comm" in old and "yield" not in old  # a file from before --bind comm yielded: it did not
+    assert "yield" not in (noise.binding_words({**comm, "mpi_yield_when_idle": "0"}) or "").split(";")[0]
     assert (noise.binding_words({**comm, "bind": "none", "mpi_yield_when_idle": None}) or "").endswith(
         "mpi_yield_when_idle: unset")
     old = noise.binding_words({"bind": "none", "threads": 1, "horovod_thread_affinity": None}) or ""

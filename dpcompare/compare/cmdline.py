@@ -158,8 +158,9 @@ def _add_stopping_rule(g: Any) -> None:
                         "±POINTS percentage points are reported equal (its 90 %% interval: two one-sided tests at 5 "
                         "%%) (default: 0.5)")
     g.add_argument("--target-ci", type=positive_float, default=5.0, metavar="PCT",
-                   help="with --repeats auto: the 95 %% interval half-width to reach, in %%; the equivalence "
-                        "interval must also reach half of --equivalence (default: 5)")
+                   help="with --repeats auto: the 95 %% interval half-width to reach, in %% of the ratio (the same "
+                        "whichever arm is the baseline); the equivalence interval must also reach half of "
+                        "--equivalence (default: 5)")
     g.add_argument("--max-repeats", type=positive_int, default=100, metavar="N",
                    help="with --repeats auto: stop after this many blocks (default: 100)")
     g.add_argument("--time-budget", type=nonneg_float, default=0, metavar="SECONDS",

@@ -18,7 +18,7 @@ from dpcompare.compare.axes import AXES, FAULT
 from dpcompare.compare.cmdline import plan_flags, train_flags, write_comparison_config
 from dpcompare.compare.load import LoadWatch, why_disturbed
 from dpcompare.compare.plan import Arm, Comparison, RunSpec, block, child_config, launch_options, with_arm
-from dpcompare.compare.stopping import stop_reason
+from dpcompare.compare.stopping import shortfall, stop_reason
 from dpcompare.compare.workers import WorkerPool
 from dpcompare.errors import ConfigError
 from dpcompare.files import METRICS, RESULTS, STEP_LOG, SUMMARY, atomic_write_json
@@ -302,6 +302,8 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
+    if more := shortfall(results, c.stopping, blocks, elapsed):
+        results["config"]["stop"]["shortfall"] = more
     verdicts = stats.verdicts(results, equivalence=c.stopping.equivalence,
                               accuracy_equivalence=c.stopping.accuracy_equivalence)
     results["verdicts"] = [v.to_json() for v in verdicts]

@@ -126,3 +126,30 @@ def stop_reason(results: dict[str, Any], schedule: StoppingRule, blocks: int, el
     if schedule.time_budget and blocks and elapsed + elapsed / blocks > schedule.time_budget:
         return (f"another block (≈{elapsed / blocks:.0f} s) would overrun --time-budget "
                 f"{schedule.time_budget:g} s")
+
+
+def shortfall(results: dict[str, Any], schedule: StoppingRule, blocks: int, elapsed: float) -> str | None:
+    """When ``--repeats auto`` ended (budget or --max-repeats) before every throughput verdict was within
+    --target-ci: about how many blocks, and how long, the target would take at the spread this comparison saw,
+    and the flags that allow it (None otherwise). An estimate from the noise floor (:func:`noise.units_to`)."""
+    if schedule.repeats is not None or blocks < 2:
+        return None
+    from dpcompare.report import noise, stats  # here, not at the top: they load numpy and scipy
+
+    vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]
+    if not vs or all(v.half_width is not None and v.half_width <= schedule.target_ci for v in vs):
+        return None
+    needs = []
+    for v in vs:
+        sd = noise.block_spread(v.unit_log_ratios)
+        n = None if sd is None else noise.units_to(schedule.target_ci, sd)
+        needs.append(None if n is None else n * v.unit_blocks)
+    target = f"±{100 * schedule.target_ci:g} % (--target-ci)"
+    if None in needs:
+        return f"{target} is out of reach at this spread: ask for a wider --target-ci"
+    need = max(max(needs), blocks + 1)  # type: ignore[type-var]
+    seconds = need * elapsed / blocks
+    flags = f"--time-budget {60 * math.ceil(seconds / 60)}" + (
+        f" --max-repeats {need}" if need > schedule.max_repeats else "")
+    return (f"{target} would take about {need} blocks, ≈{seconds / 60:.0f} min at this comparison's pace, by its "
+            f"spread so far: run it again with {flags}")

@@ -437,6 +437,7 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
                      for r in regime.regimes(results) if r.shared and r.np in {v.np for v in verdicts})
     verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
                + "</ul>" + shared + "".join(f'<p class="muted">{_e(x)}</p>' for x in noise.setting_lines(results))
+               + (f'<p class="muted">Stopped short: {_e(stop["shortfall"])}.</p>' if stop.get("shortfall") else "")
                + "</div>")
     why = _attribution_card(attributions)
     regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})

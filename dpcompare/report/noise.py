@@ -179,10 +179,11 @@ def binding_words(binding: dict[str, Any] | None) -> str | None:
     """results.json's ``config.binding`` in one line (None: a comparison from before it was recorded)."""
     if not binding:
         return None
+    # what the ranks got: "1", "0" (the user's), or absent (recorded since 2026-12-03: before, comm did not yield)
+    yielding = " and MPI's waits yielding the core" if str(binding.get("mpi_yield_when_idle"))[:1] == "1" else ""
     where = {"none": "ranks not bound (mpirun --bind-to none: the scheduler places them and their threads)",
              "comm": "ranks not bound (mpirun --bind-to none), each rank's communication thread on a core of its "
-                     "own and MPI's waits yielding the core (--bind comm; gloo's threads, under DDP and the others, "
-                     "left to the scheduler)",
+                     f"own{yielding} (--bind comm; gloo's threads, under DDP and the others, left to the scheduler)",
              "core": "each rank bound to its own core(s) (--bind core)",
              "by arm": "binding per arm (--sweep bind=...: each arm's label says it)"}.get(str(binding.get("bind")),
                                                                           f"binding {binding.get('bind')}")

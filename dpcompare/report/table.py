@@ -176,6 +176,8 @@ def print_report(console: Console, results: dict[str, Any], groups: Sequence[Gro
     if stop:
         console.print(f"[dim]{stop.get('blocks')} block{'s' if stop.get('blocks') != 1 else ''}: "
                       f"{stop.get('reason')}[/]", soft_wrap=True)
+        if stop.get("shortfall"):
+            console.print(f"[yellow]{stop['shortfall']}[/]", soft_wrap=True, highlight=False)
     for line in noise.setting_lines(results):
         console.print(f"[dim]{line}[/]", soft_wrap=True, highlight=False)
     console.print()

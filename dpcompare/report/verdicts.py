@@ -74,6 +74,14 @@ def accuracy_verdict(other: str, baseline: str, base_acc: Sequence[float], other
     return f"{name} {size} {word} for {other} ({val(mb)} vs {val(ma)}{tail})"
 
 
+def relative_half_width(lo: float, hi: float) -> float:
+    """The half-width of a ratio's interval ``lo``–``hi`` as a fraction of the ratio: ``√(hi/lo) − 1``, the
+    noise floor's measure (``exp(t·sd/√n) − 1`` for a t interval), and unchanged when the arms swap (the interval
+    becomes 1/hi–1/lo). Half the width on the ratio's own scale would ask a 47 % faster arm for twice the blocks
+    its slower twin needs with the arms swapped."""
+    return math.sqrt(hi / lo) - 1.0
+
+
 @dataclass
 class Verdict:
     """The paired throughput verdict of ``other`` against ``baseline`` at one np (results.json ``verdicts``)."""
@@ -107,9 +115,10 @@ class Verdict:
 
     @property
     def half_width(self) -> float | None:
-        """Half the interval's width on the ratio's own scale, as the verdict prints it (0.05: ±5 points of
-        "x % faster"; near equality the same as ±5 % of the ratio); what --target-ci is held against."""
-        return None if self.ci_low is None or self.ci_high is None else (self.ci_high - self.ci_low) / 2.0
+        """The interval's half-width as a fraction of the ratio (0.05: ±5 %), what --target-ci is held against:
+        :func:`relative_half_width`, the same whichever arm is the baseline."""
+        return None if self.ci_low is None or self.ci_high is None else relative_half_width(self.ci_low,
+                                                                                           self.ci_high)
 
     @property
     def full_text(self) -> str:
