@@ -414,6 +414,9 @@ def test_the_target_is_a_share_of_the_ratio_whichever_arm_is_the_baseline(monkey
                                         f"--time-budget {60 * -(-need * 3 // 60)}")
     rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=40, time_budget=120)
     assert (schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0) or "").endswith(f" --max-repeats {need}")
+    rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=40)  # no budget: none to raise
+    assert (schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0) or "").endswith(
+        f"run it again with --max-repeats {need}")
     assert schedule_m.shortfall({}, schedule_m.StoppingRule(repeats=None, target_ci=0.2), blocks=40,
                                 elapsed=120.0) is None  # within the target: nothing to say
     assert schedule_m.shortfall({}, schedule_m.StoppingRule(repeats=3), blocks=3, elapsed=9.0) is None

@@ -149,7 +149,7 @@ def shortfall(results: dict[str, Any], schedule: StoppingRule, blocks: int, elap
         return f"{target} is out of reach at this spread: ask for a wider --target-ci"
     need = max(max(needs), blocks + 1)  # type: ignore[type-var]
     seconds = need * elapsed / blocks
-    flags = f"--time-budget {60 * math.ceil(seconds / 60)}" + (
-        f" --max-repeats {need}" if need > schedule.max_repeats else "")
+    flags = ([f"--time-budget {60 * math.ceil(seconds / 60)}"] if schedule.time_budget else []) + (
+        [f"--max-repeats {need}"] if need > schedule.max_repeats else [])
     return (f"{target} would take about {need} blocks, ≈{seconds / 60:.0f} min at this comparison's pace, by its "
-            f"spread so far: run it again with {flags}")
+            f"spread so far" + (f": run it again with {' '.join(flags)}" if flags else ""))
