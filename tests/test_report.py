@@ -488,3 +488,22 @@ def test_the_load_average_shown_is_the_one_before_the_first_run() -> None:
     r = regime({"runs": runs}, 2)
     assert r.loadavg == 0.4 and r.others_cpu == 0.02
     assert others_text(r) == "2 % of the 2 cores at most in a run; load average 0.40 when the first run started"
+
+
+def test_a_comparison_stopped_short_says_what_its_target_would_take(handmade: Path) -> None:
+    """config.stop.shortfall (compare.stopping.shortfall) is on the verdict card, its flags as one piece of code,
+    and in the terminal under the reason it stopped."""
+    from rich.console import Console
+
+    res = json.loads((handmade / "results.json").read_text())
+    more = ("±5 % (--target-ci) would take about 78 blocks, ≈4 min at this comparison's pace, by its spread so far: "
+            "run it again with --time-budget 240 --max-repeats 78")
+    res["config"]["stop"] = {"blocks": 40, "reason": "reached --max-repeats 40", "seconds": 121.0, "shortfall": more}
+    (handmade / "results.json").write_text(json.dumps(res))
+    console = Console(record=True, width=300)
+    render(handmade, console=console)
+    page = (handmade / "report.html").read_text()
+    assert ('Stopped short: ±5 % (--target-ci) would take about 78 blocks' in page
+            and '<code style="white-space:nowrap">--time-budget 240 --max-repeats 78</code>' in page)
+    text = console.export_text()
+    assert text.index("40 blocks: reached --max-repeats 40") < text.index(more)

@@ -426,6 +426,12 @@ def _verdict_item(v: Verdict) -> str:
     return f'<li><strong class="outcome-{_e(v.outcome)}">{_e(v.full_text)}</strong>{floor}{blocks}</li>'
 
 
+def _shortfall_html(text: str) -> str:
+    """results.json's ``config.stop.shortfall``, its flags as code that does not wrap."""
+    words, sep, flags = text.partition(" with --")
+    return _e(words) + (f' with <code style="white-space:nowrap">--{_e(flags)}</code>' if sep else "")
+
+
 def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategies: Sequence[str],
                   attributions: Sequence[dict[str, Any]] = (), groups: Sequence[Group] = ()) -> str:
     """The throughput verdicts at the top of the page; beside them where the difference lies (attribution) and
@@ -437,7 +443,8 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
                      for r in regime.regimes(results) if r.shared and r.np in {v.np for v in verdicts})
     verdict = ('<div class="card verdict"><strong>Verdict</strong><ul>' + "".join(_verdict_item(v) for v in verdicts)
                + "</ul>" + shared + "".join(f'<p class="muted">{_e(x)}</p>' for x in noise.setting_lines(results))
-               + (f'<p class="muted">Stopped short: {_e(stop["shortfall"])}.</p>' if stop.get("shortfall") else "")
+               + (f'<p class="muted">Stopped short: {_shortfall_html(stop["shortfall"])}.</p>'
+                  if stop.get("shortfall") else "")
                + "</div>")
     why = _attribution_card(attributions)
     regimes = "".join(_regime_card(r, groups) for r in regime.regimes(results) if r.np in {v.np for v in verdicts})
