@@ -402,24 +402,25 @@ def test_the_target_is_a_share_of_the_ratio_whichever_arm_is_the_baseline(monkey
 
     assert relative_half_width(1.443, 1.501) == pytest.approx(relative_half_width(1 / 1.501, 1 / 1.443))
     assert relative_half_width(1.443, 1.501) == pytest.approx(0.0199, abs=1e-4) and (1.501 - 1.443) / 2 > 0.02
-    from dpcompare.report import noise
+    from dpcompare.report import noise, stats
 
     blocks = (0.385 + 0.08 * np.random.default_rng(3).standard_normal(40)).tolist()  # ≈47 % faster, sd ≈ 0.08
     _fake_verdicts(monkeypatch, blocks)
+    vs = stats.verdicts({}, equivalence=0.05)
     rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=200, time_budget=120)
-    line = schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0)  # 3 s a block
+    line = schedule_m.shortfall(vs, rule, blocks=40, elapsed=120.0)  # 3 s a block
     need = noise.units_to(0.02, noise.block_spread(blocks) or 0.0)
     assert 40 < need < 200 and line == (f"±2 % (--target-ci) would take about {need} blocks, ≈{need * 3 / 60:.0f} "
                                         f"min at this comparison's pace, by its spread so far: run it again with "
                                         f"--time-budget {60 * -(-need * 3 // 60)}")
     rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=40, time_budget=120)
-    assert (schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0) or "").endswith(f" --max-repeats {need}")
+    assert (schedule_m.shortfall(vs, rule, blocks=40, elapsed=120.0) or "").endswith(f" --max-repeats {need}")
     rule = schedule_m.StoppingRule(repeats=None, target_ci=0.02, max_repeats=40)  # no budget: none to raise
-    assert (schedule_m.shortfall({}, rule, blocks=40, elapsed=120.0) or "").endswith(
+    assert (schedule_m.shortfall(vs, rule, blocks=40, elapsed=120.0) or "").endswith(
         f"run it again with --max-repeats {need}")
-    assert schedule_m.shortfall({}, schedule_m.StoppingRule(repeats=None, target_ci=0.2), blocks=40,
+    assert schedule_m.shortfall(vs, schedule_m.StoppingRule(repeats=None, target_ci=0.2), blocks=40,
                                 elapsed=120.0) is None  # within the target: nothing to say
-    assert schedule_m.shortfall({}, schedule_m.StoppingRule(repeats=3), blocks=3, elapsed=9.0) is None
+    assert schedule_m.shortfall(vs, schedule_m.StoppingRule(repeats=3), blocks=3, elapsed=9.0) is None
 
 
 def test_repeats_auto_keeps_an_a_a_pair_from_looking_different(monkeypatch) -> None:

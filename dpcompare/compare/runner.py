@@ -302,10 +302,10 @@ def _finish(run: _Run, blocks: int, reason: str, elapsed: float) -> int:
 
     c, results, console = run.c, run.results, run.console
     results["config"]["stop"] = {"blocks": blocks, "reason": reason, "seconds": round(elapsed, 1)}
-    if more := shortfall(results, c.stopping, blocks, elapsed):
-        results["config"]["stop"]["shortfall"] = more
     verdicts = stats.verdicts(results, equivalence=c.stopping.equivalence,
                               accuracy_equivalence=c.stopping.accuracy_equivalence)
+    if more := shortfall(verdicts, c.stopping, blocks, elapsed):
+        results["config"]["stop"]["shortfall"] = more
     results["verdicts"] = [v.to_json() for v in verdicts]
     results["noise"] = noise.floors(verdicts)  # what each throughput verdict could resolve
     results["attributions"] = [a.to_json() for a in attribution.attributions(results)]

@@ -128,17 +128,17 @@ def stop_reason(results: dict[str, Any], schedule: StoppingRule, blocks: int, el
                 f"{schedule.time_budget:g} s")
 
 
-def shortfall(results: dict[str, Any], schedule: StoppingRule, blocks: int, elapsed: float) -> str | None:
-    """When ``--repeats auto`` ended (budget or --max-repeats) before every throughput verdict was within
-    --target-ci: about how many blocks, and how long, the target would take at the spread this comparison saw,
-    and the flags that allow it (None otherwise). An estimate from the noise floor (:func:`noise.units_to`)."""
-    if schedule.repeats is not None or blocks < 2:
+def shortfall(verdicts: Sequence[Verdict], schedule: StoppingRule, blocks: int, elapsed: float) -> str | None:
+    """When ``--repeats auto`` ended (budget or --max-repeats) before every throughput verdict of ``verdicts`` (the
+    comparison's, as drawn at its end) was within --target-ci: about how many blocks, and how long, the target would
+    take at the spread this comparison saw, and the flags that allow it (None otherwise). An estimate from the noise
+    floor (:func:`noise.units_to`)."""
+    vs = [v for v in verdicts if v.metric == "throughput"]
+    if schedule.repeats is not None or blocks < 2 or not vs or all(
+            v.half_width is not None and v.half_width <= schedule.target_ci for v in vs):
         return None
-    from dpcompare.report import noise, stats  # here, not at the top: they load numpy and scipy
+    from dpcompare.report import noise  # here, not at the top: it loads numpy and scipy
 
-    vs = [v for v in stats.verdicts(results, equivalence=schedule.equivalence) if v.metric == "throughput"]
-    if not vs or all(v.half_width is not None and v.half_width <= schedule.target_ci for v in vs):
-        return None
     needs = []
     for v in vs:
         sd = noise.block_spread(v.unit_log_ratios)
