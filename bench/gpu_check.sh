@@ -45,8 +45,12 @@ QUIET_STRICT=0 bash "$ROOT/bench/quiet.sh" | tee "$OUT/logs/quiet.log"  # the ch
 # (a CUDA toolkit, CUDA_HOME or /usr/local/cuda, and NCCL's headers from pip's nvidia-nccl, which torch brings).
 setup_log=$OUT/logs/setup.log
 if [ "${GPU_SETUP:-1}" = 1 ]; then
-  prefix=$("$PY" -c 'import sys; print(sys.prefix)' 2>/dev/null || echo "")
-  if [ -n "$prefix" ] && [ -w "$prefix" ] && ! ls "$("$PY" -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')"/EXTERNALLY-MANAGED >/dev/null 2>&1; then
+  # Where pip may install (PEP 668): an "externally managed" marker beside the stdlib binds the system's Python
+  # only, never a virtual environment made from it (a GPU image's torch often lives in one).
+  read -r prefix managed < <("$PY" -c 'import os, sys, sysconfig
+marker = os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")
+print(sys.prefix, int(sys.prefix == sys.base_prefix and os.path.exists(marker)))' 2>/dev/null || echo "- 1")
+  if [ "$prefix" != - ] && [ -w "$prefix" ] && [ "$managed" = 0 ]; then
     venv=$prefix              # install into the environment that has torch
   else
     venv=$ROOT/.venv-gpu      # a venv on top of it: its torch stays the system's

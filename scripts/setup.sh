@@ -115,7 +115,15 @@ os_packages_done() {  # wait for the OS packages, then decide what PyPI brings i
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PY is older than 3.10"
   begin "creating $VENV"
-  if [ "${DPCOMPARE_SYSTEM_SITE:-0}" = 1 ]; then "$PY" -m venv --system-site-packages "$VENV"; else "$PY" -m venv "$VENV"; fi
+  if [ "${DPCOMPARE_SYSTEM_SITE:-0}" = 1 ]; then
+    "$PY" -m venv --system-site-packages "$VENV"
+    # --system-site-packages shows the base interpreter's packages; when $PY is itself a venv's (a GPU image's torch
+    # often lives in one), a .pth line shows that venv's packages too, after the new venv's own
+    "$PY" -c 'import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep="\n")' \
+      >"$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/dpcompare-base-venv.pth"
+  else
+    "$PY" -m venv "$VENV"
+  fi
   done_
 fi
 VPY="$VENV/bin/python"
