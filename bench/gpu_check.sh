@@ -57,11 +57,13 @@ print(sys.prefix, int(sys.prefix == sys.base_prefix and os.path.exists(marker)))
     export DPCOMPARE_SYSTEM_SITE=1
   fi
   say "setting up in $venv (log: $setup_log)"
+  setup_t0=$SECONDS
   if PYTHON="$PY" DPCOMPARE_VENV="$venv" DPCOMPARE_EXTRAS="" bash "$ROOT/scripts/setup.sh" >"$setup_log" 2>&1; then
     setup_status="ok"
   else
     setup_status="failed: $(grep -v '^\s*$' "$setup_log" | tail -3 | tr '\n' ' ')"
   fi
+  setup_seconds=$((SECONDS - setup_t0))
   PY=$venv/bin/python
 else
   setup_status="skipped (GPU_SETUP=0)"
@@ -111,7 +113,7 @@ train() {  # train NAME NP STRATEGY [FLAGS...]
 }
 
 record setup "$([ "$setup_status" = ok ] && echo PASS || { [[ $setup_status == skipped* ]] && echo SKIP || echo FAIL; })" \
-  0 "$([ "$setup_status" = ok ] || echo "$setup_status")"
+  "${setup_seconds:-0}" "$([ "$setup_status" = ok ] || echo "$setup_status")"
 step doctor "${DPC[@]}" doctor
 step ddp-nccl-np1 train ddp-nccl-np1 1 ddp
 if [ "$gpus" -ge 2 ]; then step ddp-nccl-np2 train ddp-nccl-np2 2 ddp
