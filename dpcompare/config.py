@@ -136,7 +136,8 @@ class TrainConfig:
                                      "cuDNN's deterministic mode, CUBLAS_WORKSPACE_CONFIG), so that a rerun gives the "
                                      "same bits; slower. parity turns it on unless --device cpu; no effect on the CPU",
                               resume=True)
-    threads: int = opt(0, "torch CPU threads per process; 0: cores ÷ processes on the host", type=t.nonneg_int,
+    threads: int = opt(0, "torch CPU threads per process; 0: the cores it may use (its CPU affinity) ÷ the processes "
+                          "sharing them", type=t.nonneg_int,
                       group=WHERE, metavar="N")
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run every epoch; with --epochs 0: only this)",
                          type=t.nonneg_int, group=HOW_LONG, metavar="N")

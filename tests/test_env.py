@@ -1,9 +1,14 @@
 """Launch-environment discovery: each launcher's variables, precedence, half sets."""
 
+import subprocess
+import sys
+
 import pytest
 
 from dpcompare.errors import LaunchError
-from dpcompare.launch.env import CPU_SHARERS, LaunchEnv, detect_launch_env, ranks_sharing_cpus
+from dpcompare.launch.env import CPU_SHARERS, LaunchEnv, default_threads, detect_launch_env, ranks_sharing_cpus
+
+from conftest import mpi_env
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -78,3 +83,31 @@ def test_threads_are_shared_among_every_rank_on_the_cpus_in_a_lab():
     assert ranks_sharing_cpus(env, {}) == 1  # one rank per host on a real cluster: all the host's cores
     assert ranks_sharing_cpus(env, {CPU_SHARERS: "4"}) == 4
     assert ranks_sharing_cpus(env, {CPU_SHARERS: "junk"}) == 1
+
+
+@pytest.mark.parametrize("environ, cores, ranks, expected", [
+    ({}, range(16), 2, 8),  # free on the whole machine: its cores shared among the host's ranks
+    ({}, range(2), 2, 1),  # a cpuset or taskset of 2 cores for the job: those shared, not the machine's 16
+    ({"OMPI_MCA_orte_bound_at_launch": "1"}, {5}, 2, 1),  # plain mpirun -np 2: a core each (was 8 threads on it)
+    ({"DPCOMPARE_BIND": "core"}, range(4), 2, 4),  # --bind core with 4 cores a rank: all four
+    ({"OMPI_MCA_orte_bound_at_launch": "1"}, range(8), 4, 4),  # bound to a socket of 8 with another rank
+    ({"SLURM_CPU_BIND_TYPE": "mask_cpu:"}, range(3), 4, 3),  # srun --cpu-bind: the task's own cores
+    ({"SLURM_CPU_BIND_TYPE": "none"}, range(4), 2, 2),  # srun that did not bind: the step's cores shared
+    ({CPU_SHARERS: "4"}, range(16), 1, 4),  # a lab's 4 ranks on one machine's 16 cores
+])
+def test_default_threads_count_the_cores_a_rank_may_use(environ, cores, ranks, expected):
+    env = LaunchEnv(0, ranks, 0, ranks, "openmpi")
+    assert default_threads(env, environ, set(cores), machine=16) == expected
+
+
+@pytest.mark.mpi
+def test_mpirun_says_when_it_bound_the_ranks():
+    """What default_threads reads from Open MPI: its default binding at np=2 (a core each) is seen as bound, and
+    the --bind-to none of every dpcompare launch line is not."""
+    probe = [sys.executable, "-c", "import os; from dpcompare.launch.env import bound_by_launcher as b; "
+             "print(b(), len(os.sched_getaffinity(0)))"]
+    plain = subprocess.run(["mpirun", "-np", "2", *probe], env=mpi_env(), capture_output=True, text=True, timeout=60)
+    free = subprocess.run(["mpirun", "-np", "2", "--bind-to", "none", *probe], env=mpi_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert plain.stdout.split() == ["True", "1"] * 2, plain.stdout + plain.stderr
+    assert free.stdout.split()[::2] == ["False", "False"], free.stdout + free.stderr

@@ -169,7 +169,8 @@ def _threads(cfg: TrainConfig, n: int) -> TrainConfig:
 
 
 def parse_threads(text: str) -> int:
-    """A thread count as ``--threads`` takes it: 0 is its default, cores ÷ processes on the host."""
+    """A thread count as ``--threads`` takes it: 0 is its default, the cores a process may use ÷ the processes
+    sharing them."""
     try:
         return nonneg_int(text)
     except argparse.ArgumentTypeError as e:

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,7 @@ from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.lab import session
 from dpcompare.lab.spec import lab_spec_arg
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
-from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
+from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env, local_cores
 from dpcompare.native.calls import LAYER_ARM
 from dpcompare.options import (
     CONFIG_FILE,
@@ -288,7 +287,7 @@ def rank_threads(base: TrainConfig, np_: int) -> int:
     them, as every run's ranks share them), which the one-process reference takes too: CPU kernels split some
     reductions by thread (LayerNorm's weight and bias gradients), so another thread count sums them in another
     order, and AdamW turns those last bits into steps of up to ``--lr``."""
-    return base.threads or max(1, (os.cpu_count() or 1) // np_)
+    return base.threads or max(1, local_cores() // np_)
 
 
 def _table(a: argparse.Namespace, results: dict[str, dict[str, Any]], ref: str, diffs: dict[str, dict[str, Any]],

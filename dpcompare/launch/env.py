@@ -55,8 +55,9 @@ def ranks_sharing_cpus(env: LaunchEnv, environ: Mapping[str, str] = os.environ) 
         return env.local_size
 
 
-#: set on every rank by a launch line for ``--bind comm`` (:func:`dpcompare.launch.mpirun.job_command`); a strategy
-#: with a communication thread of its own pins it with :func:`comm_thread_cores`
+#: set on every rank by a launch line for ``--bind comm`` or ``core`` (:func:`dpcompare.launch.mpirun.job_command`):
+#: under ``comm`` a strategy with a communication thread of its own pins it with :func:`comm_thread_cores`; under
+#: ``core`` :func:`default_threads` counts the rank's own cores
 BIND_VAR = "DPCOMPARE_BIND"
 
 
@@ -69,6 +70,30 @@ def comm_thread_cores(env: LaunchEnv, environ: Mapping[str, str] = os.environ) -
     cores = sorted(os.sched_getaffinity(0))
     ranks = max(1, env.local_size)
     return ",".join(str(cores[i * len(cores) // ranks]) for i in range(ranks))
+
+
+def bound_by_launcher(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the launcher bound this rank to cores (a core each, a socket's), not left it free on every core:
+    dpcompare's own ``--bind core``, Open MPI 4's mpirun (which binds by default: a core each at np ≤ 2) or srun's
+    ``--cpu-bind`` (its type is "none" when it did not bind)."""
+    slurm = environ.get("SLURM_CPU_BIND_TYPE", "")
+    return (environ.get(BIND_VAR) == "core" or environ.get("OMPI_MCA_orte_bound_at_launch") == "1"
+            or (bool(slurm) and not slurm.startswith("none")))
+
+
+def default_threads(env: LaunchEnv, environ: Mapping[str, str] = os.environ,
+                    cores: set[int] | None = None, machine: int | None = None) -> int:
+    """torch's intra-op threads for ``--threads 0``: the cores this process may run on (its affinity: a cgroup's
+    cpuset, ``taskset``, the launcher's binding), shared among the ranks that compete for them. A rank its launcher
+    bound shares its cores only with the ranks bound to the same ones (none for a core each; a socket's ranks);
+    an unbound one shares them with every rank on the host (:func:`ranks_sharing_cpus`). Counting the machine's
+    cores instead gave a rank that plain ``mpirun -np 2`` bound to one core as many threads as half the machine."""
+    mine = len(cores if cores is not None else os.sched_getaffinity(0))
+    machine = machine or os.cpu_count() or mine
+    sharers = ranks_sharing_cpus(env, environ)
+    if bound_by_launcher(environ):
+        sharers = -(-sharers * mine // machine)  # ranks per set of this size, rounded up
+    return max(1, mine // max(1, sharers))
 
 
 # Order matters: torchrun/horovodrun can run inside an MPI or Slurm job, and mpirun inside Slurm.

@@ -265,6 +265,8 @@ def job_command(np: int, argv: Sequence[str], *, hosts: str | None = None, hostf
     env = forwarded_env(environ, iface, current_venv())
     if bind == "comm":
         env.update(comm_vars(environ))
+    elif bind == "core":
+        env[BIND_VAR] = "core"  # each rank's --threads 0 counts its own cores (launch.env.default_threads)
     if use_srun if use_srun is not None else (in_slurm_allocation(environ) and not (hosts or hostfile)):
         if hosts or hostfile or mpi_net:
             raise ConfigError("--hosts, --hostfile and --mpi-net are mpirun's; under srun the Slurm allocation "

@@ -25,7 +25,7 @@ from types import ModuleType
 from dpcompare.argtypes import nonneg_int
 from dpcompare.errors import ConfigError, DpcompareError
 from dpcompare.launch import liveness
-from dpcompare.launch.env import detect_launch_env, ranks_sharing_cpus, reporting_rank
+from dpcompare.launch.env import default_threads, detect_launch_env, reporting_rank
 from dpcompare.native.calls import SCRIPT_ARMS, Unsupported
 from dpcompare.native.record import ELASTIC_DIR_VAR, OUT_VAR, PARAMS, Recorder, rank_file
 
@@ -138,7 +138,7 @@ def set_threads(threads: int) -> None:
     """torch's CPU threads for this rank: ``threads``, or (0) the cores divided among the ranks sharing them."""
     import torch  # here, not at the top: dpcompare --help loads this module
 
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(detect_launch_env())))
+    torch.set_num_threads(threads or default_threads(detect_launch_env()))
 
 
 def run_script(arm: str, target: Target, out: Path | None = None, seed: int | None = None,
@@ -219,7 +219,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                                             "(the same in every arm; for scripts that do not seed)")
     p.add_argument("--overwrite", action="store_true", help="replace the records of an earlier run in --out")
     p.add_argument("--threads", type=nonneg_int, metavar="N",
-                   help="torch CPU threads per rank before the script starts; 0: cores ÷ ranks on the host "
+                   help="torch CPU threads per rank before the script starts; 0: the cores it may use ÷ the ranks "
+                        "sharing them "
                         "(default: torch's own; a script's own torch.set_num_threads wins)")
     p.add_argument("--step-log", action="store_true",
                    help="with --out: write OUT/steps.jsonl, a line per optimizer step (an elastic script's run "

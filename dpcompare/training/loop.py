@@ -39,7 +39,7 @@ from dpcompare.files import (
     remove_stale_temporaries,
 )
 from dpcompare.launch import liveness
-from dpcompare.launch.env import LaunchEnv, detect_launch_env, ranks_sharing_cpus
+from dpcompare.launch.env import LaunchEnv, default_threads, detect_launch_env
 from dpcompare.options import CONFIG_FILE, changed_settings, write_train_config
 from dpcompare.progress import ProgressLine
 from dpcompare.training import optim
@@ -123,7 +123,7 @@ def prepare(cfg: TrainConfig, env: LaunchEnv, workload: Workload | None) -> Star
     if env.rank == 0:  # what killed writes of an earlier run in OUT left behind
         for folder in (Path(cfg.out), Path(cfg.out) / checkpoint.CKPT_DIR):
             remove_stale_temporaries(folder)
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // ranks_sharing_cpus(env)))
+    torch.set_num_threads(cfg.threads or default_threads(env))
     checkpoint.seed_everything(cfg.seed)
     if cfg.deterministic:
         use_deterministic_kernels()
