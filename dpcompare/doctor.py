@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 from importlib import metadata
 from typing import Any
@@ -14,6 +15,7 @@ from dpcompare import backends
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.backends.catalog import STRATEGIES
 from dpcompare.data.catalog import DATASETS
+from dpcompare.launch.mpirun import local_cores
 from dpcompare.versions import docs_page, mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it); a
@@ -105,6 +107,14 @@ def missing(info: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+def _cpus(c: dict[str, Any]) -> str:
+    """The cores here, and how many this process may use when that is fewer (``--threads 0`` divides those)."""
+    if c["usable"] >= (c["machine"] or 0):
+        return f"{c['machine']} cores"
+    return (f"{c['machine']} cores; this process may use {c['usable']} (a cpuset, taskset or a launcher's binding): "
+            "--threads 0 divides those among the ranks")
+
+
 def report() -> dict[str, Any]:
     # lazy: torch loads only where it is used: the command line and catalogs stay torch-free
     import torch
@@ -124,6 +134,7 @@ def report() -> dict[str, Any]:
         "strategies": {name: backends.get(name).build_info() for name in backends.names()},
         "torchvision": _torchvision(),
         "gpus": gpus,
+        "cpus": {"machine": os.cpu_count(), "usable": local_cores()},  # usable: this process's affinity
         "launchers": _launchers(),
         "trackers": _trackers(),
         "transformers": _dist_version("transformers"),  # --model hf:NAME
@@ -175,6 +186,7 @@ def render(info: dict[str, Any]) -> None:
                 t.add_row(f"  {key.replace('_', ' ')}", "  ".join(f"{k} {yes(b)}" for k, b in h[key].items()))
     t.add_row("torchvision", escape(info["torchvision"]))
     t.add_row("GPUs", ", ".join(info["gpus"]) or "none (CPU only: DDP uses gloo)")
+    t.add_row("CPUs", _cpus(info["cpus"]))
     t.add_row("launchers", "  ".join(f"{k} {yes(v)}" for k, v in info["launchers"].items()))
     t.add_row("datasets", "  ".join(f"{k} {yes(v == 'ready')}" for k, v in info["datasets"].items()))
     t.add_row("trackers", "  ".join(f"{k} {yes(v['installed'])}" for k, v in info["trackers"].items()))

@@ -6,7 +6,7 @@ import pytest
 
 from dpcompare.cli import main
 
-from conftest import FAST, dpcompare, needs_mpi
+from conftest import DPCOMPARE, FAST, dpcompare, needs_mpi, run
 
 
 @pytest.mark.parametrize("args, words", [
@@ -85,6 +85,9 @@ def test_doctor_reports_the_build(tmp_path):
     hvd = info["strategies"]["horovod"]
     assert hvd["controllers"]["MPI"] is True if hvd["installed"] else "make setup" in hvd["error"]
     assert "strategy horovod" in dpcompare("doctor").stdout
+    assert 1 <= info["cpus"]["usable"] <= info["cpus"]["machine"]
+    limited = run(["taskset", "-c", "0", DPCOMPARE, "doctor"], timeout=120)
+    assert "this process may use 1" in limited.stdout or info["cpus"]["machine"] == 1, limited.stdout + limited.stderr
 
 
 def test_single_trains_and_refuses_to_overwrite(tmp_path):
