@@ -88,7 +88,9 @@ def default_threads(env: LaunchEnv, environ: Mapping[str, str] = os.environ,
     bound shares its cores only with the ranks bound to the same ones (none for a core each; a socket's ranks);
     an unbound one shares them with every rank on the host (:func:`ranks_sharing_cpus`). Counting the machine's
     cores instead gave a rank that plain ``mpirun -np 2`` bound to one core as many threads as half the machine."""
-    mine = len(cores if cores is not None else os.sched_getaffinity(0))
+    if cores is None:
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    mine = len(cores)
     machine = machine or os.cpu_count() or mine
     sharers = ranks_sharing_cpus(env, environ)
     if bound_by_launcher(environ):
