@@ -101,13 +101,19 @@ def test_default_threads_count_the_cores_a_rank_may_use(environ, cores, ranks, e
 
 
 @pytest.mark.mpi
-def test_mpirun_says_when_it_bound_the_ranks():
+def test_mpirun_says_when_it_bound_the_ranks(tmp_path):
     """What default_threads reads from Open MPI: its default binding at np=2 (a core each) is seen as bound, and
     the --bind-to none of every dpcompare launch line is not."""
-    probe = [sys.executable, "-c", "import os; from dpcompare.launch.env import bound_by_launcher as b; "
-             "print(b(), len(os.sched_getaffinity(0)))"]
-    plain = subprocess.run(["mpirun", "-np", "2", *probe], env=mpi_env(), capture_output=True, text=True, timeout=60)
-    free = subprocess.run(["mpirun", "-np", "2", "--bind-to", "none", *probe], env=mpi_env(), capture_output=True,
-                          text=True, timeout=60)
-    assert plain.stdout.split() == ["True", "1"] * 2, plain.stdout + plain.stderr
-    assert free.stdout.split()[::2] == ["False", "False"], free.stdout + free.stderr
+    def ranks(*flags: str) -> list[str]:  # each rank's answer in a file of its own (their stdout interleaves)
+        folder = tmp_path / ("-".join(flags) or "plain")
+        folder.mkdir()
+        probe = ("import os; from dpcompare.launch.env import bound_by_launcher as b; "
+                 f"open(os.path.join({str(folder)!r}, os.environ['OMPI_COMM_WORLD_RANK']), 'w')"
+                 ".write(f'{b()} {len(os.sched_getaffinity(0))}')")
+        p = subprocess.run(["mpirun", "-np", "2", *flags, sys.executable, "-c", probe], env=mpi_env(),
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        return [(folder / r).read_text() for r in ("0", "1")]
+
+    assert ranks() == ["True 1", "True 1"]
+    assert [answer.split()[0] for answer in ranks("--bind-to", "none")] == ["False", "False"]
