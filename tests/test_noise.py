@@ -327,6 +327,11 @@ def test_the_binding_line_says_how_mpi_waited() -> None:
         "mpi_yield_when_idle: unset")
     old = noise.binding_words({"bind": "none", "threads": 1, "horovod_thread_affinity": None}) or ""
     assert "yield" not in old and old.endswith("HOROVOD_THREAD_AFFINITY: unset")
+    # what --threads 0 came to, as the runs recorded it; an explicit count is said as given
+    assert "threads per rank: 1, the cores a rank may use ÷ the ranks sharing them (--threads 0);" in (
+        noise.binding_words(comm, [1, 1]) or "")
+    assert "threads per rank: 1–2, the cores" in (noise.binding_words(comm, [2, 1]) or "")
+    assert "threads per rank: 3;" in (noise.binding_words({**comm, "threads": 3}, [3]) or "")
 
 
 # -- the bench ---------------------------------------------------------------------------------------------------------

@@ -175,8 +175,9 @@ def floors(verdicts: Sequence[Any]) -> list[dict[str, Any]]:
             for v in verdicts if v.metric == "throughput"]
 
 
-def binding_words(binding: dict[str, Any] | None) -> str | None:
-    """results.json's ``config.binding`` in one line (None: a comparison from before it was recorded)."""
+def binding_words(binding: dict[str, Any] | None, used: Sequence[int] = ()) -> str | None:
+    """results.json's ``config.binding`` in one line (None: a comparison from before it was recorded); ``used``:
+    the intra-op thread counts the runs recorded (what ``--threads 0`` came to)."""
     if not binding:
         return None
     # what the ranks got: "1", "0" (the user's), or absent (recorded since 2026-12-03: before, comm did not yield)
@@ -191,7 +192,11 @@ def binding_words(binding: dict[str, Any] | None) -> str | None:
     affinity = binding.get("horovod_thread_affinity")
     waits = ("" if "mpi_yield_when_idle" not in binding  # recorded since --bind comm sets it
              else f"; Open MPI's mpi_yield_when_idle: {binding['mpi_yield_when_idle'] or 'unset'}")
-    return (f"{where}; intra-op threads per rank: {threads if threads else 'cores ÷ processes (--threads 0)'}; "
+    auto = "the cores a rank may use ÷ the ranks sharing them (--threads 0)"
+    if not threads and used:
+        low, high = min(used), max(used)
+        auto = f"{low if low == high else f'{low}–{high}'}, {auto}"
+    return (f"{where}; intra-op threads per rank: {threads if threads else auto}; "
             f"HOROVOD_THREAD_AFFINITY: {affinity if affinity else 'unset'}{waits}")
 
 
@@ -306,5 +311,6 @@ def stall_lines(results: dict[str, Any]) -> list[str]:
 
 def setting_lines(results: dict[str, Any]) -> list[str]:
     """The report's lines on how the runs were placed, which blocks were run again, and which arms ran in modes."""
-    placed = [binding_words((results.get("config") or {}).get("binding")), disturbed_words(results)]
+    used = [int(t) for r in results.get("runs") or [] if (t := (r.get("regime") or {}).get("threads"))]
+    placed = [binding_words((results.get("config") or {}).get("binding"), used), disturbed_words(results)]
     return [x for x in placed if x] + mode_lines(results) + stall_lines(results)
