@@ -15,7 +15,7 @@ from dpcompare import backends
 from dpcompare.argtypes import TRACKERS, install_hint
 from dpcompare.backends.catalog import STRATEGIES
 from dpcompare.data.catalog import DATASETS
-from dpcompare.launch.mpirun import local_cores
+from dpcompare.launch.env import local_cores
 from dpcompare.versions import docs_page, mpi_version, versions
 
 #: what to do when a piece is missing (``{torch}``: the installed torch's version, pinned so pip keeps it); a

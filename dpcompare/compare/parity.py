@@ -31,8 +31,9 @@ from dpcompare.errors import ConfigError
 from dpcompare.files import SUMMARY, atomic_write_json
 from dpcompare.lab import session
 from dpcompare.lab.spec import lab_spec_arg
+from dpcompare.launch.env import local_cores
 from dpcompare.launch.jobs import dpcompare_command, log_tail, run_job
-from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env, local_cores
+from dpcompare.launch.mpirun import in_slurm_allocation, job_command, job_env
 from dpcompare.native.calls import LAYER_ARM
 from dpcompare.options import (
     CONFIG_FILE,

@@ -26,7 +26,7 @@ from dpcompare.compare.stopping import StoppingRule
 from dpcompare.config import TrainConfig
 from dpcompare.errors import ConfigError
 from dpcompare.lab.spec import LabSpec
-from dpcompare.launch.mpirun import local_cores
+from dpcompare.launch.env import local_cores
 from dpcompare.native.calls import SCRIPT_ARMS, script_elastic_base
 from dpcompare.options import FIELDS, flag_of, setting_name
 from dpcompare.versions import docs_page

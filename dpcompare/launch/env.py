@@ -72,6 +72,14 @@ def comm_thread_cores(env: LaunchEnv, environ: Mapping[str, str] = os.environ) -
     return ",".join(str(cores[i * len(cores) // ranks]) for i in range(ranks))
 
 
+def local_cores() -> int:
+    """The cores this process may run on (its affinity: a cpuset, ``taskset``, a launcher's binding)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call (macOS)
+        return os.cpu_count() or 1
+
+
 def bound_by_launcher(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the launcher bound this rank to cores (a core each, a socket's), not left it free on every core:
     dpcompare's own ``--bind core``, Open MPI 4's mpirun (which binds by default: a core each at np ≤ 2) or srun's
@@ -88,9 +96,7 @@ def default_threads(env: LaunchEnv, environ: Mapping[str, str] = os.environ,
     bound shares its cores only with the ranks bound to the same ones (none for a core each; a socket's ranks);
     an unbound one shares them with every rank on the host (:func:`ranks_sharing_cpus`). Counting the machine's
     cores instead gave a rank that plain ``mpirun -np 2`` bound to one core as many threads as half the machine."""
-    if cores is None:
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    mine = len(cores)
+    mine = len(cores) if cores is not None else local_cores()
     machine = machine or os.cpu_count() or mine
     sharers = ranks_sharing_cpus(env, environ)
     if bound_by_launcher(environ):

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpcompare.errors import ConfigError, LaunchError
-from dpcompare.launch.env import BIND_VAR
+from dpcompare.launch.env import BIND_VAR, local_cores
 from dpcompare.launch.openmpi import YIELD_VAR
 from dpcompare.launch.slurm import default_srun_mpi
 
@@ -222,13 +222,6 @@ def in_slurm_allocation(environ: Mapping[str, str] | None = None) -> bool:
     """True inside ``salloc``/``sbatch`` (SLURM_JOB_ID set and ``srun`` on PATH)."""
     environ = os.environ if environ is None else environ
     return "SLURM_JOB_ID" in environ and shutil.which("srun", path=environ.get("PATH")) is not None
-
-
-def local_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def job_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
