@@ -372,9 +372,8 @@ def _simulate_a_a(monkeypatch, sd: float, stopping: schedule_m.StoppingRule, sim
     """Share of each final outcome over simulated A/A comparisons (log ratios ~ N(0, sd) per block), each
     stopped by stop_reason and judged by the verdict's own intervals and decide(); "naive" is the share
     of faster/slower had each stopped at its first nominal decision (optional stopping)."""
-    from dpcompare.report import intervals, stats
+    from dpcompare.report import stats
 
-    monkeypatch.setattr(intervals, "BOOTSTRAP_MIN_BLOCKS", 10**6)  # t intervals throughout: fast, and the same rule
     rng = np.random.default_rng(seed)
     counts = dict.fromkeys((*stats.OUTCOMES, "naive"), 0)
     for _ in range(sims):

@@ -414,3 +414,26 @@ def test_the_steadiness_bench_quick_writes_every_figure(tmp_path: Path) -> None:
         assert f"figure: {key} = " in p.stdout
     bad = run([sys.executable, bench, "--chunks", "1,x", "--out", str(tmp_path)], check=False)
     assert bad.returncode == 2 and "--chunks" in bad.stderr
+
+
+def test_the_coverage_bench_counts_how_often_each_interval_leaves_out_no_effect(tmp_path: Path) -> None:
+    """bench/coverage.py on a comparison whose units are skewed A/A noise: t's interval leaves out the true mean
+    near 5 % of the time, and the bootstrap's is the narrower (z's quantile below t's); a file without a verdict
+    is refused with a line that says what to give."""
+    from conftest import ROOT, run
+
+    rng = np.random.default_rng(0)
+    ratios = np.exp(np.where(rng.random(60) < 0.2, 0.08, 0.0) + 0.03 * rng.standard_normal(60)).tolist()
+    good = tmp_path / "results.json"
+    good.write_text(json.dumps({"verdicts": [{"metric": "throughput", "block_ratios": ratios, "unit_blocks": 2}]}))
+    bench = str(ROOT / "bench" / "coverage.py")
+    p = run([sys.executable, bench, str(good), "--sizes", "12", "--sims", "300"], timeout=300)
+    figures = dict(re.findall(r"^figure: (\w+) = (.+)$", p.stdout, re.M))
+    assert f"{good}: 30 units" in p.stdout  # 60 blocks in units of 2
+    miss_t = [float(x) for x in figures["miss_t_12"].rstrip(" %").split("–")]
+    width = [float(x) for x in figures["width_bca_12"].split("–")]
+    assert all(1.5 <= x <= 10 for x in miss_t) and all(x < 1 for x in width)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"verdicts": []}))
+    bad = run([sys.executable, bench, str(empty)], check=False)
+    assert bad.returncode == 2 and "no throughput verdict" in bad.stderr

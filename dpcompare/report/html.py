@@ -24,7 +24,6 @@ from dpcompare.report.groups import (
     tta_target,
     workload_label,
 )
-from dpcompare.report.intervals import BOOTSTRAP_MIN_BLOCKS
 from dpcompare.report.plots import Plot, colors
 from dpcompare.report.verdicts import Verdict
 
@@ -453,8 +452,7 @@ def _verdict_card(results: dict[str, Any], verdicts: Sequence[Verdict], strategi
            f'block that runs each arm once, side by side, so the machine\'s drift cancels in the ratio '
            f'of the two arms within a block. Throughput per run is the global batch over the slowest '
            f'rank\'s median step time; the verdict is the geometric mean of the per-block ratios against '
-           f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios; a '
-           f'bootstrap from {BOOTSTRAP_MIN_BLOCKS} blocks, or units, on). '
+           f'{_e(strategies[0])} (the first arm) with a 95 % interval (Student t on the log ratios). '
            f'<em>faster</em>/<em>slower</em>: the 95 % interval excludes no '
            f'difference; <em>equal</em>: two one-sided tests at 5 %, i.e. the 90 % interval lies inside '
            f'±{100 * eq:g} %; otherwise <em>undecided</em>, with an estimate of the repeats that would decide. '

@@ -7,9 +7,8 @@ The verdict rests on a *paired* design. A repeat is a block that runs every arm 
 other in time, so the slow drift of a shared machine hits both arms of a block alike. The per-run
 statistic is throughput from the slowest rank's median step time (global batch ÷ median step), which
 ignores the odd slow step; the effect in a block is the log of the ratio other ÷ baseline; the
-verdict is the mean over blocks with a 95 % interval (Student t on the log ratios, BCa bootstrap once
-there are :data:`BOOTSTRAP_MIN_BLOCKS` blocks), turned back into a ratio. Unpaired per-arm figures
-(mean ± t-interval over repeats) remain for the table.
+verdict is the mean over blocks with a 95 % Student-t interval on the log ratios, turned back into a
+ratio. Unpaired per-arm figures (mean ± t-interval over repeats) remain for the table.
 
 *faster*/*slower* need the 95 % interval to exclude no difference (a two-sided test at 5 %). *equal*
 is an equivalence test: two one-sided tests at 5 % (Schuirmann's TOST), i.e. the 90 % interval lies
@@ -59,9 +58,6 @@ from dpcompare.report.groups import (  # noqa: F401  (re-exported: stats is the 
     unit_blocks,
 )
 from dpcompare.report.intervals import (  # noqa: F401
-    BOOTSTRAP_MIN_BLOCKS,
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
     CONFIDENCE,
     EQUIVALENCE,
     Interval,
