@@ -224,7 +224,9 @@ def test_port_runs_under_torchrun_and_survives_a_lost_worker(port, tmp_path):
     clean = _torchrun(port, tmp_path / "clean", None)
     assert clean.returncode == 0, clean.stderr[-3000:]
     final = re.findall(r"final steps (\d+) weights (\w+)", clean.stdout)
-    assert final and final[0][0] == "16"  # 2 epochs of 64 samples, 2 ranks of 4 a batch
+    # once under the parallel suite (2026-12-04) the clean run printed its final line twice: torchrun had started
+    # the finished workers again; the agent's log says why, so keep it in the message
+    assert len(final) == 1 and final[0][0] == "16", clean.stderr[-3000:]  # 2 epochs of 64 samples, 4 a batch
     assert "reset:" not in clean.stdout and "resuming from the last commit" not in clean.stderr
     assert not (tmp_path / "clean" / "commits" / "commit.pt").exists()  # removed when train() returned
 
