@@ -73,6 +73,20 @@ def test_floor_and_units_to() -> None:
     assert "noise floor ±2." in noise.floor_words(rec)
 
 
+def test_the_floor_is_the_verdicts_own_interval_at_every_size() -> None:
+    """The noise floor a verdict prints and the half-width --target-ci holds it to are one figure, however many
+    units (with the bootstrap from 30 units on, an A/A stopped "within ±2.0 %" under a floor of ±2.1 %)."""
+    from dpcompare.report import stats
+    from dpcompare.report.verdicts import relative_half_width
+
+    rng = np.random.default_rng(11)
+    for n in (8, 30, 50, 120):
+        d = (np.where(rng.random(n) < 0.2, 0.1, 0.0) + 0.05 * rng.standard_normal(n)).tolist()  # skewed, two modes
+        iv, method = stats.paired_log_ratio_ci([1.0] * n, np.exp(d).tolist())
+        assert method == "t" and iv is not None
+        assert relative_half_width(math.exp(iv.lo), math.exp(iv.hi)) == pytest.approx(noise.noise_floor(d))
+
+
 # -- steal time and disturbed blocks ---------------------------------------------------------------------------------
 STAT = """cpu  1000 20 300 5000 40 5 6 70 0 0
 cpu0 500 10 150 2500 20 2 3 35 0 0
