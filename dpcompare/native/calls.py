@@ -79,7 +79,8 @@ _SETS = "every rank calls it, in the same order, as in Horovod"
 #: ``hvd.NAME`` → what it is natively. Names of the optimizer (``optimizer.synchronize``) start with ``optimizer.``.
 CALLS: dict[str, Call] = {
     # process facts
-    "init": Call('dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo"), started by torchrun',
+    "init": Call('dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo"), started by torchrun, '
+                 "and dist.destroy_process_group() registered with atexit, as Horovod shuts down at exit",
                  note="init(process_sets=[...] or \"dynamic\") runs; init(comm=...) (an MPI communicator) is refused"),
     "shutdown": Call("dist.destroy_process_group()"),
     "is_initialized": Call("dist.is_initialized()"),

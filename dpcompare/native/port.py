@@ -28,7 +28,8 @@ PASSES: tuple[Pass, ...] = (elastic_pass, port_lightning, flag_guards, accumulat
                             distributed_optimizer)
 
 #: the imports a port may need, by the name it uses, added when the port uses the name and does not bind it
-IMPORTS = {"os": "import os", "sys": "import sys", "contextlib": "import contextlib", "torch": "import torch",
+IMPORTS = {"atexit": "import atexit", "os": "import os", "sys": "import sys", "contextlib": "import contextlib",
+           "torch": "import torch",
            "dist": "import torch.distributed as dist",
            "default_hooks": "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks",
            "DDP": "from torch.nn.parallel import DistributedDataParallel as DDP"}

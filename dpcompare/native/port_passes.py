@@ -26,7 +26,6 @@ from dpcompare.native.record import PORT_METRIC_EVENT
 
 #: whole calls replaced by an expression (their arguments do not matter)
 CALL_TEXT = {
-    "init": 'dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")',
     "rank": "dist.get_rank()", "size": "dist.get_world_size()",
     "local_rank": 'int(os.environ["LOCAL_RANK"])', "local_size": 'int(os.environ["LOCAL_WORLD_SIZE"])',
     "cross_rank": 'dist.get_rank() // int(os.environ["LOCAL_WORLD_SIZE"])',
@@ -54,6 +53,12 @@ DROPPED = {"broadcast_parameters": "DDP broadcasts rank 0's parameters and buffe
            "optimizer.synchronize": "DDP has averaged the gradients when backward() returns"}
 
 HELPERS = {
+    "init": '''def init(*_, **__):
+    """Horovod's init(): join torchrun's process group, and leave it at exit as Horovod shuts down at exit (a gloo
+    group still up while the interpreter ends can abort the process, exit -6, and torchrun would start it again)."""
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+''',
     "allreduce": f'''def allreduce(tensor, average=None, name=None, op=None, **_):
     """hvd.allreduce: a copy of ``tensor`` summed over the ranks, averaged unless op says otherwise.
     A runner may record it by its name: the audit event "{PORT_METRIC_EVENT}" (PEP 578; nothing when none listens)."""
