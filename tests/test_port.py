@@ -127,6 +127,26 @@ def test_diff_prints_the_change_and_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "idioms_ddp.py").exists()
 
 
+def test_the_port_leaves_the_process_group_at_exit_as_horovod_does(tmp_path: Path) -> None:
+    """A group still up while the interpreter ends can abort a finished rank (exit -6), and torchrun would start
+    the job again: the port's init() leaves the group at exit, before hooks the script registered earlier run."""
+    import socket
+
+    script = tmp_path / "bare.py"
+    script.write_text("import atexit\n\nimport horovod.torch as hvd\nimport torch.distributed as dist\n\n"
+                      "atexit.register(lambda: print('in a group at exit:', dist.is_initialized()))\n"
+                      "hvd.init()\nprint('rank', hvd.rank(), 'of', hvd.size())\n")
+    in_process(["migrate", str(script)])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = mpi_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "1", "RANK": "0",
+                   "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    p = subprocess.run([sys.executable, str(tmp_path / "bare_ddp.py")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0 and p.stdout.splitlines() == ["rank 0 of 1", "in a group at exit: False"], p
+
+
 def test_a_flag_whose_branch_ddp_lacks_stops_the_port_at_start(tmp_path: Path) -> None:
     _, port, _ = _ported(tmp_path)
     for flag, words in ((["--use-adasum"], "--use-adasum: Horovod's Adasum has no DDP equivalent"),
