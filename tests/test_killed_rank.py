@@ -24,6 +24,7 @@ import pytest
 from dpcompare.cli import main
 from dpcompare.launch.env import LaunchEnv
 from dpcompare.launch.failures import is_lost_peer, lost_peer_message
+from dpcompare.launch.rendezvous import free_port
 
 from conftest import DPCOMPARE, FAST, mpi_env, mpirun_cmd, needs_horovod, needs_mpi
 
@@ -181,12 +182,7 @@ def test_mpirun_job_ends_when_a_rank_is_killed(tmp_path: Path, strategy: str) ->
 
 def test_ddp_survivor_notices_a_dead_peer_by_itself(tmp_path: Path) -> None:
     """Without a launcher to end the job, gloo's reset connection ends rank 0 at once, in one line."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = mpi_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+    base = mpi_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")), "WORLD_SIZE": "2",
                     "LOCAL_WORLD_SIZE": "2"})
     cmd = [DPCOMPARE, *LONG_RUN, "--strategy", "ddp", "--out", str(tmp_path / "run")]
     procs = [_start(cmd, {**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in (0, 1)]

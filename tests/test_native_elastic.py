@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from dpcompare.compare.runner import child_command
 from dpcompare.errors import ConfigError
 from dpcompare.lab.hosts import Host, Lab
 from dpcompare.launch.elastic import TORCHRUN_ENV, executable, together, torchrun_command, with_env
+from dpcompare.launch.rendezvous import free_port
 from dpcompare.native.elastic import DIR_VAR
 
 from conftest import DPCOMPARE, ROOT, mpi_env
@@ -33,12 +33,6 @@ EXAMPLE = ROOT / "examples" / "horovod" / "elastic_mnist.py"
 CRASH = ROOT / "tests" / "elastic_crash.py"
 BATCH, EVERY = 16, 5
 TRAIN = 1797 - math.ceil(1797 * 0.2)  # the digits the example trains on
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _agent(out: Path, nproc: int, port: int, run_id: str, conf: str = "") -> list[str]:
@@ -64,11 +58,11 @@ def _restart(rows: list[dict]) -> tuple[dict, int]:
 def test_elastic_script_resumes_from_its_last_commit_on_torchrun(tmp_path: Path) -> None:
     env = mpi_env({"PYTHONPATH": str(ROOT), **TORCHRUN_ENV})
     runs = {
-        "clean": (_agent(tmp_path / "clean", 2, _port(), "clean"), {}),
-        "error": (_agent(tmp_path / "error", 2, _port(), "error"),
+        "clean": (_agent(tmp_path / "clean", 2, free_port("127.0.0.1"), "clean"), {}),
+        "error": (_agent(tmp_path / "error", 2, free_port("127.0.0.1"), "error"),
                   {"CRASH_HOW": "error", "CRASH_RANK": "1", "CRASH_STEP": "30"}),
     }
-    port = _port()
+    port = free_port("127.0.0.1")
     lost = with_env(_agent(tmp_path / "host", 1, port, "host", "is_host=false"),
                     {"CRASH_HOW": "host", "CRASH_STEP": "30"})
     runs["host"] = (together(_agent(tmp_path / "host", 1, port, "host", "is_host=true"), [lost]), {})

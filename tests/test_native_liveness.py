@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from dpcompare.launch import liveness
 from dpcompare.launch.liveness import DONE_KEY, RESTART_EXIT, Monitor
+from dpcompare.launch.rendezvous import free_port
 
 from conftest import ROOT
 
@@ -91,14 +91,8 @@ def test_a_store_that_stops_answering_is_a_lost_peer_after_as_long() -> None:
     assert m.tick() == f"the job's store has not answered for {LOST_S:.0f} s (connection timed out)"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _workers(tmp_path: Path, mode: str) -> list[subprocess.Popen]:
-    port, procs = _port(), []
+    port, procs = free_port("127.0.0.1"), []
     for rank in range(2):
         env = {**os.environ, "TORCHELASTIC_RUN_ID": f"liveness-{mode}", "RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",

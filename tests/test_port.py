@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dpcompare.launch.rendezvous import free_port
+
 from conftest import ROOT, in_process, mpi_env, needs_mpi
 
 IDIOMS = '''\
@@ -130,18 +132,13 @@ def test_diff_prints_the_change_and_writes_nothing(tmp_path: Path) -> None:
 def test_the_port_leaves_the_process_group_at_exit_as_horovod_does(tmp_path: Path) -> None:
     """A group still up while the interpreter ends can abort a finished rank (exit -6), and torchrun would start
     the job again: the port's init() leaves the group at exit, before hooks the script registered earlier run."""
-    import socket
-
     script = tmp_path / "bare.py"
     script.write_text("import atexit\n\nimport horovod.torch as hvd\nimport torch.distributed as dist\n\n"
                       "atexit.register(lambda: print('in a group at exit:', dist.is_initialized()))\n"
                       "hvd.init()\nprint('rank', hvd.rank(), 'of', hvd.size())\n")
     in_process(["migrate", str(script)])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = mpi_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "1", "RANK": "0",
-                   "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    env = mpi_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")), "WORLD_SIZE": "1",
+                   "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
     p = subprocess.run([sys.executable, str(tmp_path / "bare_ddp.py")], capture_output=True, text=True,
                        timeout=120, env=env)
     assert p.returncode == 0 and p.stdout.splitlines() == ["rank 0 of 1", "in a group at exit: False"], p

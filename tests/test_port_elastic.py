@@ -9,7 +9,6 @@ import ast
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import libcst as cst
 import pytest
 
 from dpcompare.launch.elastic import TORCHRUN_ENV, executable, torchrun_command
+from dpcompare.launch.rendezvous import free_port
 from dpcompare.native.migrate import port_warnings, scan_script
 from dpcompare.native.port import write_port
 from dpcompare.native.port_elastic import DIFFERENCES, elastic_pass
@@ -203,9 +203,7 @@ def test_port_is_written_compiles_and_keeps_comments(port):
 def _torchrun(port: Path, folder: Path, fault_at: int | None) -> subprocess.CompletedProcess[str]:
     """The port under torchrun at np=2, alone or (with a fault) in the ddp arm of ``dpcompare script``, as
     ``compare --script ... --strategies ddp-elastic`` runs it: its records and step log in FOLDER/run."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    endpoint = f"127.0.0.1:{free_port('127.0.0.1')}"
     argv = [sys.executable, str(port)]
     if fault_at is not None:
         argv = [sys.executable, "-m", "dpcompare.native", "--as", "ddp", "--out", str(folder / "run"),
